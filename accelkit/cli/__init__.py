@@ -1,0 +1,1 @@
+"""The ``accelkit`` command line: ``launch``, ``env`` and ``ckpt``."""

@@ -1,0 +1,50 @@
+"""Entry point of the ``accelkit`` console script.
+
+Each subcommand lives in its own module, which exposes ``register(subparsers)`` adding its
+parser and setting ``func`` (a callable taking the parsed namespace and returning an exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
+
+# Subcommand modules, imported when the parser is built. A module that is missing (an optional
+# part not installed) is skipped rather than breaking the whole command.
+_SUBCOMMANDS = ("accelkit.cli.launch", "accelkit.cli.env", "accelkit.cli.ckpt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``accelkit`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="accelkit",
+        description="Run PyTorch training anywhere, and manage its checkpoints.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _SUBCOMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``accelkit`` command; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Collectives over tensors and nested lists/tuples/dicts of tensors.
+
+Every function works on one process too (it then returns its input, or a copy where the
+multi-process result would be a new tensor), so a script behaves the same under
+``python script.py`` and ``accelkit launch --num_processes N script.py``.
+
+All communication is ``torch.distributed``; nothing here starts processes or owns state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "broadcast",
+    "broadcast_object_list",
+    "concatenate",
+    "gather",
+    "gather_object",
+    "pad_across_processes",
+    "recursively_apply",
+    "reduce",
+    "send_to_device",
+]
+
+REDUCTIONS = ("sum", "mean", "none")
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def recursively_apply(
+    func: Callable[[torch.Tensor], Any], data: Any, *, error_on_other_type: bool = False
+) -> Any:
+    """Apply ``func`` to every tensor in a nested list/tuple/dict, keeping the structure.
+
+    Named tuples and dict subclasses keep their type. Values that are not tensors are returned
+    as they are, or raise ``TypeError`` with ``error_on_other_type=True``.
+    """
+    if isinstance(data, torch.Tensor):
+        return func(data)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(
+            *(recursively_apply(func, v, error_on_other_type=error_on_other_type) for v in data)
+        )
+    if isinstance(data, (list, tuple)):
+        return type(data)(
+            recursively_apply(func, v, error_on_other_type=error_on_other_type) for v in data
+        )
+    if isinstance(data, Mapping):
+        return cast(Any, type(data))(
+            {
+                k: recursively_apply(func, v, error_on_other_type=error_on_other_type)
+                for k, v in data.items()
+            }
+        )
+    if error_on_other_type:
+        raise TypeError(
+            f"Expected a tensor or a nested list/tuple/dict of tensors, found a "
+            f"{type(data).__name__}: {data!r:.80}. Convert it with torch.tensor(...) first, or "
+            "use gather_object for arbitrary Python objects."
+        )
+    return data
+
+
+def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
+    """Move every tensor in ``data`` (nested lists/tuples/dicts, or objects with ``.to``)."""
+    if isinstance(data, (torch.Tensor, list, tuple, Mapping)):
+        return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), data)
+    to = getattr(data, "to", None)
+    if callable(to):  # e.g. a tokenizer's BatchEncoding
+        return to(device)
+    return data
+
+
+def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+    world = _world_size()
+    if world == 1:
+        return tensor
+    if tensor.ndim == 0:
+        tensor = tensor.unsqueeze(0)
+    tensor = tensor.contiguous()
+    # gloo has no all_gather for bool; round-trip through uint8.
+    send = tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor
+    parts = [torch.empty_like(send) for _ in range(world)]
+    dist.all_gather(parts, send)
+    out = torch.cat(parts, dim=0)
+    return out.to(torch.bool) if tensor.dtype == torch.bool else out
+
+
+def gather(tensor: Any) -> Any:
+    """Concatenate tensors from all processes on the first dimension.
+
+    Every process gets the result. Tensors must have the same shape on every process (use
+    :func:`pad_across_processes` first otherwise); scalars become 1-element tensors.
+
+    Example:
+        >>> gather(torch.tensor([rank]))  # on 4 processes
+        tensor([0, 1, 2, 3])
+    """
+    return recursively_apply(_gather_one, tensor, error_on_other_type=True)
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Gather picklable objects from all processes into one flat list.
+
+    A list on each process is concatenated (``[a] + [b]``); any other object becomes one item per
+    process. Only use it for objects you trust: it pickles.
+    """
+    world = _world_size()
+    items = obj if isinstance(obj, list) else [obj]
+    if world == 1:
+        return list(items)
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, items)
+    return [item for part in out for item in part]
+
+
+def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float) -> torch.Tensor:
+    out = tensor.clone()
+    if _world_size() > 1 and reduction != "none":
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        if reduction == "mean":
+            out = out / _world_size()
+    if scale != 1.0:
+        out = out * scale
+    return out
+
+
+def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Reduce tensors across processes; every process gets the result.
+
+    Args:
+        tensor: a tensor or a nested list/tuple/dict of tensors.
+        reduction: ``"sum"``, ``"mean"`` or ``"none"`` (no communication).
+        scale: factor applied after the reduction.
+
+    Raises:
+        ValueError: for an unknown ``reduction``.
+
+    Example:
+        >>> reduce(torch.arange(2) + 1 + 2 * rank)  # on 2 processes
+        tensor([4, 6])
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"Unknown reduction {reduction!r}. Expected one of {REDUCTIONS}.")
+    return recursively_apply(
+        lambda t: _reduce_one(t, reduction, scale), tensor, error_on_other_type=True
+    )
+
+
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Copy tensors from ``from_process`` to every process (in place; also returned)."""
+
+    def _one(t: torch.Tensor) -> torch.Tensor:
+        if _world_size() > 1:
+            dist.broadcast(t, src=from_process)
+        return t
+
+    return recursively_apply(_one, tensor, error_on_other_type=True)
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """Replace ``object_list``'s items in place with those of ``from_process`` (pickles)."""
+    if _world_size() > 1:
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+def pad_across_processes(
+    tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+) -> Any:
+    """Pad tensors on ``dim`` to the largest size any process has, so they can be gathered.
+
+    Example:
+        >>> pad_across_processes(torch.arange(rank + 1))  # on 2 processes
+        tensor([0, 0]) on rank 0, tensor([0, 1]) on rank 1
+    """
+
+    def _pad(t: torch.Tensor) -> torch.Tensor:
+        if _world_size() == 1 or t.ndim == 0:
+            return t
+        if not -t.ndim <= dim < t.ndim:
+            raise ValueError(
+                f"pad_across_processes: dim={dim} is out of range for a tensor of shape "
+                f"{tuple(t.shape)}."
+            )
+        axis = dim % t.ndim
+        size = torch.tensor([t.shape[axis]], device=t.device)
+        max_size = int(_gather_one(size).max().item())
+        if max_size == t.shape[axis]:
+            return t
+        new_shape = list(t.shape)
+        new_shape[axis] = max_size
+        out = t.new_full(new_shape, pad_index)
+        index = [slice(None)] * t.ndim
+        index[axis] = (
+            slice(max_size - t.shape[axis], max_size) if pad_first else slice(0, t.shape[axis])
+        )
+        out[tuple(index)] = t
+        return out
+
+    return recursively_apply(_pad, tensor, error_on_other_type=True)
+
+
+def concatenate(data: list[Any], dim: int = 0) -> Any:
+    """Concatenate a list of equally structured nested tensors along ``dim``."""
+    if not data:
+        raise ValueError("concatenate needs a non-empty list.")
+    first = data[0]
+    if isinstance(first, (list, tuple)):
+        return type(first)(concatenate([d[i] for d in data], dim) for i in range(len(first)))
+    if isinstance(first, Mapping):
+        return cast(Any, type(first))({k: concatenate([d[k] for d in data], dim) for k in first})
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"Can only concatenate tensors, found {type(first).__name__}.")
+    return torch.cat(data, dim=dim)

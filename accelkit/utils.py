@@ -1,0 +1,55 @@
+"""Everything scripts written for the reference import from ``accelerate.utils``.
+
+``from accelerate.utils import set_seed, ProjectConfiguration`` ports as
+``from accelkit.utils import set_seed, ProjectConfiguration``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from accelkit._lazy import lazy_getattr
+
+_PUBLIC = {
+    "broadcast": "accelkit.ops",
+    "broadcast_object_list": "accelkit.ops",
+    "concatenate": "accelkit.ops",
+    "gather": "accelkit.ops",
+    "gather_object": "accelkit.ops",
+    "pad_across_processes": "accelkit.ops",
+    "recursively_apply": "accelkit.ops",
+    "reduce": "accelkit.ops",
+    "send_to_device": "accelkit.ops",
+    "DistributedType": "accelkit.state",
+    "PrecisionType": "accelkit.state",
+    "ProjectConfiguration": "accelkit.checkpointing",
+    "load_checkpoint_in_model": "accelkit.checkpointing",
+    "LoggerType": "accelkit.trackers",
+    "DataLoaderConfiguration": "accelkit.data",
+    "skip_first_batches": "accelkit.data",
+    "set_seed": "accelkit.random",
+}
+
+__all__ = [
+    "DataLoaderConfiguration",
+    "DistributedType",
+    "LoggerType",
+    "PrecisionType",
+    "ProjectConfiguration",
+    "broadcast",
+    "broadcast_object_list",
+    "concatenate",
+    "gather",
+    "gather_object",
+    "load_checkpoint_in_model",
+    "pad_across_processes",
+    "recursively_apply",
+    "reduce",
+    "send_to_device",
+    "set_seed",
+    "skip_first_batches",
+]
+__getattr__ = lazy_getattr(__name__, _PUBLIC)
+
+if TYPE_CHECKING:
+    pass

@@ -1,0 +1,187 @@
+"""`accelkit launch` and `notebook_launcher`, run for real (2 gloo processes on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from accelkit.launch import notebook_launcher
+
+# A script written for the reference documents, with only its imports renamed.
+SEED_SCRIPT = textwrap.dedent(
+    """
+    import json, os, sys
+    import torch
+    from accelkit import Accelerator
+    from accelkit.logging import get_logger
+    from accelkit.utils import gather_object
+
+    logger = get_logger("seed")
+
+    def main():
+        accelerator = Accelerator()
+        logger.warning("once from main")
+        logger.warning("from every rank", main_process_only=False)
+        rank = accelerator.process_index
+        process_tensor = torch.arange(accelerator.num_processes) + 1 + (2 * rank)
+        reduced = accelerator.reduce(process_tensor, reduction="sum")
+        gathered = accelerator.gather(torch.tensor([accelerator.process_index]))
+        with accelerator.split_between_processes(["A", "B", "C"]) as inputs:
+            mine = inputs
+        objects = gather_object([accelerator.process_index])
+        accelerator.wait_for_everyone()
+        out = {
+            "rank": accelerator.process_index,
+            "world": accelerator.num_processes,
+            "local": accelerator.local_process_index,
+            "reduced": reduced.tolist(),
+            "gathered": gathered.tolist(),
+            "split": mine,
+            "objects": objects,
+            "precision": accelerator.mixed_precision,
+            "argv": sys.argv[1:],
+            "device": str(accelerator.device),
+        }
+        path = os.path.join(os.environ["OUT_DIR"], f"rank{accelerator.process_index}.json")
+        with open(path, "w") as f:
+            json.dump(out, f)
+        if os.environ.get("FAIL_RANK") == str(accelerator.process_index):
+            raise RuntimeError("worker exploded on purpose")
+
+    if __name__ == "__main__":
+        main()
+    """
+)
+
+
+def _accelkit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "accelkit.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=180,
+    )
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "seed_script.py"
+    path.write_text(SEED_SCRIPT)
+    return path
+
+
+def test_launch_two_cpu_processes(tmp_path: Path, script: Path) -> None:
+    proc = _accelkit(
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "bf16",
+        str(script),
+        "--lr",
+        "0.1",
+        env={"OUT_DIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    for r in ranks:
+        assert r["world"] == 2
+        assert r["reduced"] == [4, 6]
+        assert r["gathered"] == [0, 1]
+        assert r["objects"] == [0, 1]
+        assert r["precision"] == "bf16"
+        assert r["argv"] == ["--lr", "0.1"]
+        assert r["device"] == "cpu"
+    assert [r["local"] for r in ranks] == [0, 1]
+    assert ranks[0]["split"] == ["A", "B"] and ranks[1]["split"] == ["C"]
+    logs = proc.stdout + proc.stderr
+    assert logs.count("once from main") == 1
+    assert "[RANK 0] from every rank" in logs and "[RANK 1] from every rank" in logs
+
+
+def test_launch_single_process_runs_directly(tmp_path: Path, script: Path) -> None:
+    proc = _accelkit("launch", "--cpu", str(script), env={"OUT_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((tmp_path / "rank0.json").read_text())
+    assert r["world"] == 1 and r["reduced"] == [1] and r["precision"] == "no"
+
+
+def test_failing_worker_fails_the_launch(tmp_path: Path, script: Path) -> None:
+    proc = _accelkit(
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        str(script),
+        env={"OUT_DIR": str(tmp_path), "FAIL_RANK": "1"},
+    )
+    assert proc.returncode != 0
+    assert "worker exploded on purpose" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--num_processes", "0", "x.py"], "--num_processes must be >= 1, got 0"),
+        (["--mixed_precision", "fp8", "x.py"], "Unknown mixed_precision 'fp8'"),
+        (["--bogus", "x.py"], "unrecognized arguments: --bogus"),
+        (["does_not_exist.py"], "does_not_exist.py' does not exist"),
+        (["--num_processes", "3", "--num_machines", "2", "{script}"], "multiple of --num_machines"),
+        (
+            ["--num_machines", "2", "--machine_rank", "2", "{script}"],
+            "must be below --num_machines",
+        ),
+    ],
+)
+def test_bad_launch_input(script: Path, args: list[str], message: str) -> None:
+    proc = _accelkit("launch", "--cpu", *[a.format(script=script) for a in args])
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_env_command_reports_versions() -> None:
+    proc = _accelkit("env")
+    assert proc.returncode == 0
+    assert "torch" in proc.stdout and "CUDA available" in proc.stdout
+
+
+def test_no_command_prints_help() -> None:
+    proc = _accelkit()
+    assert proc.returncode == 2 and "launch" in proc.stderr
+
+
+def _notebook_fn(out_dir: str, tag: str) -> None:
+    import torch
+
+    from accelkit import Accelerator
+
+    acc = Accelerator()
+    total = acc.reduce(torch.tensor([acc.process_index + 1]), reduction="sum")
+    Path(out_dir, f"{tag}{acc.process_index}.txt").write_text(
+        f"{acc.num_processes} {int(total.item())} {acc.mixed_precision}"
+    )
+
+
+def test_notebook_launcher_starts_processes(tmp_path: Path) -> None:
+    notebook_launcher(
+        _notebook_fn,
+        args=(str(tmp_path), "nb"),
+        num_processes=2,
+        mixed_precision="bf16",
+        cpu=True,
+    )
+    assert (tmp_path / "nb0.txt").read_text() == "2 3 bf16"
+    assert (tmp_path / "nb1.txt").read_text() == "2 3 bf16"
+
+
+def test_notebook_launcher_rejects_zero_processes() -> None:
+    with pytest.raises(ValueError, match="num_processes must be >= 1, got 0"):
+        notebook_launcher(_notebook_fn, num_processes=0)

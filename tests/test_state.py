@@ -1,0 +1,79 @@
+"""Single-process behaviour of the process state and the pure splitting rule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from accelkit.state import PartialState, parse_mixed_precision, split_for_process
+
+
+def test_single_process_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    state = PartialState(cpu=True)
+    assert (state.num_processes, state.process_index, state.local_process_index) == (1, 0, 0)
+    assert state.is_main_process and state.is_local_main_process and state.is_last_process
+    assert not state.use_distributed
+    assert state.distributed_type.value == "NO"
+    assert state.device == torch.device("cpu")
+    state.wait_for_everyone()  # a no-op, must not need a process group
+    with state.split_between_processes([1, 2, 3]) as part:
+        assert part == [1, 2, 3]
+
+
+def test_cpu_forced_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELKIT_USE_CPU", "1")
+    assert PartialState().device.type == "cpu"
+
+
+def test_rank_outside_world_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="RANK=3 is outside WORLD_SIZE=2"):
+        PartialState(cpu=True)
+
+
+def test_missing_master_addr_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(RuntimeError, match="accelkit launch"):
+        PartialState(cpu=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("fp16", "fp16"), ("BF16", "bf16"), ("no", "no"), (None, "no")]
+)
+def test_mixed_precision_parsing(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, expected: str
+) -> None:
+    monkeypatch.delenv("ACCELKIT_MIXED_PRECISION", raising=False)
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    assert parse_mixed_precision(value).value == expected
+
+
+def test_mixed_precision_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ACCELKIT_MIXED_PRECISION", raising=False)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert parse_mixed_precision(None).value == "bf16"
+
+
+def test_bad_mixed_precision_lists_accepted_values() -> None:
+    with pytest.raises(ValueError, match=r"'fp8'.*'no', 'fp16', 'bf16'"):
+        parse_mixed_precision("fp8")
+
+
+def test_split_rule_covers_every_item_once() -> None:
+    items = list(range(10))
+    for world in (1, 2, 3, 4, 7):
+        parts = [split_for_process(items, world, i, False) for i in range(world)]
+        assert [x for p in parts for x in p] == items
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+def test_split_rejects_uneven_dict_and_bad_type() -> None:
+    with pytest.raises(ValueError, match="same length"):
+        split_for_process({"a": [1, 2], "b": [1]}, 2, 0, False)
+    with pytest.raises(TypeError, match="set"):
+        split_for_process({1, 2}, 2, 0, False)
