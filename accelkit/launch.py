@@ -16,9 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from accelkit.state import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
+from accelkit.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
 
 __all__ = ["LaunchConfig", "launch_command", "notebook_launcher", "torchrun_args"]
 
@@ -119,7 +117,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             f"Script {args.script!r} does not exist (looked in {os.getcwd()}). Pass the path of a "
             "Python file, or -m/--module to run a module."
         )
-    gpus = 0 if args.cpu else torch.cuda.device_count()
+    gpus = 0 if args.cpu else _cuda_device_count()
     num_processes = args.num_processes
     if num_processes is None:
         num_processes = max(gpus, 1) * args.num_machines
@@ -149,6 +147,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         module=args.module,
         max_restarts=args.max_restarts,
     )
+
+
+def _cuda_device_count() -> int:
+    # torch is imported only when the device count matters: `accelkit ckpt` and `--help`
+    # must not pay for it.
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 def _free_port() -> int:
@@ -254,6 +260,8 @@ def notebook_launcher(
         ValueError: for ``num_processes < 1`` or an unknown precision.
         torch.multiprocessing.ProcessRaisedException: with the failing worker's traceback.
     """
+    import torch
+
     precision = parse_mixed_precision(mixed_precision).value
     if num_processes is None:
         num_processes = max(1, 0 if cpu else torch.cuda.device_count())
