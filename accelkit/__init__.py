@@ -13,6 +13,10 @@ from accelkit._lazy import lazy_getattr
 __version__ = "0.1.0"
 
 _PUBLIC = {
+    "AutocastKwargs": "accelkit.kwargs_handlers",
+    "DistributedDataParallelKwargs": "accelkit.kwargs_handlers",
+    "GradScalerKwargs": "accelkit.kwargs_handlers",
+    "GradientAccumulationPlugin": "accelkit.optim",
     "Accelerator": "accelkit.accelerator",
     "PartialState": "accelkit.state",
     "DistributedType": "accelkit.state",
@@ -30,6 +34,10 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "AutocastKwargs",
+    "DistributedDataParallelKwargs",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
     "Accelerator",
     "DataLoaderConfiguration",
     "DistributedType",
@@ -52,8 +60,14 @@ if TYPE_CHECKING:
     from accelkit.accelerator import Accelerator
     from accelkit.checkpointing import ProjectConfiguration, load_checkpoint_in_model
     from accelkit.data import DataLoaderConfiguration, skip_first_batches
+    from accelkit.kwargs_handlers import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+    )
     from accelkit.launch import notebook_launcher
     from accelkit.logging import get_logger
+    from accelkit.optim import GradientAccumulationPlugin
     from accelkit.random import set_seed
     from accelkit.state import DistributedType, PartialState, PrecisionType
     from accelkit.trackers import GeneralTracker, LoggerType, register_tracker

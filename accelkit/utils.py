@@ -11,6 +11,10 @@ from typing import TYPE_CHECKING
 from accelkit._lazy import lazy_getattr
 
 _PUBLIC = {
+    "AutocastKwargs": "accelkit.kwargs_handlers",
+    "DistributedDataParallelKwargs": "accelkit.kwargs_handlers",
+    "GradScalerKwargs": "accelkit.kwargs_handlers",
+    "GradientAccumulationPlugin": "accelkit.optim",
     "broadcast": "accelkit.ops",
     "broadcast_object_list": "accelkit.ops",
     "concatenate": "accelkit.ops",
@@ -31,6 +35,10 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "AutocastKwargs",
+    "DistributedDataParallelKwargs",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
     "DataLoaderConfiguration",
     "DistributedType",
     "LoggerType",
@@ -52,4 +60,11 @@ __all__ = [
 __getattr__ = lazy_getattr(__name__, _PUBLIC)
 
 if TYPE_CHECKING:
+    from accelkit.kwargs_handlers import (
+        AutocastKwargs,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+    )
+    from accelkit.optim import GradientAccumulationPlugin
+
     pass

@@ -1,0 +1,245 @@
+"""The cost of a prepared training step against the same plain PyTorch step (CPU, one process).
+
+Both sides train the same small MLP on the same data with the same optimizer; a "step" is
+everything the loop does per batch: fetch the batch from the dataloader, forward, loss,
+backward, ``optimizer.step()``, ``optimizer.zero_grad()``. The plain side uses a ``DataLoader``
+and ``loss.backward()``; the prepared side uses ``accelerator.prepare(...)`` objects and
+``accelerator.backward(loss)``, and, as a second accelkit case, the same inside
+``with accelerator.accumulate(model):`` (with one accumulation step).
+
+Blocks of steps alternate between the cases (rotating their order every round) and every step
+is timed on its own; the figure is the ratio of the medians. Target (issue 3): the prepared
+step costs at most 3% more than the plain one.
+
+Run: ``python -m benchmarks.bench_step [--quick]``; writes ``benchmarks/results/step.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+import timeit
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from benchmarks.common import Target, alternate, median, print_table, section, write_result
+
+FEATURES, HIDDEN, CLASSES, BATCH = 64, 256, 10, 64
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(FEATURES, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, CLASSES),
+    )
+
+
+def _dataset(batches: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    n = batches * BATCH
+    return TensorDataset(
+        torch.randn(n, FEATURES, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+    )
+
+
+def _forever(loader: Any) -> Iterator[Any]:
+    while True:
+        yield from loader
+
+
+def _plain_case(batches: int) -> Callable[[int], list[float]]:
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches_it = _forever(DataLoader(_dataset(batches), batch_size=BATCH, shuffle=True))
+    loss_fn = torch.nn.functional.cross_entropy
+
+    def run(steps: int) -> list[float]:
+        times = []
+        clock = time.perf_counter
+        for _ in range(steps):
+            start = clock()
+            x, y = next(batches_it)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            times.append(clock() - start)
+        return times
+
+    return run
+
+
+def _prepared_case(batches: int, use_accumulate: bool) -> Callable[[int], list[float]]:
+    from accelkit import Accelerator
+
+    accelerator = Accelerator(cpu=True, mixed_precision="no")
+    model = _mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(_dataset(batches), batch_size=BATCH, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    batches_it = _forever(loader)
+    loss_fn = torch.nn.functional.cross_entropy
+
+    def run(steps: int) -> list[float]:
+        times = []
+        clock = time.perf_counter
+        for _ in range(steps):
+            start = clock()
+            x, y = next(batches_it)
+            if use_accumulate:
+                with accelerator.accumulate(model):
+                    loss = loss_fn(model(x), y)
+                    accelerator.backward(loss)
+                    optimizer.step()
+                    optimizer.zero_grad()
+            else:
+                loss = loss_fn(model(x), y)
+                accelerator.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+            times.append(clock() - start)
+        return times
+
+    return run
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+def _extra_us(
+    wrapped: Callable[[], Any], bare: Callable[[], Any], number: int, repeat: int = 15
+) -> float:
+    """Best-of-``repeat`` time of ``wrapped`` minus that of ``bare``, measured alternately."""
+    best = {"wrapped": float("inf"), "bare": float("inf")}
+    for _ in range(repeat):
+        for name, fn in (("wrapped", wrapped), ("bare", bare)):
+            best[name] = min(best[name], timeit.timeit(fn, number=number) / number * 1e6)
+    return best["wrapped"] - best["bare"]
+
+
+def _wrapper_costs(number: int) -> dict[str, float]:
+    """The Python cost of each wrapper alone, in microseconds per call (best of 15, no compute).
+
+    Immune to the compute noise of the step timings: what accelkit adds per step, measured
+    against the bare PyTorch call it wraps.
+    """
+    from accelkit import Accelerator
+    from accelkit.data import prepare_data_loader
+    from accelkit.optim import AcceleratedOptimizer, GradientState
+
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+
+    def accumulate() -> None:
+        with accelerator.accumulate(model):
+            pass
+
+    def null() -> None:
+        with contextlib.nullcontext():
+            pass
+
+    param = torch.nn.Parameter(torch.zeros(1))
+    param.grad = torch.zeros(1)
+    inner = torch.optim.SGD([param], lr=0.1)
+    wrapped = AcceleratedOptimizer(inner, GradientState())
+
+    def plain_opt() -> None:
+        inner.step()
+        inner.zero_grad(set_to_none=False)
+
+    def wrapped_opt() -> None:
+        wrapped.step()
+        wrapped.zero_grad(set_to_none=False)
+
+    items = list(range(2000))
+    plain_loader = DataLoader(items, batch_size=1, collate_fn=_identity)
+    prepared_loader = prepare_data_loader(DataLoader(items, batch_size=1, collate_fn=_identity))
+
+    def drain(loader: Any) -> Callable[[], None]:
+        def run() -> None:
+            for _ in loader:
+                pass
+
+        return run
+
+    passes = max(2, number // 1000)
+    per_pass = _extra_us(drain(prepared_loader), drain(plain_loader), passes)
+    return {
+        "accumulate_context_us": _extra_us(accumulate, null, number),
+        "optimizer_step_zero_grad_us": _extra_us(wrapped_opt, plain_opt, number),
+        "dataloader_per_batch_us": per_pass / len(items),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure, print a table, and write ``benchmarks/results/step.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    args = parser.parse_args(argv)
+    rounds, steps = (10, 50) if args.quick else (60, 100)
+    torch.set_num_threads(1)  # one core: less noise from the machine's other work
+
+    cases = {
+        "plain PyTorch": _plain_case(16),
+        "accelkit prepared": _prepared_case(16, use_accumulate=False),
+        "accelkit prepared + accumulate()": _prepared_case(16, use_accumulate=True),
+    }
+    with section(f"training step, {rounds} rounds x {steps} steps per case, alternating"):
+        for run in cases.values():
+            run(steps)  # warm up: allocator, first-step lazy imports
+        samples = alternate(
+            {name: (lambda run=run: {"steps": run(steps)}) for name, run in cases.items()},
+            rounds,
+            measure_memory=False,
+        )
+    per_step = {name: [t for s in runs for t in s.info["steps"]] for name, runs in samples.items()}
+    medians = {name: median(times) for name, times in per_step.items()}
+    base = medians["plain PyTorch"]
+    rows = []
+    results: dict[str, Any] = {"model": f"MLP {FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}"}
+    results.update({"batch_size": BATCH, "threads": 1, "rounds": rounds, "steps": steps})
+    for name, value in medians.items():
+        overhead = (value / base - 1.0) * 100.0
+        rows.append([name, value * 1e6, value / base, overhead])
+        results[name] = {
+            "median_step_us": value * 1e6,
+            "ratio_vs_plain": value / base,
+            "overhead_pct": overhead,
+            "steps_timed": len(per_step[name]),
+        }
+    print_table(rows, ["case", "median step (us)", "ratio", "overhead %"])
+    with section("wrapper costs alone (us per call, best of 15, alternating, no compute)"):
+        costs = _wrapper_costs(1000 if args.quick else 5000)
+        print_table([[k, v] for k, v in costs.items()], ["wrapper", "extra us"])
+    results["wrapper_costs_us"] = costs
+    overhead = results["accelkit prepared"]["overhead_pct"]
+    overhead_acc = results["accelkit prepared + accumulate()"]["overhead_pct"]
+    targets = [
+        Target("prepared step overhead vs plain PyTorch (CPU MLP)", overhead, 3.0, "%", False),
+        Target("prepared + accumulate() overhead vs plain", overhead_acc, 3.0, "%", False),
+    ]
+    notes = [
+        "Each step is timed alone (batch fetch + forward + backward + step + zero_grad); the "
+        "figure is the ratio of per-step medians over alternating blocks on 1 thread.",
+        "Shared 2-core machine: other work adds noise to both sides equally (alternation); the "
+        "step medians move by a few % between runs, so wrapper_costs_us gives the noise-free "
+        "per-step Python cost of each wrapper.",
+    ]
+    path = write_result(
+        "step", results, quick=args.quick, targets=targets, notes=notes, title="Training step"
+    )
+    print(f"\nprepared step overhead: {overhead:+.2f}% (accumulate(): {overhead_acc:+.2f}%)")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
