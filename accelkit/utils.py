@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from accelkit._lazy import lazy_getattr
 
 _PUBLIC = {
+    "GeneralTracker": "accelkit.trackers",
+    "register_tracker": "accelkit.trackers",
     "AutocastKwargs": "accelkit.kwargs_handlers",
     "DistributedDataParallelKwargs": "accelkit.kwargs_handlers",
     "GradScalerKwargs": "accelkit.kwargs_handlers",
@@ -35,6 +37,8 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "GeneralTracker",
+    "register_tracker",
     "AutocastKwargs",
     "DistributedDataParallelKwargs",
     "GradScalerKwargs",

@@ -1,0 +1,31 @@
+"""Experiment tracking: `GeneralTracker`, the tracker registry and `TrackerHub`.
+
+Importing this package imports no tracking SDK; each backend imports its SDK when a run starts.
+"""
+
+from accelkit.trackers.base import GeneralTracker
+from accelkit.trackers.hub import TrackerError, TrackerFailure, TrackerHub, TrackerWarning
+from accelkit.trackers.registry import (
+    LoggerType,
+    available_trackers,
+    get_tracker_class,
+    installed_trackers,
+    register_tracker,
+    registered_trackers,
+    unregister_tracker,
+)
+
+__all__ = [
+    "GeneralTracker",
+    "LoggerType",
+    "TrackerError",
+    "TrackerFailure",
+    "TrackerHub",
+    "TrackerWarning",
+    "available_trackers",
+    "get_tracker_class",
+    "installed_trackers",
+    "register_tracker",
+    "registered_trackers",
+    "unregister_tracker",
+]

@@ -1,0 +1,169 @@
+"""`GeneralTracker`: the interface every experiment tracker implements.
+
+A tracker is constructed with the run name and the logging directory, then ``start()`` opens the
+backend's run (this is where the backend's SDK is imported, so importing accelkit never imports
+wandb, mlflow, comet_ml or tensorboard), ``store_init_configuration()`` records the
+hyperparameters, ``log()`` records values at a step and ``finish()`` closes the run.
+
+Custom trackers subclass `GeneralTracker`, set the class attributes ``name``,
+``requires_logging_directory`` and ``main_process_only``, and implement ``log`` (and usually
+``store_init_configuration`` and the ``tracker`` property). Pass an instance to
+``Accelerator(log_with=[...])`` or register the class with
+:func:`accelkit.trackers.register_tracker` so that its name works in ``log_with``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, ClassVar
+
+__all__ = ["GeneralTracker"]
+
+
+class GeneralTracker:
+    """Base class of every tracker.
+
+    Class attributes:
+        name: the name used in ``log_with`` and :meth:`Accelerator.get_tracker`.
+        requires_logging_directory: ``True`` when the tracker writes files and needs the run's
+            logging directory (``project_dir`` / ``logging_dir``).
+        main_process_only: ``True`` (the default) when only the main process creates and uses the
+            tracker; on every other process it is never constructed.
+        required_packages: importable package names the tracker needs (an accelkit extension:
+            a registered tracker whose packages are missing is left out of ``"all"``).
+
+    Args:
+        run_name: the project / run name given to ``init_trackers``.
+        logging_dir: the directory (or ``None``) where the backend writes its files.
+        **kwargs: backend options (``init_kwargs[name]`` of ``init_trackers``).
+
+    Example:
+        >>> class PrintTracker(GeneralTracker):
+        ...     name = "print"
+        ...     requires_logging_directory = False
+        ...
+        ...     def log(self, values, step=None, **kwargs):
+        ...         print(step, values)
+    """
+
+    name: ClassVar[str] = ""
+    requires_logging_directory: ClassVar[bool] = False
+    main_process_only: ClassVar[bool] = True
+    required_packages: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, run_name: str = "", logging_dir: str | None = None, **kwargs: Any) -> None:
+        self.run_name = run_name
+        self.logging_dir = None if logging_dir is None else str(logging_dir)
+        self.init_kwargs = kwargs
+        self._warned_keys: set[str] = set()
+
+    @property
+    def tracker(self) -> Any:
+        """The backend's own run object (a ``SummaryWriter``, a wandb ``Run``, ...)."""
+        return None
+
+    def start(self) -> None:
+        """Open the backend's run. Called once by ``init_trackers``, before any ``log``."""
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Record the run's hyperparameters.
+
+        Args:
+            values: the configuration; may hold nested dicts, lists, tensors, paths and ``None``.
+                Each backend flattens or converts what it cannot store as it is.
+        """
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Record ``values`` at ``step``.
+
+        Args:
+            values: metric name -> value (numbers, strings or backend objects).
+            step: the training step; ``None`` lets the backend count.
+            **kwargs: backend options (``log_kwargs[name]`` of ``Accelerator.log``).
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement log(values, step)")
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Record images (optional; backends that support images override it).
+
+        Args:
+            values: image name -> image (a tensor or array, CHW/NCHW or HWC as the backend takes).
+            step: the training step.
+            **kwargs: backend options.
+
+        Raises:
+            NotImplementedError: the backend has no image support.
+        """
+        raise NotImplementedError(f"Tracker {self.name!r} does not support log_images().")
+
+    def finish(self) -> None:
+        """Flush and close the backend's run. Called by ``Accelerator.end_training``."""
+
+    def warn_skipped(self, key: str, value: Any, reason: str) -> None:
+        """Warn once per key that a value was skipped or converted.
+
+        Args:
+            key: the metric name.
+            value: the value that could not be stored as it is.
+            reason: what was done instead (for example ``"skipped"`` or ``"stored as text"``).
+        """
+        warned: set[str] = self.__dict__.setdefault("_warned_keys", set())
+        if key in warned:
+            return
+        warned.add(key)
+        warnings.warn(
+            f"Tracker {self.name!r}: value for {key!r} of type {type(value).__name__} is not a "
+            f"number; {reason}. Log numbers (or this backend's media objects) to keep it.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+    def __repr__(self) -> str:
+        run_name = getattr(self, "run_name", None)
+        return f"{type(self).__name__}(name={self.name!r}, run_name={run_name!r})"
+
+
+class NullTracker(GeneralTracker):
+    """Stand-in returned by ``get_tracker`` where the real tracker does not exist.
+
+    On non-main processes a main-process-only tracker is never created; code that calls
+    ``accelerator.get_tracker("wandb").log(...)`` on every process still works, doing nothing.
+    """
+
+    def __init__(self, name: str) -> None:
+        super().__init__(run_name="")
+        self.name = name  # type: ignore[misc]
+
+    @property
+    def tracker(self) -> Any:
+        """A null run object: every attribute and call on it does nothing."""
+        return _NullRun()
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Do nothing."""
+
+    def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Do nothing."""
+
+    def __getattr__(self, item: str) -> Any:
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return _NullRun()
+
+    def __repr__(self) -> str:
+        return f"NullTracker({self.name!r})"
+
+
+class _NullRun:
+    """An object whose attributes and calls all return itself."""
+
+    def __getattr__(self, item: str) -> Any:
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _NullRun:
+        return self
+
+    def __bool__(self) -> bool:
+        return False

@@ -1,0 +1,428 @@
+"""`TrackerHub`: one ``log()`` call fanned out to every tracker, off the training loop's path.
+
+Each started tracker gets its own worker thread and queue. ``log()`` on the caller's thread only
+snapshots the values (:func:`accelkit.trackers.values.snapshot`) and puts them on each queue, so
+a slow backend (an MLflow server, a TensorBoard flush) never blocks the training step, and a
+hung one never delays the others. Each worker calls its tracker in the order ``log()`` was
+called, with the same steps.
+
+A tracker that raises in ``start``, ``store_init_configuration``, ``log`` or ``finish`` is
+reported once (a :class:`TrackerWarning` naming it and the error) and skipped from then on; the
+other trackers and the training run go on. With ``on_error="raise"`` the failure is raised as a
+:class:`TrackerError`: at once from ``init``, and from the next ``log``/``flush``/``finish`` call
+for failures that happen in a worker.
+
+``finish()`` (called by ``Accelerator.end_training``) and interpreter exit drain the queues; no
+wait is unbounded: a backend that does not return within ``timeout`` seconds is reported and
+left behind (its worker is a daemon thread).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from accelkit.trackers.base import GeneralTracker, NullTracker
+from accelkit.trackers.registry import resolve_log_with
+from accelkit.trackers.values import resolve, snapshot
+
+__all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning"]
+
+_POLICIES = ("warn", "raise")
+_LOG, _MARK, _STOP = 0, 1, 2
+_POLL_S = 0.05
+_WAKE_AT = 256
+
+
+class TrackerWarning(UserWarning):
+    """A tracker failed and is skipped from now on (``on_error="warn"``)."""
+
+
+class TrackerError(RuntimeError):
+    """A tracker failed (``on_error="raise"``); ``failure`` says which and where."""
+
+    def __init__(self, failure: TrackerFailure) -> None:
+        super().__init__(failure.describe())
+        self.failure = failure
+
+
+@dataclass(frozen=True)
+class TrackerFailure:
+    """One tracker failure: which tracker, in which method, and the exception."""
+
+    name: str
+    method: str
+    error: BaseException
+
+    def describe(self) -> str:
+        """A one-line report naming the tracker and the error."""
+        return (
+            f"Tracker {self.name!r} failed in {self.method}(): {type(self.error).__name__}: "
+            f"{self.error}. It is skipped from now on; the other trackers continue."
+        )
+
+
+class _Worker:
+    """A tracker, its queue and the daemon thread that feeds it.
+
+    ``log`` only appends to a deque (no lock, no system call): waking a sleeping thread on
+    every call would cost the caller a futex wake-up, several microseconds on a busy machine.
+    The worker instead drains the deque every ``_POLL_S`` seconds, or at once when the queue
+    grows past ``_WAKE_AT`` items or a flush/finish asks for it.
+    """
+
+    def __init__(self, tracker: GeneralTracker, hub: TrackerHub) -> None:
+        self.tracker = tracker
+        self.name = tracker.name
+        self.failed = False
+        self.busy: str | None = None
+        self.items: collections.deque[tuple[Any, ...]] = collections.deque()
+        self.wake = threading.Event()
+        self._hub = weakref.ref(hub)
+        self.thread = threading.Thread(
+            target=self._run, name=f"accelkit-tracker-{self.name}", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        items = self.items
+        while True:
+            self.wake.clear()
+            while items:
+                if self._handle(items.popleft()):
+                    return
+            self.wake.wait(_POLL_S)
+
+    def _handle(self, item: tuple[Any, ...]) -> bool:
+        """Process one queued item; True once the tracker is finished."""
+        kind = item[0]
+        if kind == _LOG:
+            if not self.failed:
+                _, values, step, kwargs, pending = item
+                values = resolve(values) if pending else dict(values)
+                self.call("log", self.tracker.log, values, step, **(kwargs or {}))
+            return False
+        if kind == _STOP and not self.failed:
+            self.call("finish", self.tracker.finish)
+        item[1].set()
+        return kind == _STOP
+
+    def call(self, method: str, function: Any, *args: Any, **kwargs: Any) -> bool:
+        """Run one tracker method; on an exception mark the tracker failed and report it."""
+        self.busy = method
+        try:
+            function(*args, **kwargs)
+            return True
+        except Exception as error:
+            self.failed = True
+            hub = self._hub()
+            if hub is not None:
+                hub._report(TrackerFailure(self.name, method, error))
+            return False
+        finally:
+            self.busy = None
+
+    def signal(self, kind: int) -> threading.Event:
+        event = threading.Event()
+        self.items.append((kind, event))
+        self.wake.set()
+        return event
+
+
+class TrackerHub:
+    """The trackers of one run.
+
+    Build it with :meth:`create`; ``Accelerator`` does this from ``log_with``.
+
+    Args:
+        specs: tracker classes (built in ``init``) and user-made instances.
+        logging_dir: the run's logging directory, or ``None``.
+        is_main_process: whether this process is the main one; main-process-only trackers are
+            never created elsewhere.
+        on_error: ``"warn"`` or ``"raise"`` (see the module docstring).
+        timeout: the most seconds ``flush``/``finish`` wait for a tracker.
+    """
+
+    def __init__(
+        self,
+        specs: list[type[GeneralTracker] | GeneralTracker],
+        *,
+        logging_dir: str | None,
+        is_main_process: bool,
+        on_error: str = "warn",
+        timeout: float = 60.0,
+    ) -> None:
+        if on_error not in _POLICIES:
+            raise ValueError(
+                f"tracker_errors={on_error!r} is not supported; expected 'warn' or 'raise'."
+            )
+        self.logging_dir = logging_dir
+        self.is_main_process = is_main_process
+        self.on_error = on_error
+        self.timeout = timeout
+        self.requested_names = [spec.name for spec in specs]
+        self._specs = [s for s in specs if is_main_process or not s.main_process_only]
+        self._workers: list[_Worker] = []
+        self._live: list[_Worker] = []
+        self._failures: list[TrackerFailure] = []
+        self._pending: TrackerFailure | None = None
+        self._lock = threading.Lock()
+        self._atexit_registered = False
+
+    @classmethod
+    def create(
+        cls,
+        log_with: Any,
+        *,
+        logging_dir: str | os.PathLike[str] | None = None,
+        is_main_process: bool = True,
+        on_error: str = "warn",
+        timeout: float | None = None,
+    ) -> TrackerHub:
+        """Check ``log_with`` and build the hub (nothing is started until :meth:`init`).
+
+        Args:
+            log_with: ``None``, a name, ``"all"``, a `GeneralTracker` instance or a list of those.
+            logging_dir: the run's logging directory, or ``None``.
+            is_main_process: whether this process is the main one.
+            on_error: ``"warn"`` (default) or ``"raise"``.
+            timeout: the most seconds ``flush``/``finish`` wait for the trackers; default
+                ``ACCELKIT_TRACKER_TIMEOUT`` or 60.
+
+        Returns:
+            The hub.
+
+        Raises:
+            ValueError: an unknown name (the message lists the available ones), a tracker that
+                needs a logging directory without one, or a bad ``on_error``.
+            ImportError: a tracker whose package is missing (the message has the pip command).
+        """
+        directory = None if logging_dir is None else os.fspath(logging_dir)
+        remote = None
+        if directory is not None and "://" in directory:
+            # Trackers write local files; a remote project_dir leaves them without a folder.
+            if directory.startswith("file://"):
+                directory = directory[len("file://") :]
+            else:
+                remote, directory = directory, None
+        specs = resolve_log_with(log_with, directory, remote_logging_dir=remote)
+        if timeout is None:
+            timeout = float(os.environ.get("ACCELKIT_TRACKER_TIMEOUT", "60"))
+        return cls(
+            specs,
+            logging_dir=directory,
+            is_main_process=is_main_process,
+            on_error=on_error,
+            timeout=timeout,
+        )
+
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The started trackers of this process, failed ones included."""
+        return [worker.tracker for worker in self._workers]
+
+    @property
+    def failures(self) -> list[TrackerFailure]:
+        """Every tracker failure reported so far."""
+        return list(self._failures)
+
+    def _report(self, failure: TrackerFailure) -> None:
+        with self._lock:
+            self._failures.append(failure)
+            self._live = [w for w in self._live if not w.failed]
+            if self.on_error == "raise":
+                if self._pending is None:
+                    self._pending = failure
+                return
+        warnings.warn(failure.describe(), TrackerWarning, stacklevel=2)
+
+    def _raise_pending(self) -> None:
+        failure, self._pending = self._pending, None
+        if failure is not None:
+            raise TrackerError(failure) from failure.error
+
+    def init(
+        self,
+        project_name: str,
+        config: Mapping[str, Any] | None = None,
+        init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Create and start every tracker of this process and store ``config``.
+
+        Args:
+            project_name: the run / project name each tracker receives.
+            config: hyperparameters to store (nested dicts, lists, tensors, paths and ``None``
+                are accepted).
+            init_kwargs: tracker name -> keyword arguments for that tracker's constructor.
+
+        Raises:
+            RuntimeError: trackers are already running (call ``end_training()`` first).
+            TrackerError: a tracker failed and ``on_error="raise"``.
+        """
+        if self._workers:
+            raise RuntimeError(
+                "init_trackers() was already called for this run; call end_training() before "
+                "starting new trackers."
+            )
+        init_kwargs = dict(init_kwargs or {})
+        unknown = sorted(set(init_kwargs) - {spec.name for spec in self._specs})
+        if unknown and self.is_main_process:
+            warnings.warn(
+                f"init_kwargs has entries for {unknown}, which are not trackers of this run "
+                f"({[spec.name for spec in self._specs]}); they are ignored.",
+                stacklevel=3,
+            )
+        for spec in self._specs:
+            tracker = self._construct(spec, project_name, init_kwargs.get(spec.name, {}))
+            if tracker is None:
+                continue
+            worker = _Worker(tracker, self)
+            self._workers.append(worker)
+            if worker.call("start", tracker.start) and config is not None:
+                worker.call("store_init_configuration", tracker.store_init_configuration, config)
+            if not worker.failed:
+                self._live.append(worker)
+        if self._workers and not self._atexit_registered:
+            # Registered after the trackers started, so this runs before the backends' own
+            # exit hooks (atexit is last-in, first-out) and their runs still accept values.
+            # It also keeps the hub alive until exit, so a dropped Accelerator still flushes.
+            atexit.register(self._drain_at_exit)
+            self._atexit_registered = True
+        self._raise_pending()
+
+    def _construct(
+        self, spec: type[GeneralTracker] | GeneralTracker, project: str, kwargs: Mapping[str, Any]
+    ) -> GeneralTracker | None:
+        if isinstance(spec, GeneralTracker):
+            return spec
+        try:
+            return spec(project, self.logging_dir, **kwargs)
+        except Exception as error:
+            self._report(TrackerFailure(spec.name, "__init__", error))
+            self._raise_pending()
+            return None
+
+    def log(
+        self,
+        values: Mapping[str, Any],
+        step: int | None = None,
+        log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
+        """Hand ``values`` at ``step`` to every live tracker and return without waiting.
+
+        Args:
+            values: metric name -> value; tensors are copied or read before this returns.
+            step: the training step, or ``None`` to let each backend count.
+            log_kwargs: tracker name -> keyword arguments for that tracker's ``log``.
+
+        Raises:
+            TrackerError: an earlier failure, with ``on_error="raise"``.
+        """
+        live = self._live
+        if not live:
+            if self._pending is not None:
+                self._raise_pending()
+            return
+        if self._pending is not None:
+            self._raise_pending()
+        copied, pending = snapshot(values)
+        for worker in live:  # worker.put() inlined: this is the training loop's hot path
+            kwargs = log_kwargs.get(worker.name) if log_kwargs else None
+            items = worker.items
+            items.append((_LOG, copied, step, kwargs, pending))
+            if len(items) >= _WAKE_AT:
+                worker.wake.set()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every value logged so far has reached its tracker.
+
+        Args:
+            timeout: the most seconds to wait in all (default: the hub's ``timeout``).
+
+        Returns:
+            ``True`` if every live tracker caught up; ``False`` if one did not in time (it is
+            reported with a warning and left running).
+
+        Raises:
+            TrackerError: a failure, with ``on_error="raise"``.
+        """
+        done = self._wait(list(self._live), _MARK, timeout, "flush")
+        self._raise_pending()
+        return done
+
+    def _wait(self, workers: list[_Worker], kind: int, timeout: float | None, what: str) -> bool:
+        limit = self.timeout if timeout is None else timeout
+        events = [(worker, worker.signal(kind)) for worker in workers if worker.thread.is_alive()]
+        deadline = time.monotonic() + limit
+        done = True
+        for worker, event in events:
+            if not event.wait(max(0.0, deadline - time.monotonic())):
+                done = False
+                warnings.warn(
+                    f"Tracker {worker.name!r} did not {what} within {limit:g} s ("
+                    + (f"busy in {worker.busy}()" if worker.busy else "values still queued")
+                    + "); not waiting for it any longer. Values it "
+                    "has not written yet may be lost. If the backend is just slow, raise "
+                    "ACCELKIT_TRACKER_TIMEOUT (seconds).",
+                    TrackerWarning,
+                    stacklevel=3,
+                )
+        return done
+
+    def finish(self, timeout: float | None = None) -> bool:
+        """Drain every queue, finish every tracker and stop the workers.
+
+        Args:
+            timeout: the most seconds to wait in all (default: the hub's ``timeout``).
+
+        Returns:
+            ``True`` if every tracker finished in time.
+
+        Raises:
+            TrackerError: a failure, with ``on_error="raise"``.
+        """
+        workers, self._workers, self._live = self._workers, [], []
+        if self._atexit_registered:
+            atexit.unregister(self._drain_at_exit)
+            self._atexit_registered = False
+        done = self._wait(workers, _STOP, timeout, "finish")
+        self._raise_pending()
+        return done
+
+    def _drain_at_exit(self) -> None:
+        try:
+            self.finish()
+        except TrackerError as error:
+            warnings.warn(str(error), TrackerWarning, stacklevel=1)
+
+    def get(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (or its backend object with ``unwrap=True``).
+
+        Values logged so far are flushed first, so the backend object is up to date. Where the
+        tracker does not exist because this is not the main process, a stand-in whose methods
+        do nothing is returned.
+
+        Raises:
+            ValueError: no tracker of this run has this name.
+        """
+        for worker in self._workers:
+            if worker.name == name:
+                self._wait([worker], _MARK, None, "flush")
+                return worker.tracker.tracker if unwrap else worker.tracker
+        if name in self.requested_names and not self.is_main_process:
+            stand_in = NullTracker(name)
+            return stand_in.tracker if unwrap else stand_in
+        started = [worker.name for worker in self._workers]
+        hint = "" if started else " Call accelerator.init_trackers(...) first."
+        raise ValueError(
+            f"No tracker named {name!r} in this run; the trackers are {started or 'none'} "
+            f"(log_with asked for {self.requested_names}).{hint}"
+        )

@@ -1,0 +1,270 @@
+"""How long ``log()`` blocks the training loop: accelkit vs Hugging Face accelerate.
+
+For each backend (TensorBoard, MLflow with a sqlite store, wandb offline, and accelkit's jsonl)
+a fresh interpreter builds one accelkit ``Accelerator`` and one accelerate ``Accelerator`` on
+the same backend, then alternates rounds of ``log()`` calls between the two and times every
+call with ``perf_counter_ns``. Between rounds accelkit's queue is drained (not timed) so its
+background writes never overlap accelerate's round. Two patterns are measured: calls back to
+back (the worst case for a background writer, which then competes for the GIL) and calls
+separated by a simulated training step that releases the GIL (``--step-us``, default 1000 µs).
+Each pattern also times an empty function call the same way: after a sleep, caches and CPU
+frequency are cold and even an empty call costs microseconds on a busy machine; that floor is
+reported as ``empty_call``.
+
+A second job runs accelkit in two real processes (gloo on 127.0.0.1) and times ``log()`` on the
+non-main process, where no tracker exists (batches of calls, to stay above the timer's noise).
+
+Usage::
+
+    python -m benchmarks.bench_trackers [--quick] [--out benchmarks/results/trackers.json]
+
+Results are printed as a table and written as JSON (medians and p90 in microseconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+OFFLINE_ENV = {
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "WANDB_CONSOLE": "off",
+    "WANDB_DISABLE_GIT": "true",
+    "COMET_ERROR_TRACKING_ENABLE": "false",
+    "COMET_AUTO_LOG_ENV_DETAILS": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+    "GIT_PYTHON_REFRESH": "quiet",
+}
+BACKENDS = ["tensorboard", "mlflow", "wandb", "jsonl"]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _values(step: int) -> dict[str, float]:
+    return {"loss": 1.0 / (step + 1), "lr": 1e-3 * (1 - step / 1e6), "grad_norm": 0.5 + step % 7}
+
+
+def _summary(samples_ns: list[int]) -> dict[str, float]:
+    ordered = sorted(samples_ns)
+    return {
+        "median_us": statistics.median(ordered) / 1000,
+        "p90_us": ordered[int(0.9 * (len(ordered) - 1))] / 1000,
+        "mean_us": statistics.fmean(ordered) / 1000,
+        "calls": len(ordered),
+    }
+
+
+def _empty(values: dict[str, float], step: int | None = None) -> None:
+    """Baseline: what calling any function costs in the same loop (caches, timer, wake-up)."""
+
+
+def _time_calls(log: Any, start: int, calls: int, step_s: float) -> list[int]:
+    clock = time.perf_counter_ns
+    samples = []
+    for step in range(start, start + calls):
+        values = _values(step)
+        begin = clock()
+        log(values, step=step)
+        samples.append(clock() - begin)
+        if step_s:
+            time.sleep(step_s)
+    return samples
+
+
+def _make_pair(backend: str, work: Path) -> tuple[Any, Any]:
+    """An accelkit and an accelerate Accelerator logging to ``backend`` under ``work``."""
+    import accelerate
+
+    import accelkit
+
+    kit_kwargs: dict[str, Any] = {}
+    ref_kwargs: dict[str, Any] = {}
+    if backend == "mlflow":
+        # accelerate's tracker uses MLflow's global URI; accelkit gets its own store.
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{work / 'accelerate' / 'mlflow.db'}"
+        kit_kwargs = {"mlflow": {"tracking_uri": f"sqlite:///{work / 'accelkit' / 'mlflow.db'}"}}
+    if backend == "wandb":
+        kit_kwargs = {"wandb": {"reinit": "create_new"}}
+        # accelerate's tracker updates the global wandb.config, so its run is the global one.
+        ref_kwargs = {"wandb": {"dir": str(work / "accelerate")}}
+    ref = None
+    if backend != "jsonl":  # accelerate has no jsonl tracker
+        ref = accelerate.Accelerator(log_with=backend, project_dir=str(work / "accelerate"))
+        ref.init_trackers("bench", config={"lr": 1e-3}, init_kwargs=ref_kwargs)
+    kit = accelkit.Accelerator(log_with=backend, project_dir=str(work / "accelkit"))
+    kit.init_trackers("bench", config={"lr": 1e-3}, init_kwargs=kit_kwargs)
+    return kit, ref
+
+
+def run_backend(backend: str, rounds: int, calls: int, step_us: float) -> dict[str, Any]:
+    """Child-process entry: alternate accelkit and accelerate rounds on one backend."""
+    work = Path(tempfile.mkdtemp(prefix=f"bench-trackers-{backend}-"))
+    for side in ("accelkit", "accelerate"):
+        (work / side).mkdir()
+    try:
+        kit, ref = _make_pair(backend, work)
+        results: dict[str, Any] = {}
+        for pattern, step_s in (("back_to_back", 0.0), (f"step_{int(step_us)}us", step_us / 1e6)):
+            samples: dict[str, list[int]] = {"accelkit": [], "accelerate": [], "empty_call": []}
+            warm = max(10, calls // 10)
+            _time_calls(kit.log, 0, warm, 0.0)
+            kit._trackers.flush()
+            if ref is not None:
+                _time_calls(ref.log, 0, warm, 0.0)
+            step = warm
+            for _ in range(rounds):
+                samples["accelkit"] += _time_calls(kit.log, step, calls, step_s)
+                kit._trackers.flush()  # not timed: keep accelkit's writes out of the next round
+                if ref is not None:
+                    samples["accelerate"] += _time_calls(ref.log, step, calls, step_s)
+                # The timer's floor for this pattern: a function that does nothing.
+                samples["empty_call"] += _time_calls(_empty, step, calls, step_s)
+                step += calls
+            results[pattern] = {lib: _summary(s) for lib, s in samples.items() if s}
+        begin = time.perf_counter()
+        kit.end_training()
+        results["accelkit_end_training_s"] = time.perf_counter() - begin
+        if ref is not None:
+            ref.end_training()
+        return results
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _non_main_job(calls: int, repeats: int) -> dict[str, Any]:
+    import accelkit
+
+    work = tempfile.mkdtemp(prefix="bench-trackers-dist-")
+    accelerator = accelkit.Accelerator(
+        log_with=["tensorboard", "jsonl", "mlflow", "wandb"], project_dir=work
+    )
+    accelerator.init_trackers("bench")
+    per_call: list[float] = []
+    if not accelerator.is_main_process:
+        log = accelerator.log
+        values = _values(0)
+        clock = time.perf_counter_ns
+        for _ in range(repeats):
+            begin = clock()
+            for step in range(calls):
+                log(values, step=step)
+            per_call.append((clock() - begin) / calls / 1000)
+    accelerator.end_training()
+    accelerator.wait_for_everyone()
+    return {"rank": accelerator.process_index, "per_call_us": per_call}
+
+
+def run_non_main(calls: int, repeats: int) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers.distributed import run_distributed
+
+    results = run_distributed(_non_main_job, calls, repeats, world_size=2, env=OFFLINE_ENV)
+    per_call = results[1]["per_call_us"]
+    return {
+        "median_us": statistics.median(per_call),
+        "min_us": min(per_call),
+        "max_us": max(per_call),
+        "calls_per_batch": calls,
+        "batches": repeats,
+    }
+
+
+def _child(args: argparse.Namespace) -> None:
+    os.environ.update(OFFLINE_ENV)
+    if args.backend == "non_main":
+        result = run_non_main(args.calls * 10, args.rounds * 4)
+    else:
+        result = run_backend(args.backend, args.rounds, args.calls, args.step_us)
+    print("RESULT " + json.dumps(result))
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("accelkit", "accelerate", "torch", "tensorboard", "mlflow", "wandb"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "missing"
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "trackers.json"))
+    parser.add_argument("--step-us", type=float, default=1000.0)
+    parser.add_argument("--backends", default=",".join([*BACKENDS, "non_main"]))
+    parser.add_argument("--backend", help=argparse.SUPPRESS)  # child mode
+    parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--calls", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (3 if args.quick else 7)
+    args.calls = args.calls or (100 if args.quick else 300)
+    if args.backend:
+        _child(args)
+        return
+
+    report: dict[str, Any] = {
+        "benchmark": "time log() blocks the caller (microseconds per call)",
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                    "python": platform.python_version()},
+        "versions": _versions(),
+        "settings": {"quick": args.quick, "rounds": args.rounds, "calls_per_round": args.calls,
+                     "step_us": args.step_us},
+        "results": {},
+    }  # fmt: skip
+    for backend in args.backends.split(","):
+        command = [sys.executable, "-m", "benchmarks.bench_trackers", "--backend", backend,
+                   "--rounds", str(args.rounds), "--calls", str(args.calls),
+                   "--step-us", str(args.step_us)]  # fmt: skip
+        began = time.perf_counter()
+        done = subprocess.run(
+            command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV}
+        )
+        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        if done.returncode != 0 or not lines:
+            report["results"][backend] = {"error": done.stderr[-2000:]}
+            print(f"{backend}: FAILED\n{done.stderr[-2000:]}", file=sys.stderr)
+            continue
+        result = json.loads(lines[-1][len("RESULT ") :])
+        result["wall_s"] = round(time.perf_counter() - began, 1)
+        report["results"][backend] = result
+        _print(backend, result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def _print(backend: str, result: dict[str, Any]) -> None:
+    if backend == "non_main":
+        print(f"{'non-main process':<14} accelkit median {result['median_us']:.3f} us/call")
+        return
+    for pattern, sides in result.items():
+        if not isinstance(sides, dict):
+            continue
+        kit = sides["accelkit"]["median_us"]
+        floor = sides["empty_call"]["median_us"]
+        line = f"{backend:<12} {pattern:<14} empty call {floor:5.1f} us | accelkit {kit:8.1f} us"
+        if "accelerate" in sides:
+            ref = sides["accelerate"]["median_us"]
+            sides["speedup_median"] = ref / kit
+            line += f" | accelerate {ref:8.1f} us | x{ref / kit:.0f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

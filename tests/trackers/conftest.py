@@ -1,0 +1,133 @@
+"""Fixtures for the tracker tests: offline settings for every SDK, MLflow stores and server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from accelkit.trackers import registry
+from tests.helpers.distributed import free_port
+
+# No test may send a packet off this machine: wandb offline, Comet offline without its
+# error-reporting host and cloud metadata probes, MLflow without telemetry.
+OFFLINE_ENV = {
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "WANDB_DISABLE_GIT": "true",
+    "WANDB_CONSOLE": "off",
+    "COMET_ERROR_TRACKING_ENABLE": "false",
+    "COMET_AUTO_LOG_ENV_DETAILS": "false",
+    "COMET_DISABLE_AUTO_LOGGING": "1",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DO_NOT_TRACK": "1",
+    "GIT_PYTHON_REFRESH": "quiet",
+}
+_CLOUD_ENV = ("WANDB_API_KEY", "COMET_API_KEY", "MLFLOW_TRACKING_URI", "WANDB_DIR")
+
+# The variables are set for the whole session too (session fixtures and the SDKs' own
+# background processes read the environment once); the autouse fixture re-asserts them.
+os.environ.update(OFFLINE_ENV)
+for _name in _CLOUD_ENV:
+    os.environ.pop(_name, None)
+
+
+@pytest.fixture(autouse=True)
+def offline_trackers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every tracker test runs offline (see OFFLINE_ENV)."""
+    for key, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(key, value)
+    for key in _CLOUD_ENV:
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def clean_registry() -> Iterator[None]:
+    """Registrations made by a test do not leak into the next one."""
+    saved = dict(registry._registered)
+    yield
+    registry._registered.clear()
+    registry._registered.update(saved)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty current directory: a backend writing outside the logging dir shows up here."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    return cwd
+
+
+@pytest.fixture(scope="session")
+def mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow sqlite store with its tables created (the migrations take ~10 s; once)."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+@pytest.fixture
+def mlflow_db(mlflow_template_db: Path, tmp_path: Path) -> str:
+    """A fresh sqlite tracking URI for one test (a copy of the template store)."""
+    path = tmp_path / "mlflow-store" / "mlflow.db"
+    path.parent.mkdir()
+    shutil.copy(mlflow_template_db, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(
+    mlflow_template_db: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """A real ``mlflow server`` on 127.0.0.1 (free port, sqlite store); yields its URL."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    shutil.copy(mlflow_template_db, root / "mlflow.db")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed below
+    env = {**os.environ, **OFFLINE_ENV}
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "mlflow", "server",
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination", (root / "artifacts").as_uri(),
+        ],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"mlflow server exited with {process.returncode}:\n"
+                    + (root / "server.log").read_text(errors="replace")[-3000:]
+                )
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"mlflow server at {url} did not answer /health in 120 s")
+            time.sleep(0.25)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()

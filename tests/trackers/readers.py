@@ -1,0 +1,148 @@
+"""Read what each backend wrote, with the backend's own reader.
+
+Every reader returns ``(scalars, config)``: ``scalars`` maps a metric name to its list of
+``(step, value)`` in logged order; ``config`` maps flat config keys to their stored values.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from typing import Any
+
+Scalars = dict[str, list[tuple[int, float]]]
+
+
+def read_tensorboard(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(os.path.join(logging_dir, run))
+    events.Reload()
+    scalars = {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+    content = events.PluginTagToContent("hparams")
+    start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    config = {}
+    for key, value in start.session_start_info.hparams.items():
+        config[key] = getattr(value, value.WhichOneof("kind"))
+    return scalars, config
+
+
+def read_jsonl(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    from accelkit.trackers.jsonl import read_jsonl as read
+
+    scalars: Scalars = {}
+    for record in read(os.path.join(logging_dir, run)):
+        for key, value in record["values"].items():
+            if isinstance(value, (int, float)):
+                scalars.setdefault(key, []).append((record["step"], value))
+    with open(os.path.join(logging_dir, run, "config.json")) as file:
+        return scalars, _flat(json.load(file))
+
+
+def read_csv_custom(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    scalars: Scalars = {}
+    with open(os.path.join(logging_dir, run, "custom.csv")) as file:
+        for line in file:
+            step, key, value = line.strip().split(",")
+            scalars.setdefault(key, []).append((int(step), float(value)))
+    with open(os.path.join(logging_dir, run, "custom_config.json")) as file:
+        return scalars, json.load(file)
+
+
+def read_mlflow(tracking_uri: str, experiment: str) -> tuple[Scalars, dict[str, Any]]:
+    """The single run of ``experiment`` in the store at ``tracking_uri``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment!r} at {tracking_uri}"
+    runs = client.search_runs([found.experiment_id])
+    assert len(runs) == 1, f"expected one run, found {len(runs)}"
+    run = runs[0]
+    assert run.info.status == "FINISHED", run.info.status
+    scalars = {
+        key: [(m.step, m.value) for m in sorted(client.get_metric_history(run.info.run_id, key),
+                                                key=lambda m: (m.step, m.timestamp))]
+        for key in run.data.metrics
+    }  # fmt: skip
+    return scalars, dict(run.data.params)
+
+
+def wandb_run_file(logging_dir: str) -> str:
+    files = glob.glob(os.path.join(logging_dir, "wandb", "offline-run-*", "run-*.wandb"))
+    assert len(files) == 1, f"expected one offline wandb run under {logging_dir}, found {files}"
+    return files[0]
+
+
+def read_wandb(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    """Decode the offline run's transaction log with wandb's own reader (``wandb leet``)."""
+    wandb_cli = os.path.join(os.path.dirname(sys.executable), "wandb")
+    out = subprocess.run(
+        [wandb_cli, "leet", "inspect", "--json", wandb_run_file(logging_dir)],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    scalars: Scalars = {}
+    config: dict[str, Any] = {}
+    for line in out.stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        record = json.loads(line)
+        kind = record.get("type")
+        if kind == "history":
+            item = record["history"]["item"]
+            for key, value in item.items():
+                if not key.startswith("_") and isinstance(value, (int, float)):
+                    scalars.setdefault(key, []).append((item["_step"], value))
+        elif kind == "run":
+            config.update(record["run"].get("config", {}).get("update", {}))
+        elif kind == "config":
+            config.update(record["config"].get("update", {}))
+    config.pop("_wandb", None)
+    return scalars, _flat(config)
+
+
+def comet_archive(logging_dir: str) -> str:
+    archives = glob.glob(os.path.join(logging_dir, "comet_ml", "*.zip"))
+    assert len(archives) == 1, f"expected one Comet offline archive, found {archives}"
+    return archives[0]
+
+
+def read_comet(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    """Read ``messages.json`` of the offline archive (what ``comet upload`` sends)."""
+    scalars: Scalars = {}
+    config: dict[str, Any] = {}
+    with zipfile.ZipFile(comet_archive(logging_dir)) as archive:
+        lines = archive.read("messages.json").decode().splitlines()
+        experiment = json.loads(archive.read("experiment.json"))
+    assert experiment.get("project_name") == run, experiment
+    for line in lines:
+        message = json.loads(line)
+        payload = message["payload"]
+        if message["type"] == "metric_msg":
+            metric = payload["metric"]
+            name = metric["metricName"]
+            if name != "process duration":
+                scalars.setdefault(name, []).append((metric["step"], metric["metricValue"]))
+        elif message["type"] == "parameter_msg":
+            param = payload.get("param") or payload.get("params")
+            if param.get("source") == "manual":
+                config[param["paramName"]] = param["paramValue"]
+    return scalars, config
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}/{key}" if prefix else key
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, name))
+        else:
+            flat[name] = value
+    return flat

@@ -1,0 +1,228 @@
+"""TrackerHub: isolation of failing trackers, order, snapshots, bounded waits, stand-ins."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from accelkit import Accelerator
+from accelkit.trackers import TrackerError, TrackerHub, TrackerWarning
+from accelkit.trackers.base import NullTracker
+from accelkit.trackers.jsonl import read_jsonl
+from tests.trackers.custom import RecordingTracker
+
+
+def _tracker_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
+
+
+@pytest.mark.parametrize("method", ["start", "log", "finish"])
+def test_a_failing_tracker_is_reported_once_and_the_others_go_on(
+    method: str, tmp_path: Path
+) -> None:
+    broken = RecordingTracker("broken", fail_in=method)
+    healthy = RecordingTracker("healthy")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelerator = Accelerator(log_with=[broken, "jsonl", healthy], project_dir=str(tmp_path))
+        accelerator.init_trackers("run", config={"a": 1})
+        for step in range(4):
+            accelerator.log({"x": step}, step=step)
+        accelerator.end_training()
+
+    reports = _tracker_warnings(caught)
+    assert len(reports) == 1, reports
+    assert "'broken'" in reports[0] and f"{method}()" in reports[0]
+    assert f"broken broke in {method}" in reports[0]
+    assert healthy.logged() == [(s, {"x": s}) for s in range(4)]
+    assert [r["values"]["x"] for r in read_jsonl(str(tmp_path / "run"))] == [0, 1, 2, 3]
+    # The broken tracker is skipped after its failure: one failing log call, not four.
+    assert broken.log_attempts == {"start": 0, "log": 1, "finish": 4}[method]
+
+
+def test_raise_policy_raises_at_init_for_start_failures() -> None:
+    broken = RecordingTracker("broken", fail_in="start")
+    accelerator = Accelerator(log_with=[broken], tracker_errors="raise")
+    with pytest.raises(TrackerError, match="'broken' failed in start"):
+        accelerator.init_trackers("run")
+
+
+def test_raise_policy_raises_worker_failures_at_the_next_call() -> None:
+    broken = RecordingTracker("broken", fail_in="log")
+    hub = TrackerHub.create([broken], on_error="raise")
+    hub.init("run")
+    hub.log({"x": 1}, step=0)
+    with pytest.raises(TrackerError, match="'broken' failed in log") as info:
+        hub.flush()
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert info.value.failure.name == "broken"
+    hub.finish()
+
+
+def test_bad_error_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"tracker_errors='ignore'.*'warn' or 'raise'"):
+        TrackerHub.create(None, on_error="ignore")
+
+
+def test_log_keeps_order_and_steps_and_runs_off_the_caller_thread() -> None:
+    slow = RecordingTracker("slow", delay=0.001)
+    hub = TrackerHub.create([slow])
+    hub.init("run")
+    for step in range(200):
+        hub.log({"i": step, "nested": {"j": step * 2}}, step=step)
+    hub.log({"last": True})
+    hub.finish()
+    logged = slow.logged()
+    assert [step for step, _ in logged] == [*range(200), None]
+    assert all(values["i"] == step for step, values in logged[:200])
+    assert logged[-1] == (None, {"last": True})
+    assert slow.log_threads == {"accelkit-tracker-slow"}
+
+
+def test_log_kwargs_reach_only_their_tracker() -> None:
+    a, b = RecordingTracker("a"), RecordingTracker("b")
+    hub = TrackerHub.create([a, b])
+    hub.init("run")
+    hub.log({"x": 1}, step=3, log_kwargs={"a": {"commit": False}})
+    hub.finish()
+    assert a.logged() == [((3, {"commit": False}), {"x": 1})]
+    assert b.logged() == [(3, {"x": 1})]
+
+
+def test_values_are_copied_before_log_returns() -> None:
+    gate = threading.Event()
+    tracker = RecordingTracker("gated", gate=gate)
+    hub = TrackerHub.create([tracker])
+    hub.init("run")
+    scalar = torch.tensor(1.0)
+    vector = torch.arange(3.0)
+    values = {"scalar": scalar, "vector": vector, "plain": 1}
+    hub.log(values, step=0)
+    # The training loop changes its tensors and dict before the worker gets to them.
+    scalar.add_(100)
+    vector.mul_(0)
+    values["plain"] = 2
+    gate.set()
+    hub.finish()
+    [(_, logged)] = tracker.logged()
+    assert logged["scalar"] == 1.0 and isinstance(logged["scalar"], float)
+    assert logged["vector"].tolist() == [0.0, 1.0, 2.0]
+    assert logged["plain"] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+def test_cuda_tensors_are_copied_without_waiting_for_the_device() -> None:
+    gate = threading.Event()
+    tracker = RecordingTracker("gated", gate=gate)
+    hub = TrackerHub.create([tracker])
+    hub.init("run")
+    loss = torch.full((), 3.0, device="cuda")
+    grads = torch.ones(4, device="cuda")
+    hub.log({"loss": loss, "grads": grads}, step=0)
+    loss.add_(1)
+    grads.zero_()
+    gate.set()
+    hub.finish()
+    [(_, logged)] = tracker.logged()
+    assert logged["loss"] == 3.0
+    assert logged["grads"].device.type == "cpu" and logged["grads"].tolist() == [1.0] * 4
+
+
+def test_a_hung_tracker_is_left_behind_with_a_warning() -> None:
+    gate = threading.Event()
+    hung = RecordingTracker("hung", gate=gate)
+    fine = RecordingTracker("fine")
+    hub = TrackerHub.create([hung, fine], timeout=0.5)
+    hub.init("run")
+    hub.log({"x": 1}, step=0)
+    try:
+        with pytest.warns(
+            TrackerWarning, match=r"'hung' did not finish within 0.5 s \(busy in log"
+        ):
+            assert hub.finish() is False
+        assert [kind for kind, _, _ in fine.calls] == ["start", "log", "finish"]
+    finally:
+        gate.set()
+
+
+def test_non_main_process_creates_nothing_and_returns_stand_ins(tmp_path: Path) -> None:
+    shared = RecordingTracker("everywhere", main_process_only=False)
+    hub = TrackerHub.create(
+        ["jsonl", "tensorboard", shared], logging_dir=str(tmp_path), is_main_process=False
+    )
+    hub.init("run", config={"a": 1})
+    hub.log({"x": 1}, step=0)
+    assert [t.name for t in hub.trackers] == ["everywhere"]
+    stand_in = hub.get("tensorboard")
+    assert isinstance(stand_in, NullTracker) and stand_in.name == "tensorboard"
+    stand_in.log({"x": 1}, step=0)
+    writer = hub.get("tensorboard", unwrap=True)
+    writer.add_scalar("x", 1.0, global_step=0)  # a no-op, never an AttributeError
+    writer.flush()
+    hub.finish()
+    assert not (tmp_path / "run").exists()
+    assert shared.logged() == [(0, {"x": 1})]
+
+
+def test_get_tracker_errors_name_the_trackers(tmp_path: Path) -> None:
+    accelerator = Accelerator(log_with="jsonl", project_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"No tracker named 'jsonl'.*init_trackers"):
+        accelerator.get_tracker("jsonl")
+    accelerator.init_trackers("run")
+    with pytest.raises(ValueError, match=r"'wandb'.*\['jsonl'\]"):
+        accelerator.get_tracker("wandb")
+    assert accelerator.trackers[0].name == "jsonl"
+    accelerator.end_training()
+
+
+def test_log_before_init_and_without_trackers_is_a_no_op(tmp_path: Path) -> None:
+    accelerator = Accelerator()
+    accelerator.log({"x": 1}, step=0)
+    accelerator.init_trackers("run")
+    accelerator.log({"x": 1}, step=0)
+    accelerator.end_training()
+    assert accelerator.trackers == []
+
+
+def test_init_twice_is_refused_until_end_training(tmp_path: Path) -> None:
+    accelerator = Accelerator(log_with="jsonl", project_dir=str(tmp_path))
+    accelerator.init_trackers("first")
+    with pytest.raises(RuntimeError, match=r"already called.*end_training"):
+        accelerator.init_trackers("second")
+    accelerator.log({"x": 1}, step=0)
+    accelerator.end_training()
+    accelerator.init_trackers("second")
+    accelerator.log({"x": 2}, step=0)
+    accelerator.end_training()
+    assert read_jsonl(str(tmp_path / "first"))[0]["values"] == {"x": 1}
+    assert read_jsonl(str(tmp_path / "second"))[0]["values"] == {"x": 2}
+
+
+def test_non_numeric_values_are_converted_once_with_one_warning(tmp_path: Path) -> None:
+    accelerator = Accelerator(log_with=["jsonl", "tensorboard"], project_dir=str(tmp_path))
+    accelerator.init_trackers("run")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(3):
+            accelerator.log({"loss": 1.0, "weird": {1, 2}, "nan": float("nan")}, step=step)
+        accelerator.end_training()
+    messages = [str(w.message) for w in caught if "'weird'" in str(w.message)]
+    assert len([m for m in messages if "'jsonl'" in m]) == 1
+    assert len([m for m in messages if "'tensorboard'" in m]) == 1
+    records = read_jsonl(str(tmp_path / "run"))
+    assert [r["values"]["weird"] for r in records] == [[1, 2]] * 3
+    assert records[0]["values"]["nan"] == "nan" and records[0]["step"] == 0
+    assert isinstance(records[0]["timestamp"], float)
+
+
+def test_log_rejects_a_non_mapping(tmp_path: Path) -> None:
+    accelerator = Accelerator(log_with="jsonl", project_dir=str(tmp_path))
+    accelerator.init_trackers("run")
+    with pytest.raises(TypeError, match=r"dict of metric name -> value, got float"):
+        accelerator.log(0.5, step=0)  # type: ignore[arg-type]
+    accelerator.end_training()
