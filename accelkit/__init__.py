@@ -19,6 +19,7 @@ _PUBLIC = {
     "GradientAccumulationPlugin": "accelkit.optim",
     "Accelerator": "accelkit.accelerator",
     "PartialState": "accelkit.state",
+    "FullyShardedDataParallelPlugin": "accelkit.fsdp",
     "DistributedType": "accelkit.state",
     "PrecisionType": "accelkit.state",
     "notebook_launcher": "accelkit.launch",
@@ -41,6 +42,7 @@ __all__ = [
     "Accelerator",
     "DataLoaderConfiguration",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GeneralTracker",
     "LoggerType",
     "PartialState",
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
     from accelkit.accelerator import Accelerator
     from accelkit.checkpointing import ProjectConfiguration, load_checkpoint_in_model
     from accelkit.data import DataLoaderConfiguration, skip_first_batches
+    from accelkit.fsdp import FullyShardedDataParallelPlugin
     from accelkit.kwargs_handlers import (
         AutocastKwargs,
         DistributedDataParallelKwargs,

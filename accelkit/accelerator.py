@@ -9,13 +9,23 @@ it: :mod:`accelkit.state` (who this process is), :mod:`accelkit.ops` (collective
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from accelkit import data as _data
+from accelkit import fsdp as _fsdp
+from accelkit import kwargs_handlers as _kwargs
 from accelkit import ops
+from accelkit import optim as _optim
+from accelkit import precision as _precision
+from accelkit import training as _training
+from accelkit.checkpointing import config as _ckpt_config
+from accelkit.checkpointing import manager as _ckpt_manager
+from accelkit.checkpointing import model_io as _ckpt_model_io
 from accelkit.state import DistributedType, PartialState, PrecisionType, parse_mixed_precision
+from accelkit.trackers import GeneralTracker, TrackerHub
 
 __all__ = ["Accelerator"]
 
@@ -32,7 +42,8 @@ class Accelerator:
         gradient_accumulation_steps: micro-steps per optimizer step (see :meth:`accumulate`).
         cpu: force the CPU even when CUDA is available.
         dataloader_config: a :class:`~accelkit.data.DataLoaderConfiguration`.
-        fsdp_plugin: not supported yet; passing one raises.
+        fsdp_plugin: a :class:`~accelkit.fsdp.FullyShardedDataParallelPlugin`: ``prepare``
+            shards models with FSDP2 (default: the launcher's ``--use_fsdp`` settings).
         rng_types: accepted for compatibility; shuffling is synchronised through the sampler's
             generator.
         log_with: tracker name(s), :class:`~accelkit.trackers.GeneralTracker` instance(s), or
@@ -67,6 +78,7 @@ class Accelerator:
         project_dir: str | None = None,
         project_config: Any = None,
         step_scheduler_with_optimizer: bool = True,
+        gradient_accumulation_plugin: _optim.GradientAccumulationPlugin | None = None,
         kwargs_handlers: list[Any] | None = None,
         logging_dir: str | None = None,
         tracker_errors: str = "warn",
@@ -89,10 +101,38 @@ class Accelerator:
         self.kwargs_handlers = list(kwargs_handlers or [])
         self._trigger = torch.tensor(0, device=self.state.device)
         # ===== training: init =====
+        self.dataloader_config = _data.resolve_config(dataloader_config, split_batches)
+        self.gradient_state = _optim.GradientState(
+            _optim.resolve_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
+        )
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.scaler = _precision.make_grad_scaler(
+            self.mixed_precision,
+            self.device,
+            **_kwargs.collect(self.kwargs_handlers, _kwargs.GradScalerKwargs),
+        )
+        self._ddp_kwargs = _kwargs.collect(
+            self.kwargs_handlers, _kwargs.DistributedDataParallelKwargs
+        )
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[_optim.AcceleratedOptimizer] = []
+        self._schedulers: list[_optim.AcceleratedScheduler] = []
+        self._dataloaders: list[Any] = []
+        self._fsdp = _fsdp.FSDPRuntime.create(fsdp_plugin, self.device, self.mixed_precision)
         # ===== end training: init =====
         # ===== checkpointing: init =====
+        self.project_configuration = _ckpt_config.resolve_project_configuration(
+            project_config, project_dir, logging_dir
+        )
+        self._checkpoints = _ckpt_manager.CheckpointManager(self.project_configuration, self.state)
         # ===== end checkpointing: init =====
         # ===== tracking: init =====
+        self._trackers = TrackerHub.create(
+            log_with,
+            logging_dir=self.project_configuration.logging_dir,
+            is_main_process=self.state.is_main_process,
+            on_error=tracker_errors,
+        )
         # ===== end tracking: init =====
 
     # ================================================================= process state
@@ -105,6 +145,8 @@ class Accelerator:
     @property
     def distributed_type(self) -> DistributedType:
         """How processes are connected (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``)."""
+        if getattr(self, "_fsdp", None) is not None:
+            return DistributedType.FSDP
         return self.state.distributed_type
 
     @property
@@ -218,15 +260,432 @@ class Accelerator:
         return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     # ===== training: methods =====
+    # Preparing objects. What each kind becomes is documented in accelkit.training/data/optim.
+
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, schedulers and dataloaders; return them in the same order.
+
+        Models go to :attr:`device` (wrapped in ``DistributedDataParallel`` on several processes,
+        forward under autocast with mixed precision); optimizers and schedulers are wrapped to
+        follow gradient accumulation and the fp16 scaler; dataloaders are sharded across
+        processes. Other objects are returned unchanged, as in the reference, except objects that
+        are almost surely a mistake (a ``Dataset``/``Sampler``, a class, a list holding models
+        or optimizers), which raise ``TypeError`` naming their type and the fix.
+
+        Args:
+            *args: the objects.
+            device_placement: one bool per object overriding ``Accelerator(device_placement=)``.
+
+        Returns:
+            The prepared object, or a tuple of them in the order given.
+        """
+        result = _training.prepare_all(args, device_placement, self._prepare_one)
+        return result[0] if len(result) == 1 else result
+
+    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return self.prepare_data_loader(obj, device_placement=placement)
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=placement)
+        if _training.is_scheduler(obj):
+            return self.prepare_scheduler(obj)
+        return obj
+
+    def prepare_model(
+        self,
+        model: torch.nn.Module,
+        device_placement: bool | None = None,
+        evaluation_mode: bool = False,
+    ) -> torch.nn.Module:
+        """Prepare one model (see :meth:`prepare`); ``evaluation_mode`` skips the DDP wrap."""
+        if self._fsdp is not None:  # shard; re-point optimizers prepared before the model
+            model = self._fsdp.prepare_model(model, self._optimizers)
+            return _training.register(self._models, model)
+        place = self.device_placement if device_placement is None else device_placement
+        model = _training.prepare_model(
+            model,
+            device=self.device if place else None,
+            mixed_precision=self.mixed_precision,
+            distributed=self.use_distributed,
+            evaluation_mode=evaluation_mode,
+            ddp_kwargs=self._ddp_kwargs,
+        )
+        return _training.register(self._models, model)
+
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> _optim.AcceleratedOptimizer:
+        """Wrap one optimizer in an :class:`~accelkit.optim.AcceleratedOptimizer`."""
+        if self._fsdp is not None:
+            self._fsdp.prepare_optimizer(optimizer)
+        if not isinstance(optimizer, _optim.AcceleratedOptimizer):
+            place = self.device_placement if device_placement is None else device_placement
+            optimizer = _optim.AcceleratedOptimizer(
+                optimizer, self.gradient_state, self.scaler, self.device if place else None
+            )
+        return _training.register(self._optimizers, optimizer)
+
+    def prepare_scheduler(self, scheduler: Any) -> _optim.AcceleratedScheduler:
+        """Wrap one scheduler in an :class:`~accelkit.optim.AcceleratedScheduler`."""
+        if not isinstance(scheduler, _optim.AcceleratedScheduler):
+            scheduler = _optim.AcceleratedScheduler(
+                scheduler,
+                _training.optimizers_of(scheduler, self._optimizers),
+                self.gradient_state,
+                step_with_optimizer=self.step_scheduler_with_optimizer,
+                split_batches=self.dataloader_config.split_batches,
+                num_processes=self.num_processes,
+            )
+        return _training.register(self._schedulers, scheduler)
+
+    def prepare_data_loader(
+        self, data_loader: torch.utils.data.DataLoader[Any], device_placement: bool | None = None
+    ) -> Any:
+        """Shard one dataloader for this process (see :mod:`accelkit.data`)."""
+        place = self.device_placement if device_placement is None else device_placement
+        loader = _data.prepare_data_loader(
+            data_loader,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            device=self.device if place else None,
+            config=self.dataloader_config,
+            gradient_state=self.gradient_state,
+        )
+        return _training.register(self._dataloaders, loader)
+
+    # The step: backward, accumulation, mixed precision.
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()``, divided by the accumulation steps and scaled in fp16."""
+        steps = self.gradient_state.num_steps
+        if steps > 1:
+            loss = loss / steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-steps per optimizer step."""
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.num_steps = _optim.GradientAccumulationPlugin(num_steps=value).num_steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on the micro-step whose gradients are final (the optimizer really steps)."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def step(self) -> int:
+        """Micro-steps counted by :meth:`accumulate` (the reference's ``step``; checkpointed)."""
+        return self.gradient_state.micro_step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.gradient_state.micro_step = int(value)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped for inf/NaN fp16 gradients."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """Run one micro-step: gradients sync only on every ``gradient_accumulation_steps``-th
+        one and on the last batch of the dataloader (see :attr:`sync_gradients`)."""
+        state = self.gradient_state
+        if state.begin_micro_step() or state.plugin.sync_each_batch or not models:
+            yield
+            return
+        with contextlib.ExitStack() as stack:
+            for model in models:
+                stack.enter_context(_training.no_sync(model))
+            yield
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Skip DDP's gradient all-reduce inside the block (a null context without DDP)."""
+        return _training.no_sync(model)
+
+    def trigger_sync_in_backward(
+        self, model: torch.nn.Module
+    ) -> contextlib.AbstractContextManager[None]:
+        """Make the next backward all-reduce although it runs after forwards under no_sync."""
+        return _training.trigger_sync_in_backward(model)
+
+    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
+        """Autocast the block to the mixed-precision dtype (a null context for ``"no"``).
+
+        Args:
+            autocast_handler: an object with ``to_kwargs()`` (or a dict) of ``torch.autocast``
+                overrides, e.g. ``{"enabled": False}`` to return to fp32 inside the block.
+        """
+        kwargs = _training.handler_kwargs(autocast_handler)
+        return _precision.autocast_context(self.mixed_precision, self.device, **kwargs)
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide fp16 gradients by the loss scale (once per step; a no-op otherwise)."""
+        targets = self._optimizers if optimizer is None else _training.as_list(optimizer)
+        _training.unscale_gradients(targets, self._optimizers, self.gradient_state)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        """``torch.nn.utils.clip_grad_norm_`` after unscaling; returns the total norm.
+
+        With fp16 on a micro-step that still accumulates, nothing is clipped and None is
+        returned (see :func:`accelkit.training.unscale_and_clip`).
+        """
+        return _training.unscale_and_clip(
+            lambda: _fsdp.clip_grad_norm_(parameters, max_norm, norm_type=norm_type),
+            self._optimizers,
+            self.gradient_state,
+            self.scaler,
+        )
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """``torch.nn.utils.clip_grad_value_`` after unscaling."""
+        _training.unscale_and_clip(
+            lambda: torch.nn.utils.clip_grad_value_(parameters, clip_value),
+            self._optimizers,
+            self.gradient_state,
+            self.scaler,
+        )
+
+    # Evaluation, resuming, cleanup.
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather from all processes, dropping the samples padding added to the last batch."""
+        return _training.gather_for_metrics(input_data, self.gradient_state, use_gather_object)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader leaving out the first ``num_batches`` batches (see :mod:`accelkit.data`)."""
+        return _data.skip_first_batches(dataloader, num_batches)
+
+    def unwrap_model(
+        self,
+        model: torch.nn.Module,
+        keep_fp32_wrapper: bool = True,
+        keep_torch_compile: bool = True,
+    ) -> torch.nn.Module:
+        """The model without the DDP (and optionally autocast/compile) wrappers of prepare."""
+        return _training.unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's state dict (without the ``module.`` prefix of DDP when ``unwrap``)."""
+        # A sharded (FSDP) model: a collective; full tensors on the main process, {} elsewhere.
+        return _fsdp.get_state_dict(self.unwrap_model(model) if unwrap else model)
+
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Train on processes with different batch counts (``torch.distributed`` ``Join``)."""
+        return _training.join_uneven_inputs(
+            joinables, self._dataloaders, even_batches, self.use_distributed
+        )
+
+    def free_memory(self, *objects: Any) -> Any:
+        """Forget every prepared object, reset :attr:`step`, and release cached memory.
+
+        Returns:
+            None for each object passed (assign them back to drop your references).
+        """
+        for registry in (self._models, self._optimizers, self._schedulers, self._dataloaders):
+            registry.clear()
+        self.gradient_state.reset()
+        return _training.release_memory(len(objects))
+
+    def clear(self, *objects: Any) -> Any:
+        """Alias of :meth:`free_memory`."""
+        return self.free_memory(*objects)
+
     # ===== end training: methods =====
 
     # ===== checkpointing: methods =====
+    # Saving and loading. The protocol and the file layout live in accelkit.checkpointing.
+
+    @property
+    def project_dir(self) -> str | None:
+        """Root folder (or fsspec URL) for logs and checkpoints."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """Folder for trackers' logs."""
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """Number of the next automatically named checkpoint."""
+        return self.project_configuration.iteration
+
+    def _checkpoint_objects(self) -> _ckpt_manager.TrainingObjects:
+        return _ckpt_manager.TrainingObjects(
+            models=list(getattr(self, "_models", [])),
+            optimizers=list(getattr(self, "_optimizers", [])),
+            schedulers=list(getattr(self, "_schedulers", [])),
+            dataloaders=list(getattr(self, "_dataloaders", [])),
+            scaler=getattr(self, "scaler", None),
+            custom=self._checkpoints.custom,
+        )
+
+    def save_state(
+        self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
+    ) -> str:
+        """Save models, optimizers, schedulers, scaler, dataloader positions, RNG states and
+        registered objects, then commit the checkpoint (see :mod:`accelkit.checkpointing.manager`).
+
+        Unlike the reference, rotation (``total_limit``) runs only after the new checkpoint is
+        committed, and states are safetensors + JSON, not pickles (``safe_serialization=False``
+        is accepted and ignored). Call it on every process.
+
+        Args:
+            output_dir: folder or fsspec URL; default ``<project_dir>/checkpoints/checkpoint_<n>``
+                with ``automatic_checkpoint_naming``. An explicit ``output_dir`` is always
+                used (the reference ignores it under automatic naming).
+            safe_serialization: accepted for compatibility; files are always safetensors/JSON.
+            **kwargs: ``metrics`` (numbers for ``keep_best`` retention), ``metadata`` (JSON
+                values stored in the manifest), ``max_shard_size`` for model files.
+
+        Returns:
+            The checkpoint's path or URL.
+        """
+        step = int(getattr(self, "step", 0))
+        return self._checkpoints.save(output_dir, self._checkpoint_objects(), step, **kwargs)
+
+    def load_state(
+        self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> str:
+        """Restore everything :meth:`save_state` saved, checking sizes and checksums first.
+
+        With no ``input_dir``, loads the newest committed checkpoint under
+        ``<project_dir>/checkpoints`` and sets :attr:`save_iteration` past every existing one,
+        so the next automatic save continues the numbering (the reference collides).
+
+        Args:
+            input_dir: the checkpoint's folder or URL.
+            load_kwargs: accepted for compatibility (nothing is unpickled, so it is unused).
+            **kwargs: ``verify=False`` skips the checksum check this once.
+
+        Returns:
+            The path or URL that was loaded.
+        """
+        result = self._checkpoints.load(input_dir, self._checkpoint_objects(), **kwargs)
+        self.step = result.manifest.step
+        return result.path
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) too."""
+        self._checkpoints.register(*objects)
+
+    def register_save_state_pre_hook(
+        self, hook: Callable[..., None]
+    ) -> torch.utils.hooks.RemovableHandle:
+        """``hook(models, weights, output_dir)`` runs in :meth:`save_state` before writing;
+        removing an entry of ``weights`` skips saving that model."""
+        return self._checkpoints.register_save_pre_hook(hook)
+
+    def register_load_state_pre_hook(
+        self, hook: Callable[..., None]
+    ) -> torch.utils.hooks.RemovableHandle:
+        """``hook(models, input_dir)`` runs in :meth:`load_state` before loading; removing an
+        entry of ``models`` skips loading that model."""
+        return self._checkpoints.register_load_pre_hook(hook)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save`` once (or once per machine with ``save_on_each_node``); ``f`` may be a
+        path, an fsspec URL or a binary file."""
+        self._checkpoints.save_object(obj, f, safe_serialization)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's weights once: safetensors (``pytorch_model.bin`` pickles with
+        ``safe_serialization=False``), sharded above ``max_shard_size``; weight files of an
+        earlier save that this one does not use are removed."""
+        if _fsdp.is_sharded(self.unwrap_model(model)):  # every process: gathered to main
+            _fsdp.save_model(
+                self.unwrap_model(model),
+                save_directory,
+                max_shard_size,
+                safe_serialization,
+                self.project_configuration.storage_options,
+            )
+            return
+        if self._checkpoints.should_save_object():
+            _ckpt_model_io.save_model(
+                self.unwrap_model(model),
+                save_directory,
+                max_shard_size,
+                safe_serialization,
+                self.project_configuration.storage_options,
+            )
+
     # ===== end checkpointing: methods =====
 
     # ===== tracking: methods =====
+    @property
+    def trackers(self) -> list[GeneralTracker]:
+        """The started trackers of this process (none on other processes than the main one)."""
+        return self._trackers.trackers
+
+    def init_trackers(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Start every tracker of ``log_with`` and store ``config`` (call on every process).
+
+        Args:
+            project_name: the project / run name each tracker receives.
+            config: hyperparameters; nested dicts, lists, tensors, paths and ``None`` are
+                converted as each backend needs.
+            init_kwargs: tracker name -> keyword arguments, e.g.
+                ``{"wandb": {"tags": ["baseline"]}}``.
+        """
+        self._trackers.init(project_name, config, init_kwargs)
+
+    def log(
+        self,
+        values: dict[str, Any],
+        step: int | None = None,
+        log_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Log ``values`` at ``step`` to every tracker, without waiting for the backends.
+
+        Values are copied before this returns (a CUDA tensor is copied on its stream, never
+        synchronised); a background worker per tracker writes them in order. On processes
+        other than the main one this returns at once.
+
+        Args:
+            values: metric name -> value (numbers, tensors, strings, backend objects).
+            step: the training step.
+            log_kwargs: tracker name -> keyword arguments for that tracker's ``log``.
+        """
+        self._trackers.log(values, step, log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker called ``name`` (its backend object with ``unwrap=True``).
+
+        On processes other than the main one, returns a stand-in whose methods do nothing.
+        """
+        return self._trackers.get(name, unwrap=unwrap)
+
     # ===== end tracking: methods =====
 
     def end_training(self) -> None:
         """Finish every tracker and wait for pending saves; call once at the end of the script."""
         # ===== end_training hooks =====
+        self._trackers.finish()
         # ===== end end_training hooks =====

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelkit.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
+from accelkit.fsdp_plugin import add_launch_arguments as add_fsdp_arguments
+from accelkit.fsdp_plugin import launch_env as fsdp_launch_env
 
 __all__ = ["LaunchConfig", "launch_command", "notebook_launcher", "torchrun_args"]
 
@@ -36,6 +38,7 @@ class LaunchConfig:
     cpu: bool = False
     module: bool = False
     max_restarts: int = 0
+    extra_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def nproc_per_node(self) -> int:
@@ -102,6 +105,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="restart the workers this many times after a failure (torchrun)",
     )
+    add_fsdp_arguments(parser)
     parser.add_argument("script", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
 
@@ -146,6 +150,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         cpu=args.cpu,
         module=args.module,
         max_restarts=args.max_restarts,
+        extra_env=tuple(sorted(fsdp_launch_env(args).items())),
     )
 
 
@@ -182,6 +187,7 @@ def launch_env(config: LaunchConfig) -> dict[str, str]:
     """The environment every worker gets on top of the current one."""
     env = dict(os.environ)
     env[ENV_MIXED_PRECISION] = config.mixed_precision
+    env.update(config.extra_env)
     if config.cpu:
         env[ENV_USE_CPU] = "1"
     if config.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:

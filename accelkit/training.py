@@ -139,7 +139,9 @@ def no_sync(model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
     """DDP's ``no_sync()`` for a DDP model, a null context for any other."""
     if isinstance(model, DistributedDataParallel):
         return model.no_sync()
-    return contextlib.nullcontext()
+    from accelkit.fsdp import no_sync as fsdp_no_sync  # FSDP2: skip the reduce-scatter
+
+    return fsdp_no_sync(model)
 
 
 @contextlib.contextmanager

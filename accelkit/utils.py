@@ -28,6 +28,7 @@ _PUBLIC = {
     "send_to_device": "accelkit.ops",
     "DistributedType": "accelkit.state",
     "PrecisionType": "accelkit.state",
+    "FullyShardedDataParallelPlugin": "accelkit.fsdp",
     "ProjectConfiguration": "accelkit.checkpointing",
     "load_checkpoint_in_model": "accelkit.checkpointing",
     "LoggerType": "accelkit.trackers",
@@ -45,6 +46,7 @@ __all__ = [
     "GradientAccumulationPlugin",
     "DataLoaderConfiguration",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "LoggerType",
     "PrecisionType",
     "ProjectConfiguration",
@@ -64,11 +66,26 @@ __all__ = [
 __getattr__ = lazy_getattr(__name__, _PUBLIC)
 
 if TYPE_CHECKING:
+    from accelkit.checkpointing import ProjectConfiguration, load_checkpoint_in_model
+    from accelkit.data import DataLoaderConfiguration, skip_first_batches
+    from accelkit.fsdp import FullyShardedDataParallelPlugin
     from accelkit.kwargs_handlers import (
         AutocastKwargs,
         DistributedDataParallelKwargs,
         GradScalerKwargs,
     )
+    from accelkit.ops import (
+        broadcast,
+        broadcast_object_list,
+        concatenate,
+        gather,
+        gather_object,
+        pad_across_processes,
+        recursively_apply,
+        reduce,
+        send_to_device,
+    )
     from accelkit.optim import GradientAccumulationPlugin
-
-    pass
+    from accelkit.random import set_seed
+    from accelkit.state import DistributedType, PrecisionType
+    from accelkit.trackers import GeneralTracker, LoggerType, register_tracker

@@ -1,0 +1,52 @@
+"""Checkpoints: named, rotated, sharded, verified, on any fsspec storage, never half-written.
+
+Modules, from the bottom up:
+
+- :mod:`~accelkit.checkpointing.storage` -- the only module that talks to fsspec.
+- :mod:`~accelkit.checkpointing.checksum` -- streaming checksums (XXH3-128, SHA-256).
+- :mod:`~accelkit.checkpointing.layout` -- names of checkpoints and of their files.
+- :mod:`~accelkit.checkpointing.manifest` -- ``accelkit.json``, the commit marker.
+- :mod:`~accelkit.checkpointing.catalog` -- list checkpoints and tell their state.
+- :mod:`~accelkit.checkpointing.retention` -- pure policy: which checkpoints to delete.
+- :mod:`~accelkit.checkpointing.safetensors_io` -- the safetensors format, streamed.
+- :mod:`~accelkit.checkpointing.inspect` -- safetensors headers without loading tensors.
+- :mod:`~accelkit.checkpointing.model_io` -- model weights, sharded; ``save_model`` and
+  ``load_checkpoint_in_model``.
+- :mod:`~accelkit.checkpointing.state_io` -- state dicts without pickle.
+- :mod:`~accelkit.checkpointing.rng` -- random generator states.
+- :mod:`~accelkit.checkpointing.contents` -- what a training checkpoint holds.
+- :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest / commit protocol.
+- :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
+- :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from accelkit._lazy import lazy_getattr
+from accelkit.checkpointing.config import ProjectConfiguration
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "ProjectConfiguration",
+    "RetentionPolicy",
+    "load_checkpoint_in_model",
+    "save_model",
+]
+
+_LAZY = {
+    "CheckpointManager": "accelkit.checkpointing.manager",
+    "CheckpointError": "accelkit.checkpointing.errors",
+    "RetentionPolicy": "accelkit.checkpointing.retention",
+    "load_checkpoint_in_model": "accelkit.checkpointing.model_io",
+    "save_model": "accelkit.checkpointing.model_io",
+}
+__getattr__ = lazy_getattr(__name__, _LAZY)
+
+if TYPE_CHECKING:
+    from accelkit.checkpointing.errors import CheckpointError
+    from accelkit.checkpointing.manager import CheckpointManager
+    from accelkit.checkpointing.model_io import load_checkpoint_in_model, save_model
+    from accelkit.checkpointing.retention import RetentionPolicy

@@ -1,0 +1,180 @@
+"""Finding checkpoints: list a checkpoints folder, tell each one's state, pick the latest.
+
+States: ``committed`` (its manifest parses and every listed file is present with the recorded
+size), ``incomplete`` (a ``checkpoint_<n>`` folder without a manifest: a save in flight or one
+that crashed), ``corrupt`` (a manifest that does not parse, or a listed file missing or of the
+wrong size). Checksums are not read here (see :func:`~accelkit.checkpointing.manifest.
+verify_files`). A folder that is neither named ``checkpoint_<n>`` nor holds a manifest (for
+example ``checkpoints/best`` made by the user) is not a checkpoint and is never listed.
+
+Public API:
+
+- :class:`CheckpointInfo` -- ``name``, ``path``, ``state``, ``iteration``, ``step``,
+  ``created``, ``size_bytes``, ``files``, ``metrics``, ``manifest``, ``error``, ``is_automatic``.
+- :func:`inspect_folder(storage, path) <inspect_folder>` -- the :class:`CheckpointInfo` of one
+  folder (state ``incomplete`` if it has no manifest).
+- :func:`list_checkpoints(storage, root) <list_checkpoints>` -- every checkpoint directly under
+  ``root``, oldest first (an empty list if ``root`` does not exist).
+- :func:`committed_automatic(infos) <committed_automatic>` -- the committed
+  ``checkpoint_<n>`` ones: what training retention and ``load_state()`` consider.
+- :func:`latest_checkpoint(storage, root) <latest_checkpoint>` -- the newest committed
+  ``checkpoint_<n>``, or ``None``.
+- :func:`next_iteration(infos) <next_iteration>` -- 1 + the highest ``checkpoint_<n>`` number
+  present in any state (so a new save never reuses a folder name).
+- :func:`resolve_checkpoints_root(storage, path) <resolve_checkpoints_root>` -- accept a
+  project dir or its ``checkpoints`` folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from accelkit.checkpointing.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME, parse_checkpoint_name
+from accelkit.checkpointing.manifest import Manifest, ManifestError, read_manifest, verify_files
+from accelkit.checkpointing.storage import Storage, join
+
+__all__ = [
+    "COMMITTED",
+    "CORRUPT",
+    "INCOMPLETE",
+    "CheckpointInfo",
+    "committed_automatic",
+    "inspect_folder",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "next_iteration",
+    "resolve_checkpoints_root",
+]
+
+COMMITTED = "committed"
+INCOMPLETE = "incomplete"
+CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What is known about one checkpoint folder without reading its tensors.
+
+    Attributes:
+        name: the folder's name (``checkpoint_3``).
+        path: its full path or URL.
+        state: ``"committed"``, ``"incomplete"`` or ``"corrupt"``.
+        iteration: from the manifest, else from a ``checkpoint_<n>`` name, else ``None``.
+        step: optimizer steps at save time (``None`` without a manifest).
+        created: commit time (UNIX seconds; ``0.0`` without a manifest).
+        size_bytes: total size of the files present in the folder.
+        files: number of files present in the folder (the manifest included).
+        metrics: metrics saved with it.
+        manifest: the parsed manifest, if any.
+        error: why it is corrupt, if it is.
+        is_automatic: whether the name is ``checkpoint_<n>``.
+    """
+
+    name: str
+    path: str
+    state: str
+    iteration: int | None
+    step: int | None
+    created: float
+    size_bytes: int
+    files: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    manifest: Manifest | None = None
+    error: str | None = None
+    is_automatic: bool = False
+
+
+def inspect_folder(storage: Storage, path: str, name: str | None = None) -> CheckpointInfo:
+    """Describe the checkpoint folder at ``path`` (sizes checked, checksums not)."""
+    name = name or path.rstrip("/").rsplit("/", 1)[-1]
+    auto_iteration = parse_checkpoint_name(name)
+    try:
+        listing = storage.walk_files(path)
+    except FileNotFoundError:
+        listing = {}
+
+    def info(
+        state: str, manifest: Manifest | None = None, error: str | None = None
+    ) -> CheckpointInfo:
+        iteration = auto_iteration
+        if manifest is not None and manifest.iteration is not None:
+            iteration = manifest.iteration
+        return CheckpointInfo(
+            name=name,
+            path=path,
+            state=state,
+            iteration=iteration,
+            step=None if manifest is None else manifest.step,
+            created=0.0 if manifest is None else manifest.created,
+            size_bytes=sum(listing.values()),
+            files=len(listing),
+            metrics={} if manifest is None else dict(manifest.metrics),
+            manifest=manifest,
+            error=error,
+            is_automatic=auto_iteration is not None,
+        )
+
+    try:
+        manifest = read_manifest(storage, path) if MANIFEST_NAME in listing else None
+    except ManifestError as exc:
+        return info(CORRUPT, error=str(exc))
+    if manifest is None:
+        return info(INCOMPLETE)
+    problems = verify_files(storage, path, manifest, checksums=False, sizes=listing)
+    if problems:
+        return info(CORRUPT, manifest, "; ".join(str(p) for p in problems))
+    return info(COMMITTED, manifest)
+
+
+def _sort_key(info: CheckpointInfo) -> tuple[int, float, str]:
+    return (-1 if info.iteration is None else info.iteration, info.created, info.name)
+
+
+def list_checkpoints(storage: Storage, root: str) -> list[CheckpointInfo]:
+    """Every checkpoint directly under ``root``, oldest first.
+
+    Lists ``checkpoint_<n>`` folders in any state and other folders that hold a manifest;
+    anything else (``best/``, ``logs/``, loose files) is ignored.
+    """
+    try:
+        entries = storage.listdir(root)
+    except FileNotFoundError:
+        return []
+    infos = []
+    for entry in entries:
+        if not entry.is_dir or entry.is_symlink:
+            continue
+        path = join(root, entry.name)
+        if parse_checkpoint_name(entry.name) is None and not storage.exists(
+            join(path, MANIFEST_NAME)
+        ):
+            continue
+        infos.append(inspect_folder(storage, path, entry.name))
+    return sorted(infos, key=_sort_key)
+
+
+def committed_automatic(infos: Iterable[CheckpointInfo]) -> list[CheckpointInfo]:
+    """The committed ``checkpoint_<n>`` checkpoints, oldest first."""
+    return sorted((i for i in infos if i.state == COMMITTED and i.is_automatic), key=_sort_key)
+
+
+def latest_checkpoint(storage: Storage, root: str) -> CheckpointInfo | None:
+    """The newest committed ``checkpoint_<n>`` under ``root``, or ``None``."""
+    committed = committed_automatic(list_checkpoints(storage, root))
+    return committed[-1] if committed else None
+
+
+def next_iteration(infos: Iterable[CheckpointInfo]) -> int:
+    """1 + the highest ``checkpoint_<n>`` number among ``infos`` (any state); 0 if none."""
+    numbers = [parse_checkpoint_name(i.name) for i in infos]
+    present = [n for n in numbers if n is not None]
+    return max(present) + 1 if present else 0
+
+
+def resolve_checkpoints_root(storage: Storage, path: str) -> str:
+    """``path/checkpoints`` if ``path`` is a project dir that has one, else ``path``."""
+    candidate = join(path, CHECKPOINTS_DIRNAME)
+    if storage.isdir(candidate):
+        return candidate
+    return path

@@ -1,0 +1,531 @@
+"""Save, load, list and rotate checkpoints with the commit protocol.
+
+The protocol, the same on every storage:
+
+1. The main process prepares the folder: an automatic ``checkpoint_<n>`` must not exist yet;
+   an explicit folder that holds a manifest is first un-committed (manifest removed).
+2. Every process writes its files (the main process the shared ones, each process its
+   ``random_states_<rank>``), then all exchange the list of what they wrote (a barrier).
+3. If every process succeeded, the main process removes files of an earlier save that this
+   one did not write, and writes ``accelkit.json`` last (atomically): the commit.
+4. Only after the commit, and only on the main process, retention deletes old committed
+   ``checkpoint_<n>`` folders (manifest first, so a crash leaves an incomplete folder, never a
+   corrupt committed one).
+
+Loading reads and checks every file first and changes the live objects only when all of it is
+good; it never writes to storage.
+
+Public API: :class:`CheckpointManager` (``register``, ``register_save_pre_hook``,
+``register_load_pre_hook``, ``save``, ``load``, ``list_checkpoints``, ``latest``,
+``checkpoints_root``, ``save_object``) and :class:`LoadResult`.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from accelkit import ops
+from accelkit.checkpointing.catalog import (
+    CheckpointInfo,
+    committed_automatic,
+    latest_checkpoint,
+    list_checkpoints,
+    next_iteration,
+)
+from accelkit.checkpointing.checksum import DEFAULT_ALGORITHM
+from accelkit.checkpointing.config import ProjectConfiguration
+from accelkit.checkpointing.contents import (
+    TrainingObjects,
+    apply_contents,
+    read_contents,
+    unwrap_model,
+    write_contents,
+)
+from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
+from accelkit.checkpointing.layout import (
+    MANIFEST_NAME,
+    checkpoint_name,
+    checkpoints_dir,
+    is_state_file,
+)
+from accelkit.checkpointing.manifest import (
+    FileEntry,
+    Manifest,
+    ManifestError,
+    file_checksum,
+    read_manifest,
+    write_manifest,
+)
+from accelkit.checkpointing.retention import select_for_deletion
+from accelkit.checkpointing.safetensors_io import write_safetensors
+from accelkit.checkpointing.sharded import (
+    check_load_compatible,
+    load_sharded,
+    save_sharded,
+    sharded_targets,
+)
+from accelkit.checkpointing.storage import Storage, get_storage, join, sync_batch
+
+__all__ = ["CheckpointManager", "LoadResult", "ProcessInfo", "TrainingObjects"]
+
+logger = logging.getLogger(__name__)
+
+
+class ProcessInfo(Protocol):
+    """What the manager needs to know about this process (``accelkit.state.PartialState``)."""
+
+    @property
+    def process_index(self) -> int: ...
+
+    @property
+    def num_processes(self) -> int: ...
+
+    @property
+    def is_main_process(self) -> bool: ...
+
+    @property
+    def is_local_main_process(self) -> bool: ...
+
+    def wait_for_everyone(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What :meth:`CheckpointManager.load` loaded."""
+
+    path: str
+    manifest: Manifest
+
+
+def _agree(error: BaseException | None, what: str) -> None:
+    """Share one failure flag across processes; every process raises if any failed."""
+    flags = ops.gather_object([None if error is None else f"{type(error).__name__}: {error}"])
+    if error is not None:
+        raise error
+    failed = [(rank, msg) for rank, msg in enumerate(flags) if msg is not None]
+    if failed:
+        rank, msg = failed[0]
+        raise CheckpointError(f"{what} failed on process {rank}: {msg}")
+
+
+class CheckpointManager:
+    """Everything ``save_state``/``load_state`` do, for one run.
+
+    Args:
+        config: the run's :class:`~accelkit.checkpointing.ProjectConfiguration`.
+        state: this process's identity (an ``accelkit.state.PartialState``).
+    """
+
+    def __init__(self, config: ProjectConfiguration, state: ProcessInfo) -> None:
+        self.config = config
+        self.state = state
+        self.custom: list[Any] = []
+        # OrderedDict, not dict: RemovableHandle keeps a weak reference to it.
+        self._save_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._load_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+
+    # ------------------------------------------------------------------ registration
+
+    def register(self, *objects: Any) -> None:
+        """Add objects to save and restore with every checkpoint.
+
+        Raises:
+            TypeError: naming the object, if one lacks ``state_dict`` or ``load_state_dict``.
+        """
+        bad = [
+            obj
+            for obj in objects
+            if not callable(getattr(obj, "state_dict", None))
+            or not callable(getattr(obj, "load_state_dict", None))
+        ]
+        if bad:
+            names = ", ".join(f"{type(o).__name__} ({o!r:.60})" for o in bad)
+            raise TypeError(
+                f"register_for_checkpointing needs objects with state_dict() and "
+                f"load_state_dict(); these lack them: {names}. Add both methods to the class."
+            )
+        self.custom.extend(objects)
+
+    def register_save_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, weights, output_dir)`` runs before the files are written."""
+        handle = RemovableHandle(self._save_hooks)
+        self._save_hooks[handle.id] = hook
+        return handle
+
+    def register_load_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """``hook(models, input_dir)`` runs before anything is loaded."""
+        handle = RemovableHandle(self._load_hooks)
+        self._load_hooks[handle.id] = hook
+        return handle
+
+    # ------------------------------------------------------------------ locations
+
+    def storage(self, url: str) -> Storage:
+        """The storage of ``url``, with the configuration's storage options."""
+        return get_storage(url, self.config.storage_options)
+
+    def checkpoints_root(self) -> str:
+        """``<project_dir>/checkpoints``.
+
+        Raises:
+            ValueError: if no ``project_dir`` is set.
+        """
+        if not self.config.project_dir:
+            raise ValueError(
+                "No project_dir is set, so there is no checkpoints folder: pass "
+                "Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...), or "
+                "give the checkpoint's path explicitly."
+            )
+        return checkpoints_dir(self.config.project_dir)
+
+    def list_checkpoints(self) -> list[CheckpointInfo]:
+        """Every checkpoint under ``<project_dir>/checkpoints``, oldest first."""
+        root = self.checkpoints_root()
+        return list_checkpoints(self.storage(root), root)
+
+    def latest(self) -> CheckpointInfo | None:
+        """The newest committed ``checkpoint_<n>``, or ``None``."""
+        root = self.checkpoints_root()
+        return latest_checkpoint(self.storage(root), root)
+
+    def _output_dir(self, output_dir: str | os.PathLike[str] | None) -> tuple[str, bool]:
+        if output_dir is not None:
+            return os.fspath(output_dir), False
+        if not self.config.automatic_checkpoint_naming:
+            raise ValueError(
+                "save_state() needs an output_dir, or automatic naming: "
+                "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
+            )
+        root = self.checkpoints_root()
+        return join(root, checkpoint_name(self.config.iteration)), True
+
+    # ------------------------------------------------------------------ saving
+
+    def save(
+        self,
+        output_dir: str | os.PathLike[str] | None,
+        objects: TrainingObjects,
+        step: int = 0,
+        metrics: Mapping[str, float] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        max_shard_size: int | str = "10GB",
+    ) -> str:
+        """Write a checkpoint of ``objects`` and commit it; returns its path/URL.
+
+        Must be called on every process. See the module docstring for the protocol.
+
+        Raises:
+            CheckpointError: if the automatic folder already exists or any process failed; the
+                checkpoint is then not committed.
+        """
+        target, automatic = self._output_dir(output_dir)
+        storage = self.storage(target)
+        iteration = self.config.iteration
+        main = self.state.is_main_process
+        metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
+        error: BaseException | None = None
+        if main:
+            try:
+                self._prepare_folder(storage, target, automatic)
+            except Exception as exc:
+                error = exc
+        _agree(error, f"Preparing {target}")
+        try:
+            self._write_and_commit(
+                storage, target, objects, iteration, step, metrics, metadata, max_shard_size
+            )
+        except BaseException:
+            if automatic:
+                # The folder name is spent: the next automatic save uses the next number, and
+                # the main process removes the uncommitted folder if the storage lets it.
+                self.config.iteration = iteration + 1
+                if main:
+                    self._discard(storage, target)
+            raise
+        if main and automatic:
+            self._apply_retention(storage, target)
+        self.config.iteration = iteration + 1
+        self.state.wait_for_everyone()
+        return target
+
+    def _write_and_commit(
+        self,
+        storage: Storage,
+        target: str,
+        objects: TrainingObjects,
+        iteration: int,
+        step: int,
+        metrics: dict[str, float],
+        metadata: Mapping[str, Any] | None,
+        max_shard_size: int | str,
+    ) -> None:
+        main = self.state.is_main_process
+        written: dict[str, Any] = {}
+        error: BaseException | None = None
+        sharded_entries: list[FileEntry] = []
+        try:
+            targets = sharded_targets(objects.models, objects.optimizers)
+            if targets:  # FSDP: every process writes its shards (a collective), then the rest
+                sharded_entries = save_sharded(storage, target, targets, gather=False)
+                objects = targets.remaining(objects)
+            weights = [unwrap_model(m).state_dict() for m in objects.models]
+            models = list(objects.models)
+            for hook in list(self._save_hooks.values()):
+                hook(models, weights, target)
+            with sync_batch():  # fsync each file while the next one is written
+                written = write_contents(
+                    storage,
+                    target,
+                    objects,
+                    weights,
+                    rank=self.state.process_index,
+                    is_main=main,
+                    max_shard_size=max_shard_size,
+                )
+        except Exception as exc:
+            error = exc
+        entries = [FileEntry(name, w.size, w.checksum) for name, w in written.items()]
+        entries += sharded_entries
+        gathered = ops.gather_object([(entries, None if error is None else repr(error))])
+        if error is not None:
+            raise CheckpointError(
+                f"Saving {target} failed on process {self.state.process_index}: "
+                f"{type(error).__name__}: {error}. It was not committed; earlier checkpoints "
+                "are untouched."
+            ) from error
+        for rank, (_, failure) in enumerate(gathered):
+            if failure is not None:
+                raise CheckpointError(
+                    f"Saving {target} failed on process {rank} ({failure}); it was not "
+                    "committed and earlier checkpoints are untouched."
+                )
+        error = None
+        if main:
+            try:
+                files = {e.path: e for part, _ in gathered for e in part}
+                self._commit(storage, target, files, iteration, step, metrics, metadata)
+            except Exception as exc:
+                error = exc
+        _agree(error, f"Committing {target}")
+
+    def _discard(self, storage: Storage, target: str) -> None:
+        try:
+            if read_manifest(storage, target) is None:
+                storage.rmtree(target)
+        except Exception as exc:
+            logger.warning(
+                "Could not remove the uncommitted folder %s (%s); it is ignored by loading and "
+                "retention, and `accelkit ckpt prune` removes it.",
+                target,
+                exc,
+            )
+
+    def _prepare_folder(self, storage: Storage, target: str, automatic: bool) -> None:
+        if automatic and storage.exists(target):
+            raise CheckpointError(
+                f"{target} already exists: accelkit never overwrites an automatic checkpoint. "
+                "Call load_state() first (it sets ProjectConfiguration.iteration past the "
+                "existing ones) or set iteration yourself."
+            )
+        manifest_url = join(target, MANIFEST_NAME)
+        if storage.exists(manifest_url):
+            storage.remove(manifest_url)  # un-commit before changing any file
+            storage.fsync_dir(target)
+        storage.makedirs(target)
+
+    def _commit(
+        self,
+        storage: Storage,
+        target: str,
+        files: dict[str, FileEntry],
+        iteration: int,
+        step: int,
+        metrics: dict[str, float],
+        metadata: Mapping[str, Any] | None,
+    ) -> None:
+        for rel in storage.walk_files(target):
+            if rel in files or rel == MANIFEST_NAME:
+                continue
+            base = rel.rsplit("/", 1)[-1]
+            if is_state_file(base) or base.startswith(f".{MANIFEST_NAME}.tmp"):
+                storage.remove(join(target, rel))  # left by an earlier save into this folder
+            else:  # written by a save pre-hook: part of the checkpoint
+                size, checksum = file_checksum(storage, join(target, rel), DEFAULT_ALGORITHM)
+                files[rel] = FileEntry(rel, size, checksum)
+        import accelkit
+
+        manifest = Manifest(
+            iteration=iteration,
+            step=int(step),
+            world_size=self.state.num_processes,
+            files=sorted(files.values(), key=lambda e: e.path),
+            created=time.time(),
+            metadata=dict(metadata or {}),
+            metrics=metrics,
+            accelkit_version=accelkit.__version__,
+            torch_version=torch.__version__,
+        )
+        # Data files are already fsync-ed; the manifest's rename is fsync-ed with its folder
+        # (journaling filesystems commit the earlier entries of the folder with it), then the
+        # checkpoint folder's own entry in its parent.
+        write_manifest(storage, target, manifest)
+        parent = target.rstrip("/").rpartition("/")[0]
+        if parent:
+            storage.fsync_dir(parent)
+
+    def _apply_retention(self, storage: Storage, target: str) -> None:
+        policy = self.config.retention_policy()
+        if policy.is_unlimited:
+            return
+        root = self.checkpoints_root()
+        try:
+            committed = committed_automatic(list_checkpoints(storage, root))
+            doomed = select_for_deletion(committed, policy)
+            for info in doomed:
+                if info.path.rstrip("/") == target.rstrip("/"):
+                    continue  # never the checkpoint just committed
+                storage.remove(join(info.path, MANIFEST_NAME))  # un-commit first
+                storage.rmtree(info.path)
+        except Exception as exc:  # the new checkpoint is committed; report and go on
+            logger.warning(
+                "Retention under %s failed after committing %s: %s. Old checkpoints may remain;"
+                " remove them with `accelkit ckpt prune`.",
+                root,
+                target,
+                exc,
+            )
+
+    # ------------------------------------------------------------------ loading
+
+    def resolve_input_dir(self, input_dir: str | os.PathLike[str] | None) -> str:
+        """``input_dir``, or the newest committed checkpoint under ``project_dir``."""
+        if input_dir is not None:
+            return os.fspath(input_dir)
+        root = self.checkpoints_root()
+        storage = self.storage(root)
+        infos = list_checkpoints(storage, root)
+        committed = committed_automatic(infos)
+        if not committed:
+            others = ", ".join(f"{i.name} ({i.state})" for i in infos) or "nothing"
+            raise CheckpointError(
+                f"No committed checkpoint under {root} (found: {others}). Save one with "
+                "save_state() first, or pass the checkpoint's path to load_state()."
+            )
+        return committed[-1].path
+
+    def load(
+        self,
+        input_dir: str | os.PathLike[str] | None,
+        objects: TrainingObjects,
+        verify: bool | None = None,
+    ) -> LoadResult:
+        """Restore ``objects`` from a committed checkpoint; must be called on every process.
+
+        Sets ``config.iteration`` past the loaded checkpoint and past every ``checkpoint_<n>``
+        folder under ``project_dir``, so the next automatic save never collides.
+
+        Raises:
+            CheckpointError: the folder is not a committed checkpoint.
+            CorruptCheckpointError / CheckpointMismatchError: see :func:`~accelkit.
+                checkpointing.contents.read_contents`. Nothing is changed then.
+        """
+        path = self.resolve_input_dir(input_dir)
+        storage = self.storage(path)
+        try:
+            manifest = read_manifest(storage, path)
+        except ManifestError as exc:
+            raise CorruptCheckpointError(f"{exc} Load another checkpoint.") from None
+        if manifest is None:
+            state = "does not exist" if not storage.exists(path) else "has no accelkit.json"
+            raise CheckpointError(
+                f"{path} {state}: it is not a committed checkpoint (a save that did not finish "
+                "leaves such a folder). Load another one; `accelkit ckpt ls` lists them."
+            )
+        targets = sharded_targets(objects.models, objects.optimizers)
+        check_load_compatible(storage, path, targets)
+        if manifest.world_size != self.state.num_processes and not targets:
+            raise CheckpointError(
+                f"{path} was saved by {manifest.world_size} process(es) but this run has "
+                f"{self.state.num_processes}. Resume with --num_processes "
+                f"{manifest.world_size} (each process restores its own random states)."
+            )
+        models = list(objects.models)
+        for hook in list(self._load_hooks.values()):
+            hook(models, path)
+        objects = TrainingObjects(
+            models=models,
+            optimizers=objects.optimizers,
+            schedulers=objects.schedulers,
+            dataloaders=objects.dataloaders,
+            scaler=objects.scaler,
+            custom=objects.custom,
+        )
+        verify = self.config.verify_checksums if verify is None else verify
+        plain = targets.remaining(objects)
+        loaded = read_contents(storage, path, manifest, plain, self.state.process_index, verify)
+        if targets:  # a collective; DCP reshards to this run's process count
+            load_sharded(storage, path, targets, manifest, verify)
+        apply_contents(loaded, plain)
+        self.config.iteration = self._next_iteration(manifest)
+        return LoadResult(path, manifest)
+
+    def _next_iteration(self, manifest: Manifest) -> int:
+        candidates = [0 if manifest.iteration is None else manifest.iteration + 1]
+        if self.config.project_dir:
+            root = self.checkpoints_root()
+            candidates.append(next_iteration(list_checkpoints(self.storage(root), root)))
+        return max(candidates)
+
+    # ------------------------------------------------------------------ Accelerator.save
+
+    def should_save_object(self) -> bool:
+        """Whether this process writes in ``Accelerator.save`` (once, or once per machine)."""
+        if self.config.save_on_each_node:
+            return self.state.is_local_main_process
+        return self.state.is_main_process
+
+    def save_object(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``Accelerator.save``: write ``obj`` to ``f`` (a path, URL or binary file) on the
+        processes :meth:`should_save_object` selects.
+
+        With ``safe_serialization``, ``obj`` must be a ``dict`` of tensors (written as
+        safetensors); otherwise it is written with ``torch.save``.
+        """
+        if not self.should_save_object():
+            return
+        if safe_serialization and (
+            not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values())
+        ):
+            raise TypeError(
+                "save(..., safe_serialization=True) takes a dict of tensors (a state_dict); "
+                f"got {type(obj).__name__}. Pass safe_serialization=False for other objects."
+            )
+        if isinstance(f, (str, os.PathLike)):
+            url = os.fspath(f)
+            storage = self.storage(url)
+            parent = url.rstrip("/").rpartition("/")[0]
+            if parent:
+                storage.makedirs(parent)
+            if safe_serialization:
+                write_safetensors(storage, url, obj, {"format": "pt"})
+            else:
+                buffer = io.BytesIO()
+                torch.save(obj, buffer)
+                storage.write_bytes(url, buffer.getbuffer())
+            return
+        if safe_serialization:
+            from safetensors.torch import save as safetensors_save
+
+            f.write(safetensors_save(obj, metadata={"format": "pt"}))
+        else:
+            torch.save(obj, f)

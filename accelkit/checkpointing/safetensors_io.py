@@ -1,0 +1,411 @@
+"""The safetensors format, written as a stream and read with checks.
+
+The format is an 8-byte little-endian header length, a JSON header (per tensor: ``dtype``,
+``shape``, ``data_offsets`` relative to the end of the header; optional ``__metadata__`` of
+strings), then the raw little-endian bytes. Writing it ourselves lets a save stream each tensor
+straight to storage while hashing it, so the extra memory of a save is one chunk, not the whole
+file (``safetensors.torch.save_file`` builds the whole buffer first).
+
+Public API:
+
+- :func:`write_safetensors(storage, url, tensors, metadata) <write_safetensors>` -- stream a
+  ``name -> tensor`` mapping to one file; returns the :class:`~accelkit.checkpointing.storage.
+  WrittenFile` (size and checksum).
+- :func:`read_safetensors(storage, url, expected=None) <read_safetensors>` -- every tensor,
+  streamed once; with ``expected`` (a manifest :class:`~accelkit.checkpointing.manifest.
+  FileEntry`) the size and checksum are verified in the same pass. Hostile headers (huge
+  lengths, offsets past the end, overlapping tensors) are refused before any allocation.
+- :func:`check_expected` -- compare a size and checksum with a manifest entry.
+- :func:`supports_dtype`, :func:`parse_size` (``"10GB"``/``"500MB"``/int -> bytes).
+
+To list tensors without reading them, see :mod:`accelkit.checkpointing.inspect`.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
+from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.storage import Storage, WrittenFile
+
+__all__ = [
+    "check_expected",
+    "parse_size",
+    "read_safetensors",
+    "supports_dtype",
+    "write_safetensors",
+]
+
+_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+for _name, _code in (
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _code
+_CODES = {code: dtype for dtype, code in _DTYPES.items()}
+
+_CHUNK = 64 * 1024 * 1024
+_MAX_HEADER = 100 * 1024 * 1024
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*$", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+
+
+def supports_dtype(dtype: torch.dtype) -> bool:
+    """Whether safetensors can hold tensors of ``dtype``."""
+    return dtype in _DTYPES
+
+
+def parse_size(size: int | str) -> int:
+    """``"10GB"`` -> 10_000_000_000 (``KB/MB/GB/TB`` are powers of 10, ``KiB``... of 2).
+
+    Raises:
+        ValueError: for anything else than a positive int or such a string.
+    """
+    if isinstance(size, int) and not isinstance(size, bool):
+        if size <= 0:
+            raise ValueError(f"max_shard_size must be > 0, got {size}.")
+        return size
+    match = _SIZE_RE.match(str(size))
+    if not match:
+        raise ValueError(
+            f"Invalid max_shard_size {size!r}: expected an int (bytes) or a string like "
+            "'10GB', '500MB', '2GiB'."
+        )
+    value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if value <= 0:
+        raise ValueError(f"max_shard_size must be > 0, got {size!r}.")
+    return value
+
+
+# ---------------------------------------------------------------------------------- writing
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _write_tensor(writer: Any, tensor: torch.Tensor) -> None:
+    t = tensor.detach()
+    if t.numel() == 0:
+        return
+    if not t.is_contiguous():
+        t = t.contiguous()
+    flat = t.reshape(-1).view(torch.uint8)
+    if flat.device.type == "cpu":
+        writer.write(flat.numpy().data)
+        return
+    # Device tensors travel through host memory one chunk at a time.
+    for start in range(0, flat.numel(), _CHUNK):
+        writer.write(flat[start : start + _CHUNK].cpu().numpy().data)
+
+
+def _dtype_code(name: str, tensor: torch.Tensor) -> str:
+    code = _DTYPES.get(tensor.dtype)
+    if code is None:
+        raise TypeError(f"Tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot hold.")
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        raise TypeError(f"Tensor {name!r} is not a dense tensor ({tensor.layout}).")
+    return code
+
+
+def write_safetensors(
+    storage: Storage,
+    url: str,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+) -> WrittenFile:
+    """Stream ``tensors`` to a safetensors file at ``url``.
+
+    Tensors are laid out largest element size first, so every tensor is aligned. Each one is
+    written from its own memory (a non-contiguous one is copied first; a device tensor goes
+    through host memory in 64 MB chunks).
+
+    Raises:
+        TypeError: for a dtype safetensors cannot hold, naming the tensor.
+    """
+    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        end = offset + _nbytes(t)
+        header[name] = {
+            "dtype": _dtype_code(name, t),
+            "shape": list(t.shape),
+            "data_offsets": [offset, end],
+        }
+        offset = end
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    with storage.open_write(url) as writer:
+        writer.write(struct.pack("<Q", len(raw)) + raw)
+        for name in order:
+            _write_tensor(writer, tensors[name])
+    assert writer.result is not None
+    return writer.result
+
+
+# ---------------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A tensor as described in a safetensors header."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+def _corrupt(url: str, why: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{url}: {why}. The file is truncated or damaged: load another checkpoint, or save it "
+        "again."
+    )
+
+
+def _parse_header(
+    url: str, raw: bytes, data_size: int | None
+) -> tuple[dict[str, _Entry], dict[str, str]]:
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise _corrupt(url, "the safetensors header is not valid JSON") from None
+    if not isinstance(header, dict):
+        raise _corrupt(url, "the safetensors header is not a JSON object")
+    meta = header.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise _corrupt(url, "the safetensors __metadata__ is not a string mapping")
+    infos: dict[str, _Entry] = {}
+    for name, item in header.items():
+        if not isinstance(item, dict):
+            raise _corrupt(url, f"header entry {name!r} is not an object")
+        dtype, shape, offsets = item.get("dtype"), item.get("shape"), item.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in _CODES:
+            raise _corrupt(url, f"tensor {name!r} has unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise _corrupt(url, f"tensor {name!r} has an invalid shape {shape!r}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise _corrupt(url, f"tensor {name!r} has invalid data_offsets {offsets!r}")
+        numel = 1
+        for d in shape:
+            numel *= d
+        itemsize = _CODES[dtype].itemsize
+        if offsets[1] - offsets[0] != numel * itemsize:
+            raise _corrupt(url, f"tensor {name!r}: data_offsets do not match its shape and dtype")
+        if data_size is not None and offsets[1] > data_size:
+            raise _corrupt(url, f"tensor {name!r} ends past the end of the file")
+        infos[name] = _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
+    previous = 0
+    for info in sorted(infos.values(), key=lambda i: (i.start, i.end)):
+        if info.start < previous:
+            raise _corrupt(url, f"tensor {info.name!r} overlaps another tensor")
+        previous = info.end
+    return infos, dict(meta)
+
+
+def _read_exact(f: Any, n: int, url: str, hasher: Any) -> torch.Tensor:
+    """Read exactly ``n`` bytes into a fresh uint8 tensor (uninitialised memory: no zeroing
+    pass), hashing them."""
+    buf = torch.empty(n, dtype=torch.uint8)
+    view = buf.numpy().data.cast("B") if n else memoryview(b"")
+    got = 0
+    while got < n:
+        count = f.readinto(view[got:]) if hasattr(f, "readinto") else None
+        if count is None:
+            chunk = f.read(n - got)
+            count = len(chunk)
+            view[got : got + count] = chunk
+        if not count:
+            raise _corrupt(url, f"unexpected end of file ({got} of {n} bytes)")
+        got += count
+    if hasher is not None and n:
+        hasher.update(view)
+    return buf
+
+
+def read_safetensors(
+    storage: Storage,
+    url: str,
+    expected: Any = None,
+    zero_copy: bool = False,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read every tensor of ``url`` in one sequential pass.
+
+    Args:
+        storage: its storage.
+        url: the file.
+        expected: a manifest entry (``size``, ``checksum``) to verify against, or ``None``.
+        zero_copy: on a local disk, return tensors that view a private memory map of the file
+            instead of fresh memory (one copy less). Only for tensors that are copied right
+            away (e.g. into a model's parameters): they must not outlive a rewrite of the file.
+
+    Returns:
+        ``(tensors, metadata)``; tensors are on the CPU.
+
+    Raises:
+        CorruptCheckpointError: naming the file, for a bad header, truncation, or a size or
+            checksum that disagrees with ``expected``.
+    """
+    local = storage.local_path(url) if zero_copy else None
+    if local is not None:
+        return _read_mapped(local, url, expected)
+    hasher = None
+    algorithm = ""
+    if expected is not None:
+        algorithm, _ = parse_checksum(expected.checksum)
+        hasher = new_hasher(algorithm)
+    tensors: dict[str, torch.Tensor] = {}
+    try:
+        f = storage.open_read(url)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(
+            f"{url} is missing. Restore the file, or load another checkpoint."
+        ) from None
+    with f:
+        head = _read_exact(f, 8, url, hasher)
+        (length,) = struct.unpack("<Q", head.numpy().tobytes())
+        limit = expected.size - 8 if expected is not None else _MAX_HEADER
+        if length > min(_MAX_HEADER, limit):
+            raise _corrupt(url, f"header length {length} is larger than the file allows")
+        raw = _read_exact(f, length, url, hasher).numpy().tobytes()
+        data_size = expected.size - 8 - length if expected is not None else None
+        infos, meta = _parse_header(url, raw, data_size)
+        position = 0
+        for info in sorted(infos.values(), key=lambda i: i.start):
+            if info.start > position:
+                _read_exact(f, info.start - position, url, hasher)
+            dtype = _CODES[info.dtype]
+            if info.end == info.start:
+                tensors[info.name] = torch.empty(info.shape, dtype=dtype)
+            else:
+                buf = _read_exact(f, info.end - info.start, url, hasher)
+                tensors[info.name] = buf.view(dtype).reshape(info.shape)
+            position = info.end
+        total = 8 + length + position
+        while True:  # trailing bytes count for size and checksum
+            rest = f.read(_CHUNK)
+            if not rest:
+                break
+            total += len(rest)
+            if hasher is not None:
+                hasher.update(rest)
+    if expected is not None:
+        assert hasher is not None
+        check_expected(url, expected, total, format_checksum(algorithm, hasher.hexdigest()))
+    return tensors, meta
+
+
+def _check_mapped(
+    view: memoryview, size: int, url: str, expected: Any
+) -> tuple[int, dict[str, _Entry], dict[str, str]]:
+    (length,) = struct.unpack("<Q", view[:8])
+    if length > min(_MAX_HEADER, size - 8):
+        raise _corrupt(url, f"header length {length} is larger than the file allows")
+    infos, meta = _parse_header(url, bytes(view[8 : 8 + length]), size - 8 - length)
+    if expected is not None:
+        algorithm, _ = parse_checksum(expected.checksum)
+        hasher = new_hasher(algorithm)
+        for start in range(0, size, _CHUNK):
+            hasher.update(view[start : start + _CHUNK])
+        check_expected(url, expected, size, format_checksum(algorithm, hasher.hexdigest()))
+    return length, infos, meta
+
+
+def _read_mapped(
+    path: str, url: str, expected: Any
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise CorruptCheckpointError(
+            f"{url} is missing. Restore the file, or load another checkpoint."
+        ) from None
+    except OSError as exc:
+        why = "it is a symbolic link" if os.path.islink(path) else str(exc)
+        raise CorruptCheckpointError(
+            f"{url}: refusing to read it ({why}); a checkpoint's files must be regular files "
+            "inside it."
+        ) from None
+    try:
+        size = os.fstat(fd).st_size
+        if size < 8:
+            raise _corrupt(url, "shorter than a safetensors header")
+        mapped = mmap.mmap(
+            fd,
+            size,
+            flags=mmap.MAP_PRIVATE,
+            prot=mmap.PROT_READ | mmap.PROT_WRITE,
+        )
+    finally:
+        os.close(fd)
+    view = memoryview(mapped)
+    try:
+        length, infos, meta = _check_mapped(view, size, url, expected)
+    except BaseException:
+        view.release()
+        mapped.close()
+        raise
+    view.release()
+    base = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the map alive; no copy
+    offset = 8 + length
+    tensors: dict[str, torch.Tensor] = {}
+    for info in infos.values():
+        dtype = _CODES[info.dtype]
+        raw = base[offset + info.start : offset + info.end]
+        if (offset + info.start) % dtype.itemsize:
+            raw = raw.clone()  # misaligned (another writer's layout): copy this one
+        tensors[info.name] = raw.view(dtype).reshape(info.shape)
+    return tensors, meta
+
+
+def check_expected(url: str, expected: Any, size: int, checksum: str) -> None:
+    """Raise :class:`CorruptCheckpointError` if ``size``/``checksum`` differ from ``expected``."""
+    if size != expected.size:
+        raise CorruptCheckpointError(
+            f"{url}: size {size} bytes, but the manifest says {expected.size}. The file is "
+            "truncated or was replaced: load another checkpoint."
+        )
+    if checksum != expected.checksum:
+        raise CorruptCheckpointError(
+            f"{url}: checksum {checksum} does not match the manifest ({expected.checksum}). The "
+            "file is damaged: load another checkpoint, or, if you trust it, pass "
+            "verify=False to load_state (or ProjectConfiguration(verify_checksums=False))."
+        )

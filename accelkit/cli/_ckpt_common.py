@@ -1,0 +1,214 @@
+"""Shared parts of the ``accelkit ckpt`` actions: errors, arguments, opening PATH, progress."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from typing_extensions import override
+
+from accelkit.checkpointing.catalog import CheckpointInfo, inspect_folder, list_checkpoints
+from accelkit.checkpointing.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME, parse_checkpoint_name
+from accelkit.checkpointing.storage import Storage, get_storage, join, protocol_of
+
+__all__ = [
+    "Fail",
+    "add_common",
+    "collect",
+    "command",
+    "nothing_found",
+    "open_storage",
+    "positive_int",
+    "print_help",
+    "progress",
+    "usage",
+]
+
+
+class Fail(Exception):
+    """Stop the command: print ``message`` to stderr and exit with ``code``."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def usage(message: str) -> Fail:
+    """A usage error (exit 2)."""
+    return Fail(message, 2)
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def storage_option(text: str) -> tuple[str, Any]:
+    """Parse ``-o KEY=VALUE``; VALUE is JSON when it parses (numbers, objects), else text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:8333), got {text!r}"
+        )
+    try:
+        parsed: Any = json.loads(value)  # numbers, booleans, {"nested": "dicts"}
+    except ValueError:
+        parsed = value
+    return key, parsed
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def add_common(parser: argparse.ArgumentParser, path_help: str) -> None:
+    """Add ``PATH`` and ``-o/--storage-option`` to an action's parser."""
+    parser.add_argument("path", metavar="PATH", help=path_help)
+    parser.add_argument(
+        "-o",
+        "--storage-option",
+        dest="storage_options",
+        metavar="KEY=VALUE",
+        type=storage_option,
+        action="append",
+        default=[],
+        help="fsspec storage option (repeatable), e.g. -o endpoint_url=http://127.0.0.1:8333; "
+        "VALUE is read as JSON when it parses, else as text",
+    )
+
+
+def print_help(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``accelkit ckpt`` without an action: print the help, exit 2."""
+    parser.print_help(sys.stderr)
+    return 2
+
+
+# Exceptions that mean a bug in accelkit rather than a storage problem.
+_BUGS = (TypeError, AttributeError, NameError, AssertionError, IndexError, KeyError)
+
+
+def command(
+    name: str, run: Callable[[argparse.Namespace], int]
+) -> Callable[[argparse.Namespace], int]:
+    """Wrap ``run`` so known failures print one line naming the path and return an exit code."""
+
+    def wrapper(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except Fail as exc:
+            print(f"accelkit ckpt {name}: error: {exc}", file=sys.stderr)
+            return exc.code
+        except (*_BUGS, BrokenPipeError):
+            raise  # a defect of ours (keep the traceback), or a closed pipe (main handles it)
+        except Exception as exc:
+            # Storage failures (permissions, an unreachable endpoint, bad credentials) come as
+            # OSError, ValueError or a storage SDK's own exception (botocore's are none of the
+            # former): print the library's message once, with the path and what to check.
+            print(
+                f"accelkit ckpt {name}: error: cannot access {args.path!r}: "
+                f"{type(exc).__name__}: {exc}. Check the path, permissions and, for a URL, "
+                "the endpoint and credentials (-o KEY=VALUE).",
+                file=sys.stderr,
+            )
+            return 2
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def open_storage(args: argparse.Namespace) -> Storage:
+    """The storage of ``args.path``; a usage error if nothing exists there."""
+    path: str = args.path
+    try:
+        storage = get_storage(path, dict(args.storage_options))
+    except ValueError as exc:
+        raise usage(str(exc)) from None
+    if not storage.exists(path):
+        hint = "Check the path."
+        if protocol_of(path) not in ("file", "local"):
+            hint = (
+                "Check the URL (bucket and prefix) and, for S3, the endpoint and credentials "
+                "(-o endpoint_url=... -o key=... -o secret=...)."
+            )
+        raise usage(f"{path!r} does not exist. {hint}")
+    return storage
+
+
+def progress(total: int | None, unit: str, desc: str) -> Any:
+    """A tqdm bar on a terminal; silent when stderr is piped or captured."""
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        unit=unit,
+        unit_scale=unit == "B",
+        desc=desc,
+        disable=not sys.stderr.isatty(),
+        leave=False,
+    )
+
+
+def is_single_checkpoint(storage: Storage, path: str) -> bool:
+    """Whether ``path`` is one checkpoint folder rather than a folder of them or a project."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    if storage.isdir(join(path, CHECKPOINTS_DIRNAME)):
+        return False
+    return parse_checkpoint_name(name) is not None or storage.exists(join(path, MANIFEST_NAME))
+
+
+class _CountingStorage(Storage):
+    """The same storage, ticking ``bar`` once per checkpoint folder the catalog reads."""
+
+    def __init__(self, inner: Storage, bar: Any) -> None:
+        super().__init__(inner.fs, inner.protocol)
+        self._bar = bar
+
+    @override
+    def walk_files(self, url: str) -> dict[str, int]:
+        files = super().walk_files(url)
+        self._bar.update(1)
+        return files
+
+
+def collect(
+    storage: Storage, path: str, allow_single: bool = True
+) -> tuple[str, list[CheckpointInfo], bool]:
+    """``(root, checkpoints oldest first, whether PATH is one checkpoint)``."""
+    if storage.isfile(path):
+        raise usage(
+            f"{path!r} is a file; expected a checkpoints folder, a project dir or a checkpoint "
+            "folder."
+        )
+    path = path.rstrip("/") or path
+    if is_single_checkpoint(storage, path):
+        if not allow_single:
+            parent = path.rsplit("/", 1)[0] if "/" in path else "."
+            raise usage(
+                f"{path!r} is one checkpoint; give the folder that holds the checkpoints "
+                f"(e.g. {parent!r}) or the project dir."
+            )
+        return path, [inspect_folder(storage, path)], True
+    candidate = join(path, CHECKPOINTS_DIRNAME)
+    root = candidate if storage.isdir(candidate) else path
+    with progress(None, "ckpt", "listing") as bar:
+        return root, list_checkpoints(_CountingStorage(storage, bar), root), False
+
+
+def nothing_found(path: str, root: str) -> Fail:
+    """The exit-1 error for a folder that holds no checkpoint."""
+    where = repr(path) if root == path else f"{path!r} (looked in {root!r})"
+    return Fail(
+        f"no checkpoint under {where}: no checkpoint_<n> folder and no folder with an "
+        f"{MANIFEST_NAME}. Give the checkpoints folder or the project dir of a run.",
+        1,
+    )

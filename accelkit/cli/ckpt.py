@@ -1,0 +1,516 @@
+"""``accelkit ckpt``: list, prune, verify and inspect checkpoints on a local disk or any fsspec URL.
+
+Everything here goes through :mod:`accelkit.checkpointing` (listing and states from
+``catalog``, checks from ``manifest.verify_files``, the retention policy training uses, safetensors
+headers from ``checkpointing.inspect``); this module only parses arguments and prints.
+
+Exit codes: 0 success; 1 a check failed, nothing matched, or the user declined; 2 bad usage (a
+bad flag, a path that does not exist or cannot be opened, a prune that needs confirmation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import sys
+import textwrap
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from accelkit.checkpointing.catalog import (
+    COMMITTED,
+    CORRUPT,
+    INCOMPLETE,
+    CheckpointInfo,
+    committed_automatic,
+)
+from accelkit.checkpointing.errors import CheckpointError
+from accelkit.checkpointing.layout import MANIFEST_NAME
+from accelkit.checkpointing.manifest import verify_files
+from accelkit.checkpointing.retention import RetentionPolicy, select_for_deletion
+from accelkit.checkpointing.storage import Storage, join
+from accelkit.cli._ckpt_common import (
+    Fail,
+    add_common,
+    collect,
+    command,
+    nothing_found,
+    open_storage,
+    positive_int,
+    print_help,
+    progress,
+    usage,
+)
+from accelkit.cli._table import format_age, format_size, render_table
+
+__all__ = ["register"]
+
+_EPILOG = """\
+PATH is a local path or an fsspec URL (s3://bucket/run, memory://run, gcs://...). For S3, give
+the endpoint and credentials with -o (e.g. -o endpoint_url=http://127.0.0.1:8333 -o key=K
+-o secret=S) or the usual AWS_* environment variables.
+
+Exit codes: 0 success; 1 a check failed or nothing matched; 2 bad usage (including a PATH that
+does not exist).
+"""
+
+
+def _wrap(text: str) -> str:
+    # Raw formatting keeps the epilog's layout; descriptions are filled here, one paragraph
+    # per "\n\n".
+    return "\n\n".join(textwrap.fill(p, 92) for p in text.split("\n\n"))
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``ckpt`` subcommand (``ls``, ``prune``, ``verify``, ``inspect``)."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    ckpt = subparsers.add_parser(
+        "ckpt",
+        help="list, prune, verify and inspect checkpoints (local or fsspec URL)",
+        description="Manage the checkpoints of a run without writing Python.",
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    ckpt.set_defaults(func=functools.partial(print_help, ckpt))
+    actions = ckpt.add_subparsers(dest="ckpt_action", metavar="ACTION")
+
+    ls = actions.add_parser(
+        "ls",
+        help="list checkpoints with their state, size, age and metrics",
+        description=_wrap(
+            "List the checkpoints under PATH, newest last. State is 'committed' (its "
+            "manifest accelkit.json is valid and every file has the recorded size), 'incomplete' "
+            "(no manifest: a save in flight or one that crashed) or 'corrupt' (a bad manifest, or "
+            "a file missing or of the wrong size; checksums are checked by `ckpt verify`). Exits "
+            "1 if PATH holds no checkpoint."
+        ),
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    add_common(ls, "a checkpoints folder, a project dir (uses PATH/checkpoints) or one checkpoint")
+    ls.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    ls.set_defaults(func=command("ls", _run_ls))
+
+    prune = actions.add_parser(
+        "prune",
+        help="delete old checkpoints with training's retention policy, and stale incomplete ones",
+        description=_wrap(
+            "Delete the committed checkpoint_<n> checkpoints that the retention policy "
+            "does not keep (the same code as ProjectConfiguration(total_limit=...) uses during "
+            "training; rules combine, a checkpoint is kept if any rule keeps it), and incomplete "
+            "folders older than the newest committed checkpoint (a newer one may be a save in "
+            "flight and is kept). Corrupt checkpoints and folders that are not checkpoints are "
+            "never deleted. Nothing outside PATH is touched.\n\n"
+            "Confirmation: with --yes it deletes at once; without --yes it shows the plan and asks "
+            "on a terminal, and when stdin is not a terminal (a script, CI) it deletes nothing and "
+            "exits 2. --dry-run only shows the plan. Exits 0 when there is nothing to delete."
+        ),
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    add_common(prune, "a checkpoints folder or a project dir (uses PATH/checkpoints)")
+    prune.add_argument(
+        "--keep", type=positive_int, required=True, metavar="N", help="keep the newest N"
+    )
+    prune.add_argument(
+        "--keep-every",
+        type=positive_int,
+        metavar="K",
+        help="also keep every checkpoint whose iteration is a multiple of K",
+    )
+    prune.add_argument(
+        "--keep-best",
+        type=positive_int,
+        metavar="K",
+        help="also keep the best K by --metric (a metric given to save_state)",
+    )
+    prune.add_argument("--metric", metavar="M", help="metric name for --keep-best")
+    prune.add_argument(
+        "--mode",
+        choices=("min", "max"),
+        default="min",
+        help="for --keep-best: 'min' if lower is better (a loss; default), 'max' otherwise",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="show what would go; delete nothing")
+    prune.add_argument("-y", "--yes", action="store_true", help="delete without asking")
+    prune.set_defaults(func=command("prune", _run_prune))
+
+    verify = actions.add_parser(
+        "verify",
+        help="check every file's size and checksum against the manifest",
+        description=_wrap(
+            "Check every file of a committed checkpoint (or of every checkpoint under "
+            "a folder) against the sizes and checksums in its manifest. Exits 1, naming the "
+            "files, if any is missing or differs, if a manifest is unreadable, if PATH is one "
+            "checkpoint without a manifest, or if there is no committed checkpoint to check. "
+            "Incomplete folders inside a folder of checkpoints are reported and skipped."
+        ),
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    add_common(verify, "one checkpoint, a checkpoints folder or a project dir")
+    verify.set_defaults(func=command("verify", _run_verify))
+
+    inspect = actions.add_parser(
+        "inspect",
+        help="list tensors (name, dtype, shape, file) without loading them",
+        description=_wrap(
+            "List the tensors of a checkpoint, a save_model folder, a "
+            "model.safetensors.index.json or one .safetensors file, read from the safetensors "
+            "headers (no tensor data is loaded). Exits 1 if there is no safetensors file or a "
+            "header is damaged."
+        ),
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    add_common(inspect, "a checkpoint, a save_model folder, an index JSON or a .safetensors")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.set_defaults(func=command("inspect", _run_inspect))
+
+
+# --------------------------------------------------------------------------- ls
+
+
+def _as_json(info: CheckpointInfo) -> dict[str, Any]:
+    manifest = info.manifest
+    return {
+        "name": info.name,
+        "path": info.path,
+        "state": info.state,
+        "iteration": info.iteration,
+        "step": info.step,
+        "size_bytes": info.size_bytes,
+        "files": info.files,
+        "created": info.created if manifest is not None else None,
+        "created_iso": (
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(info.created))
+            if manifest is not None
+            else None
+        ),
+        "world_size": None if manifest is None else manifest.world_size,
+        "metrics": dict(info.metrics),
+        "error": info.error,
+    }
+
+
+def _format_metrics(metrics: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.6g}" for k, v in sorted(metrics.items())) or "-"
+
+
+def _opt(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _run_ls(args: argparse.Namespace) -> int:
+    storage = open_storage(args)
+    root, infos, _ = collect(storage, args.path)
+    if not infos:
+        if args.json:
+            print("[]")
+        raise nothing_found(args.path, root)
+    if args.json:
+        print(json.dumps([_as_json(i) for i in infos], indent=2))
+        return 0
+    now = time.time()
+    rows = [
+        [
+            i.name,
+            i.state,
+            _opt(i.iteration),
+            _opt(i.step),
+            format_size(i.size_bytes),
+            str(i.files),
+            format_age(now - i.created if i.manifest is not None else None),
+            _format_metrics(i.metrics),
+        ]
+        for i in infos
+    ]
+    headers = ["NAME", "STATE", "ITER", "STEP", "SIZE", "FILES", "AGE", "METRICS"]
+    print(render_table(headers, rows, right=("ITER", "STEP", "SIZE", "FILES", "AGE")))
+    for info in infos:
+        if info.state == CORRUPT:
+            print(
+                f"{info.name}: corrupt: {info.error}. Run `accelkit ckpt verify {info.path}`.",
+                file=sys.stderr,
+            )
+    return 0
+
+
+# --------------------------------------------------------------------------- prune
+
+
+def _policy(args: argparse.Namespace) -> RetentionPolicy:
+    if args.metric is not None and args.keep_best is None:
+        raise usage(f"--metric {args.metric!r} is only used with --keep-best K; add it.")
+    if args.keep_best is not None and not args.metric:
+        raise usage("--keep-best needs --metric M, the name of a metric given to save_state.")
+    try:
+        return RetentionPolicy(
+            keep_last=args.keep,
+            keep_every=args.keep_every,
+            keep_best=args.keep_best,
+            metric=args.metric,
+            mode=args.mode,
+        )
+    except ValueError as exc:
+        raise usage(str(exc)) from None
+
+
+def _describe(policy: RetentionPolicy) -> str:
+    parts = [f"--keep {policy.keep_last}"]
+    if policy.keep_every is not None:
+        parts.append(f"--keep-every {policy.keep_every}")
+    if policy.keep_best is not None:
+        parts.append(f"--keep-best {policy.keep_best} ({policy.mode} {policy.metric})")
+    return " ".join(parts)
+
+
+def _plan(infos: list[CheckpointInfo], policy: RetentionPolicy) -> list[tuple[CheckpointInfo, str]]:
+    """What to delete and why, oldest first."""
+    committed = committed_automatic(infos)
+    doomed = {id(i) for i in select_for_deletion(committed, policy)}
+    newest = committed[-1] if committed else None
+    plan = []
+    for info in infos:  # already oldest first
+        if id(info) in doomed:
+            plan.append((info, f"not kept by {_describe(policy)}"))
+        elif (
+            info.state == INCOMPLETE
+            and newest is not None
+            and info.iteration is not None
+            and newest.iteration is not None
+            and info.iteration < newest.iteration
+        ):
+            plan.append((info, f"incomplete, older than {newest.name}"))
+    return plan
+
+
+def _confirm(question: str) -> bool:
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def _check_inside(root: str, info: CheckpointInfo) -> None:
+    # Defence in depth: only direct children of the given folder are ever deleted.
+    if "/" in info.name or info.name in ("", ".", "..") or info.path != join(root, info.name):
+        raise Fail(f"refusing to delete {info.path!r}: it is not directly inside {root!r}.", 1)
+
+
+def _run_prune(args: argparse.Namespace) -> int:
+    policy = _policy(args)
+    storage = open_storage(args)
+    root, infos, _ = collect(storage, args.path, allow_single=False)
+    if not infos:
+        raise nothing_found(args.path, root)
+    plan = _plan(infos, policy)
+    doomed = {id(i) for i, _ in plan}
+    kept = [i.name for i in infos if id(i) not in doomed]
+    for info in infos:
+        if info.state == CORRUPT:
+            print(
+                f"Keeping corrupt {info.name} ({info.error}); inspect it with `accelkit ckpt "
+                "verify` and delete it by hand if unwanted.",
+                file=sys.stderr,
+            )
+    if not plan:
+        print(f"Nothing to remove under {root} ({len(kept)} kept).")
+        return 0
+    total = sum(i.size_bytes for i, _ in plan)
+    rows = [[i.name, i.state, format_size(i.size_bytes), why] for i, why in plan]
+    title = "Would remove (dry run):" if args.dry_run else "To remove:"
+    print(f"{title}\n{render_table(['NAME', 'STATE', 'SIZE', 'REASON'], rows, right=['SIZE'])}")
+    print(f"Kept: {', '.join(kept) if kept else '(none)'}")
+    if args.dry_run:
+        print(f"Would free {format_size(total)} ({total} bytes); nothing was deleted.")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise usage(
+                f"not deleting {len(plan)} folder(s) under {root!r} without confirmation: stdin "
+                "is not a terminal. Pass --yes to delete, or --dry-run to only show the plan."
+            )
+        if not _confirm(f"Delete {len(plan)} folder(s), {format_size(total)}?"):
+            print("Aborted; nothing was deleted.", file=sys.stderr)
+            return 1
+    return _delete(storage, root, plan)
+
+
+def _delete(storage: Storage, root: str, plan: list[tuple[CheckpointInfo, str]]) -> int:
+    freed = 0
+    failed = []
+    with progress(len(plan), "ckpt", "removing") as bar:
+        for info, _ in plan:
+            _check_inside(root, info)
+            manifest = join(info.path, MANIFEST_NAME)
+            if info.state == INCOMPLETE and storage.exists(manifest):
+                print(f"Skipped {info.name}: it was committed meanwhile.", file=sys.stderr)
+                bar.update(1)
+                continue
+            try:
+                if info.state == COMMITTED:
+                    # Un-commit first: an interrupted delete then leaves an incomplete folder
+                    # (ignored by loading, removed by the next prune), never a corrupt one.
+                    storage.remove(manifest)
+                storage.rmtree(info.path)
+            except OSError as exc:
+                failed.append(f"{info.path}: {exc}")
+            else:
+                freed += info.size_bytes
+                print(f"Removed {info.name} ({format_size(info.size_bytes)})")
+            bar.update(1)
+    print(f"Freed {format_size(freed)} ({freed} bytes).")
+    if failed:
+        print(
+            "accelkit ckpt prune: error: could not remove:\n  "
+            + "\n  ".join(failed)
+            + "\nCheck permissions and run prune again.",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- verify
+
+
+def _verify_one(storage: Storage, info: CheckpointInfo, bar: Any) -> tuple[list[str], list[str]]:
+    """``(problems as "file: detail" lines, files present but not in the manifest)``."""
+    manifest = info.manifest
+    if manifest is None:
+        return [f"{MANIFEST_NAME}: {info.error}"], []
+    listing = storage.walk_files(info.path)
+    extra = sorted(set(listing) - set(manifest.file_map()) - {MANIFEST_NAME})
+    problems: list[str] = []
+    for entry in manifest.files:
+        # One entry at a time so the bar moves per file; verify_files does the checking.
+        one = dataclasses.replace(manifest, files=[entry])
+        try:
+            problems.extend(str(p) for p in verify_files(storage, info.path, one, sizes=listing))
+        except OSError as exc:
+            problems.append(f"{entry.path}: cannot be read ({type(exc).__name__}: {exc})")
+        bar.update(entry.size)
+    return problems, extra
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    storage = open_storage(args)
+    root, infos, single = collect(storage, args.path)
+    if not infos:
+        raise nothing_found(args.path, root)
+    if single and infos[0].state == INCOMPLETE:
+        raise Fail(
+            f"{infos[0].path!r} has no {MANIFEST_NAME}: it is an incomplete checkpoint (a save "
+            "that did not finish), so there is nothing to verify it against. Save again, or "
+            "remove it with `accelkit ckpt prune`.",
+            1,
+        )
+    todo = [i for i in infos if i.state != INCOMPLETE]
+    total = sum(i.manifest.total_size for i in todo if i.manifest is not None)
+    bad = 0
+    with progress(total, "B", "verifying") as bar:
+        for info in infos:
+            if info.state == INCOMPLETE:
+                print(f"SKIP  {info.name}: incomplete (no {MANIFEST_NAME}); not a checkpoint")
+                continue
+            problems, extra = _verify_one(storage, info, bar)
+            if problems:
+                bad += 1
+                print(f"FAIL  {info.name}")
+                for line in problems:
+                    print(f"      {line}")
+            else:
+                n = len(info.manifest.files) if info.manifest is not None else 0
+                print(f"OK    {info.name}: {n} files, {format_size(info.size_bytes)}")
+            if extra:
+                # Not part of the checkpoint (never loaded), so not a failure; worth knowing.
+                print(f"      not in the manifest (ignored): {', '.join(extra)}")
+    if not todo:
+        raise Fail(f"no committed checkpoint to verify under {root!r} (only incomplete).", 1)
+    print(f"{len(todo) - bad} of {len(todo)} checkpoint(s) intact.")
+    if bad:
+        print(
+            f"accelkit ckpt verify: {bad} checkpoint(s) under {root!r} failed: they cannot be "
+            "trusted. Load an intact one, or delete them.",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+def _shape(shape: Iterable[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from accelkit.checkpointing.inspect import read_safetensors_header, safetensors_files
+
+    storage = open_storage(args)
+    try:
+        files = safetensors_files(storage, args.path)
+        from accelkit.checkpointing.sharded import has_sharded_state, sharded_tensor_infos
+
+        sharded_infos = (
+            sharded_tensor_infos(storage, args.path)
+            if has_sharded_state(storage, args.path)
+            else []
+        )
+    except CheckpointError as exc:
+        raise Fail(str(exc), 1) from None
+    if not files and not sharded_infos:
+        raise Fail(
+            f"no .safetensors file in {args.path!r}. Give a checkpoint, a save_model folder, "
+            "a model.safetensors.index.json or a .safetensors file.",
+            1,
+        )
+    headers = []
+    errors = []
+    with progress(len(files), "file", "reading headers") as bar:
+        for name, url in files:
+            try:
+                headers.append(read_safetensors_header(storage, url, file=name))
+            except (CheckpointError, OSError) as exc:
+                errors.append(f"{name}: {exc}")
+            bar.update(1)
+    tensors = [t for h in headers for t in h.tensors] + sharded_infos
+    if args.json:
+        payload = {
+            "path": args.path,
+            "files": [
+                {"file": h.file, "size_bytes": h.file_size, "metadata": h.metadata} for h in headers
+            ],
+            "tensors": [
+                {
+                    "name": t.name,
+                    "dtype": t.dtype,
+                    "shape": list(t.shape),
+                    "file": t.file,
+                    "numel": t.numel,
+                    "size_bytes": t.nbytes,
+                }
+                for t in tensors
+            ],
+            "errors": errors,
+        }
+        print(json.dumps(payload, indent=2))
+    else:
+        rows = [[t.name, t.dtype, _shape(t.shape), format_size(t.nbytes), t.file] for t in tensors]
+        print(render_table(["NAME", "DTYPE", "SHAPE", "SIZE", "FILE"], rows, right=["SIZE"]))
+        numel = sum(t.numel for t in tensors)
+        nbytes = sum(t.nbytes for t in tensors)
+        print(
+            f"{len(tensors)} tensors, {numel:,} elements, {format_size(nbytes)} "
+            f"in {len(headers)} file(s)."
+        )
+    if errors:
+        print(
+            "accelkit ckpt inspect: error: unreadable header(s):\n  " + "\n  ".join(errors),
+            file=sys.stderr,
+        )
+        return 1
+    return 0
