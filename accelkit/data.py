@@ -162,8 +162,10 @@ class _PreparedMixin:
         total_dataset_length: int | None,
         stateful: bool,
         rebuild: Callable[[int], Any],
+        worker_seed: int | None = None,
     ) -> None:
         self.gradient_state = gradient_state
+        self._worker_seed = worker_seed
         self.device = device
         self.non_blocking = non_blocking
         self._shard = shard
@@ -205,6 +207,8 @@ class _PreparedMixin:
     def _begin(self) -> int:
         """Prepare a pass; return how many batches ``__iter__`` must read and drop."""
         pos = self._pos
+        if self._worker_seed is not None:
+            self.generator.manual_seed(self._worker_seed + pos.epoch)  # type: ignore[attr-defined]
         if self._random_sampler is not None:
             self._random_sampler.set_epoch(pos.epoch)
         if self._iterable_shard is not None:
@@ -426,12 +430,22 @@ def prepare_data_loader(
     stateful = config.use_stateful_dataloader or _is_stateful(dataloader)
     cls: type = _stateful_class() if stateful else PreparedDataLoader
     kwargs = _loader_kwargs(dataloader)
+    # Every new iterator draws a worker base seed from the loader's generator, or from the
+    # global torch RNG when it has none. That draw would shift every later random number
+    # (dropout, ...) between a run and its mid-epoch resume, which creates the iterator after
+    # load_state restored the RNG. A private generator, reseeded per epoch, leaves the global
+    # stream alone and keeps worker seeds reproducible.
+    worker_seed: int | None = None
+    if kwargs["generator"] is None:
+        kwargs["generator"] = torch.Generator()
+        worker_seed = torch.initial_seed()
     dataset = dataloader.dataset
     common = {
         "gradient_state": state,
         "device": device,
         "non_blocking": config.non_blocking and dataloader.pin_memory,
         "stateful": stateful,
+        "worker_seed": worker_seed,
     }
     try:
         length: int | None = len(dataset)  # type: ignore[arg-type]

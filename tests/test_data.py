@@ -329,3 +329,16 @@ def test_loaders_without_automatic_batching_are_sharded_by_item() -> None:
     assert [[int(b) for b in s] for s in streams] == [[0, 2, 4], [1, 3, 0]]
     with pytest.raises(ValueError, match="batch_size=None"):
         _prepare(DataLoader(_Stream(5), batch_size=None), 2, 0, split_batches=True)
+
+
+def test_starting_an_epoch_leaves_the_global_rng_alone() -> None:
+    # A mid-epoch resume creates its iterator after load_state restored the RNG; if creating
+    # it drew from the global generator, dropout masks after the resume would differ.
+    from accelkit import Accelerator
+
+    acc = Accelerator(cpu=True)
+    loader = acc.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=2, shuffle=True))
+    before = torch.get_rng_state()
+    first = [b.tolist() for b in loader]
+    assert torch.equal(before, torch.get_rng_state())
+    assert sorted(x for b in first for x in b) == list(range(8))
