@@ -131,7 +131,8 @@ def test_restores_every_object_exactly(tmp_path: Any) -> None:
     acc, model, opt, sched = _setup(str(tmp_path))
     box = Box(3.5)
     acc.register_for_checkpointing(box)
-    acc.step = 11
+    acc.gradient_state.optimizer_steps = 11
+    acc.step = 1  # mid-accumulation: gradients are not saved, so a resume restarts the cycle
     path = acc.save_state()
     other, model2, opt2, sched2 = _setup(str(tmp_path), seed=5)
     box2 = Box()
@@ -142,7 +143,11 @@ def test_restores_every_object_exactly(tmp_path: Any) -> None:
     assert torch.equal(s1["state"][0]["momentum_buffer"], s2["state"][0]["momentum_buffer"])
     assert s1["param_groups"] == s2["param_groups"]
     assert sched2.state_dict() == sched.state_dict()
-    assert box2.value == 3.5 and other.step == 11
+    assert box2.value == 3.5
+    assert other.gradient_state.optimizer_steps == 11 and other.step == 0
+    assert (
+        json.loads((tmp_path / "checkpoints/checkpoint_0/accelkit.json").read_text())["step"] == 11
+    )
 
 
 def _corrupt_cases(tmp_path: Any) -> tuple[Any, str]:
