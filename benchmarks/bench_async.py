@@ -1,0 +1,345 @@
+"""Asynchronous saves: how long ``save_state(async_save=True)`` blocks, and what training loses.
+
+Side by side in one process, on the same model + AdamW state (>= 1 GB in full mode):
+
+- blocking time of ``save_state(async_save=True)`` (the snapshot to host memory), the time until
+  its background write has committed (``handle.result()``), Hugging Face accelerate's durable
+  ``save_state`` (+ fsync of its files) and a raw write+fsync of the same bytes;
+- training throughput of a loop that saves every N steps: no saves, synchronous saves,
+  asynchronous saves.
+
+Targets (issue 7): blocking <= 1/5 of accelerate's save; background write >= 80% of the raw
+write; async loop loses <= 10% throughput against no saves.
+
+Until ``Accelerator.save_state`` has an ``async_save`` parameter this benchmark says so and
+skips.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any
+
+import numpy
+import torch
+
+from benchmarks.bench_save_load import (
+    WIDTH,
+    _short_profile,
+    _views,
+    build_state,
+    make_accelerators,
+    profile_call,
+    state_tensors,
+)
+from benchmarks.common import (
+    Sample,
+    Target,
+    alternate,
+    fsync_tree,
+    median,
+    print_table,
+    raw_write_fsync,
+    rmtree,
+    scratch_dir,
+    section,
+    summarise,
+    write_result,
+)
+
+MB = 1_000_000
+
+
+def async_supported() -> tuple[bool, str]:
+    """Whether ``accelkit.Accelerator.save_state`` takes ``async_save`` (and why not)."""
+    import accelkit
+
+    method = getattr(accelkit.Accelerator, "save_state", None)
+    if method is None:
+        return False, "accelkit.Accelerator.save_state does not exist yet"
+    if "async_save" not in inspect.signature(method).parameters:
+        return False, "accelkit.Accelerator.save_state has no async_save parameter yet (issue 7)"
+    return True, ""
+
+
+def _train_loop(
+    model: torch.nn.Sequential,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    save_every: int,
+    save: Any,
+    finish: Any = None,
+) -> dict[str, Any]:
+    """A training loop that calls ``save(step)`` every N steps (not after the last step).
+
+    ``finish()`` (waiting for a save still in flight) is part of the timed loop.
+
+    Returns:
+        ``steps_per_s``, ``save_blocking_s`` (each save call), ``step_seconds`` (the sum of
+        the training steps alone) and ``finish_s``.
+    """
+    x = torch.randn(8, WIDTH)
+    blocking: list[float] = []
+    step_seconds = 0.0
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        began = time.perf_counter()
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step_seconds += time.perf_counter() - began
+        if save is not None and step % save_every == 0 and step < steps:
+            began = time.perf_counter()
+            save(step)
+            blocking.append(time.perf_counter() - began)
+    began = time.perf_counter()
+    if finish is not None:
+        finish()
+    finish_s = time.perf_counter() - began
+    return {
+        "steps_per_s": steps / (time.perf_counter() - start),
+        "save_blocking_s": blocking,
+        "step_seconds": step_seconds,
+        "finish_s": finish_s,
+    }
+
+
+def explain_loop(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """Why async saves cost what they cost, from the per-step and per-save timings."""
+
+    def med(name: str, key: str) -> float:
+        return median([r[key] for r in runs[name]])
+
+    def per_save(name: str) -> float:
+        return median([b for r in runs[name] for b in r["save_blocking_s"]])
+
+    base = med("no saves", "step_seconds")
+    return (
+        f"each async save_state call blocked {1000 * per_save('async saves'):.0f} ms "
+        f"(sync: {1000 * per_save('sync saves'):.0f} ms), but the training steps themselves "
+        f"took {100 * (med('async saves', 'step_seconds') / base - 1):.0f}% longer while the "
+        f"background writer ran (sync: {100 * (med('sync saves', 'step_seconds') / base - 1):.0f}"
+        f"%), and the final wait was {1000 * med('async saves', 'finish_s'):.0f} ms: the writer "
+        "competes with the training step for this 2-core machine's cores and memory bandwidth"
+    )
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    """Run the async-save benchmark (or record why it was skipped) in ``results/async.json``."""
+    ok, why = async_supported()
+    if not ok:
+        print(f"   async save benchmark skipped: {why}")
+        path = write_result(
+            "async",
+            {"skipped": why},
+            quick=quick,
+            notes=[f"skipped: {why}"],
+            title="Asynchronous save",
+        )
+        print(f"   -> {path}")
+        return {"skipped": why}
+
+    size = 64 * MB if quick else 1050 * MB
+    repeats = 3 if quick else 5
+    notes: list[str] = []
+    targets: list[Target] = []
+    results: dict[str, Any] = {}
+    # A failing save must not leave gigabytes behind in the temp folder.
+    root = scratch_dir("async")
+    try:
+        with section(f"async save, {size // MB} MB of model + AdamW state, {repeats} rounds"):
+            model, optimizer = build_state(size)
+            tensors = state_tensors(model, optimizer)
+            nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            hf, kit, acc_notes = make_accelerators(model, optimizer, root)
+            notes.extend(acc_notes)
+            assert kit is not None
+            background: list[float] = []
+
+            def save_async() -> None:
+                handle = kit.save_state(str(root / "kit"), async_save=True)
+                returned = time.perf_counter()
+                handle.result()
+                background.append(time.perf_counter() - returned)
+
+            def blocking_only() -> Any:
+                return kit.save_state(str(root / "kit"), async_save=True)
+
+            def save_hf() -> None:
+                hf.save_state(str(root / "hf"))
+                fsync_tree(root / "hf")
+
+            def before(name: str) -> None:
+                kit.wait_for_checkpoints()
+                rmtree(root / ("hf" if name == "accelerate+fsync" else "kit"))
+                rmtree(root / "raw.bin")
+
+            def blocking_one_thread() -> Any:
+                # Diagnosis: the same call with torch's intra-op pool at 1 thread, to show how much
+                # of the blocking time is the OpenMP hand-off of many mid-sized copy_() calls.
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    return kit.save_state(str(root / "kit"), async_save=True)
+                finally:
+                    torch.set_num_threads(threads)
+
+            # The floor for the blocking part on the CPU: one memcpy of the state into warm buffers.
+            buffers = [torch.empty_like(t) for t in tensors]
+            for b in buffers:
+                b.zero_()
+
+            def memcpy() -> None:
+                for dst, src in zip(buffers, tensors):
+                    numpy.copyto(dst.numpy(), src.numpy())
+
+            cases = {
+                "memcpy of the state (floor)": memcpy,
+                "accelkit async (blocking part)": blocking_only,
+                "accelkit async (blocking part), torch 1 thread": blocking_one_thread,
+                "accelerate+fsync": save_hf,
+                "accelkit sync": lambda: kit.save_state(str(root / "kit")),
+                "raw write+fsync": lambda: raw_write_fsync(root / "raw.bin", _views(tensors)),
+            }
+            samples = alternate(cases, repeats, before=before, warmup=True)
+            kit.wait_for_checkpoints()
+            rmtree(root / "kit")
+            blocking_profile = profile_call(blocking_only)
+            kit.wait_for_checkpoints()
+            rows = {name: summarise(s, nbytes) for name, s in samples.items()}
+            for _ in range(repeats):
+                rmtree(root / "kit")
+                save_async()
+            rows["accelkit async (background write)"] = summarise(
+                [Sample(seconds=s) for s in background], nbytes
+            )
+            hf_s = rows["accelerate+fsync"]["seconds"]
+            raw_s = rows["raw write+fsync"]["seconds"]
+            for row in rows.values():
+                row["fraction_of_accelerate"] = row["seconds"] / hf_s
+                row["fraction_of_raw"] = raw_s / row["seconds"]
+            print_table(
+                [
+                    [n, r["seconds"], r["fraction_of_accelerate"], r["fraction_of_raw"]]
+                    for n, r in rows.items()
+                ],
+                ["save", "s", "/ accelerate", "of raw"],
+            )
+
+            # The loop runs on its own, smaller state in full mode (a CPU AdamW step on 1 GB takes
+            # seconds here), with torch at 1 thread: on this shared 2-core machine two OpenMP
+            # threads make every step several times slower and far noisier.
+            loop_size = 64 * MB if quick else 256 * MB
+            steps, every = (12, 4) if quick else (20, 5)
+            loop_model, loop_opt = build_state(loop_size, seed=1)
+            _hf2, loop_kit, _ = make_accelerators(loop_model, loop_opt, root / "loop")
+            assert loop_kit is not None
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+
+            def finish_async() -> None:
+                loop_kit.wait_for_checkpoints()
+
+            savers: dict[str, tuple[Any, Any]] = {
+                "no saves": (None, None),
+                "sync saves": (lambda s: loop_kit.save_state(str(root / f"s{s}")), None),
+                "async saves": (
+                    lambda s: loop_kit.save_state(str(root / f"a{s}"), async_save=True),
+                    finish_async,
+                ),
+            }
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in savers}
+            try:
+                _train_loop(loop_model, loop_opt, 2, every, None)  # warm-up
+                names = list(savers)
+                for r in range(2 if quick else 3):
+                    for name in names[r % 3 :] + names[: r % 3]:
+                        save, finish = savers[name]
+                        runs[name].append(
+                            _train_loop(loop_model, loop_opt, steps, every, save, finish)
+                        )
+                        for s in range(every, steps, every):
+                            rmtree(root / f"s{s}")
+                            rmtree(root / f"a{s}")
+            finally:
+                torch.set_num_threads(threads)
+            throughput = {k: median([r["steps_per_s"] for r in v]) for k, v in runs.items()}
+            loss = {k: 1 - v / throughput["no saves"] for k, v in throughput.items()}
+            print_table(
+                [[k, throughput[k], 100 * loss[k]] for k in runs],
+                [f"loop, save every {every} of {steps}", "steps/s", "% lost"],
+            )
+            rmtree(root)
+            buffers.clear()
+            results = {
+                "state_bytes": nbytes,
+                "save": rows,
+                "blocking_profile": blocking_profile,
+                "torch_threads": torch.get_num_threads(),
+                "loop": {
+                    "state_bytes": sum(
+                        t.numel() * t.element_size() for t in state_tensors(loop_model, loop_opt)
+                    ),
+                    "torch_threads": 1,
+                    "steps": steps,
+                    "save_every": every,
+                    "steps_per_s": throughput,
+                    "throughput_lost": loss,
+                    "runs": runs,
+                },
+            }
+            one = rows["accelkit async (blocking part), torch 1 thread"]
+            floor = rows["memcpy of the state (floor)"]
+            targets = [
+                Target(
+                    "async blocking / accelerate save",
+                    rows["accelkit async (blocking part)"]["fraction_of_accelerate"],
+                    0.2,
+                    higher_is_better=False,
+                    reason=(
+                        f"cProfile of the blocking call ({blocking_profile['seconds']:.3f}s): "
+                        f"{_short_profile(blocking_profile)}; with torch at 1 thread the call "
+                        f"blocks for {one['seconds']:.3f}s (= {one['fraction_of_accelerate']:.2f} "
+                        "of accelerate's save); one memcpy of the state into warm buffers takes "
+                        f"{floor['seconds']:.3f}s (= {floor['fraction_of_accelerate']:.2f}): the "
+                        "floor on this machine"
+                    ),
+                ),
+                Target(
+                    "async background write vs raw",
+                    100 * rows["accelkit async (background write)"]["fraction_of_raw"],
+                    80.0,
+                    unit="%",
+                    reason=(
+                        "background write (from the call's return to the commit) "
+                        f"{rows['accelkit async (background write)']['seconds']:.3f}s; the same "
+                        f"state saved synchronously {rows['accelkit sync']['seconds']:.3f}s "
+                        f"({100 * rows['accelkit sync']['fraction_of_raw']:.0f}% of raw); raw "
+                        f"write+fsync {raw_s:.3f}s"
+                    ),
+                ),
+                Target(
+                    "throughput lost, async saves",
+                    100 * loss["async saves"],
+                    10.0,
+                    unit="%",
+                    higher_is_better=False,
+                    reason=explain_loop(runs),
+                ),
+            ]
+    finally:
+        rmtree(root)
+    path = write_result(
+        "async", results, quick=quick, targets=targets, notes=notes, title="Asynchronous save"
+    )
+    print(f"   -> {path}")
+    return results
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    main(parser.parse_args().quick)
