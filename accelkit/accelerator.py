@@ -21,16 +21,17 @@ from accelkit import ops
 from accelkit import optim as _optim
 from accelkit import precision as _precision
 from accelkit import training as _training
+from accelkit._checkpointing_api import CheckpointingAPI
+from accelkit.checkpointing import async_save as _ckpt_async
 from accelkit.checkpointing import config as _ckpt_config
 from accelkit.checkpointing import manager as _ckpt_manager
-from accelkit.checkpointing import model_io as _ckpt_model_io
 from accelkit.state import DistributedType, PartialState, PrecisionType, parse_mixed_precision
 from accelkit.trackers import GeneralTracker, TrackerHub
 
 __all__ = ["Accelerator"]
 
 
-class Accelerator:
+class Accelerator(CheckpointingAPI):
     """Run the same training loop on 1 CPU, 1 GPU, N processes or N machines.
 
     Args:
@@ -125,6 +126,7 @@ class Accelerator:
             project_config, project_dir, logging_dir
         )
         self._checkpoints = _ckpt_manager.CheckpointManager(self.project_configuration, self.state)
+        self._async_saves = _ckpt_async.AsyncSaver(self._checkpoints)
         # ===== end checkpointing: init =====
         # ===== tracking: init =====
         self._trackers = TrackerHub.create(
@@ -507,131 +509,7 @@ class Accelerator:
 
     # ===== end training: methods =====
 
-    # ===== checkpointing: methods =====
-    # Saving and loading. The protocol and the file layout live in accelkit.checkpointing.
-
-    @property
-    def project_dir(self) -> str | None:
-        """Root folder (or fsspec URL) for logs and checkpoints."""
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        """Folder for trackers' logs."""
-        return self.project_configuration.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        """Number of the next automatically named checkpoint."""
-        return self.project_configuration.iteration
-
-    def _checkpoint_objects(self) -> _ckpt_manager.TrainingObjects:
-        return _ckpt_manager.TrainingObjects(
-            models=list(getattr(self, "_models", [])),
-            optimizers=list(getattr(self, "_optimizers", [])),
-            schedulers=list(getattr(self, "_schedulers", [])),
-            dataloaders=list(getattr(self, "_dataloaders", [])),
-            scaler=getattr(self, "scaler", None),
-            custom=self._checkpoints.custom,
-        )
-
-    def save_state(
-        self, output_dir: str | None = None, safe_serialization: bool = True, **kwargs: Any
-    ) -> str:
-        """Save models, optimizers, schedulers, scaler, dataloader positions, RNG states and
-        registered objects, then commit the checkpoint (see :mod:`accelkit.checkpointing.manager`).
-
-        Unlike the reference, rotation (``total_limit``) runs only after the new checkpoint is
-        committed, and states are safetensors + JSON, not pickles (``safe_serialization=False``
-        is accepted and ignored). Call it on every process.
-
-        Args:
-            output_dir: folder or fsspec URL; default ``<project_dir>/checkpoints/checkpoint_<n>``
-                with ``automatic_checkpoint_naming``. An explicit ``output_dir`` is always
-                used (the reference ignores it under automatic naming).
-            safe_serialization: accepted for compatibility; files are always safetensors/JSON.
-            **kwargs: ``metrics`` (numbers for ``keep_best`` retention), ``metadata`` (JSON
-                values stored in the manifest), ``max_shard_size`` for model files.
-
-        Returns:
-            The checkpoint's path or URL.
-        """
-        step = int(getattr(self, "step", 0))
-        return self._checkpoints.save(output_dir, self._checkpoint_objects(), step, **kwargs)
-
-    def load_state(
-        self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kwargs: Any
-    ) -> str:
-        """Restore everything :meth:`save_state` saved, checking sizes and checksums first.
-
-        With no ``input_dir``, loads the newest committed checkpoint under
-        ``<project_dir>/checkpoints`` and sets :attr:`save_iteration` past every existing one,
-        so the next automatic save continues the numbering (the reference collides).
-
-        Args:
-            input_dir: the checkpoint's folder or URL.
-            load_kwargs: accepted for compatibility (nothing is unpickled, so it is unused).
-            **kwargs: ``verify=False`` skips the checksum check this once.
-
-        Returns:
-            The path or URL that was loaded.
-        """
-        result = self._checkpoints.load(input_dir, self._checkpoint_objects(), **kwargs)
-        self.step = result.manifest.step
-        return result.path
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) too."""
-        self._checkpoints.register(*objects)
-
-    def register_save_state_pre_hook(
-        self, hook: Callable[..., None]
-    ) -> torch.utils.hooks.RemovableHandle:
-        """``hook(models, weights, output_dir)`` runs in :meth:`save_state` before writing;
-        removing an entry of ``weights`` skips saving that model."""
-        return self._checkpoints.register_save_pre_hook(hook)
-
-    def register_load_state_pre_hook(
-        self, hook: Callable[..., None]
-    ) -> torch.utils.hooks.RemovableHandle:
-        """``hook(models, input_dir)`` runs in :meth:`load_state` before loading; removing an
-        entry of ``models`` skips loading that model."""
-        return self._checkpoints.register_load_pre_hook(hook)
-
-    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
-        """``torch.save`` once (or once per machine with ``save_on_each_node``); ``f`` may be a
-        path, an fsspec URL or a binary file."""
-        self._checkpoints.save_object(obj, f, safe_serialization)
-
-    def save_model(
-        self,
-        model: torch.nn.Module,
-        save_directory: str,
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Write the model's weights once: safetensors (``pytorch_model.bin`` pickles with
-        ``safe_serialization=False``), sharded above ``max_shard_size``; weight files of an
-        earlier save that this one does not use are removed."""
-        if _fsdp.is_sharded(self.unwrap_model(model)):  # every process: gathered to main
-            _fsdp.save_model(
-                self.unwrap_model(model),
-                save_directory,
-                max_shard_size,
-                safe_serialization,
-                self.project_configuration.storage_options,
-            )
-            return
-        if self._checkpoints.should_save_object():
-            _ckpt_model_io.save_model(
-                self.unwrap_model(model),
-                save_directory,
-                max_shard_size,
-                safe_serialization,
-                self.project_configuration.storage_options,
-            )
-
-    # ===== end checkpointing: methods =====
+    # Saving and loading: see accelkit/_checkpointing_api.py (CheckpointingAPI).
 
     # ===== tracking: methods =====
     @property
@@ -688,4 +566,5 @@ class Accelerator:
         """Finish every tracker and wait for pending saves; call once at the end of the script."""
         # ===== end_training hooks =====
         self._trackers.finish()
+        self._async_saves.wait()
         # ===== end end_training hooks =====

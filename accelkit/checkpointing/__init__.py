@@ -16,6 +16,8 @@ Modules, from the bottom up:
 - :mod:`~accelkit.checkpointing.rng` -- random generator states.
 - :mod:`~accelkit.checkpointing.contents` -- what a training checkpoint holds.
 - :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest / commit protocol.
+- :mod:`~accelkit.checkpointing.snapshot` -- a reusable host-memory copy of the saved state.
+- :mod:`~accelkit.checkpointing.async_save` -- saves written and committed in the background.
 - :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
 - :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
 """
@@ -28,6 +30,7 @@ from accelkit._lazy import lazy_getattr
 from accelkit.checkpointing.config import ProjectConfiguration
 
 __all__ = [
+    "AsyncCheckpoint",
     "CheckpointError",
     "CheckpointManager",
     "ProjectConfiguration",
@@ -37,6 +40,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "AsyncCheckpoint": "accelkit.checkpointing.async_save",
     "CheckpointManager": "accelkit.checkpointing.manager",
     "CheckpointError": "accelkit.checkpointing.errors",
     "RetentionPolicy": "accelkit.checkpointing.retention",
@@ -46,6 +50,7 @@ _LAZY = {
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
 if TYPE_CHECKING:
+    from accelkit.checkpointing.async_save import AsyncCheckpoint
     from accelkit.checkpointing.errors import CheckpointError
     from accelkit.checkpointing.manager import CheckpointManager
     from accelkit.checkpointing.model_io import load_checkpoint_in_model, save_model

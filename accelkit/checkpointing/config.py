@@ -44,6 +44,9 @@ class ProjectConfiguration:
         best_mode: ``"min"`` (lower is better) or ``"max"``.
         verify_checksums: ``load_state`` checks every file against the manifest's checksums
             before restoring anything (``load_state(verify=False)`` skips it once).
+        async_save: ``save_state()`` copies the state to host memory and writes it in the
+            background, returning a handle (see ``Accelerator.save_state``); costs one host
+            copy of the saved tensors, reused across saves.
 
     Example:
         >>> config = ProjectConfiguration(
@@ -66,6 +69,7 @@ class ProjectConfiguration:
     best_metric: str | None = None
     best_mode: str = "min"
     verify_checksums: bool = True
+    async_save: bool = False
 
     def __post_init__(self) -> None:
         self.project_dir = _as_location(self.project_dir)

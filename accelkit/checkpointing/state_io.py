@@ -18,7 +18,8 @@ Public API:
 - :func:`encode_state(state) <encode_state>` -> ``(tree, tensors, extras)`` and
   :func:`decode_state(tree, tensors, extras, source) <decode_state>`.
 - :func:`write_state(storage, folder, stem, state) <write_state>` -> ``{relative name:
-  WrittenFile}``.
+  WrittenFile}``; :func:`write_encoded` writes what :func:`encode_state` returned (an
+  asynchronous save encodes first, copies the tensors, and writes later).
 - :func:`read_state(storage, folder, stem, expected) <read_state>` -> the state, verified
   against manifest entries (relative name -> entry) when given.
 - :func:`state_files(stem) <state_files>` -- the names a stem may use.
@@ -47,7 +48,14 @@ from accelkit.checkpointing.safetensors_io import (
 )
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 
-__all__ = ["decode_state", "encode_state", "read_state", "state_files", "write_state"]
+__all__ = [
+    "decode_state",
+    "encode_state",
+    "read_state",
+    "state_files",
+    "write_encoded",
+    "write_state",
+]
 
 _FORMAT = "accelkit-state"
 _VERSION = 1
@@ -241,8 +249,19 @@ def write_state(storage: Storage, folder: str, stem: str, state: Any) -> dict[st
     Returns:
         Relative file name -> :class:`~accelkit.checkpointing.storage.WrittenFile`.
     """
+    return write_encoded(storage, folder, stem, *encode_state(state))
+
+
+def write_encoded(
+    storage: Storage,
+    folder: str,
+    stem: str,
+    tree: Any,
+    tensors: Mapping[str, torch.Tensor],
+    extras: list[Any],
+) -> dict[str, WrittenFile]:
+    """Write a state :func:`encode_state` split, as :func:`write_state` does."""
     json_name, tensors_name, torch_name = state_files(stem)
-    tree, tensors, extras = encode_state(state)
     written: dict[str, WrittenFile] = {}
     if tensors:
         written[tensors_name] = write_safetensors(storage, join(folder, tensors_name), tensors)
@@ -263,6 +282,8 @@ def _read_checked(storage: Storage, url: str, expected: Any) -> bytes:
         raise CorruptCheckpointError(
             f"{url} is missing. Restore it, or load another checkpoint."
         ) from None
+    except PermissionError as exc:  # a local symbolic link: never followed
+        raise CorruptCheckpointError(str(exc)) from None
     if expected is not None:
         algorithm, _ = parse_checksum(expected.checksum)
         hasher = new_hasher(algorithm)
@@ -299,7 +320,7 @@ def read_state(
     raw = _read_checked(storage, json_url, (expected or {}).get(json_name))
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise _bad(json_url, "is not valid JSON") from None
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT or "state" not in doc:
         raise _bad(json_url, "is not an accelkit state file")

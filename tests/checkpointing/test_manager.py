@@ -211,13 +211,23 @@ def test_corrupt_manifest(tmp_path: Any) -> None:
     _load_fails(tmp_path, path, CorruptCheckpointError, r"accelkit\.json: not valid JSON")
 
 
-def test_other_world_size(tmp_path: Any) -> None:
-    _, path = _corrupt_cases(tmp_path)
+def test_fewer_processes_load_with_a_warning(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    source, path = _corrupt_cases(tmp_path)
     manifest_path = os.path.join(path, "accelkit.json")
     manifest = json.loads(Path(manifest_path).read_text())
     manifest["world_size"] = 2
     Path(manifest_path).write_text(json.dumps(manifest))
-    _load_fails(tmp_path, path, CheckpointError, r"saved by 2 process.*--num_processes 2")
+    acc, model, *_ = _setup(str(tmp_path), seed=3)
+    box = Box(-1.0)
+    acc.register_for_checkpointing(box)
+    with caplog.at_level("WARNING", logger="accelkit.checkpointing.manager"):
+        acc.load_state(path)
+    assert "saved by 2 process(es) and this run has 1" in caplog.text
+    assert "--num_processes 2" in caplog.text
+    assert box.value == 1.0
+    assert torch.equal(model.weight, source.unwrap_model(source._models[0]).weight)
 
 
 def test_model_key_mismatch_lists_keys(tmp_path: Any) -> None:

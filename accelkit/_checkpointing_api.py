@@ -1,0 +1,220 @@
+"""The saving and loading half of the :class:`~accelkit.Accelerator` facade.
+
+Split from ``accelerator.py`` along the seam between running a training loop and persisting it:
+each method hands the work to :mod:`accelkit.checkpointing` (the commit protocol, the layout,
+storage) and reads only the objects ``prepare`` registered on the accelerator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+import torch
+
+from accelkit import fsdp as _fsdp
+from accelkit import optim as _optim
+from accelkit.checkpointing import async_save as _ckpt_async
+from accelkit.checkpointing import config as _ckpt_config
+from accelkit.checkpointing import manager as _ckpt_manager
+from accelkit.checkpointing import model_io as _ckpt_model_io
+
+__all__ = ["CheckpointingAPI"]
+
+
+class CheckpointingAPI:
+    """``save_state``/``load_state`` and friends; mixed into :class:`~accelkit.Accelerator`."""
+
+    # Set by Accelerator.__init__ (training and checkpointing parts).
+    project_configuration: _ckpt_config.ProjectConfiguration
+    gradient_state: _optim.GradientState
+    scaler: Any
+    _checkpoints: _ckpt_manager.CheckpointManager
+    _async_saves: _ckpt_async.AsyncSaver
+    _models: list[torch.nn.Module]
+    _optimizers: list[_optim.AcceleratedOptimizer]
+    _schedulers: list[_optim.AcceleratedScheduler]
+    _dataloaders: list[Any]
+
+    if TYPE_CHECKING:  # provided by Accelerator
+
+        def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
+
+    @property
+    def project_dir(self) -> str | None:
+        """Root folder (or fsspec URL) for logs and checkpoints."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """Folder for trackers' logs."""
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """Number of the next automatically named checkpoint."""
+        return self.project_configuration.iteration
+
+    def _checkpoint_objects(self) -> _ckpt_manager.TrainingObjects:
+        return _ckpt_manager.TrainingObjects(
+            models=list(self._models),
+            optimizers=list(self._optimizers),
+            schedulers=list(self._schedulers),
+            dataloaders=list(self._dataloaders),
+            scaler=self.scaler,
+            custom=self._checkpoints.custom,
+        )
+
+    @overload
+    def save_state(
+        self,
+        output_dir: str | None = ...,
+        safe_serialization: bool = ...,
+        *,
+        async_save: Literal[True],
+        **kwargs: Any,
+    ) -> _ckpt_async.AsyncCheckpoint: ...
+
+    @overload
+    def save_state(
+        self,
+        output_dir: str | None = ...,
+        safe_serialization: bool = ...,
+        *,
+        async_save: Literal[False],
+        **kwargs: Any,
+    ) -> str: ...
+
+    @overload
+    def save_state(
+        self,
+        output_dir: str | None = ...,
+        safe_serialization: bool = ...,
+        *,
+        async_save: None = ...,
+        **kwargs: Any,
+    ) -> Any: ...
+
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        *,
+        async_save: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Save models, optimizers, schedulers, scaler, dataloader positions, RNG states and
+        registered objects, then commit the checkpoint (see :mod:`accelkit.checkpointing.manager`).
+
+        With ``async_save=True`` (or ``ProjectConfiguration(async_save=True)``) the call only
+        copies the state to host memory (one reusable buffer set: one host copy of the saved
+        tensors) and returns an :class:`~accelkit.checkpointing.async_save.AsyncCheckpoint`
+        (``done()``, ``result()`` -> the path, ``exception()``); a background thread writes and
+        commits it, and applies retention after the commit. Training may change every object
+        at once. At most one save is in flight: the next ``save_state``, ``load_state``,
+        :meth:`wait_for_checkpoints` and :meth:`end_training` wait for it and raise its
+        failure (also logged when it happens). Interpreter exit waits for it too.
+
+        Unlike the reference, rotation (``total_limit``) runs only after the new checkpoint is
+        committed, and states are safetensors + JSON, not pickles (``safe_serialization=False``
+        is accepted and ignored). Call it on every process.
+
+        Args:
+            output_dir: folder or fsspec URL; default ``<project_dir>/checkpoints/checkpoint_<n>``
+                with ``automatic_checkpoint_naming``. An explicit ``output_dir`` is always
+                used (the reference ignores it under automatic naming).
+            safe_serialization: accepted for compatibility; files are always safetensors/JSON.
+            async_save: write in the background; ``None`` uses the configuration's default.
+            **kwargs: ``metrics`` (numbers for ``keep_best`` retention), ``metadata`` (JSON
+                values stored in the manifest), ``max_shard_size`` for model files.
+
+        Returns:
+            The checkpoint's path or URL; with ``async_save``, the handle of the save.
+        """
+        step = self.gradient_state.optimizer_steps
+        objects = self._checkpoint_objects()
+        return self._async_saves.save(output_dir, objects, step, async_save, **kwargs)
+
+    def wait_for_checkpoints(self) -> None:
+        """Block until the asynchronous save in flight (if any) has committed.
+
+        Raises:
+            CheckpointError: a background save failed (raised once; it was not committed).
+        """
+        self._async_saves.wait()
+
+    def load_state(
+        self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> str:
+        """Restore everything :meth:`save_state` saved, checking sizes and checksums first.
+
+        With no ``input_dir``, loads the newest committed checkpoint under
+        ``<project_dir>/checkpoints`` and sets :attr:`save_iteration` past every existing one,
+        so the next automatic save continues the numbering (the reference collides).
+
+        Args:
+            input_dir: the checkpoint's folder or URL.
+            load_kwargs: accepted for compatibility (nothing is unpickled, so it is unused).
+            **kwargs: ``verify=False`` skips the checksum check this once.
+
+        Returns:
+            The path or URL that was loaded.
+        """
+        self._async_saves.wait()
+        result = self._checkpoints.load(input_dir, self._checkpoint_objects(), **kwargs)
+        # The manifest's step counts optimizer steps. Gradients are not saved, so accumulation
+        # restarts at a boundary: a partial accumulation from before the save cannot be resumed.
+        self.gradient_state.optimizer_steps = result.manifest.step
+        self.gradient_state.micro_step = 0
+        return result.path
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) too."""
+        self._checkpoints.register(*objects)
+
+    def register_save_state_pre_hook(
+        self, hook: Callable[..., None]
+    ) -> torch.utils.hooks.RemovableHandle:
+        """``hook(models, weights, output_dir)`` runs in :meth:`save_state` before writing;
+        removing an entry of ``weights`` skips saving that model."""
+        return self._checkpoints.register_save_pre_hook(hook)
+
+    def register_load_state_pre_hook(
+        self, hook: Callable[..., None]
+    ) -> torch.utils.hooks.RemovableHandle:
+        """``hook(models, input_dir)`` runs in :meth:`load_state` before loading; removing an
+        entry of ``models`` skips loading that model."""
+        return self._checkpoints.register_load_pre_hook(hook)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save`` once (or once per machine with ``save_on_each_node``); ``f`` may be a
+        path, an fsspec URL or a binary file."""
+        self._checkpoints.save_object(obj, f, safe_serialization)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's weights once: safetensors (``pytorch_model.bin`` pickles with
+        ``safe_serialization=False``), sharded above ``max_shard_size``; weight files of an
+        earlier save that this one does not use are removed."""
+        if _fsdp.is_sharded(self.unwrap_model(model)):  # every process: gathered to main
+            _fsdp.save_model(
+                self.unwrap_model(model),
+                save_directory,
+                max_shard_size,
+                safe_serialization,
+                self.project_configuration.storage_options,
+            )
+            return
+        if self._checkpoints.should_save_object():
+            _ckpt_model_io.save_model(
+                self.unwrap_model(model),
+                save_directory,
+                max_shard_size,
+                safe_serialization,
+                self.project_configuration.storage_options,
+            )
