@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from accelkit.checkpointing.errors import CheckpointMismatchError
+from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
 from accelkit.checkpointing.layout import (
     custom_stem,
     dataloader_stem,
@@ -49,6 +49,7 @@ from accelkit.checkpointing.model_io import check_model_keys, read_model_files, 
 from accelkit.checkpointing.rng import capture_rng_state, restore_rng_state
 from accelkit.checkpointing.state_io import read_state, write_state
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
+from accelkit.random import set_seed
 
 __all__ = [
     "LoadedContents",
@@ -101,6 +102,9 @@ class LoadedContents:
     states: list[tuple[Any, Any, str]] = field(default_factory=list)  # (object, state, file)
     rng: Any = None
     rng_file: str = ""
+    # Set when this process has no saved random states (the run has more processes than the
+    # one that saved): the generators are seeded with it instead, the same way every time.
+    rng_fallback_seed: int | None = None
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -305,14 +309,22 @@ def read_contents(
         )
 
     rng_stem = random_states_stem(rank)
-    if f"{rng_stem}.json" not in entries:
-        raise CheckpointMismatchError(
-            f"{folder} has no {rng_stem}.json for process {rank}: it was saved by "
-            f"{manifest.world_size} process(es). Resume with the same number of processes."
+    if f"{rng_stem}.json" in entries:
+        out.rng = read_state(storage, folder, rng_stem, _only(expected, names), map_location="cpu")
+        out.rng_file = join(folder, f"{rng_stem}.json")
+    elif rank >= manifest.world_size:
+        out.rng_fallback_seed = fallback_rng_seed(manifest, rank)
+    else:
+        raise CorruptCheckpointError(
+            f"{folder} has no {rng_stem}.json for process {rank}, though {manifest.world_size} "
+            "process(es) saved it. Restore the file, or load another checkpoint."
         )
-    out.rng = read_state(storage, folder, rng_stem, _only(expected, names), map_location="cpu")
-    out.rng_file = join(folder, f"{rng_stem}.json")
     return out
+
+
+def fallback_rng_seed(manifest: Manifest, rank: int) -> int:
+    """The seed of a process that has no saved random states: fixed by checkpoint and rank."""
+    return ((manifest.step + 1) * 1_000_003 + (manifest.iteration or 0) * 7919 + rank) % 2**63
 
 
 def _only(expected: Mapping[str, FileEntry] | None, names: Sequence[str]) -> Any:
@@ -354,3 +366,5 @@ def apply_contents(loaded: LoadedContents, objects: TrainingObjects) -> None:
             ) from exc
     if loaded.rng is not None:
         restore_rng_state(loaded.rng, loaded.rng_file)
+    elif loaded.rng_fallback_seed is not None:
+        set_seed(loaded.rng_fallback_seed)

@@ -197,7 +197,7 @@ def read_safetensors_header(
         raise _corrupt(url, f"header cut short: {len(raw)} of {length} bytes")
     try:
         header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _corrupt(url, f"header is not valid JSON ({exc})") from None
     if not isinstance(header, dict):
         raise _corrupt(url, "header is not a JSON object")
@@ -207,6 +207,11 @@ def read_safetensors_header(
     data_size = file_size - 8 - length
     tensors = [_parse_entry(url, file, name, raw, data_size) for name, raw in header.items()]
     tensors.sort(key=lambda t: (t.data_offsets, t.name))
+    end = 0
+    for tensor in tensors:
+        if tensor.data_offsets[0] < end:
+            raise _corrupt(url, f"tensor {tensor.name!r} overlaps another tensor")
+        end = max(end, tensor.data_offsets[1])
     metadata = {str(k): str(v) for k, v in metadata_raw.items()}
     return SafetensorsHeader(file, url, file_size, length, tensors, metadata)
 
@@ -214,7 +219,7 @@ def read_safetensors_header(
 def _index_files(storage: Storage, index_url: str) -> list[str]:
     try:
         index = json.loads(storage.read_bytes(index_url))
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise CorruptCheckpointError(
             f"{index_url}: not valid JSON ({exc}). Save the model again to rewrite the index."
         ) from None

@@ -2,7 +2,9 @@
 
 The protocol, the same on every storage:
 
-1. The main process prepares the folder: an automatic ``checkpoint_<n>`` must not exist yet;
+1. The main process prepares the folder: for an automatic save it takes the project's save
+   lock (:mod:`~accelkit.checkpointing.lock`, given back after step 4), and
+   ``checkpoint_<n>`` must not exist yet;
    an explicit folder that holds a manifest is first un-committed (manifest removed).
 2. Every process writes its files (the main process the shared ones, each process its
    ``random_states_<rank>``), then all exchange the list of what they wrote (a barrier).
@@ -58,6 +60,7 @@ from accelkit.checkpointing.layout import (
     checkpoints_dir,
     is_state_file,
 )
+from accelkit.checkpointing.lock import RunLock
 from accelkit.checkpointing.manifest import (
     FileEntry,
     Manifest,
@@ -110,8 +113,13 @@ class LoadResult:
 def _agree(error: BaseException | None, what: str) -> None:
     """Share one failure flag across processes; every process raises if any failed."""
     flags = ops.gather_object([None if error is None else f"{type(error).__name__}: {error}"])
-    if error is not None:
+    if isinstance(error, CheckpointError):
         raise error
+    if error is not None:  # a storage error: say what failed, where, and that nothing committed
+        raise CheckpointError(
+            f"{what} failed: {type(error).__name__}: {error}. Nothing was committed; earlier "
+            "checkpoints are untouched."
+        ) from error
     failed = [(rank, msg) for rank, msg in enumerate(flags) if msg is not None]
     if failed:
         rank, msg = failed[0]
@@ -133,6 +141,7 @@ class CheckpointManager:
         # OrderedDict, not dict: RemovableHandle keeps a weak reference to it.
         self._save_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._run_lock: RunLock | None = None
 
     # ------------------------------------------------------------------ registration
 
@@ -234,26 +243,32 @@ class CheckpointManager:
         main = self.state.is_main_process
         metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
         error: BaseException | None = None
-        if main:
-            try:
-                self._prepare_folder(storage, target, automatic)
-            except Exception as exc:
-                error = exc
-        _agree(error, f"Preparing {target}")
         try:
-            self._write_and_commit(
-                storage, target, objects, iteration, step, metrics, metadata, max_shard_size
-            )
-        except BaseException:
-            if automatic:
-                # The folder name is spent: the next automatic save uses the next number, and
-                # the main process removes the uncommitted folder if the storage lets it.
-                self.config.iteration = iteration + 1
-                if main:
-                    self._discard(storage, target)
-            raise
-        if main and automatic:
-            self._apply_retention(storage, target)
+            if main:
+                try:
+                    if automatic:
+                        self._hold_run_lock()
+                    self._prepare_folder(storage, target, automatic)
+                except Exception as exc:
+                    error = exc
+            _agree(error, f"Preparing {target}")
+            try:
+                self._write_and_commit(
+                    storage, target, objects, iteration, step, metrics, metadata, max_shard_size
+                )
+            except BaseException:
+                if automatic:
+                    # The folder name is spent: the next automatic save uses the next number,
+                    # and the main process removes the uncommitted folder if the storage lets it.
+                    self.config.iteration = iteration + 1
+                    if main:
+                        self._discard(storage, target)
+                raise
+            if main and automatic:
+                self._apply_retention(storage, target)
+        finally:
+            if main and automatic:
+                self._release_run_lock()
         self.config.iteration = iteration + 1
         self.state.wait_for_everyone()
         return target
@@ -318,6 +333,19 @@ class CheckpointManager:
                 error = exc
         _agree(error, f"Committing {target}")
 
+    def _hold_run_lock(self) -> None:
+        """Take the project's save lock (see :mod:`~accelkit.checkpointing.lock`): a save of
+        another live process into the same project_dir is refused."""
+        project = self.config.project_dir
+        assert project is not None  # automatic naming has a project_dir
+        if self._run_lock is None or self._run_lock.root != project:
+            self._run_lock = RunLock(self.storage(project), project)
+        self._run_lock.acquire()
+
+    def _release_run_lock(self) -> None:
+        if self._run_lock is not None:
+            self._run_lock.release()
+
     def _discard(self, storage: Storage, target: str) -> None:
         try:
             if read_manifest(storage, target) is None:
@@ -335,7 +363,8 @@ class CheckpointManager:
             raise CheckpointError(
                 f"{target} already exists: accelkit never overwrites an automatic checkpoint. "
                 "Call load_state() first (it sets ProjectConfiguration.iteration past the "
-                "existing ones) or set iteration yourself."
+                "existing ones) or set iteration yourself; if another run saves into this "
+                "project_dir, give each run its own."
             )
         manifest_url = join(target, MANIFEST_NAME)
         if storage.exists(manifest_url):
@@ -416,6 +445,9 @@ class CheckpointManager:
         infos = list_checkpoints(storage, root)
         committed = committed_automatic(infos)
         if not committed:
+            # A run killed inside its first save left checkpoint_<n> folders: the next
+            # automatic save must not collide with them.
+            self.config.iteration = max(self.config.iteration, next_iteration(infos))
             others = ", ".join(f"{i.name} ({i.state})" for i in infos) or "nothing"
             raise CheckpointError(
                 f"No committed checkpoint under {root} (found: {others}). Save one with "
@@ -454,10 +486,19 @@ class CheckpointManager:
         targets = sharded_targets(objects.models, objects.optimizers)
         check_load_compatible(storage, path, targets)
         if manifest.world_size != self.state.num_processes and not targets:
-            raise CheckpointError(
-                f"{path} was saved by {manifest.world_size} process(es) but this run has "
-                f"{self.state.num_processes}. Resume with --num_processes "
-                f"{manifest.world_size} (each process restores its own random states)."
+            # Weights and optimizer states are the same on every process; only the random
+            # states are per process. Those of processes the saving run did not have are
+            # seeded from (step, iteration, rank) instead: deterministic, but not the
+            # continuation an equal process count gives.
+            logger.warning(
+                "%s was saved by %d process(es) and this run has %d: processes without saved "
+                "random states are seeded deterministically, and a mid-epoch dataloader "
+                "position refers to the old process count. Resume with --num_processes %d for "
+                "an exact continuation.",
+                path,
+                manifest.world_size,
+                self.state.num_processes,
+                manifest.world_size,
             )
         models = list(objects.models)
         for hook in list(self._load_hooks.values()):
@@ -477,6 +518,9 @@ class CheckpointManager:
             load_sharded(storage, path, targets, manifest, verify)
         apply_contents(loaded, plain)
         self.config.iteration = self._next_iteration(manifest)
+        # Every process lists the folder before any of them can start the next save (whose
+        # new folder would otherwise push one process's numbering past the others').
+        self.state.wait_for_everyone()
         return LoadResult(path, manifest)
 
     def _next_iteration(self, manifest: Manifest) -> int:

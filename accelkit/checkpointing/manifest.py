@@ -140,7 +140,7 @@ class Manifest:
         """
         try:
             data = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise ManifestError(
                 f"{source}: not valid JSON ({exc}). The checkpoint is corrupt: load another "
                 "one, or remove it with `accelkit ckpt prune`."

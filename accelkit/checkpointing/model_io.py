@@ -126,6 +126,8 @@ def _read_weights_file(
         data = storage.read_bytes(url)
     except FileNotFoundError:
         raise CorruptCheckpointError(f"{url} is missing: restore it.") from None
+    except PermissionError as exc:  # a local symbolic link: never followed
+        raise CorruptCheckpointError(str(exc)) from None
     if expected is not None:
         algorithm, _ = parse_checksum(expected.checksum)
         hasher = new_hasher(algorithm)
@@ -198,7 +200,7 @@ def _parse_aliases(value: Any, url: str) -> dict[str, str]:
     if isinstance(value, str):
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             value = None
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -266,6 +268,8 @@ def _read_index(
         raise CorruptCheckpointError(
             f"{url} is missing: restore it or load another checkpoint."
         ) from None
+    except PermissionError as exc:  # a local symbolic link: never followed
+        raise CorruptCheckpointError(str(exc)) from None
     entry = expected.get(index_name)
     if entry is not None:
         algorithm, _ = parse_checksum(entry.checksum)
@@ -274,7 +278,7 @@ def _read_index(
         check_expected(url, entry, len(raw), format_checksum(algorithm, hasher.hexdigest()))
     try:
         index = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise _corrupt(url, "not valid JSON") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):

@@ -199,7 +199,7 @@ def _parse_header(
 ) -> tuple[dict[str, _Entry], dict[str, str]]:
     try:
         header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise _corrupt(url, "the safetensors header is not valid JSON") from None
     if not isinstance(header, dict):
         raise _corrupt(url, "the safetensors header is not a JSON object")
@@ -299,14 +299,18 @@ def read_safetensors(
         raise CorruptCheckpointError(
             f"{url} is missing. Restore the file, or load another checkpoint."
         ) from None
+    except PermissionError as exc:  # a local symbolic link: never followed
+        raise CorruptCheckpointError(str(exc)) from None
     with f:
+        # Without a manifest entry the file's own size bounds what a header may claim, so a
+        # hostile header never makes us allocate more than the file holds.
+        file_size = expected.size if expected is not None else storage.size(url)
         head = _read_exact(f, 8, url, hasher)
         (length,) = struct.unpack("<Q", head.numpy().tobytes())
-        limit = expected.size - 8 if expected is not None else _MAX_HEADER
-        if length > min(_MAX_HEADER, limit):
+        if length > min(_MAX_HEADER, file_size - 8):
             raise _corrupt(url, f"header length {length} is larger than the file allows")
         raw = _read_exact(f, length, url, hasher).numpy().tobytes()
-        data_size = expected.size - 8 - length if expected is not None else None
+        data_size = file_size - 8 - length
         infos, meta = _parse_header(url, raw, data_size)
         position = 0
         for info in sorted(infos.values(), key=lambda i: i.start):

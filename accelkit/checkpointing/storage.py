@@ -14,7 +14,7 @@ Public API:
 - :class:`Storage` methods, all taking full paths/URLs of the same filesystem:
   ``exists``, ``isdir``, ``isfile``, ``size``, ``listdir`` (-> :class:`Entry` list),
   ``walk_files`` (relative path -> size, recursive), ``is_symlink``, ``links_out``,
-  ``makedirs``, ``read_bytes``,
+  ``makedirs``, ``read_bytes``, ``create_exclusive``,
   ``open_read``, ``open_write`` (a :class:`HashingWriter`: streams bytes out, computes size and
   checksum on the way, and makes the file durable on close), ``write_bytes``
   (``atomic=True``: temporary name + rename + directory fsync on a local disk, a single PUT on
@@ -476,6 +476,43 @@ class Storage:
             return WrittenFile(url, writer.result.size, writer.result.checksum)
         self.fs.pipe_file(self._path(url), bytes(data))
         return WrittenFile(url, len(data), checksum_bytes(data))
+
+    def create_exclusive(self, url: str, data: bytes) -> bool:
+        """Create the file ``url`` holding ``data`` only if it does not exist yet.
+
+        Atomic on a local disk (``O_CREAT | O_EXCL``) and on object stores that honour a
+        conditional PUT (``If-None-Match: *``: AWS S3, SeaweedFS; fsspec's ``mode="create"``).
+        A filesystem without such a mode writes unconditionally (the caller reads back).
+
+        Returns:
+            ``True`` if this call created the file, ``False`` if it already existed.
+        """
+        if self.is_local:
+            path = self._path(url)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+        path = self._path(url)
+        try:
+            self.fs.pipe_file(path, bytes(data), mode="create")
+        except FileExistsError:
+            return False
+        except TypeError:  # an fsspec backend without the "create" mode
+            self.fs.pipe_file(path, bytes(data))
+        except OSError as exc:
+            if "condition" not in str(exc).lower():  # 412 Precondition Failed: it exists
+                raise
+            return False
+        finally:
+            self.invalidate(url)
+        return True
 
     def fsync_dir(self, url: str) -> None:
         """Make a local folder's entries (new names, renames) durable; no-op elsewhere."""

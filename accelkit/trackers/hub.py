@@ -40,6 +40,9 @@ _POLICIES = ("warn", "raise")
 _LOG, _MARK, _STOP = 0, 1, 2
 _POLL_S = 0.05
 _WAKE_AT = 256
+# A tracker with this many values waiting while one backend call has run longer than the hub's
+# timeout is hung: it is reported and skipped rather than let its queue grow without bound.
+_MAX_PENDING = 50_000
 
 
 class TrackerWarning(UserWarning):
@@ -84,6 +87,7 @@ class _Worker:
         self.name = tracker.name
         self.failed = False
         self.busy: str | None = None
+        self.busy_since = 0.0
         self.items: collections.deque[tuple[Any, ...]] = collections.deque()
         self.wake = threading.Event()
         self._hub = weakref.ref(hub)
@@ -118,6 +122,7 @@ class _Worker:
     def call(self, method: str, function: Any, *args: Any, **kwargs: Any) -> bool:
         """Run one tracker method; on an exception mark the tracker failed and report it."""
         self.busy = method
+        self.busy_since = time.monotonic()
         try:
             function(*args, **kwargs)
             return True
@@ -168,6 +173,7 @@ class TrackerHub:
         self.is_main_process = is_main_process
         self.on_error = on_error
         self.timeout = timeout
+        self.max_pending = int(os.environ.get("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
         self.requested_names = [spec.name for spec in specs]
         self._specs = [s for s in specs if is_main_process or not s.main_process_only]
         self._workers: list[_Worker] = []
@@ -233,6 +239,22 @@ class TrackerHub:
     def failures(self) -> list[TrackerFailure]:
         """Every tracker failure reported so far."""
         return list(self._failures)
+
+    def _stuck(self, worker: _Worker) -> bool:
+        """Whether ``worker`` has been inside one backend call for longer than ``timeout``."""
+        return worker.busy is not None and time.monotonic() - worker.busy_since > self.timeout
+
+    def _overflow(self, worker: _Worker) -> None:
+        """Skip a tracker whose queue outgrew ``max_pending`` (its backend is hung)."""
+        waiting = len(worker.items)
+        worker.failed = True
+        worker.items.clear()
+        busy = f"busy in {worker.busy}()" if worker.busy else "not draining its queue"
+        error = TimeoutError(
+            f"{waiting} values waiting ({busy}): the backend is hung or far slower than the "
+            "training loop. Raise ACCELKIT_TRACKER_MAX_PENDING if it is only slow"
+        )
+        self._report(TrackerFailure(worker.name, "log", error))
 
     def _report(self, failure: TrackerFailure) -> None:
         with self._lock:
@@ -340,6 +362,8 @@ class TrackerHub:
             items.append((_LOG, copied, step, kwargs, pending))
             if len(items) >= _WAKE_AT:
                 worker.wake.set()
+                if len(items) > self.max_pending and self._stuck(worker):
+                    self._overflow(worker)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every value logged so far has reached its tracker.
@@ -360,7 +384,13 @@ class TrackerHub:
 
     def _wait(self, workers: list[_Worker], kind: int, timeout: float | None, what: str) -> bool:
         limit = self.timeout if timeout is None else timeout
-        events = [(worker, worker.signal(kind)) for worker in workers if worker.thread.is_alive()]
+        # A tracker already reported failed while stuck in a backend call is not waited for
+        # (nor reported a second time).
+        events = [
+            (worker, worker.signal(kind))
+            for worker in workers
+            if worker.thread.is_alive() and not (worker.failed and worker.busy)
+        ]
         deadline = time.monotonic() + limit
         done = True
         for worker, event in events:
