@@ -45,6 +45,7 @@ from typing import IO, Any, BinaryIO
 
 import fsspec
 
+from accelkit.checkpointing._writeback import start_writeback
 from accelkit.checkpointing.checksum import (
     DEFAULT_ALGORITHM,
     checksum_bytes,
@@ -184,6 +185,7 @@ class HashingWriter:
         self._hasher = new_hasher(algorithm)
         self._size = 0
         self._file: IO[bytes] | None = storage._open_raw_write(url)
+        self._fd = self._file.fileno() if storage.is_local else None
         self.result: WrittenFile | None = None
 
     @property
@@ -200,7 +202,14 @@ class HashingWriter:
         for start in range(0, total, WRITE_CHUNK):
             piece = view[start : start + WRITE_CHUNK]
             self._hasher.update(piece)
-            self._file.write(piece)
+            done = 0
+            while done < len(piece):  # an unbuffered write may take only part of the piece
+                written = self._file.write(piece[done:])
+                if not written:
+                    raise OSError(f"writing {self._url!r} made no progress (0 bytes written)")
+                done += written
+            if self._fd is not None:
+                start_writeback(self._fd, self._size + start, len(piece))
         self._size += total
         return total
 
