@@ -206,13 +206,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer calls (a smoke run)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "trackers.json"))
     parser.add_argument("--step-us", type=float, default=1000.0)
-    parser.add_argument("--backends", default=",".join([*BACKENDS, "non_main"]))
+    parser.add_argument("--backends", default=None, help="default: all (quick: tensorboard)")
     parser.add_argument("--backend", help=argparse.SUPPRESS)  # child mode
     parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--calls", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (3 if args.quick else 7)
     args.calls = args.calls or (100 if args.quick else 300)
+    # Each backend runs in a fresh interpreter that imports torch and the SDK; in quick mode
+    # (the 2-minute development run) one backend beside the non-main case is enough.
+    quick_backends = ["tensorboard", "non_main"]
+    args.backends = args.backends or ",".join(
+        quick_backends if args.quick else [*BACKENDS, "non_main"]
+    )
     if args.backend:
         _child(args)
         return
