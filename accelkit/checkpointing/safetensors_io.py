@@ -40,6 +40,7 @@ from accelkit.checkpointing.storage import Storage, WrittenFile
 
 __all__ = [
     "check_expected",
+    "dtype_code",
     "parse_size",
     "read_safetensors",
     "supports_dtype",
@@ -68,6 +69,13 @@ for _name, _code in (
     if hasattr(torch, _name):
         _DTYPES[getattr(torch, _name)] = _code
 _CODES = {code: dtype for dtype, code in _DTYPES.items()}
+
+
+def dtype_code(dtype: torch.dtype) -> str:
+    """The safetensors name of ``dtype`` (``"F32"``, ``"BF16"``, ...), or torch's own name for a
+    dtype safetensors cannot store."""
+    return _DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+
 
 _CHUNK = 64 * 1024 * 1024
 _MAX_HEADER = 100 * 1024 * 1024

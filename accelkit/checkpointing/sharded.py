@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -45,6 +44,7 @@ from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckp
 from accelkit.checkpointing.inspect import TensorInfo
 from accelkit.checkpointing.layout import model_file, object_stem
 from accelkit.checkpointing.manifest import FileEntry, Manifest, file_checksum
+from accelkit.checkpointing.safetensors_io import dtype_code
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.fsdp import is_sharded
 
@@ -389,20 +389,6 @@ def load_sharded(
     targets.load_state_dict(state)
 
 
-_SAFETENSORS_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-
-
 def sharded_tensor_infos(storage: Storage, folder: str) -> list[TensorInfo]:
     """The sharded state's tensors as ``accelkit ckpt inspect`` rows (file ``sharded/``).
 
@@ -418,7 +404,7 @@ def sharded_tensor_infos(storage: Storage, folder: str) -> list[TensorInfo]:
             dtype = item.properties.dtype
             shape = tuple(item.size)
             nbytes = math.prod(shape) * dtype.itemsize
-            code = _SAFETENSORS_DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+            code = dtype_code(dtype)
             out.append(TensorInfo(name, code, shape, f"{SHARDED_DIRNAME}/", (0, nbytes)))
     return out
 
