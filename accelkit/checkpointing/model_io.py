@@ -32,6 +32,7 @@ from accelkit.checkpointing.safetensors_io import (
     check_expected,
     parse_size,
     read_safetensors,
+    read_verified_bytes,
     write_safetensors,
 )
 from accelkit.checkpointing.storage import Storage, WrittenFile, get_storage, join
@@ -122,17 +123,7 @@ def _read_weights_file(
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     if not url.endswith(".bin"):
         return read_safetensors(storage, url, expected, zero_copy)
-    try:
-        data = storage.read_bytes(url)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{url} is missing: restore it.") from None
-    except PermissionError as exc:  # a local symbolic link: never followed
-        raise CorruptCheckpointError(str(exc)) from None
-    if expected is not None:
-        algorithm, _ = parse_checksum(expected.checksum)
-        hasher = new_hasher(algorithm)
-        hasher.update(data)
-        check_expected(url, expected, len(data), format_checksum(algorithm, hasher.hexdigest()))
+    data = read_verified_bytes(storage, url, expected)
     try:
         tensors = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:

@@ -43,6 +43,7 @@ __all__ = [
     "dtype_code",
     "parse_size",
     "read_safetensors",
+    "read_verified_bytes",
     "supports_dtype",
     "write_safetensors",
 ]
@@ -421,3 +422,26 @@ def check_expected(url: str, expected: Any, size: int, checksum: str) -> None:
             "file is damaged: load another checkpoint, or, if you trust it, pass "
             "verify=False to load_state (or ProjectConfiguration(verify_checksums=False))."
         )
+
+
+def read_verified_bytes(storage: Storage, url: str, expected: Any) -> bytes:
+    """Read a whole checkpoint file, checking it against its manifest entry (if any).
+
+    Raises:
+        CorruptCheckpointError: the file is missing, a symbolic link, or disagrees with
+            ``expected`` (size or checksum).
+    """
+    try:
+        data = storage.read_bytes(url)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(
+            f"{url} is missing. Restore it, or load another checkpoint."
+        ) from None
+    except PermissionError as exc:  # a local symbolic link: never followed
+        raise CorruptCheckpointError(str(exc)) from None
+    if expected is not None:
+        algorithm, _ = parse_checksum(expected.checksum)
+        hasher = new_hasher(algorithm)
+        hasher.update(data)
+        check_expected(url, expected, len(data), format_checksum(algorithm, hasher.hexdigest()))
+    return data

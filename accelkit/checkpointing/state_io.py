@@ -37,12 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.layout import STRUCTURE_SUFFIX, TENSORS_SUFFIX, TORCH_SUFFIX
 from accelkit.checkpointing.safetensors_io import (
-    check_expected,
     read_safetensors,
+    read_verified_bytes,
     supports_dtype,
     write_safetensors,
 )
@@ -275,23 +274,6 @@ def write_encoded(
     return written
 
 
-def _read_checked(storage: Storage, url: str, expected: Any) -> bytes:
-    try:
-        data = storage.read_bytes(url)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(
-            f"{url} is missing. Restore it, or load another checkpoint."
-        ) from None
-    except PermissionError as exc:  # a local symbolic link: never followed
-        raise CorruptCheckpointError(str(exc)) from None
-    if expected is not None:
-        algorithm, _ = parse_checksum(expected.checksum)
-        hasher = new_hasher(algorithm)
-        hasher.update(data)
-        check_expected(url, expected, len(data), format_checksum(algorithm, hasher.hexdigest()))
-    return data
-
-
 def read_state(
     storage: Storage,
     folder: str,
@@ -317,7 +299,7 @@ def read_state(
     """
     json_name, tensors_name, torch_name = state_files(stem)
     json_url = join(folder, json_name)
-    raw = _read_checked(storage, json_url, (expected or {}).get(json_name))
+    raw = read_verified_bytes(storage, json_url, (expected or {}).get(json_name))
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -342,7 +324,7 @@ def read_state(
         )
     if has_extras:
         torch_url = join(folder, torch_name)
-        data = _read_checked(storage, torch_url, (expected or {}).get(torch_name))
+        data = read_verified_bytes(storage, torch_url, (expected or {}).get(torch_name))
         try:
             extras = torch.load(io.BytesIO(data), weights_only=True)
         except Exception as exc:
