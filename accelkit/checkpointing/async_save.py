@@ -26,9 +26,13 @@ otherwise by the next ``save_state``, ``load_state``, ``wait_for_checkpoints`` o
 the same way, so that every process learns of it. A failed save is not committed and earlier
 checkpoints are untouched (an automatically named folder is removed).
 
-Sharded (FSDP) models are saved by a collective of every process (torch's distributed
-checkpoint), which cannot run beside training collectives: with one prepared, an asynchronous
-save is made synchronously (a warning says so once) and returns a handle that is already done.
+Sharded (FSDP) models and their optimizers work the same way: each process copies its own
+shards (their DTensor layout kept) into the host buffers, and its writer thread writes them
+with torch's distributed checkpoint, a collective of the writer threads on the separate gloo
+group (never on the group training uses, and with host tensors only), inside the checkpoint's
+``sharded/`` folder, before the manifest lists every process's files. The processes first agree
+that every one of them captured its state, so a failed capture never leaves the others waiting
+in that collective.
 
 Interpreter exit with a save in flight waits for it to commit. A process killed meanwhile
 leaves a folder without ``accelkit.json``, which loading and retention ignore by design.
@@ -54,7 +58,7 @@ from accelkit.checkpointing.contents import TrainingObjects, snapshot_contents, 
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.manager import CheckpointManager, _agree
 from accelkit.checkpointing.manifest import FileEntry
-from accelkit.checkpointing.sharded import sharded_targets
+from accelkit.checkpointing.sharded import clear_sharded, sharded_targets, write_sharded
 from accelkit.checkpointing.snapshot import FrozenSnapshot, HostSnapshot
 from accelkit.checkpointing.storage import Storage, WrittenFile, sync_batch
 
@@ -126,6 +130,7 @@ class _Job:
     automatic: bool
     frozen: FrozenSnapshot | None
     capture_error: BaseException | None
+    sharded: bool  # the save has a DCP step (the same on every process)
     iteration: int
     step: int
     metrics: dict[str, float]
@@ -157,7 +162,6 @@ class AsyncSaver:
         self._pending: AsyncCheckpoint | None = None
         self._thread: threading.Thread | None = None
         self._group: Any = None
-        self._warned_sharded = False
 
     @property
     def pending(self) -> AsyncCheckpoint | None:
@@ -207,28 +211,17 @@ class AsyncSaver:
             async_save = bool(getattr(self.manager.config, "async_save", False))
         if not async_save:
             return self.manager.save(output_dir, objects, step, metrics, metadata, max_shard_size)
-        if sharded_targets(objects.models, objects.optimizers):
-            if not self._warned_sharded:
-                self._warned_sharded = True
-                logger.warning(
-                    "async_save with a sharded (FSDP) model: the save is made synchronously "
-                    "(sharded files are written by a collective of every process)."
-                )
-            path = self.manager.save(output_dir, objects, step, metrics, metadata, max_shard_size)
-            done = AsyncCheckpoint(path)
-            done._finish(None)
-            return done
         return self._submit(output_dir, objects, step, metrics, metadata, max_shard_size)
 
     # ------------------------------------------------------------------ the caller's part
 
     def _coordination_group(self) -> Any:
-        state = self.manager.state
-        if state.num_processes == 1 or not (dist.is_available() and dist.is_initialized()):
+        if not (dist.is_available() and dist.is_initialized()):
             return None
         if self._group is None:
             # Every process reaches its first asynchronous save_state, so all create it here,
-            # in the same order relative to any other group.
+            # in the same order relative to any other group. Even on one process: the writer
+            # must not run a collective (DCP's) on the group the training loop uses.
             self._group = dist.new_group(backend="gloo")
         return self._group
 
@@ -265,13 +258,18 @@ class AsyncSaver:
         manager.config.iteration = iteration + 1  # the number is spent, whatever happens
         frozen: FrozenSnapshot | None = None
         capture_error: BaseException | None = None
+        has_sharded = False
         try:
+            targets = sharded_targets(objects.models, objects.optimizers)
+            has_sharded = bool(targets)
+            sharded = targets.state_dict() if targets else None
+            objects = targets.remaining(objects)  # the rest is saved as without FSDP
             models = list(objects.models)
             weights = [unwrap_model(m).state_dict() for m in models]
             for hook in list(manager._save_hooks.values()):
                 hook(models, weights, target)
             live = snapshot_contents(objects, weights, manager.state.process_index, main)
-            frozen = self.snapshot.capture(live)
+            frozen = self.snapshot.capture(live, sharded)
         except Exception as exc:  # reported by the writer, so every process learns of it
             capture_error = exc
         handle = AsyncCheckpoint(target)
@@ -282,6 +280,7 @@ class AsyncSaver:
             automatic=automatic,
             frozen=frozen,
             capture_error=capture_error,
+            sharded=has_sharded,
             iteration=iteration,
             step=int(step),
             metrics={str(k): float(v) for k, v in (metrics or {}).items()},
@@ -305,6 +304,31 @@ class AsyncSaver:
         dist.all_gather_object(out, item, group=self._group)
         return out
 
+    def _write_sharded(
+        self, job: _Job, error: BaseException | None
+    ) -> tuple[list[FileEntry], BaseException | None]:
+        """Every process's shards through DCP (a collective on the coordination group), once
+        all processes captured their state and the main process cleared ``sharded/``.
+
+        Returns:
+            This process's files, and its failure (``error`` if it already had one).
+        """
+        if error is None and self.manager.state.is_main_process:
+            try:
+                clear_sharded(job.storage, job.target)
+            except Exception as exc:
+                error = exc
+        ready = self._exchange(error is None)
+        if error is not None or not all(ready):
+            return [], error  # the process(es) that failed report why in the next exchange
+        assert job.frozen is not None and job.frozen.sharded is not None
+        try:
+            job.frozen.wait_copies()
+            state = job.frozen.sharded
+            return write_sharded(job.storage, job.target, state, self._group), None
+        except Exception as exc:
+            return [], exc
+
     def _run(self, job: _Job) -> None:
         main = self.manager.state.is_main_process
         error: BaseException | None = None
@@ -327,7 +351,10 @@ class AsyncSaver:
         rank = manager.state.process_index
         main = manager.state.is_main_process
         written: dict[str, WrittenFile] = {}
+        entries: list[FileEntry] = []
         error = job.capture_error
+        if job.sharded:
+            entries, error = self._write_sharded(job, error)
         if error is None and job.frozen is not None:
             try:
                 with sync_batch():  # fsync each file while the next one is written
@@ -335,7 +362,7 @@ class AsyncSaver:
             except Exception as exc:
                 error = exc
         job.frozen = None  # the buffers may be reused once this save is over
-        entries = [FileEntry(name, w.size, w.checksum) for name, w in written.items()]
+        entries += [FileEntry(name, w.size, w.checksum) for name, w in written.items()]
         detail = None if error is None else f"{type(error).__name__}: {error}"
         gathered = self._exchange((entries, detail))
         if error is not None:

@@ -20,7 +20,8 @@ Loading never runs an unrestricted unpickler: DCP's ``.metadata`` is read with a
 DCP's own metadata classes, and non-tensor values with ``torch.load(weights_only=True)``.
 
 Public API: :data:`SHARDED_DIRNAME`, :class:`ShardedTargets` (:func:`sharded_targets`),
-:func:`save_sharded`, :func:`load_sharded`, :func:`has_sharded_state`,
+:func:`save_sharded` (= :func:`clear_sharded` + :func:`write_sharded`, which an asynchronous
+save calls apart), :func:`load_sharded`, :func:`has_sharded_state`,
 :func:`check_load_compatible`, :func:`read_sharded_metadata`, :func:`list_sharded_tensors`,
 :func:`sharded_tensor_infos` (rows for ``accelkit ckpt inspect``).
 """
@@ -40,7 +41,11 @@ import torch.distributed as dist
 from torch import nn
 
 from accelkit.checkpointing.checksum import parse_checksum
-from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
+from accelkit.checkpointing.errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    CorruptCheckpointError,
+)
 from accelkit.checkpointing.inspect import TensorInfo
 from accelkit.checkpointing.layout import model_file, object_stem
 from accelkit.checkpointing.manifest import FileEntry, Manifest, file_checksum
@@ -53,6 +58,7 @@ __all__ = [
     "SHARDED_DIRNAME",
     "ShardedTargets",
     "check_load_compatible",
+    "clear_sharded",
     "has_sharded_state",
     "list_sharded_tensors",
     "load_sharded",
@@ -60,6 +66,7 @@ __all__ = [
     "save_sharded",
     "sharded_targets",
     "sharded_tensor_infos",
+    "write_sharded",
 ]
 
 SHARDED_DIRNAME = "sharded"
@@ -213,25 +220,57 @@ def save_sharded(
     Returns:
         The files (paths relative to ``folder``, with sizes and checksums) for the manifest.
     """
-    url = join(folder, SHARDED_DIRNAME)
     main = not dist.is_initialized() or dist.get_rank() == 0
-    if main and storage.exists(url):
-        storage.rmtree(url)  # files of an earlier save into this folder (other world size)
+    if main:
+        clear_sharded(storage, folder)
     if dist.is_initialized():
         dist.barrier()
+    entries = write_sharded(storage, folder, targets.state_dict())
+    return _gather_entries(entries) if gather else entries
+
+
+def clear_sharded(storage: Storage, folder: str) -> None:
+    """Remove ``<folder>/sharded`` left by an earlier save into ``folder`` (main process, before
+    the processes meet and write): its files may be of another world size."""
+    url = join(folder, SHARDED_DIRNAME)
+    if storage.exists(url):
+        storage.rmtree(url)
+
+
+def write_sharded(
+    storage: Storage, folder: str, state: dict[str, Any], process_group: Any = None
+) -> list[FileEntry]:
+    """Write a sharded state dict (from :meth:`ShardedTargets.state_dict`, or a host copy of
+    one) into ``<folder>/sharded`` with DCP: a collective of the processes of
+    ``process_group`` (default: the default group). Call :func:`clear_sharded` first.
+
+    Returns:
+        This process's files (paths relative to ``folder``, with sizes and checksums).
+    """
+    url = join(folder, SHARDED_DIRNAME)
     import torch.distributed.checkpoint as dcp
 
     from accelkit.checkpointing import _dcp_storage
 
     writer = _dcp_storage.Writer(storage, url)
-    dcp.save(targets.state_dict(), storage_writer=writer)
+    try:
+        dcp.save(state, storage_writer=writer, process_group=process_group)
+    except dcp.CheckpointException as exc:  # a BaseException, raised on every process
+        raise _dcp_error(exc, "Writing", url) from exc
     prefix = url.rstrip("/") + "/"
-    entries = [
+    return [
         FileEntry(f"{SHARDED_DIRNAME}/{path[len(prefix) :]}", w.size, w.checksum)
         for path, w in writer.storage_fs.written.items()
         if path.startswith(prefix)
     ]
-    return _gather_entries(entries) if gather else entries
+
+
+def _dcp_error(exc: Any, action: str, url: str, fix: str = "") -> CheckpointError:
+    """DCP's ``CheckpointException`` (every process's failure, with tracebacks, and a
+    ``BaseException``) as a :class:`CheckpointError` naming each failing process's error."""
+    failures = sorted(getattr(exc, "failures", {}).items())
+    causes = "; ".join(f"process {rank}: {type(e).__name__}: {e}" for rank, (e, _) in failures)
+    return CheckpointError(f"{action} the sharded state in {url} failed on {causes or exc}{fix}")
 
 
 # ------------------------------------------------------------------ load
@@ -385,7 +424,11 @@ def load_sharded(
     from accelkit.checkpointing import _dcp_storage
 
     reader = _dcp_storage.Reader(storage, url)
-    dcp.load(state, storage_reader=reader, planner=_dcp_storage.SafeLoadPlanner())
+    try:
+        dcp.load(state, storage_reader=reader, planner=_dcp_storage.SafeLoadPlanner())
+    except dcp.CheckpointException as exc:
+        fix = ". Load an earlier checkpoint (`accelkit ckpt verify` checks them)."
+        raise _dcp_error(exc, "Reading", url, fix) from exc
     targets.load_state_dict(state)
 
 

@@ -9,7 +9,8 @@ objects can reach; :meth:`FrozenSnapshot.write` writes it with the same file for
 synchronous save.
 
 Memory: the buffers cost **one host copy of the saved tensors** of this process (model weights,
-optimizer state, tensors of registered objects), allocated at the first save and reused by every
+optimizer state, tensors of registered objects; of a sharded FSDP model and its optimizer only
+this process's shards), allocated at the first save and reused by every
 later one (a tensor that keeps its dtype and size keeps its buffer); buffers no longer used by
 the newest save are released. They are never reused while a write from them is in flight:
 :class:`~accelkit.checkpointing.async_save.AsyncSaver` keeps at most one save in flight and
@@ -72,11 +73,15 @@ class FrozenSnapshot:
     Attributes:
         models: ``(stem, state_dict of host tensors)`` per model file.
         states: the object states, encoded, with host tensors.
+        sharded: the sharded (FSDP) state, same structure as the live one, every DTensor's
+            local shard in a host buffer (written with DCP, see
+            :func:`~accelkit.checkpointing.sharded.write_sharded`); ``None`` without FSDP.
         events: CUDA events the copies into pinned buffers complete at.
     """
 
     models: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     states: list[_EncodedState] = field(default_factory=list)
+    sharded: dict[str, Any] | None = None
     events: list[Any] = field(default_factory=list)
 
     @property
@@ -86,6 +91,7 @@ class FrozenSnapshot:
         total = 0
         tensors = [t for _, sd in self.models for t in sd.values()]
         tensors += [t for s in self.states for t in s.tensors.values()]
+        tensors += _host_tensors(self.sharded)
         for t in tensors:
             if isinstance(t, torch.Tensor) and id(t) not in seen:
                 seen.add(id(t))
@@ -113,6 +119,17 @@ class FrozenSnapshot:
         for state in self.states:
             written.update(_write_encoded(storage, folder, state))
         return written
+
+
+def _host_tensors(tree: Any) -> list[torch.Tensor]:
+    """Every tensor of a nested state (a DTensor counts as its local shard)."""
+    if isinstance(tree, Mapping):
+        return [t for v in tree.values() for t in _host_tensors(v)]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in _host_tensors(v)]
+    if isinstance(tree, torch.Tensor):
+        return [getattr(tree, "_local_tensor", tree)]
+    return []
 
 
 def _write_encoded(storage: Storage, folder: str, state: _EncodedState) -> dict[str, WrittenFile]:
@@ -179,6 +196,27 @@ class _Copier:
             # Kernels queued after save_state (optimizer.step) wait for the copies.
             torch.cuda.current_stream(device).wait_stream(stream)
         return events
+
+
+def _copy_sharded(copier: _Copier, path: str, value: Any) -> Any:
+    """A host copy of a nested sharded state: DTensors keep their spec (mesh, placements,
+    global shape) around a host copy of their local shard, as DCP's own staging does."""
+    if isinstance(value, Mapping):
+        return {k: _copy_sharded(copier, f"{path}.{k}", v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_copy_sharded(copier, f"{path}.{i}", v) for i, v in enumerate(value)]
+        return type(value)(items) if isinstance(value, list) else tuple(items)
+    if isinstance(value, torch.Tensor):
+        if getattr(value, "_local_tensor", None) is None:  # not a DTensor (no import needed)
+            return copier.copy(("sharded", path, ""), value)
+        from torch.distributed.tensor import DTensor
+
+        assert isinstance(value, DTensor)
+        host = copier.copy(("sharded", path, ""), value._local_tensor)
+        # The constructor, not DTensor.from_local: that would move the shard back to the
+        # mesh's device.
+        return DTensor(host, value._spec, requires_grad=False)
+    return _copy_plain(value)
 
 
 def _copy_plain(value: Any) -> Any:
@@ -251,11 +289,19 @@ class HostSnapshot:
         self._buffers[key] = buffer
         return buffer
 
-    def capture(self, snapshot: Snapshot) -> FrozenSnapshot:
+    def capture(
+        self, snapshot: Snapshot, sharded: Mapping[str, Any] | None = None
+    ) -> FrozenSnapshot:
         """Copy ``snapshot`` (live tensors and states) into the buffers.
 
         Must not be called while a :class:`FrozenSnapshot` from an earlier capture is still
         being written: its buffers are reused.
+
+        Args:
+            snapshot: this process's unsharded contents.
+            sharded: this process's sharded (FSDP) state, from
+                :meth:`~accelkit.checkpointing.sharded.ShardedTargets.state_dict`; only the
+                local shards are copied.
 
         Returns:
             The copy; call :meth:`FrozenSnapshot.write` (from any thread) to write it.
@@ -280,6 +326,8 @@ class HostSnapshot:
             tree, tensors, extras = state_io.encode_state(state)
             host = {k: copier.copy(("state", stem, k), t) for k, t in tensors.items()}
             frozen.states.append(_EncodedState(stem, tree, host, copy.deepcopy(extras)))
+        if sharded is not None:
+            frozen.sharded = {k: _copy_sharded(copier, k, v) for k, v in sharded.items()}
         frozen.events = copier.finish()
         for key in [k for k in self._buffers if k not in copier.used]:
             del self._buffers[key]  # not part of the newest checkpoint: give it back
