@@ -13,6 +13,7 @@ which ``torch.distributed`` owns; :func:`destroy_process_group` is the one way t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import enum
 import functools
@@ -141,6 +142,11 @@ class PartialState:
         if self.device.type == "cuda":
             kwargs["device_id"] = self.device
         dist.init_process_group(**kwargs)
+        # The group we created is torn down at exit unless the script did it: otherwise gloo's
+        # worker threads can outlive the interpreter's teardown and abort a run that succeeded
+        # ("terminate called without an active exception"). Saves in flight finish first (their
+        # exit hook runs before atexit's).
+        atexit.register(destroy_process_group)
 
     # ---------------------------------------------------------------- identity
 

@@ -16,7 +16,7 @@ from accelkit.launch import notebook_launcher
 # A script written for the reference documents, with only its imports renamed.
 SEED_SCRIPT = textwrap.dedent(
     """
-    import json, os, sys
+    import atexit, json, os, sys
     import torch
     from accelkit import Accelerator
     from accelkit.logging import get_logger
@@ -24,7 +24,14 @@ SEED_SCRIPT = textwrap.dedent(
 
     logger = get_logger("seed")
 
+    def record_group_at_exit():  # registered first, so it runs after accelkit's exit hook
+        import torch.distributed as dist
+        path = os.path.join(os.environ["OUT_DIR"], f"exit{os.environ.get('RANK', '0')}.txt")
+        with open(path, "w") as f:
+            f.write(str(dist.is_initialized()))
+
     def main():
+        atexit.register(record_group_at_exit)
         accelerator = Accelerator()
         logger.warning("once from main")
         logger.warning("from every rank", main_process_only=False)
@@ -101,6 +108,8 @@ def test_launch_two_cpu_processes(tmp_path: Path, script: Path) -> None:
         assert r["argv"] == ["--lr", "0.1"]
         assert r["device"] == "cpu"
     assert [r["local"] for r in ranks] == [0, 1]
+    # The process group accelkit created is destroyed at exit (gloo could abort otherwise).
+    assert [(tmp_path / f"exit{i}.txt").read_text() for i in range(2)] == ["False", "False"]
     assert ranks[0]["split"] == ["A", "B"] and ranks[1]["split"] == ["C"]
     logs = proc.stdout + proc.stderr
     assert logs.count("once from main") == 1
