@@ -1,0 +1,234 @@
+"""Writing one new local file fast and with little CPU: O_DIRECT through reused aligned buffers.
+
+A buffered ``write`` copies every byte into the page cache; the kernel then has to find pages
+for it, account them dirty, write them back and later evict them (and the checkpoint pushes the
+training data's pages out of the cache). On the 2-core VM this was measured on, a 256 MB
+buffered write+fsync cost the writing thread 0.07-0.40 s of kernel CPU (the first use of fresh
+page-cache pages is the slow case), the same bytes written with ``O_DIRECT`` 0.01 s; a whole
+``save_state`` took half the CPU this way (1 GB: 0.20 s instead of 0.39 s) in the same wall
+time. For an asynchronous save, that CPU is taken from the training loop running beside it.
+
+:class:`LocalFile` copies what it is given into a page-aligned stage (:data:`STAGE_BYTES`); a
+full stage is written with ``O_DIRECT`` by a background thread while the caller fills the next
+one (up to :data:`IN_FLIGHT` requests queued, so at most 16 MiB of stages per open file, taken
+from a small process-wide pool that keeps 16 MiB between saves, so saves reuse them instead of
+faulting in new memory). At :meth:`LocalFile.flush` the last partial stage is
+written: its block-aligned part directly, the last few bytes buffered. The caller makes the
+file durable with ``os.fsync`` as for any file.
+
+Where ``O_DIRECT`` is refused (tmpfs, some network or FUSE file systems, non-Linux), or with
+``ACCELKIT_DIRECT_IO=0``, the file is written buffered instead, with the kernel's write-back of
+each chunk started at once (``sync_file_range``) so the disk works while the next chunk is
+prepared.
+
+Public API (for :mod:`~accelkit.checkpointing.storage`): :class:`LocalFile`,
+:func:`direct_io_enabled`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import mmap
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from accelkit.checkpointing._writeback import start_writeback
+
+__all__ = ["ALIGN", "IN_FLIGHT", "STAGE_BYTES", "LocalFile", "direct_io_enabled"]
+
+STAGE_BYTES = 4 * 1024 * 1024
+"""Bytes per ``O_DIRECT`` request (and per stage buffer)."""
+
+IN_FLIGHT = 3
+"""``O_DIRECT`` requests of one file queued at once (a deeper queue keeps the disk busy)."""
+
+ALIGN = 4096
+"""Alignment of ``O_DIRECT`` offsets, lengths and buffers (the common logical block size)."""
+
+_O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+_POOL_KEEP = 4  # free stages kept for the next file (16 MiB)
+_free: list[mmap.mmap] = []
+_free_lock = threading.Lock()
+_io_pool: ThreadPoolExecutor | None = None
+
+
+def direct_io_enabled() -> bool:
+    """Whether new local files are tried with ``O_DIRECT`` (``ACCELKIT_DIRECT_IO=0`` turns it
+    off; it needs Linux)."""
+    return bool(_O_DIRECT) and os.environ.get("ACCELKIT_DIRECT_IO", "1") != "0"
+
+
+def _take_stage() -> mmap.mmap:
+    with _free_lock:
+        if _free:
+            return _free.pop()
+    return mmap.mmap(-1, STAGE_BYTES)  # anonymous: page-aligned
+
+
+def _give_back(stage: mmap.mmap) -> None:
+    with _free_lock:
+        if len(_free) < _POOL_KEEP:
+            _free.append(stage)
+    # Otherwise dropped: freed once no memoryview of it is left (closing it could fail then).
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _io_pool
+    with _free_lock:
+        if _io_pool is None:
+            _io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="accelkit-io")
+        return _io_pool
+
+
+class LocalFile:
+    """A new local file opened for writing (``O_CREAT | O_EXCL``), written as described in the
+    module docstring. Not thread-safe: one writer at a time.
+
+    Args:
+        path: the file to create; it must not exist.
+    """
+
+    def __init__(self, path: str) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        self._direct = False
+        if direct_io_enabled():
+            try:
+                self._fd = os.open(path, flags | _O_DIRECT, 0o644)
+                self._direct = True
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # EINVAL: this file system refuses O_DIRECT
+                    raise
+        if not self._direct:
+            self._fd = os.open(path, flags, 0o644)
+        self.name = path
+        self._staged = self._direct  # O_DIRECT may be dropped later; staging stays
+        self._offset = 0  # bytes handed to the OS so far (or queued to be)
+        self._stage: mmap.mmap | None = None
+        self._fill = 0
+        self._inflight: list[tuple[Future[None], mmap.mmap]] = []
+        self._closed = False
+
+    @property
+    def direct(self) -> bool:
+        """Whether the file is (still) written with ``O_DIRECT``."""
+        return self._direct
+
+    def fileno(self) -> int:
+        """The file descriptor (for ``os.fsync``)."""
+        return self._fd
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Write all of ``data``; returns its length."""
+        if self._closed:
+            raise ValueError(f"write to {self.name!r} after it was closed")
+        view = memoryview(data).cast("B")
+        total = len(view)
+        if not self._staged:
+            self._write_all(view, self._offset)
+            start_writeback(self._fd, self._offset, total)
+            self._offset += total
+            return total
+        while view:
+            if self._stage is None:
+                self._stage = _take_stage()
+            n = min(len(view), STAGE_BYTES - self._fill)
+            self._stage[self._fill : self._fill + n] = view[:n]
+            self._fill += n
+            view = view[n:]
+            if self._fill == STAGE_BYTES:
+                self._submit_stage()
+        return total
+
+    def _submit_stage(self) -> None:
+        """Hand the full stage to the I/O threads (at most :data:`IN_FLIGHT` at a time)."""
+        stage, self._stage, self._fill = self._stage, None, 0
+        assert stage is not None
+        self._wait_inflight(IN_FLIGHT - 1)
+        offset, self._offset = self._offset, self._offset + STAGE_BYTES
+        future = _pool().submit(self._write_all, memoryview(stage), offset)
+        self._inflight.append((future, stage))
+
+    def _wait_inflight(self, keep: int = 0) -> None:
+        """Wait until at most ``keep`` stages are being written; raise the first failure."""
+        while len(self._inflight) > keep:
+            future, stage = self._inflight.pop(0)
+            try:
+                future.result()
+            finally:
+                _give_back(stage)
+
+    def _write_all(self, view: memoryview, offset: int) -> None:
+        """``pwrite`` all of ``view`` at ``offset``, leaving ``O_DIRECT`` if the file system
+        refuses it for this request."""
+        while view:
+            try:
+                n = os.pwrite(self._fd, view, offset)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL or not self._direct:
+                    raise
+                self._set_direct(False)
+                continue
+            if n <= 0:
+                raise OSError(errno.EIO, f"writing {self.name!r} made no progress")
+            view, offset = view[n:], offset + n
+            if n % ALIGN and self._direct:
+                self._set_direct(False)  # a short, unaligned write: go on buffered
+
+    def _set_direct(self, on: bool) -> None:
+        import fcntl  # POSIX only, like O_DIRECT
+
+        flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
+        fcntl.fcntl(self._fd, fcntl.F_SETFL, (flags | _O_DIRECT) if on else (flags & ~_O_DIRECT))
+        self._direct = on
+
+    def flush(self) -> None:
+        """Write everything given so far (the caller then ``fsync``-s the file)."""
+        try:
+            self._wait_inflight()
+        finally:
+            stage, fill = self._stage, self._fill
+            self._stage, self._fill = None, 0
+        if stage is None:
+            return
+        try:
+            view = memoryview(stage)[:fill]
+            aligned = fill - fill % ALIGN
+            if aligned and self._direct:
+                self._write_all(view[:aligned], self._offset)
+                self._offset += aligned
+                view = view[aligned:]
+            if view:
+                if self._direct:
+                    self._set_direct(False)  # the last bytes: not a whole block
+                self._write_all(view, self._offset)
+                self._offset += len(view)
+            view.release()
+        finally:
+            _give_back(stage)
+
+    def close(self) -> None:
+        """Flush (if not done yet) and close the descriptor; the stages go back to the pool."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            os.close(self._fd)
+
+    def abort(self) -> None:
+        """Close without writing what is still staged (the caller removes the file)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            while self._inflight:
+                with contextlib.suppress(OSError):
+                    self._wait_inflight()
+        finally:
+            if self._stage is not None:
+                _give_back(self._stage)
+                self._stage = None
+            os.close(self._fd)
