@@ -21,22 +21,35 @@ Where ``O_DIRECT`` is refused (tmpfs, some network or FUSE file systems, non-Lin
 each chunk started at once (``sync_file_range``) so the disk works while the next chunk is
 prepared.
 
-Public API (for :mod:`~accelkit.checkpointing.storage`): :class:`LocalFile`,
-:func:`direct_io_enabled`.
+Durability: :func:`finish_local` ``fsync``-s a finished file, at once or, inside
+:func:`sync_batch`, in a background thread while the next file is written.
+
+Public API (for :mod:`~accelkit.checkpointing.storage`, which re-exports :func:`sync_batch`):
+:class:`LocalFile`, :func:`direct_io_enabled`, :func:`finish_local`, :func:`sync_batch`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import mmap
 import os
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from accelkit.checkpointing._writeback import start_writeback
 
-__all__ = ["ALIGN", "IN_FLIGHT", "STAGE_BYTES", "LocalFile", "direct_io_enabled"]
+__all__ = [
+    "ALIGN",
+    "IN_FLIGHT",
+    "STAGE_BYTES",
+    "LocalFile",
+    "direct_io_enabled",
+    "finish_local",
+    "sync_batch",
+]
 
 STAGE_BYTES = 4 * 1024 * 1024
 """Bytes per ``O_DIRECT`` request (and per stage buffer)."""
@@ -232,3 +245,69 @@ class LocalFile:
                 _give_back(self._stage)
                 self._stage = None
             os.close(self._fd)
+
+
+_SYNC_BATCH: contextvars.ContextVar[list[Future[None]] | None] = contextvars.ContextVar(
+    "accelkit_sync_batch", default=None
+)
+_SYNC_POOL: ThreadPoolExecutor | None = None
+_SYNC_POOL_LOCK = threading.Lock()
+
+
+def _sync_pool() -> ThreadPoolExecutor:
+    global _SYNC_POOL
+    with _SYNC_POOL_LOCK:
+        if _SYNC_POOL is None:
+            _SYNC_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="accelkit-fsync")
+        return _SYNC_POOL
+
+
+def _fsync_and_close(file: LocalFile) -> None:
+    try:
+        file.flush()
+        os.fsync(file.fileno())
+    finally:
+        file.close()
+
+
+@contextlib.contextmanager
+def sync_batch() -> Iterator[None]:
+    """Overlap the ``fsync`` of local files with the writing of the next ones.
+
+    Inside the block, a local file written through
+    :meth:`~accelkit.checkpointing.storage.Storage.open_write` or
+    :meth:`~accelkit.checkpointing.storage.Storage.write_bytes` is flushed to disk by a
+    background thread while the caller goes on writing; leaving the block waits until every
+    such file is durable and raises the first failure. Atomic writes (the manifest) are
+    always made durable before they return. The batch belongs to the calling thread (a
+    context variable).
+    """
+    futures: list[Future[None]] = []
+    token = _SYNC_BATCH.set(futures)
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        _SYNC_BATCH.reset(token)
+        first: BaseException | None = None
+        for future in futures:
+            try:
+                future.result()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None and not failed:
+            raise first
+
+
+def finish_local(file: LocalFile, deferred: bool = False) -> None:
+    """Write what ``file`` still stages, then make it durable and close it: right away, or,
+    with ``deferred`` inside a :func:`sync_batch`, in a background thread."""
+    file.flush()  # here, so the stage buffers go back before the next file is written
+    batch = _SYNC_BATCH.get() if deferred else None
+    if batch is None:
+        _fsync_and_close(file)
+    else:
+        batch.append(_sync_pool().submit(_fsync_and_close, file))

@@ -21,7 +21,8 @@ Speed: CUDA tensors go to *pinned* host buffers with non-blocking copies on a si
 that first waits for the current stream; the current stream then waits for the copies, so the
 caller never blocks on the GPU and training kernels queued after ``save_state`` cannot change a
 tensor before it is copied. The writer thread waits for the copies (a CUDA event) before it
-reads the buffers. CPU tensors are copied into the reused buffers right away (one ``memmove`` each).
+reads the buffers. CPU tensors are copied into the reused buffers before ``capture`` returns
+(plain ``memmove`` calls, split among up to 4 threads: the caller is blocked meanwhile anyway).
 
 Public API: :class:`HostSnapshot` (``capture``, ``clear``, ``nbytes``), :class:`FrozenSnapshot`
 (``wait_copies``, ``write``, ``nbytes``).
@@ -32,7 +33,10 @@ from __future__ import annotations
 import copy
 import ctypes
 import logging
+import os
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +150,8 @@ class _Copier:
         self.used: dict[_Key, torch.Tensor] = {}
         self.by_view: dict[tuple[Any, ...], torch.Tensor] = {}
         self.streams: dict[torch.device, Any] = {}
+        self.pieces: list[tuple[int, int, int]] = []  # (dst, src, bytes) of host memmoves
+        self.sources: list[torch.Tensor] = []
 
     def _stream(self, device: torch.device) -> Any:
         stream = self.streams.get(device)
@@ -180,22 +186,63 @@ class _Copier:
                 buffer.copy_(src, non_blocking=True)
             src.record_stream(stream)
         elif src.is_contiguous() and not (src.is_conj() or src.is_neg()):
-            # One plain memmove (GIL released): on a busy machine it runs several times faster
-            # than torch's multi-threaded copy, whose threads wait for each other.
-            ctypes.memmove(buffer.data_ptr(), src.data_ptr(), _nbytes(src))
+            # Plain memmoves (GIL released), run at finish() by a few threads: on a busy
+            # machine several times faster than torch's copy, whose threads wait for each other.
+            nbytes = _nbytes(src)
+            for start in range(0, nbytes, _COPY_PIECE):
+                n = min(_COPY_PIECE, nbytes - start)
+                self.pieces.append((buffer.data_ptr() + start, src.data_ptr() + start, n))
+            self.sources.append(src)  # alive until copied
         else:
             buffer.copy_(src)
         if src.numel() > 0:
             self.by_view[view_key] = buffer
         return buffer
 
+    def _copy_host(self) -> None:
+        """Run the host memmoves, split among up to :data:`_COPY_THREADS` threads (one copy
+        thread cannot use the memory bandwidth of a machine; 1 GB: 0.11 s -> 0.07 s with 2
+        threads on the 2-core VM measured)."""
+        pieces, self.pieces = self.pieces, []
+        threads = min(_COPY_THREADS, os.cpu_count() or 1, len(pieces))
+        if threads > 1:
+            pool = _copy_pool()
+            futures = [pool.submit(_memmoves, pieces[i::threads]) for i in range(1, threads)]
+            _memmoves(pieces[::threads])
+            for future in futures:
+                future.result()
+        else:
+            _memmoves(pieces)
+        self.sources = []
+
     def finish(self) -> list[Any]:
+        """Complete the host copies; return the CUDA events the device copies complete at."""
+        self._copy_host()
         events = []
         for device, stream in self.streams.items():
             events.append(stream.record_event())
             # Kernels queued after save_state (optimizer.step) wait for the copies.
             torch.cuda.current_stream(device).wait_stream(stream)
         return events
+
+
+_COPY_PIECE = 16 * 1024 * 1024
+_COPY_THREADS = 4
+_COPY_POOL: ThreadPoolExecutor | None = None
+_COPY_POOL_LOCK = threading.Lock()
+
+
+def _copy_pool() -> ThreadPoolExecutor:
+    global _COPY_POOL
+    with _COPY_POOL_LOCK:
+        if _COPY_POOL is None:
+            _COPY_POOL = ThreadPoolExecutor(_COPY_THREADS - 1, thread_name_prefix="accelkit-copy")
+        return _COPY_POOL
+
+
+def _memmoves(pieces: list[tuple[int, int, int]]) -> None:
+    for dst, src, n in pieces:
+        ctypes.memmove(dst, src, n)
 
 
 def _copy_sharded(copier: _Copier, path: str, value: Any) -> Any:

@@ -38,19 +38,16 @@ visible only once complete, which gives the same guarantee.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import os
-import threading
 import uuid
-from collections.abc import Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, Any, BinaryIO
 
 import fsspec
 
-from accelkit.checkpointing._localfile import LocalFile
+from accelkit.checkpointing._localfile import LocalFile, finish_local, sync_batch
 from accelkit.checkpointing.checksum import (
     DEFAULT_ALGORITHM,
     checksum_bytes,
@@ -72,58 +69,6 @@ __all__ = [
 # Big buffers are hashed and written in slices of this size: a slice just hashed is still in
 # the CPU cache when it is copied out, and a single huge write never needs a second copy.
 WRITE_CHUNK = 1024 * 1024
-
-_SYNC_BATCH: contextvars.ContextVar[list[Future[None]] | None] = contextvars.ContextVar(
-    "accelkit_sync_batch", default=None
-)
-_SYNC_POOL: ThreadPoolExecutor | None = None
-_SYNC_POOL_LOCK = threading.Lock()
-
-
-def _sync_pool() -> ThreadPoolExecutor:
-    global _SYNC_POOL
-    with _SYNC_POOL_LOCK:
-        if _SYNC_POOL is None:
-            _SYNC_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="accelkit-fsync")
-        return _SYNC_POOL
-
-
-def _fsync_and_close(file: IO[bytes] | LocalFile) -> None:
-    try:
-        file.flush()
-        os.fsync(file.fileno())
-    finally:
-        file.close()
-
-
-@contextlib.contextmanager
-def sync_batch() -> Iterator[None]:
-    """Overlap the ``fsync`` of local files with the writing of the next ones.
-
-    Inside the block, a local file written through :meth:`Storage.open_write` or
-    :meth:`Storage.write_bytes` is flushed to disk by a background thread while the caller
-    goes on writing; leaving the block waits until every such file is durable and raises the
-    first failure. Atomic writes (the manifest) are always made durable before they return.
-    The batch belongs to the calling thread (a context variable).
-    """
-    futures: list[Future[None]] = []
-    token = _SYNC_BATCH.set(futures)
-    failed = False
-    try:
-        yield
-    except BaseException:
-        failed = True
-        raise
-    finally:
-        _SYNC_BATCH.reset(token)
-        first: BaseException | None = None
-        for future in futures:
-            try:
-                future.result()
-            except BaseException as exc:
-                first = first or exc
-        if first is not None and not failed:
-            raise first
 
 
 def protocol_of(url: str) -> str:
@@ -449,12 +394,8 @@ class Storage:
         if not self.is_local:
             file.close()
             return
-        file.flush()  # here, so a local file's stage buffers go back before the next file
-        batch = _SYNC_BATCH.get() if deferred else None
-        if batch is None:
-            _fsync_and_close(file)
-        else:
-            batch.append(_sync_pool().submit(_fsync_and_close, file))
+        assert isinstance(file, LocalFile)
+        finish_local(file, deferred)
 
     def open_write(self, url: str, algorithm: str = DEFAULT_ALGORITHM) -> HashingWriter:
         """Open ``url`` for streaming writes; see :class:`HashingWriter`."""
