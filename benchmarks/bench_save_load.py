@@ -247,7 +247,7 @@ def explain_save(result: dict[str, Any]) -> str:
         parts.append(
             f"{chk['algorithm']} of the state alone takes {chk['seconds']:.3f}s "
             f"(= {100 * chk['seconds'] / raw:.0f}% of the raw write's time; it runs inline, "
-            "before the bytes reach the page cache)"
+            "while earlier chunks are being written)"
         )
     prof = diagnosis.get("accelkit_save_profile")
     if prof:

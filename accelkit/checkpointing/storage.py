@@ -66,9 +66,12 @@ __all__ = [
     "sync_batch",
 ]
 
-# Big buffers are hashed and written in slices of this size: a slice just hashed is still in
-# the CPU cache when it is copied out, and a single huge write never needs a second copy.
+# Big buffers are hashed and written in slices: to a local file of WRITE_CHUNK (a slice just
+# hashed is still in the CPU cache when it is copied to the O_DIRECT stage), to other storages
+# of REMOTE_WRITE_CHUNK (fewer calls into the fsspec file's buffering); a single huge write
+# never needs a second copy.
 WRITE_CHUNK = 1024 * 1024
+REMOTE_WRITE_CHUNK = 16 * 1024 * 1024
 
 
 def protocol_of(url: str) -> str:
@@ -148,8 +151,9 @@ class HashingWriter:
             raise ValueError(f"write to {self._url!r} after it was closed")
         view = memoryview(data).cast("B")
         total = len(view)
-        for start in range(0, total, WRITE_CHUNK):
-            piece = view[start : start + WRITE_CHUNK]
+        chunk = WRITE_CHUNK if isinstance(self._file, LocalFile) else REMOTE_WRITE_CHUNK
+        for start in range(0, total, chunk):
+            piece = view[start : start + chunk]
             self._hasher.update(piece)
             done = 0
             while done < len(piece):  # an unbuffered write may take only part of the piece
