@@ -37,8 +37,9 @@ import mmap
 import os
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
+from accelkit.checkpointing._pools import thread_pool
 from accelkit.checkpointing._writeback import start_writeback
 
 __all__ = [
@@ -64,7 +65,6 @@ _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _POOL_KEEP = 4  # free stages kept for the next file (16 MiB)
 _free: list[mmap.mmap] = []
 _free_lock = threading.Lock()
-_io_pool: ThreadPoolExecutor | None = None
 
 
 def direct_io_enabled() -> bool:
@@ -85,14 +85,6 @@ def _give_back(stage: mmap.mmap) -> None:
         if len(_free) < _POOL_KEEP:
             _free.append(stage)
     # Otherwise dropped: freed once no memoryview of it is left (closing it could fail then).
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _io_pool
-    with _free_lock:
-        if _io_pool is None:
-            _io_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="accelkit-io")
-        return _io_pool
 
 
 class LocalFile:
@@ -160,7 +152,7 @@ class LocalFile:
         assert stage is not None
         self._wait_inflight(IN_FLIGHT - 1)
         offset, self._offset = self._offset, self._offset + STAGE_BYTES
-        future = _pool().submit(self._write_all, memoryview(stage), offset)
+        future = thread_pool("io", 4).submit(self._write_all, memoryview(stage), offset)
         self._inflight.append((future, stage))
 
     def _wait_inflight(self, keep: int = 0) -> None:
@@ -250,16 +242,6 @@ class LocalFile:
 _SYNC_BATCH: contextvars.ContextVar[list[Future[None]] | None] = contextvars.ContextVar(
     "accelkit_sync_batch", default=None
 )
-_SYNC_POOL: ThreadPoolExecutor | None = None
-_SYNC_POOL_LOCK = threading.Lock()
-
-
-def _sync_pool() -> ThreadPoolExecutor:
-    global _SYNC_POOL
-    with _SYNC_POOL_LOCK:
-        if _SYNC_POOL is None:
-            _SYNC_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="accelkit-fsync")
-        return _SYNC_POOL
 
 
 def _fsync_and_close(file: LocalFile) -> None:
@@ -310,4 +292,4 @@ def finish_local(file: LocalFile, deferred: bool = False) -> None:
     if batch is None:
         _fsync_and_close(file)
     else:
-        batch.append(_sync_pool().submit(_fsync_and_close, file))
+        batch.append(thread_pool("fsync", 4).submit(_fsync_and_close, file))

@@ -34,15 +34,14 @@ import copy
 import ctypes
 import logging
 import os
-import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from accelkit.checkpointing import state_io
+from accelkit.checkpointing._pools import thread_pool
 from accelkit.checkpointing.contents import Snapshot
 from accelkit.checkpointing.model_io import write_model_files
 from accelkit.checkpointing.storage import Storage, WrittenFile
@@ -206,7 +205,7 @@ class _Copier:
         pieces, self.pieces = self.pieces, []
         threads = min(_COPY_THREADS, os.cpu_count() or 1, len(pieces))
         if threads > 1:
-            pool = _copy_pool()
+            pool = thread_pool("copy", _COPY_THREADS - 1)
             futures = [pool.submit(_memmoves, pieces[i::threads]) for i in range(1, threads)]
             _memmoves(pieces[::threads])
             for future in futures:
@@ -228,16 +227,6 @@ class _Copier:
 
 _COPY_PIECE = 16 * 1024 * 1024
 _COPY_THREADS = 4
-_COPY_POOL: ThreadPoolExecutor | None = None
-_COPY_POOL_LOCK = threading.Lock()
-
-
-def _copy_pool() -> ThreadPoolExecutor:
-    global _COPY_POOL
-    with _COPY_POOL_LOCK:
-        if _COPY_POOL is None:
-            _COPY_POOL = ThreadPoolExecutor(_COPY_THREADS - 1, thread_name_prefix="accelkit-copy")
-        return _COPY_POOL
 
 
 def _memmoves(pieces: list[tuple[int, int, int]]) -> None:
