@@ -6,8 +6,8 @@ Imported only when sharded state is saved or loaded (DCP takes seconds to import
   :class:`~accelkit.checkpointing.storage.Storage` (every storage, durable writes, size and
   checksum of each file computed as it streams out, in ``written``).
 - :class:`Writer` / :class:`Reader` -- DCP's file-system writer/reader over it; the reader
-  reads ``.metadata`` through :func:`accelkit.checkpointing.sharded.read_sharded_metadata`
-  (:class:`SafeUnpickler`: an allow-list of DCP's metadata classes).
+  reads ``.metadata`` through :func:`accelkit.checkpointing.dcp_metadata.read_sharded_metadata`
+  (an exact allow-list of DCP's metadata classes, then every field checked).
 - :class:`SafeLoadPlanner` -- DCP's planner with ``torch.load(weights_only=True)`` for
   non-tensor values (the stock one uses ``weights_only=False``).
 """
@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import pickle
 from collections.abc import Generator
 from typing import Any
 
@@ -30,12 +29,12 @@ from torch.distributed.checkpoint.filesystem import (
 )
 from typing_extensions import override
 
+from accelkit.checkpointing.dcp_metadata import read_sharded_metadata
 from accelkit.checkpointing.storage import HashingWriter, Storage, WrittenFile, join
 
 __all__ = [
     "Reader",
     "SafeLoadPlanner",
-    "SafeUnpickler",
     "StorageFileSystem",
     "WriteStream",
     "Writer",
@@ -130,33 +129,6 @@ class Writer(FileSystemWriter):
         self.path = url
 
 
-class SafeUnpickler(pickle.Unpickler):
-    """Unpickles DCP's ``.metadata`` and nothing else (no arbitrary callables)."""
-
-    _MODULES = ("torch.distributed.checkpoint.metadata",)
-    _NAMES = {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-        ("torch.serialization", "_get_layout"),
-        ("torch", "Size"),
-        ("pathlib", "PosixPath"),
-        ("pathlib", "PurePosixPath"),
-        ("collections", "OrderedDict"),
-    }
-
-    @override
-    def find_class(self, module: str, name: str) -> Any:
-        if module in self._MODULES or (module, name) in self._NAMES:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(
-            getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
-        ):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(
-            f"{module}.{name} is not allowed in a DCP .metadata file; refusing to load it (a "
-            "checkpoint must not be able to run code)."
-        )
-
-
 class Reader(FileSystemReader):
     def __init__(self, storage: Storage, url: str) -> None:
         super().__init__(url)
@@ -167,8 +139,6 @@ class Reader(FileSystemReader):
 
     @override
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-        from accelkit.checkpointing.sharded import read_sharded_metadata
-
         metadata = read_sharded_metadata(self.storage_fs.storage, self.url)
         from torch.distributed.checkpoint.metadata import StorageMeta
 

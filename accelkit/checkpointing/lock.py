@@ -34,7 +34,8 @@ import time
 import uuid
 from typing import Any
 
-from accelkit.checkpointing.errors import CheckpointError
+from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
+from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.storage import Storage, join
 
 __all__ = ["LOCK_NAME", "STALE_AFTER_S", "RunLock"]
@@ -97,12 +98,20 @@ class RunLock:
 
     def _read(self) -> dict[str, Any] | None:
         try:
-            data = json.loads(self.storage.read_bytes(self.url))
+            data = load_json(self.storage.read_bytes(self.url), self.url, max_depth=2)
         except FileNotFoundError:
             return None
-        except (ValueError, UnicodeDecodeError, RecursionError):
+        except CorruptCheckpointError:
             return {}  # unreadable: treated as stale
-        return data if isinstance(data, dict) else {}
+        if not isinstance(data, dict):
+            return {}
+        # Fields of an unexpected type or range (a damaged or planted file) count as absent.
+        pid, updated = data.get("pid"), data.get("updated")
+        if not (type(pid) is int and 0 < pid < 2**31):
+            data.pop("pid", None)
+        if not (isinstance(updated, (int, float)) and 0 <= updated < 1e11):
+            data.pop("updated", None)
+        return data
 
     def _ours(self, holder: dict[str, Any]) -> bool:
         # The same process (another Accelerator in a notebook, a test) shares the lock.

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
+from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.layout import MANIFEST_NAME, check_relative_path
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 
@@ -48,7 +50,7 @@ FORMAT_VERSION = 1
 _READ_CHUNK = 16 * 1024 * 1024
 
 
-class ManifestError(ValueError):
+class ManifestError(CorruptCheckpointError):
     """A manifest (``accelkit.json``) that is unreadable, malformed or unsafe."""
 
 
@@ -139,12 +141,9 @@ class Manifest:
             ManifestError: naming ``source`` and the offending field.
         """
         try:
-            data = json.loads(text)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            raise ManifestError(
-                f"{source}: not valid JSON ({exc}). The checkpoint is corrupt: load another "
-                "one, or remove it with `accelkit ckpt prune`."
-            ) from None
+            data = load_json(text, source)
+        except CorruptCheckpointError as exc:
+            raise ManifestError(f"{exc} Or remove it with `accelkit ckpt prune`.") from None
         if not isinstance(data, dict):
             raise ManifestError(f"{source}: expected a JSON object, got {type(data).__name__}.")
 

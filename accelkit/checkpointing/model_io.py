@@ -27,6 +27,7 @@ import torch
 
 from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
+from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.layout import check_relative_path
 from accelkit.checkpointing.safetensors_io import (
     check_expected,
@@ -189,10 +190,7 @@ def write_model_files(
 
 def _parse_aliases(value: Any, url: str) -> dict[str, str]:
     if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except (ValueError, RecursionError):
-            value = None
+        value = load_json(value, f"{url} ({ALIASES_KEY} metadata)", max_depth=1)
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
@@ -267,10 +265,7 @@ def _read_index(
         hasher = new_hasher(algorithm)
         hasher.update(raw)
         check_expected(url, entry, len(raw), format_checksum(algorithm, hasher.hexdigest()))
-    try:
-        index = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise _corrupt(url, "not valid JSON") from None
+    index = load_json(raw, url)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise _corrupt(url, "not a valid index (expected a JSON object with a weight_map)")

@@ -29,13 +29,13 @@ import os
 import re
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
 from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.safetensors_header import SafetensorsHeader, TensorInfo, parse_header
 from accelkit.checkpointing.storage import Storage, WrittenFile
 
 __all__ = [
@@ -185,17 +185,6 @@ def write_safetensors(
 # ---------------------------------------------------------------------------------- reading
 
 
-@dataclass(frozen=True)
-class _Entry:
-    """A tensor as described in a safetensors header."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    start: int
-    end: int
-
-
 def _corrupt(url: str, why: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(
         f"{url}: {why}. The file is truncated or damaged: load another checkpoint, or save it "
@@ -203,51 +192,14 @@ def _corrupt(url: str, why: str) -> CorruptCheckpointError:
     )
 
 
-def _parse_header(
-    url: str, raw: bytes, data_size: int | None
-) -> tuple[dict[str, _Entry], dict[str, str]]:
-    try:
-        header = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise _corrupt(url, "the safetensors header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise _corrupt(url, "the safetensors header is not a JSON object")
-    meta = header.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise _corrupt(url, "the safetensors __metadata__ is not a string mapping")
-    infos: dict[str, _Entry] = {}
-    for name, item in header.items():
-        if not isinstance(item, dict):
-            raise _corrupt(url, f"header entry {name!r} is not an object")
-        dtype, shape, offsets = item.get("dtype"), item.get("shape"), item.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in _CODES:
-            raise _corrupt(url, f"tensor {name!r} has unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise _corrupt(url, f"tensor {name!r} has an invalid shape {shape!r}")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1]
-        ):
-            raise _corrupt(url, f"tensor {name!r} has invalid data_offsets {offsets!r}")
-        numel = 1
-        for d in shape:
-            numel *= d
-        itemsize = _CODES[dtype].itemsize
-        if offsets[1] - offsets[0] != numel * itemsize:
-            raise _corrupt(url, f"tensor {name!r}: data_offsets do not match its shape and dtype")
-        if data_size is not None and offsets[1] > data_size:
-            raise _corrupt(url, f"tensor {name!r} ends past the end of the file")
-        infos[name] = _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
-    previous = 0
-    for info in sorted(infos.values(), key=lambda i: (i.start, i.end)):
-        if info.start < previous:
-            raise _corrupt(url, f"tensor {info.name!r} overlaps another tensor")
-        previous = info.end
-    return infos, dict(meta)
+def _torch_dtype(url: str, info: TensorInfo) -> torch.dtype:
+    dtype = _CODES.get(info.dtype)
+    if dtype is None:
+        raise CorruptCheckpointError(
+            f"{url}: tensor {info.name!r} has dtype {info.dtype}, which this version of torch "
+            "cannot load. Load it with a torch that has that dtype, or save it in another one."
+        )
+    return dtype
 
 
 def _read_exact(f: Any, n: int, url: str, hasher: Any) -> torch.Tensor:
@@ -293,9 +245,6 @@ def read_safetensors(
         CorruptCheckpointError: naming the file, for a bad header, truncation, or a size or
             checksum that disagrees with ``expected``.
     """
-    local = storage.local_path(url) if zero_copy else None
-    if local is not None:
-        return _read_mapped(local, url, expected)
     hasher = None
     algorithm = ""
     if expected is not None:
@@ -311,6 +260,8 @@ def read_safetensors(
     except PermissionError as exc:  # a local symbolic link: never followed
         raise CorruptCheckpointError(str(exc)) from None
     with f:
+        if zero_copy and storage.is_local:
+            return _read_mapped(f.fileno(), url, expected)
         # Without a manifest entry the file's own size bounds what a header may claim, so a
         # hostile header never makes us allocate more than the file holds.
         file_size = expected.size if expected is not None else storage.size(url)
@@ -319,19 +270,19 @@ def read_safetensors(
         if length > min(_MAX_HEADER, file_size - 8):
             raise _corrupt(url, f"header length {length} is larger than the file allows")
         raw = _read_exact(f, length, url, hasher).numpy().tobytes()
-        data_size = file_size - 8 - length
-        infos, meta = _parse_header(url, raw, data_size)
+        header = parse_header(url, raw, file_size)
         position = 0
-        for info in sorted(infos.values(), key=lambda i: i.start):
-            if info.start > position:
-                _read_exact(f, info.start - position, url, hasher)
-            dtype = _CODES[info.dtype]
-            if info.end == info.start:
+        for info in sorted(header.tensors, key=lambda i: i.data_offsets[0]):
+            start, end = info.data_offsets
+            dtype = _torch_dtype(url, info)
+            if start > position:
+                _read_exact(f, start - position, url, hasher)
+            if end == start:
                 tensors[info.name] = torch.empty(info.shape, dtype=dtype)
             else:
-                buf = _read_exact(f, info.end - info.start, url, hasher)
+                buf = _read_exact(f, end - start, url, hasher)
                 tensors[info.name] = buf.view(dtype).reshape(info.shape)
-            position = info.end
+            position = end
         total = 8 + length + position
         while True:  # trailing bytes count for size and checksum
             rest = f.read(_CHUNK)
@@ -343,70 +294,49 @@ def read_safetensors(
     if expected is not None:
         assert hasher is not None
         check_expected(url, expected, total, format_checksum(algorithm, hasher.hexdigest()))
-    return tensors, meta
+    return tensors, header.metadata
 
 
-def _check_mapped(
-    view: memoryview, size: int, url: str, expected: Any
-) -> tuple[int, dict[str, _Entry], dict[str, str]]:
+def _check_mapped(view: memoryview, size: int, url: str, expected: Any) -> SafetensorsHeader:
     (length,) = struct.unpack("<Q", view[:8])
     if length > min(_MAX_HEADER, size - 8):
         raise _corrupt(url, f"header length {length} is larger than the file allows")
-    infos, meta = _parse_header(url, bytes(view[8 : 8 + length]), size - 8 - length)
+    header = parse_header(url, bytes(view[8 : 8 + length]), size)
     if expected is not None:
         algorithm, _ = parse_checksum(expected.checksum)
         hasher = new_hasher(algorithm)
         for start in range(0, size, _CHUNK):
             hasher.update(view[start : start + _CHUNK])
         check_expected(url, expected, size, format_checksum(algorithm, hasher.hexdigest()))
-    return length, infos, meta
+    return header
 
 
 def _read_mapped(
-    path: str, url: str, expected: Any
+    fd: int, url: str, expected: Any
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        raise CorruptCheckpointError(
-            f"{url} is missing. Restore the file, or load another checkpoint."
-        ) from None
-    except OSError as exc:
-        why = "it is a symbolic link" if os.path.islink(path) else str(exc)
-        raise CorruptCheckpointError(
-            f"{url}: refusing to read it ({why}); a checkpoint's files must be regular files "
-            "inside it."
-        ) from None
-    try:
-        size = os.fstat(fd).st_size
-        if size < 8:
-            raise _corrupt(url, "shorter than a safetensors header")
-        mapped = mmap.mmap(
-            fd,
-            size,
-            flags=mmap.MAP_PRIVATE,
-            prot=mmap.PROT_READ | mmap.PROT_WRITE,
-        )
-    finally:
-        os.close(fd)
+    size = os.fstat(fd).st_size
+    if size < 8:
+        raise _corrupt(url, "shorter than a safetensors header")
+    mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     view = memoryview(mapped)
     try:
-        length, infos, meta = _check_mapped(view, size, url, expected)
+        header = _check_mapped(view, size, url, expected)
+        dtypes = {info.name: _torch_dtype(url, info) for info in header.tensors}
     except BaseException:
         view.release()
         mapped.close()
         raise
     view.release()
     base = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the map alive; no copy
-    offset = 8 + length
     tensors: dict[str, torch.Tensor] = {}
-    for info in infos.values():
-        dtype = _CODES[info.dtype]
-        raw = base[offset + info.start : offset + info.end]
-        if (offset + info.start) % dtype.itemsize:
+    for info in header.tensors:
+        dtype = dtypes[info.name]
+        start, end = (header.data_start + o for o in info.data_offsets)
+        raw = base[start:end]
+        if start % dtype.itemsize:
             raw = raw.clone()  # misaligned (another writer's layout): copy this one
         tensors[info.name] = raw.view(dtype).reshape(info.shape)
-    return tensors, meta
+    return tensors, header.metadata
 
 
 def check_expected(url: str, expected: Any, size: int, checksum: str) -> None:

@@ -29,9 +29,6 @@ save calls apart), :func:`load_sharded`, :func:`has_sharded_state`,
 from __future__ import annotations
 
 import dataclasses
-import io
-import math
-import pickle
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,15 +38,20 @@ import torch.distributed as dist
 from torch import nn
 
 from accelkit.checkpointing.checksum import parse_checksum
+from accelkit.checkpointing.dcp_metadata import (
+    DCP_METADATA_NAME,
+    SHARDED_DIRNAME,
+    has_sharded_state,
+    read_sharded_metadata,
+    sharded_tensor_infos,
+)
 from accelkit.checkpointing.errors import (
     CheckpointError,
     CheckpointMismatchError,
     CorruptCheckpointError,
 )
-from accelkit.checkpointing.inspect import TensorInfo
 from accelkit.checkpointing.layout import model_file, object_stem
 from accelkit.checkpointing.manifest import FileEntry, Manifest, file_checksum
-from accelkit.checkpointing.safetensors_io import dtype_code
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.fsdp import is_sharded
 
@@ -69,36 +71,7 @@ __all__ = [
     "write_sharded",
 ]
 
-SHARDED_DIRNAME = "sharded"
-DCP_METADATA_NAME = ".metadata"
 _RANK_FILE = re.compile(r"^__(\d+)_\d+\.distcp$")
-
-
-def read_sharded_metadata(storage: Storage, sharded_dir: str) -> Any:
-    """DCP's ``Metadata`` of ``<sharded_dir>/.metadata``, read with an allow-list unpickler.
-
-    Raises:
-        CorruptCheckpointError: if it is missing or not a DCP metadata file.
-    """
-    url = join(sharded_dir, DCP_METADATA_NAME)
-    try:
-        data = storage.read_bytes(url)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(
-            f"{url} is missing: the sharded state in {sharded_dir} is incomplete (the main "
-            "process writes it last). Load an earlier checkpoint."
-        ) from None
-    try:
-        from accelkit.checkpointing._dcp_storage import SafeUnpickler
-
-        metadata = SafeUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as exc:
-        raise CorruptCheckpointError(f"{url} is not a valid DCP metadata file: {exc}") from None
-    from torch.distributed.checkpoint.metadata import Metadata
-
-    if not isinstance(metadata, Metadata):
-        raise CorruptCheckpointError(f"{url} holds a {type(metadata).__name__}, not DCP Metadata.")
-    return metadata
 
 
 # ------------------------------------------------------------------ what is sharded
@@ -276,11 +249,6 @@ def _dcp_error(exc: Any, action: str, url: str, fix: str = "") -> CheckpointErro
 # ------------------------------------------------------------------ load
 
 
-def has_sharded_state(storage: Storage, folder: str) -> bool:
-    """Whether checkpoint ``folder`` holds sharded (DCP) state."""
-    return storage.isdir(join(folder, SHARDED_DIRNAME))
-
-
 def check_load_compatible(
     storage: Storage, folder: str, targets: ShardedTargets, model_files: Sequence[str] = ()
 ) -> None:
@@ -430,26 +398,6 @@ def load_sharded(
         fix = ". Load an earlier checkpoint (`accelkit ckpt verify` checks them)."
         raise _dcp_error(exc, "Reading", url, fix) from exc
     targets.load_state_dict(state)
-
-
-def sharded_tensor_infos(storage: Storage, folder: str) -> list[TensorInfo]:
-    """The sharded state's tensors as ``accelkit ckpt inspect`` rows (file ``sharded/``).
-
-    Dtypes use the safetensors codes (``F32``, ``BF16``...) like the rest of ``inspect``;
-    ``data_offsets`` is ``(0, full tensor bytes)``: the tensor is spread over the shard files.
-    """
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    metadata = read_sharded_metadata(storage, join(folder, SHARDED_DIRNAME))
-    out = []
-    for name, item in sorted(metadata.state_dict_metadata.items()):
-        if isinstance(item, TensorStorageMetadata):
-            dtype = item.properties.dtype
-            shape = tuple(item.size)
-            nbytes = math.prod(shape) * dtype.itemsize
-            code = dtype_code(dtype)
-            out.append(TensorInfo(name, code, shape, f"{SHARDED_DIRNAME}/", (0, nbytes)))
-    return out
 
 
 def list_sharded_tensors(storage: Storage, folder: str) -> list[tuple[str, str, tuple[int, ...]]]:

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.layout import STRUCTURE_SUFFIX, TENSORS_SUFFIX, TORCH_SUFFIX
 from accelkit.checkpointing.safetensors_io import (
     read_safetensors,
@@ -300,10 +301,7 @@ def read_state(
     json_name, tensors_name, torch_name = state_files(stem)
     json_url = join(folder, json_name)
     raw = read_verified_bytes(storage, json_url, (expected or {}).get(json_name))
-    try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise _bad(json_url, "is not valid JSON") from None
+    doc = load_json(raw, json_url)
     if not isinstance(doc, dict) or doc.get("format") != _FORMAT or "state" not in doc:
         raise _bad(json_url, "is not an accelkit state file")
     if doc.get("version") != _VERSION:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.manifest import Manifest, ManifestError
 from accelkit.checkpointing.model_io import read_model_files
-from accelkit.checkpointing.safetensors_io import _parse_header
+from accelkit.checkpointing.safetensors_header import parse_header
 from accelkit.checkpointing.state_io import decode_state
 from accelkit.checkpointing.storage import get_storage
 
@@ -69,7 +69,8 @@ _ENTRY = st.fixed_dictionaries(
 )
 def test_safetensors_header(header: dict[str, Any], data_size: int) -> None:
     try:
-        _parse_header("x.safetensors", json.dumps(header).encode(), data_size)
+        raw = json.dumps(header).encode()
+        parse_header("x.safetensors", raw, 8 + len(raw) + data_size)
     except CorruptCheckpointError:
         pass
 
