@@ -1,11 +1,16 @@
 """Finding checkpoints: list a checkpoints folder, tell each one's state, pick the latest.
 
 States: ``committed`` (its manifest parses and every listed file is present with the recorded
-size), ``incomplete`` (a ``checkpoint_<n>`` folder without a manifest: a save in flight or one
-that crashed), ``corrupt`` (a manifest that does not parse, or a listed file missing or of the
-wrong size). Checksums are not read here (see :func:`~accelkit.checkpointing.manifest.
-verify_files`). A folder that is neither named ``checkpoint_<n>`` nor holds a manifest (for
-example ``checkpoints/best`` made by the user) is not a checkpoint and is never listed.
+size), ``incomplete`` (no manifest, but accelkit's save marker ``.accelkit-save.json``, or
+nothing at all: a save in flight or one that crashed; the only state besides a committed one
+that accelkit ever deletes), ``corrupt`` (a manifest that does not parse, a listed file missing
+or of the wrong size, or a symbolic link anywhere inside), ``accelerate`` (no manifest and no
+marker, but the files of a Hugging Face accelerate checkpoint) and ``foreign`` (no manifest, no
+marker: a folder accelkit did not write). Checksums are not read here (see
+:func:`~accelkit.checkpointing.manifest.verify_files`). A folder that is neither named
+``checkpoint_<n>`` nor holds a manifest (for example ``checkpoints/best`` made by the user) is
+not a checkpoint and is never listed. Every folder is read through
+:func:`~accelkit.checkpointing.confined.confine`: no link inside it is followed.
 
 Public API:
 
@@ -30,13 +35,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from accelkit.checkpointing.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME, parse_checkpoint_name
+from accelkit.checkpointing.confined import confine
+from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.layout import (
+    CHECKPOINTS_DIRNAME,
+    MANIFEST_NAME,
+    SAVE_MARKER_NAME,
+    looks_like_accelerate,
+    parse_checkpoint_name,
+)
 from accelkit.checkpointing.manifest import Manifest, ManifestError, read_manifest, verify_files
 from accelkit.checkpointing.storage import Storage, join
 
 __all__ = [
+    "ACCELERATE",
     "COMMITTED",
     "CORRUPT",
+    "FOREIGN",
     "INCOMPLETE",
     "CheckpointInfo",
     "committed_automatic",
@@ -45,11 +60,25 @@ __all__ = [
     "list_checkpoints",
     "next_iteration",
     "resolve_checkpoints_root",
+    "unmanifested_state",
 ]
 
 COMMITTED = "committed"
 INCOMPLETE = "incomplete"
 CORRUPT = "corrupt"
+ACCELERATE = "accelerate"
+FOREIGN = "foreign"
+NOT_OURS = (ACCELERATE, FOREIGN)
+_NOT_OURS_DETAIL = {
+    ACCELERATE: (
+        "not an accelkit checkpoint; it looks like one written by Hugging Face accelerate "
+        "(its files are accelerate's: {files})"
+    ),
+    FOREIGN: (
+        "not an accelkit checkpoint: it has no accelkit.json and no .accelkit-save.json (the "
+        "marker every accelkit save writes first), so accelkit did not write it (files: {files})"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -59,7 +88,8 @@ class CheckpointInfo:
     Attributes:
         name: the folder's name (``checkpoint_3``).
         path: its full path or URL.
-        state: ``"committed"``, ``"incomplete"`` or ``"corrupt"``.
+        state: ``"committed"``, ``"incomplete"``, ``"corrupt"``, ``"accelerate"`` or
+            ``"foreign"`` (see the module docstring).
         iteration: from the manifest, else from a ``checkpoint_<n>`` name, else ``None``.
         step: optimizer steps at save time (``None`` without a manifest).
         created: commit time (UNIX seconds; ``0.0`` without a manifest).
@@ -67,7 +97,7 @@ class CheckpointInfo:
         files: number of files present in the folder (the manifest included).
         metrics: metrics saved with it.
         manifest: the parsed manifest, if any.
-        error: why it is corrupt, if it is.
+        error: why it is corrupt, or what an ``accelerate``/``foreign`` folder is.
         is_automatic: whether the name is ``checkpoint_<n>``.
     """
 
@@ -89,10 +119,8 @@ def inspect_folder(storage: Storage, path: str, name: str | None = None) -> Chec
     """Describe the checkpoint folder at ``path`` (sizes checked, checksums not)."""
     name = name or path.rstrip("/").rsplit("/", 1)[-1]
     auto_iteration = parse_checkpoint_name(name)
-    try:
-        listing = storage.walk_files(path)
-    except FileNotFoundError:
-        listing = {}
+    storage = confine(storage, path)
+    listing: dict[str, int] = {}
 
     def info(
         state: str, manifest: Manifest | None = None, error: str | None = None
@@ -116,15 +144,34 @@ def inspect_folder(storage: Storage, path: str, name: str | None = None) -> Chec
         )
 
     try:
+        listing = storage.walk_files(path)
+    except (FileNotFoundError, NotADirectoryError):
+        listing = {}
+    except CorruptCheckpointError as exc:  # a symbolic link inside, or the folder is one
+        return info(CORRUPT, error=str(exc))
+    try:
         manifest = read_manifest(storage, path) if MANIFEST_NAME in listing else None
     except ManifestError as exc:
         return info(CORRUPT, error=str(exc))
     if manifest is None:
-        return info(INCOMPLETE)
+        state = unmanifested_state(listing)
+        detail = _NOT_OURS_DETAIL.get(state)
+        shown = ", ".join(sorted(listing)[:5]) + (", ..." if len(listing) > 5 else "")
+        return info(state, error=None if detail is None else detail.format(files=shown))
     problems = verify_files(storage, path, manifest, checksums=False, sizes=listing)
     if problems:
         return info(CORRUPT, manifest, "; ".join(str(p) for p in problems))
     return info(COMMITTED, manifest)
+
+
+def unmanifested_state(names: Iterable[str]) -> str:
+    """The state of a folder without a manifest holding the files ``names`` (relative paths):
+    ``incomplete`` if accelkit's save marker is there or it is empty, ``accelerate`` if the
+    files are Hugging Face accelerate's, else ``foreign``."""
+    names = list(names)
+    if not names or SAVE_MARKER_NAME in names:
+        return INCOMPLETE
+    return ACCELERATE if looks_like_accelerate(names) else FOREIGN
 
 
 def _sort_key(info: CheckpointInfo) -> tuple[int, float, str]:

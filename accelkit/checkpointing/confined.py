@@ -92,9 +92,12 @@ class ConfinedStorage(Storage):
     def _relative(self, url: str) -> list[str]:
         """The components of ``url`` below the root (``[]`` for the root itself)."""
         url = url.rstrip("/") or url
-        if url == self.root:
+        root = self.root
+        if self.is_local:  # "ckpt/x" and "/abs/ckpt/x" name the same file
+            url, root = self.inner._path(url), self.inner._path(root)
+        if url == root:
             return []
-        prefix = self.root if self.root.endswith("/") else self.root + "/"
+        prefix = root if root.endswith("/") else root + "/"
         if not url.startswith(prefix):
             raise OutsideCheckpointError(
                 f"Refusing to read {url!r}: it is not inside the checkpoint {self.root!r}. A "

@@ -18,11 +18,17 @@ Public API:
   ``save_state`` writes (used to remove files of an earlier save into the same folder).
 - :func:`check_relative_path(path) <check_relative_path>` -- reject a path stored in a manifest
   or index that is absolute or leaves its folder.
+- :data:`SAVE_MARKER_NAME` (``.accelkit-save.json``): written into a checkpoint folder when a
+  save starts, so a folder without a manifest can be told apart: an accelkit save that did not
+  finish (marker present: safe to delete) or a folder accelkit did not write (never deleted).
+- :func:`looks_like_accelerate(names) <looks_like_accelerate>` -- whether a folder's file names
+  are those of a checkpoint written by Hugging Face accelerate's ``save_state``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from accelkit.checkpointing.storage import join
 
@@ -31,6 +37,7 @@ __all__ = [
     "CHECKPOINT_PREFIX",
     "MANIFEST_NAME",
     "MODEL_INDEX_NAME",
+    "SAVE_MARKER_NAME",
     "STRUCTURE_SUFFIX",
     "TENSORS_SUFFIX",
     "TORCH_SUFFIX",
@@ -40,6 +47,7 @@ __all__ = [
     "custom_stem",
     "dataloader_stem",
     "is_state_file",
+    "looks_like_accelerate",
     "model_file",
     "object_stem",
     "parse_checkpoint_name",
@@ -50,6 +58,7 @@ CHECKPOINTS_DIRNAME = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint_"
 MANIFEST_NAME = "accelkit.json"
 MODEL_INDEX_NAME = "model.safetensors.index.json"
+SAVE_MARKER_NAME = ".accelkit-save.json"
 STRUCTURE_SUFFIX = ".json"
 TENSORS_SUFFIX = ".safetensors"
 TORCH_SUFFIX = ".pt"
@@ -64,6 +73,13 @@ _STATE_FILE_RE = re.compile(
     r"|scaler\.(?:json|safetensors|pt)"
     r"|(?:dataloader|custom_checkpoint|random_states)_\d+\.(?:json|safetensors|pt)"
     r")$"
+)
+
+# Files only Hugging Face accelerate's save_state writes (accelkit never writes pickles).
+_ACCELERATE_FILE_RE = re.compile(
+    r"^(?:(?:optimizer|scheduler|sampler|dl_state_dict)(?:_\d+)?\.bin"
+    r"|pytorch_model(?:_\d+)?\.bin|scaler\.pt"
+    r"|(?:random_states|custom_checkpoint)_\d+\.pkl)$"
 )
 
 
@@ -140,3 +156,10 @@ def check_relative_path(path: object, what: str = "path") -> str:
             "file must stay inside its folder."
         )
     return path
+
+
+def looks_like_accelerate(names: Iterable[str]) -> bool:
+    """Whether the file names ``names`` (relative paths in one folder) include files that
+    Hugging Face accelerate's ``save_state`` writes and accelkit never does (``optimizer.bin``,
+    ``random_states_0.pkl``, ``scaler.pt``...)."""
+    return any(_ACCELERATE_FILE_RE.match(n) for n in names if "/" not in n)

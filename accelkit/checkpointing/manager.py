@@ -24,6 +24,7 @@ Public API: :class:`CheckpointManager` (``register``, ``register_save_pre_hook``
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
@@ -46,6 +47,7 @@ from accelkit.checkpointing.catalog import (
 )
 from accelkit.checkpointing.checksum import DEFAULT_ALGORITHM
 from accelkit.checkpointing.config import ProjectConfiguration
+from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.contents import (
     TrainingObjects,
     apply_contents,
@@ -56,15 +58,16 @@ from accelkit.checkpointing.contents import (
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.layout import (
     MANIFEST_NAME,
+    SAVE_MARKER_NAME,
     checkpoint_name,
     checkpoints_dir,
     is_state_file,
 )
+from accelkit.checkpointing.loading import agree_on_load, check_loadable
 from accelkit.checkpointing.lock import RunLock
 from accelkit.checkpointing.manifest import (
     FileEntry,
     Manifest,
-    ManifestError,
     file_checksum,
     read_manifest,
     write_manifest,
@@ -108,6 +111,14 @@ class LoadResult:
 
     path: str
     manifest: Manifest
+
+
+def _save_marker() -> bytes:
+    import json
+    import socket
+
+    doc = {"format": "accelkit-save", "started": time.time(), "host": socket.gethostname()}
+    return json.dumps({**doc, "pid": os.getpid()}).encode()
 
 
 def _agree(error: BaseException | None, what: str) -> None:
@@ -371,6 +382,9 @@ class CheckpointManager:
             storage.remove(manifest_url)  # un-commit before changing any file
             storage.fsync_dir(target)
         storage.makedirs(target)
+        # First into the folder: what proves to `ckpt prune` that accelkit started this save
+        # (a folder without a manifest and without the marker is never deleted).
+        storage.write_bytes(join(target, SAVE_MARKER_NAME), _save_marker())
 
     def _commit(
         self,
@@ -440,6 +454,9 @@ class CheckpointManager:
         """``input_dir``, or the newest committed checkpoint under ``project_dir``."""
         if input_dir is not None:
             return os.fspath(input_dir)
+        return self._committed_newest_first()[0].path
+
+    def _committed_newest_first(self) -> list[CheckpointInfo]:
         root = self.checkpoints_root()
         storage = self.storage(root)
         infos = list_checkpoints(storage, root)
@@ -453,7 +470,7 @@ class CheckpointManager:
                 f"No committed checkpoint under {root} (found: {others}). Save one with "
                 "save_state() first, or pass the checkpoint's path to load_state()."
             )
-        return committed[-1].path
+        return committed[::-1]
 
     def load(
         self,
@@ -463,26 +480,44 @@ class CheckpointManager:
     ) -> LoadResult:
         """Restore ``objects`` from a committed checkpoint; must be called on every process.
 
-        Sets ``config.iteration`` past the loaded checkpoint and past every ``checkpoint_<n>``
-        folder under ``project_dir``, so the next automatic save never collides.
+        With ``input_dir=None``, the newest committed checkpoint under ``project_dir`` that
+        loads: one whose files fail their checks is skipped with a warning naming it and why
+        (it is never deleted), and the next older one is tried. With a path, that checkpoint
+        or an error. Sets ``config.iteration`` past the loaded checkpoint and past every
+        ``checkpoint_<n>`` folder under ``project_dir``, so the next automatic save never
+        collides.
 
         Raises:
-            CheckpointError: the folder is not a committed checkpoint.
+            CheckpointError: the folder is not a committed checkpoint (the message says what
+                it is and what to pass instead).
             CorruptCheckpointError / CheckpointMismatchError: see :func:`~accelkit.
                 checkpointing.contents.read_contents`. Nothing is changed then.
         """
-        path = self.resolve_input_dir(input_dir)
-        storage = self.storage(path)
-        try:
-            manifest = read_manifest(storage, path)
-        except ManifestError as exc:
-            raise CorruptCheckpointError(f"{exc} Load another checkpoint.") from None
-        if manifest is None:
-            state = "does not exist" if not storage.exists(path) else "has no accelkit.json"
-            raise CheckpointError(
-                f"{path} {state}: it is not a committed checkpoint (a save that did not finish "
-                "leaves such a folder). Load another one; `accelkit ckpt ls` lists them."
-            )
+        if input_dir is not None:
+            return self._load_from(os.fspath(input_dir), objects, verify)
+        candidates = self._committed_newest_first()
+        skipped: list[str] = []
+        for info in candidates:
+            try:
+                return self._load_from(info.path, objects, verify)
+            except CorruptCheckpointError as exc:
+                skipped.append(f"{info.name}: {exc}")
+                logger.warning(
+                    "Not resuming from %s: it is damaged (%s). Trying the next older committed "
+                    "checkpoint; %s is left in place (`accelkit ckpt verify` shows the damage).",
+                    info.path,
+                    exc,
+                    info.name,
+                )
+        raise CorruptCheckpointError(
+            f"Every committed checkpoint under {self.checkpoints_root()} is damaged; nothing "
+            f"was restored: {' | '.join(skipped)}"
+        )
+
+    def _load_from(self, path: str, objects: TrainingObjects, verify: bool | None) -> LoadResult:
+        storage = confine(self.storage(path), path)
+        manifest = check_loadable(storage, path).manifest
+        assert manifest is not None
         targets = sharded_targets(objects.models, objects.optimizers)
         check_load_compatible(storage, path, targets)
         if manifest.world_size != self.state.num_processes and not targets:
@@ -503,17 +538,15 @@ class CheckpointManager:
         models = list(objects.models)
         for hook in list(self._load_hooks.values()):
             hook(models, path)
-        objects = TrainingObjects(
-            models=models,
-            optimizers=objects.optimizers,
-            schedulers=objects.schedulers,
-            dataloaders=objects.dataloaders,
-            scaler=objects.scaler,
-            custom=objects.custom,
-        )
+        objects = dataclasses.replace(objects, models=models)
         verify = self.config.verify_checksums if verify is None else verify
         plain = targets.remaining(objects)
-        loaded = read_contents(storage, path, manifest, plain, self.state.process_index, verify)
+        error: CheckpointError | None = None
+        try:
+            loaded = read_contents(storage, path, manifest, plain, self.state.process_index, verify)
+        except CheckpointError as exc:
+            error = exc
+        agree_on_load(error, path)
         if targets:  # a collective; DCP reshards to this run's process count
             load_sharded(storage, path, targets, manifest, verify)
         apply_contents(loaded, plain)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
+from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
 from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.layout import check_relative_path
@@ -348,19 +349,52 @@ def save_model(
     return sorted(written)
 
 
+def _kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else "int"
+
+
 def check_model_keys(
-    model: torch.nn.Module, tensors: Mapping[str, torch.Tensor], source: str
+    model: torch.nn.Module,
+    tensors: Mapping[str, torch.Tensor],
+    source: str,
+    strict: bool = True,
+    exact_dtype: bool = True,
 ) -> None:
-    """Raise :class:`CheckpointMismatchError` listing missing/unexpected keys and bad shapes."""
+    """Raise :class:`CheckpointMismatchError` listing missing/unexpected keys, and stored
+    tensors whose shape or dtype disagrees with the model's.
+
+    Args:
+        model: the model the tensors are for.
+        tensors: the stored tensors by key.
+        source: the file, for the message.
+        strict: also refuse missing and unexpected keys (shapes and dtypes are always checked).
+        exact_dtype: a stored dtype must equal the model's (resuming); with ``False`` only its
+            kind must (float, int, bool, complex: loading float32 weights into a bfloat16 model
+            casts them, but integer bytes are never read as floats or the reverse).
+    """
     own = model.state_dict()
-    missing = [k for k in own if k not in tensors]
-    unexpected = sorted(k for k in tensors if k not in own)
+    missing = [k for k in own if k not in tensors] if strict else []
+    unexpected = sorted(k for k in tensors if k not in own) if strict else []
     shapes = [
         f"{k}: checkpoint {tuple(tensors[k].shape)} vs model {tuple(own[k].shape)}"
         for k in own
         if k in tensors and tuple(tensors[k].shape) != tuple(own[k].shape)
     ]
-    if missing or unexpected or shapes:
+    dtypes = [
+        f"{k}: checkpoint {tensors[k].dtype} vs model {own[k].dtype}"
+        for k in own
+        if k in tensors
+        and (
+            tensors[k].dtype != own[k].dtype
+            if exact_dtype
+            else _kind(tensors[k].dtype) != _kind(own[k].dtype)
+        )
+    ]
+    if missing or unexpected or shapes or dtypes:
         parts = []
         if missing:
             parts.append(f"missing keys {missing}")
@@ -368,10 +402,19 @@ def check_model_keys(
             parts.append(f"unexpected keys {unexpected}")
         if shapes:
             parts.append(f"shape mismatches {shapes}")
+        if dtypes:
+            parts.append(f"dtype mismatches {dtypes}")
+        fix = (
+            "Load it into the same architecture and dtype it was saved from"
+            if dtypes and not (missing or unexpected or shapes)
+            else "Load it into the same architecture it was saved from"
+        )
+        if missing or unexpected:
+            fix += (
+                " (or pass strict=False to load_checkpoint_in_model to load the matching keys only)"
+            )
         raise CheckpointMismatchError(
-            f"{source} does not fit {type(model).__name__}: {'; '.join(parts)}. Load it into "
-            "the same architecture it was saved from (or pass strict=False to "
-            "load_checkpoint_in_model to load the matching keys only)."
+            f"{source} does not fit {type(model).__name__}: {'; '.join(parts)}. {fix}."
         )
 
 
@@ -401,6 +444,7 @@ def load_checkpoint_in_model(
     """
     storage = get_storage(checkpoint, storage_options)
     if storage.isdir(checkpoint):
+        storage = confine(storage, checkpoint)  # no link inside the folder is followed
         folder, name = checkpoint, None
         for candidate in (
             "model.safetensors.index.json",
@@ -421,15 +465,15 @@ def load_checkpoint_in_model(
             raise FileNotFoundError(f"No checkpoint at {checkpoint!r}.")
         folder, _, name = checkpoint.rstrip("/").rpartition("/")
         folder = folder or "."
+        storage = confine(storage, folder)
     if name.endswith(".index.json"):
         tensors = _read_index(storage, folder, name, {}, zero_copy=True)
     else:
         url = join(folder, name)
         tensors, meta = _read_weights_file(storage, url, None, zero_copy=True)
         _resolve_aliases(tensors, _parse_aliases(meta.get(ALIASES_KEY, "{}"), url), url)
-    if strict:
-        check_model_keys(model, tensors, join(folder, name))
-    else:
+    check_model_keys(model, tensors, join(folder, name), strict=strict, exact_dtype=False)
+    if not strict:
         own = model.state_dict()
         tensors = {k: v for k, v in tensors.items() if k in own}
     if device_map is not None:

@@ -24,9 +24,11 @@ from accelkit.checkpointing.catalog import (
     COMMITTED,
     CORRUPT,
     INCOMPLETE,
+    NOT_OURS,
     CheckpointInfo,
     committed_automatic,
 )
+from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.layout import MANIFEST_NAME
 from accelkit.checkpointing.manifest import verify_files
@@ -236,6 +238,8 @@ def _run_ls(args: argparse.Namespace) -> int:
                 f"{info.name}: corrupt: {info.error}. Run `accelkit ckpt verify {info.path}`.",
                 file=sys.stderr,
             )
+        elif info.state in NOT_OURS:
+            print(f"{info.name}: {info.error}.", file=sys.stderr)
     return 0
 
 
@@ -315,6 +319,12 @@ def _run_prune(args: argparse.Namespace) -> int:
                 "verify` and delete it by hand if unwanted.",
                 file=sys.stderr,
             )
+        elif info.state in NOT_OURS:
+            print(
+                f"Keeping {info.name}: {info.error}. accelkit deletes only what it wrote; "
+                "delete it by hand if unwanted.",
+                file=sys.stderr,
+            )
     if not plan:
         print(f"Nothing to remove under {root} ({len(kept)} kept).")
         return 0
@@ -381,6 +391,7 @@ def _verify_one(storage: Storage, info: CheckpointInfo, bar: Any) -> tuple[list[
     manifest = info.manifest
     if manifest is None:
         return [f"{MANIFEST_NAME}: {info.error}"], []
+    storage = confine(storage, info.path)
     listing = storage.walk_files(info.path)
     extra = sorted(set(listing) - set(manifest.file_map()) - {MANIFEST_NAME})
     problems: list[str] = []
@@ -407,13 +418,18 @@ def _run_verify(args: argparse.Namespace) -> int:
             "remove it with `accelkit ckpt prune`.",
             1,
         )
-    todo = [i for i in infos if i.state != INCOMPLETE]
+    if single and infos[0].state in NOT_OURS:
+        raise Fail(f"{infos[0].path!r} is {infos[0].error}; there is nothing to verify.", 1)
+    todo = [i for i in infos if i.state in (COMMITTED, CORRUPT)]
     total = sum(i.manifest.total_size for i in todo if i.manifest is not None)
     bad = 0
     with progress(total, "B", "verifying") as bar:
         for info in infos:
             if info.state == INCOMPLETE:
                 print(f"SKIP  {info.name}: incomplete (no {MANIFEST_NAME}); not a checkpoint")
+                continue
+            if info.state in NOT_OURS:
+                print(f"SKIP  {info.name}: {info.error}")
                 continue
             problems, extra = _verify_one(storage, info, bar)
             if problems:
@@ -428,7 +444,11 @@ def _run_verify(args: argparse.Namespace) -> int:
                 # Not part of the checkpoint (never loaded), so not a failure; worth knowing.
                 print(f"      not in the manifest (ignored): {', '.join(extra)}")
     if not todo:
-        raise Fail(f"no committed checkpoint to verify under {root!r} (only incomplete).", 1)
+        raise Fail(
+            f"no committed checkpoint to verify under {root!r} (only incomplete ones or folders "
+            "accelkit did not write).",
+            1,
+        )
     print(f"{len(todo) - bad} of {len(todo)} checkpoint(s) intact.")
     if bad:
         print(
@@ -448,17 +468,18 @@ def _shape(shape: Iterable[int]) -> str:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    from accelkit.checkpointing.dcp_metadata import has_sharded_state, sharded_tensor_infos
     from accelkit.checkpointing.inspect import read_safetensors_header, safetensors_files
 
     storage = open_storage(args)
+    path = args.path.rstrip("/") or args.path
+    # Never follow a link inside what is inspected: a folder, or a file's own folder.
+    folder = path if storage.isdir(path) else (path.rpartition("/")[0] or ".")
     try:
-        files = safetensors_files(storage, args.path)
-        from accelkit.checkpointing.sharded import has_sharded_state, sharded_tensor_infos
-
+        storage = confine(storage, folder)
+        files = safetensors_files(storage, path)
         sharded_infos = (
-            sharded_tensor_infos(storage, args.path)
-            if has_sharded_state(storage, args.path)
-            else []
+            sharded_tensor_infos(storage, path) if has_sharded_state(storage, path) else []
         )
     except CheckpointError as exc:
         raise Fail(str(exc), 1) from None

@@ -4,7 +4,8 @@ back or made to fail: the tool that makes a background save deterministically sl
 ``gatedfile:///tmp/x/f`` is the local file ``/tmp/x/f``; every write to a file inside a
 checkpoint (a path containing ``/checkpoints/``) first waits until
 :attr:`GatedFileSystem.gate` is set, and raises ``OSError`` if the file's path contains
-:attr:`GatedFileSystem.fail_on`. Other files (the project's save lock) are written at once.
+:attr:`GatedFileSystem.fail_on`. Other files (the project's save lock, and the save marker
+``.accelkit-save.json`` that a save writes before it returns) are written at once.
 Files are real files, so what a save left can be read back with plain local paths.
 """
 
@@ -15,6 +16,8 @@ from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from accelkit.checkpointing.layout import SAVE_MARKER_NAME
 
 __all__ = ["PROTOCOL", "GatedFileSystem", "gated_url", "reset"]
 
@@ -35,7 +38,7 @@ class GatedFileSystem(LocalFileSystem):
 
     @classmethod
     def before_write(cls, path: str) -> None:
-        if "/checkpoints/" not in path:
+        if "/checkpoints/" not in path or path.endswith("/" + SAVE_MARKER_NAME):
             return
         if not cls.gate.is_set():
             cls.writes_waiting.set()

@@ -17,6 +17,7 @@ from accelkit.checkpointing.errors import (
     CheckpointMismatchError,
     CorruptCheckpointError,
 )
+from accelkit.checkpointing.layout import SAVE_MARKER_NAME
 from accelkit.checkpointing.storage import join
 from tests.checkpointing.conftest import Root
 
@@ -75,6 +76,7 @@ def test_incomplete_folders_are_never_loaded_and_numbering_goes_past_them(root: 
     first = acc.save_state()
     assert first.endswith("checkpoints/checkpoint_1")
     half = join(root.url, "checkpoints", "checkpoint_5")
+    root.storage.write_bytes(join(half, SAVE_MARKER_NAME), b"{}")  # what a save writes first
     root.storage.write_bytes(join(half, "model.safetensors"), b"half written")
     box.value = 0.0
 
@@ -97,6 +99,7 @@ def test_retention_after_commit_ignores_stray_and_incomplete_folders(root: Root)
     ckdir = join(root.url, "checkpoints")
     best = acc.save_state(join(ckdir, "best"))  # a committed checkpoint with another name
     root.storage.write_bytes(join(ckdir, "notes", "readme.txt"), b"user folder")
+    root.storage.write_bytes(join(ckdir, "checkpoint_0", SAVE_MARKER_NAME), b"{}")
     root.storage.write_bytes(join(ckdir, "checkpoint_0", "model.safetensors"), b"crashed save")
     acc.project_configuration.iteration = 1
     for _ in range(4):

@@ -17,6 +17,7 @@ from accelkit.checkpointing.catalog import (
 )
 from accelkit.checkpointing.checksum import checksum_bytes, parse_checksum
 from accelkit.checkpointing.layout import (
+    SAVE_MARKER_NAME,
     check_relative_path,
     checkpoint_name,
     is_state_file,
@@ -141,7 +142,8 @@ def test_catalog_states_latest_and_stray_folders(root: Root) -> None:
     ckdir = join(root.url, "checkpoints")
     for i in (1, 2, 10):
         _commit(s, join(ckdir, checkpoint_name(i)), i)
-    s.write_bytes(join(ckdir, "checkpoint_11", "model.safetensors"), b"half")  # no manifest
+    s.write_bytes(join(ckdir, "checkpoint_11", SAVE_MARKER_NAME), b"{}")  # a save began...
+    s.write_bytes(join(ckdir, "checkpoint_11", "model.safetensors"), b"half")  # ...no manifest
     s.write_bytes(join(ckdir, "checkpoint_3", "accelkit.json"), b"{broken")
     s.write_bytes(join(ckdir, "best", "notes.txt"), b"user folder")
     s.write_bytes(join(ckdir, "loose-file"), b"x")
