@@ -473,3 +473,19 @@ def test_fsdp_load_state_refuses_hostile_metadata_and_linked_shards(
     check(code == 0, "prune", out)
     check(_tree(decoy) == decoy_before, "the decoy changed", sorted(_tree(decoy)))
     assert not problems, "\n".join(problems)
+
+
+def test_a_linked_metadata_file_is_refused(
+    base_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sharded/.metadata`` as a link to a valid metadata file outside (manifest re-signed):
+    refused as a corrupt checkpoint naming the link, like every other linked file."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / ".metadata").write_bytes(valid_metadata(tmp_path))
+    folder = _plant(base_checkpoint, tmp_path / "checkpoint_3", b"placeholder")
+    (folder / "sharded" / ".metadata").unlink()
+    (folder / "sharded" / ".metadata").symlink_to(outside / ".metadata")
+    _resign(folder)
+    error = _all_surfaces_refuse(folder, capsys, "linked-metadata")
+    assert "symbolic link" in str(error), error
