@@ -204,12 +204,12 @@ def test_a_named_pipe_in_a_checkpoint_does_not_hang_readers(project: Path) -> No
             [sys.executable, "-c", _FIFO_SCRIPT, str(project), str(folder)],
             capture_output=True,
             text=True,
-            timeout=45,
+            timeout=30,
             env=env,
         )
     except subprocess.TimeoutExpired as exc:
         out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout
-        pytest.fail(f"a reader blocked on the named pipe for 45 s; output so far: {out!r}")
+        pytest.fail(f"a reader blocked on the named pipe for 30 s; output so far: {out!r}")
     out = run.stdout + run.stderr
     assert "LOAD: refused" in out and "notes.txt" in out, out
     assert "VERIFY: 1" in out, out
