@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,17 +46,25 @@ def _accelkit(project: Path, **config: object) -> tuple[Accelerator, torch.nn.Mo
     return accelerator, model, counter
 
 
-def _hf_accelerate_checkpoint(project: Path) -> Path:
-    """A real checkpoint written by Hugging Face accelerate's ``save_state`` (checkpoint_0)."""
-    from accelerate import Accelerator as HFAccelerator
-    from accelerate.utils import ProjectConfiguration as HFProjectConfiguration
+_HF_SAVE = """
+import sys, torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
 
-    config = HFProjectConfiguration(str(project), automatic_checkpoint_naming=True)
-    accelerator = HFAccelerator(project_config=config, cpu=True)
-    model = _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.save_state()
+config = ProjectConfiguration(sys.argv[1], automatic_checkpoint_naming=True)
+accelerator = Accelerator(project_config=config, cpu=True)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+accelerator.save_state()
+"""
+
+
+def _hf_accelerate_checkpoint(project: Path) -> Path:
+    """A real checkpoint written by Hugging Face accelerate's ``save_state`` (checkpoint_0), in a
+    subprocess so that accelerate's process-wide state stays out of this one."""
+    subprocess.run([sys.executable, "-c", _HF_SAVE, str(project)], check=True, timeout=180)
     folder = _ckpt(project, 0)
     assert (folder / "model.safetensors").exists() and (folder / "optimizer.bin").exists()
     return folder
