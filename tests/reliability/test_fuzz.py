@@ -11,8 +11,10 @@ on fsspec ``memory://`` (fast, no disk), except for the local memory-mapped safe
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import struct
 import tempfile
 import uuid
@@ -226,6 +228,7 @@ def _empty_tensor_files(draw: st.DrawFn) -> bytes:
 
 
 _LOCAL_DIR = tempfile.mkdtemp(prefix="accelkit-fuzz-")
+atexit.register(shutil.rmtree, _LOCAL_DIR, True)
 
 
 @FUZZ

@@ -155,6 +155,24 @@ def test_automatic_resume_skips_a_damaged_newest_checkpoint_with_a_warning(
     _refused(project, newest, "notes.txt")
 
 
+def test_a_bad_random_state_is_refused_before_anything_is_restored(project: Path) -> None:
+    """random_states_0.json (re-signed) with a Python generator state of version 99: random
+    states are accelkit's own format, so they are checked with everything else before the
+    first object changes, not found bad after the model and optimizer were overwritten."""
+    import random
+
+    folder = _copy(project, "bad-rng")
+    path = folder / "random_states_0.json"
+    doc = json.loads(path.read_text())
+    doc["state"]["python"]["__tuple__"][0] = 99
+    path.write_text(json.dumps(doc))
+    _resign(folder)
+    rng_before = random.getstate()
+    error = _refused(project, folder, "random_states_0.json")
+    assert isinstance(error, CorruptCheckpointError), error
+    assert random.getstate() == rng_before
+
+
 # ------------------------------------------------------------------ lying safetensors headers
 
 
