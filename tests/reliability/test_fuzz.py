@@ -1,16 +1,22 @@
 """Fuzz the parsers of untrusted checkpoint metadata with hypothesis.
 
 Manifests (``Manifest.from_json``), safetensors headers (the loader's ``read_safetensors`` and
-the CLI's ``read_safetensors_header``) and model indexes (``load_checkpoint_in_model`` on an
-index) get arbitrary bytes and arbitrary JSON shaped like the real thing: each input gives a
-result or the package's own error (``ManifestError`` / ``CorruptCheckpointError``), never any
-other exception. Files live on fsspec ``memory://`` (fast, no disk).
+the CLI's ``read_safetensors_header``), model indexes (``load_checkpoint_in_model`` on an
+index) and DCP's pickled ``.metadata`` (``read_sharded_metadata``: arbitrary bytes and real
+metadata with bytes flipped, cut, deleted and opcodes spliced in) get arbitrary bytes and
+arbitrary input shaped like the real thing: each input gives a result or the package's own
+error (``ManifestError`` / ``CorruptCheckpointError``), never any other exception. Files live
+on fsspec ``memory://`` (fast, no disk), except for the local memory-mapped safetensors path.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
+import shutil
 import struct
+import tempfile
 import uuid
 from typing import Any
 
@@ -198,5 +204,156 @@ def test_index_parsing_never_crashes(raw: bytes | str) -> None:
         load_checkpoint_in_model(nn.Linear(2, 2), index)
     except CheckpointError as exc:  # corrupt, or keys that do not fit the model
         assert "model.safetensors.index.json" in str(exc)
+    finally:
+        storage.rmtree(folder)
+
+
+# ------------------------------------------------------------------ issue 15: more parsers
+
+
+@st.composite
+def _empty_tensor_files(draw: st.DrawFn) -> bytes:
+    """Headers whose tensors hold no bytes but claim dimensions no tensor can have."""
+    header: dict[str, Any] = {}
+    for name in draw(
+        st.lists(st.text(min_size=1, max_size=4), min_size=1, max_size=3, unique=True)
+    ):
+        dims = draw(st.lists(st.integers(0, 2**70), min_size=1, max_size=4))
+        if 0 not in dims and draw(st.booleans()):
+            dims.insert(draw(st.integers(0, len(dims))), 0)
+        at = draw(st.integers(0, 16))
+        header[name] = {"dtype": draw(_DTYPES), "shape": dims, "data_offsets": [at, at]}
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + b"\0" * 16
+
+
+_LOCAL_DIR = tempfile.mkdtemp(prefix="accelkit-fuzz-")
+atexit.register(shutil.rmtree, _LOCAL_DIR, True)
+
+
+@FUZZ
+@given(st.one_of(_empty_tensor_files(), _safetensors_files()))
+def test_safetensors_readers_never_crash_on_local_files(blob: bytes) -> None:
+    """The local (memory-mapped, ``zero_copy``) path that ``load_state`` uses, and the CLI's
+    header reader, on the same hostile files: ``CorruptCheckpointError`` or a result."""
+    path = os.path.join(_LOCAL_DIR, f"{uuid.uuid4().hex}.safetensors")
+    storage = get_storage(path)
+    with open(path, "wb") as f:
+        f.write(blob)
+    try:
+        for zero_copy in (True, False):
+            try:
+                read_safetensors(storage, path, zero_copy=zero_copy)
+            except CorruptCheckpointError as exc:
+                assert path in str(exc)
+        try:
+            read_safetensors_header(storage, path)
+        except CorruptCheckpointError as exc:
+            assert path in str(exc)
+    finally:
+        os.remove(path)
+
+
+_VALID_METADATA: list[bytes] = []
+
+
+def _valid_metadata() -> bytes:
+    """A real DCP ``.metadata`` (written once, by DCP, in this process, on ``memory://``)."""
+    if not _VALID_METADATA:
+        import warnings
+
+        from accelkit.checkpointing.sharded import write_sharded
+
+        url = f"memory://fuzz-dcp/{uuid.uuid4().hex}"
+        state = {"model": {"w": torch.ones(3, 2), "b": torch.zeros(2)}, "optimizer": {"lr": 0.1}}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "assuming the intent is to save in a single process"
+            write_sharded(get_storage(url), url, state)
+        _VALID_METADATA.append(get_storage(url).read_bytes(f"{url}/sharded/.metadata"))
+    return _VALID_METADATA[0]
+
+
+# Opcode fragments to splice into valid metadata: structure, memo, counted and extension
+# opcodes, and calls of allowed names with wrong arguments. No name outside the allow-list that
+# could change this process (test_hostile_dcp.py covers those one by one).
+_FRAGMENTS = [
+    b"(",
+    b")",
+    b"t",
+    b"\x85",
+    b"\x86",
+    b"\x87",
+    b"R",
+    b"b",
+    b"o",
+    b"s",
+    b"u",
+    b"e",
+    b"a",
+    b"0",
+    b"1",
+    b"2",
+    b"N",
+    b"}",
+    b"]",
+    b"\x88",
+    b"\x89",
+    b"\x94",
+    b"\x95" + struct.pack("<Q", 2**40),
+    b"h\x00",
+    b"h\xff",
+    b"j" + struct.pack("<I", 2**31),
+    b"\x82\x01",
+    b"\x83\xff\xff",
+    b"\x84" + struct.pack("<i", -1),
+    b"\x8e" + struct.pack("<Q", 2**40),
+    b"\x8d" + struct.pack("<Q", 2**62),
+    b"\x96" + struct.pack("<Q", 2**33),
+    b"\x97",
+    b"\x98",
+    b"K\x05",
+    b"J\xff\xff\xff\xff",
+    b"\x8a\x09" + b"\xff" * 9,
+    b"G" + struct.pack(">d", float("nan")),
+    b"\x8c\x05torch\x8c\x04Size\x93",
+    b"\x8c\x13torch.serialization\x8c\x0b_get_layout\x93",
+    b"\x8c%torch.distributed.checkpoint.metadata\x8c\x08Metadata\x93",
+    b"\x8c\x07pathlib\x8c\tPosixPath\x93",
+    b"\x8c\x05torch\x8c\x07float32\x93",
+    b"\x8c\x0bcollections\x8c\x0bOrderedDict\x93",
+]
+
+
+@st.composite
+def _mutated_metadata(draw: st.DrawFn) -> bytes:
+    data = bytearray(_valid_metadata())
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["flip", "truncate", "splice", "delete"]))
+        at = draw(st.integers(0, max(len(data) - 1, 0)))
+        if kind == "flip" and data:
+            data[at] ^= draw(st.integers(1, 255))
+        elif kind == "truncate":
+            del data[at:]
+        elif kind == "splice":
+            data[at:at] = draw(st.sampled_from(_FRAGMENTS))
+        else:
+            del data[at : at + draw(st.integers(1, 16))]
+    return bytes(data)
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=200), _mutated_metadata()))
+def test_dcp_metadata_reader_never_crashes(raw: bytes) -> None:
+    """``read_sharded_metadata`` on arbitrary bytes and on mutated real metadata: a DCP
+    ``Metadata`` or a ``CorruptCheckpointError`` naming the file, never another exception."""
+    from accelkit.checkpointing.sharded import read_sharded_metadata
+
+    folder = f"memory://fuzz-dcp/{uuid.uuid4().hex}/sharded"
+    storage = get_storage(folder)
+    storage.write_bytes(f"{folder}/.metadata", raw)
+    try:
+        read_sharded_metadata(storage, folder)
+    except CorruptCheckpointError as exc:
+        assert ".metadata" in str(exc)
     finally:
         storage.rmtree(folder)
