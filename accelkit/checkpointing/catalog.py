@@ -75,8 +75,9 @@ _NOT_OURS_DETAIL = {
         "(its files are accelerate's: {files})"
     ),
     FOREIGN: (
-        "not an accelkit checkpoint: it has no accelkit.json and no .accelkit-save.json (the "
-        "marker every accelkit save writes first), so accelkit did not write it (files: {files})"
+        "a foreign folder, not an accelkit checkpoint: it has no accelkit.json and no "
+        ".accelkit-save.json (the marker every accelkit save writes first), so accelkit did not "
+        "write it (files: {files})"
     ),
 }
 
@@ -125,8 +126,10 @@ def inspect_folder(storage: Storage, path: str, name: str | None = None) -> Chec
     def info(
         state: str, manifest: Manifest | None = None, error: str | None = None
     ) -> CheckpointInfo:
+        # A checkpoint_<n> folder's number is its iteration, whatever its manifest claims: a
+        # copied or crafted manifest must not steer load_state(), numbering or retention.
         iteration = auto_iteration
-        if manifest is not None and manifest.iteration is not None:
+        if iteration is None and manifest is not None:
             iteration = manifest.iteration
         return CheckpointInfo(
             name=name,

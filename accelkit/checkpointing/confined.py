@@ -46,7 +46,8 @@ __all__ = [
 ]
 
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
-_FILE_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+# O_NONBLOCK: opening a named pipe must not wait for a writer (it is refused right after).
+_FILE_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -241,9 +242,15 @@ class ConfinedStorage(Storage):
                     for item in it:
                         if item.is_symlink():
                             raise self._link_error([*parts, item.name])
-                        is_dir = item.is_dir(follow_symlinks=False)
-                        size = 0 if is_dir else item.stat(follow_symlinks=False).st_size
-                        out.append(Entry(item.name, is_dir, size))
+                        st = item.stat(follow_symlinks=False)
+                        is_dir = stat.S_ISDIR(st.st_mode)
+                        if not is_dir and not stat.S_ISREG(st.st_mode):
+                            raise CorruptCheckpointError(
+                                f"{self.root}: {'/'.join([*parts, item.name])} is not a regular "
+                                "file (a pipe, socket or device); a checkpoint holds only files "
+                                "and folders."
+                            )
+                        out.append(Entry(item.name, is_dir, 0 if is_dir else st.st_size))
             finally:
                 if fd is not None:
                     os.close(fd)
@@ -266,6 +273,7 @@ class ConfinedStorage(Storage):
                     f"{url}: not a regular file (a folder, device or pipe); a checkpoint's files "
                     "are regular files."
                 )
+            os.set_blocking(fd, True)
         except BaseException:
             os.close(fd)
             raise

@@ -46,7 +46,7 @@ from accelkit.checkpointing.layout import (
 )
 from accelkit.checkpointing.manifest import FileEntry, Manifest
 from accelkit.checkpointing.model_io import check_model_keys, read_model_files, write_model_files
-from accelkit.checkpointing.rng import capture_rng_state, restore_rng_state
+from accelkit.checkpointing.rng import capture_rng_state, check_rng_state, restore_rng_state
 from accelkit.checkpointing.state_io import read_state, write_state
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 from accelkit.random import set_seed
@@ -312,6 +312,7 @@ def read_contents(
     if f"{rng_stem}.json" in entries:
         out.rng = read_state(storage, folder, rng_stem, _only(expected, names), map_location="cpu")
         out.rng_file = join(folder, f"{rng_stem}.json")
+        check_rng_state(out.rng, out.rng_file)  # refused now, before anything is restored
     elif rank >= manifest.world_size:
         out.rng_fallback_seed = fallback_rng_seed(manifest, rank)
     else:

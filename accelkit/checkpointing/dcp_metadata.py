@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib
 import io
 import pickle
+import pickletools
 from typing import Any
 
 from typing_extensions import override
@@ -214,6 +215,11 @@ def parse_metadata(data: bytes, url: str) -> Any:
             wrong type or range (naming ``url`` and the field).
     """
     try:
+        # pickletools reads each counted argument (BINBYTES8 claiming a terabyte) with
+        # BytesIO.read, which stops at the end of the data; the C unpickler would allocate
+        # the claimed size first. So a length that overruns the file fails here, cheaply.
+        for _ in pickletools.genops(data):
+            pass
         metadata = MetadataUnpickler(io.BytesIO(data)).load()
     except Exception as exc:  # any malformed pickle: the opcodes' errors are not one type
         raise CorruptCheckpointError(

@@ -39,6 +39,7 @@ from torch.utils.hooks import RemovableHandle
 
 from accelkit import ops
 from accelkit.checkpointing.catalog import (
+    CORRUPT,
     CheckpointInfo,
     committed_automatic,
     latest_checkpoint,
@@ -111,6 +112,15 @@ class LoadResult:
 
     path: str
     manifest: Manifest
+
+
+def _warn_damaged(path: str, why: str | None) -> None:
+    logger.warning(
+        "Not resuming from %s: it is damaged (%s). Resuming from the newest older checkpoint "
+        "that loads; the damaged one is left in place (`accelkit ckpt verify` shows it).",
+        path,
+        why,
+    )
 
 
 def _save_marker() -> bytes:
@@ -470,6 +480,10 @@ class CheckpointManager:
                 f"No committed checkpoint under {root} (found: {others}). Save one with "
                 "save_state() first, or pass the checkpoint's path to load_state()."
             )
+        newest = committed[-1].iteration or 0
+        for info in infos:
+            if info.state == CORRUPT and info.is_automatic and (info.iteration or 0) > newest:
+                _warn_damaged(info.path, info.error)
         return committed[::-1]
 
     def load(
@@ -502,13 +516,7 @@ class CheckpointManager:
                 return self._load_from(info.path, objects, verify)
             except CorruptCheckpointError as exc:
                 skipped.append(f"{info.name}: {exc}")
-                logger.warning(
-                    "Not resuming from %s: it is damaged (%s). Trying the next older committed "
-                    "checkpoint; %s is left in place (`accelkit ckpt verify` shows the damage).",
-                    info.path,
-                    exc,
-                    info.name,
-                )
+                _warn_damaged(info.path, str(exc))
         raise CorruptCheckpointError(
             f"Every committed checkpoint under {self.checkpoints_root()} is damaged; nothing "
             f"was restored: {' | '.join(skipped)}"
@@ -516,7 +524,8 @@ class CheckpointManager:
 
     def _load_from(self, path: str, objects: TrainingObjects, verify: bool | None) -> LoadResult:
         storage = confine(self.storage(path), path)
-        manifest = check_loadable(storage, path).manifest
+        info = check_loadable(storage, path)
+        manifest = info.manifest
         assert manifest is not None
         targets = sharded_targets(objects.models, objects.optimizers)
         check_load_compatible(storage, path, targets)
@@ -550,14 +559,14 @@ class CheckpointManager:
         if targets:  # a collective; DCP reshards to this run's process count
             load_sharded(storage, path, targets, manifest, verify)
         apply_contents(loaded, plain)
-        self.config.iteration = self._next_iteration(manifest)
+        self.config.iteration = self._next_iteration(info)
         # Every process lists the folder before any of them can start the next save (whose
         # new folder would otherwise push one process's numbering past the others').
         self.state.wait_for_everyone()
         return LoadResult(path, manifest)
 
-    def _next_iteration(self, manifest: Manifest) -> int:
-        candidates = [0 if manifest.iteration is None else manifest.iteration + 1]
+    def _next_iteration(self, info: CheckpointInfo) -> int:
+        candidates = [0 if info.iteration is None else info.iteration + 1]
         if self.config.project_dir:
             root = self.checkpoints_root()
             candidates.append(next_iteration(list_checkpoints(self.storage(root), root)))

@@ -7,6 +7,8 @@ Public API:
 
 - :func:`capture_rng_state() <capture_rng_state>` -- a dict with ``python``, ``numpy``,
   ``torch`` and, when CUDA is initialised, ``cuda`` (one state per visible device).
+- :func:`check_rng_state(state, source) <check_rng_state>` -- refuse a malformed state without
+  changing any generator.
 - :func:`restore_rng_state(state, source) <restore_rng_state>` -- put them back; raises
   :class:`~accelkit.checkpointing.errors.CorruptCheckpointError` naming ``source`` for a
   malformed state.
@@ -22,7 +24,7 @@ import torch
 
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
 
-__all__ = ["capture_rng_state", "restore_rng_state"]
+__all__ = ["capture_rng_state", "check_rng_state", "restore_rng_state"]
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -37,11 +39,12 @@ def capture_rng_state() -> dict[str, Any]:
     return state
 
 
-def restore_rng_state(state: Any, source: str = "random states") -> None:
-    """Restore what :func:`capture_rng_state` captured.
+def check_rng_state(state: Any, source: str = "random states") -> None:
+    """Check that :func:`restore_rng_state` would accept ``state``, changing no generator (each
+    state is tried on a fresh generator), so a load can refuse it before restoring anything.
 
     Raises:
-        CorruptCheckpointError: if ``state`` is not such a dict.
+        CorruptCheckpointError: if ``state`` is not what :func:`capture_rng_state` returns.
         CheckpointMismatchError: if it holds CUDA states for more devices than are visible.
     """
     if not isinstance(state, dict) or not {"python", "numpy", "torch"} <= set(state):
@@ -49,17 +52,36 @@ def restore_rng_state(state: Any, source: str = "random states") -> None:
             f"{source}: expected Python, NumPy and torch generator states; the file is damaged."
         )
     try:
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-        np.random.set_state(state["numpy"])
-        torch.set_rng_state(state["torch"])
-    except (TypeError, ValueError, RuntimeError) as exc:
+        random.Random().setstate(_python_state(state["python"]))
+        np.random.RandomState().set_state(state["numpy"])
+        torch.Generator().set_state(state["torch"])
+    except (TypeError, ValueError, RuntimeError, KeyError, OverflowError) as exc:
         raise CorruptCheckpointError(f"{source}: invalid generator state ({exc}).") from None
     cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) > torch.cuda.device_count():
+        raise CheckpointMismatchError(
+            f"{source}: holds CUDA generator states for {len(cuda)} devices but only "
+            f"{torch.cuda.device_count()} are visible; resume on the same devices."
+        )
+
+
+def _python_state(value: Any) -> tuple[Any, ...]:
+    version, internal, gauss = value
+    return (version, tuple(internal), gauss)
+
+
+def restore_rng_state(state: Any, source: str = "random states") -> None:
+    """Restore what :func:`capture_rng_state` captured (checked first by
+    :func:`check_rng_state`).
+
+    Raises:
+        CorruptCheckpointError: if ``state`` is not such a dict.
+        CheckpointMismatchError: if it holds CUDA states for more devices than are visible.
+    """
+    check_rng_state(state, source)
+    random.setstate(_python_state(state["python"]))
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available():
-        if len(cuda) > torch.cuda.device_count():
-            raise CheckpointMismatchError(
-                f"{source}: holds CUDA generator states for {len(cuda)} devices but only "
-                f"{torch.cuda.device_count()} are visible; resume on the same devices."
-            )
         torch.cuda.set_rng_state_all(cuda)

@@ -202,6 +202,14 @@ def _torch_dtype(url: str, info: TensorInfo) -> torch.dtype:
     return dtype
 
 
+def _open_size(f: Any, storage: Storage, url: str) -> int:
+    """Size of the open file ``f`` of ``url`` (no extra request where the file knows it)."""
+    if storage.is_local:
+        return os.fstat(f.fileno()).st_size
+    size = getattr(f, "size", None)
+    return size if isinstance(size, int) else storage.size(url)
+
+
 def _read_exact(f: Any, n: int, url: str, hasher: Any) -> torch.Tensor:
     """Read exactly ``n`` bytes into a fresh uint8 tensor (uninitialised memory: no zeroing
     pass), hashing them."""
@@ -262,9 +270,11 @@ def read_safetensors(
     with f:
         if zero_copy and storage.is_local:
             return _read_mapped(f.fileno(), url, expected)
-        # Without a manifest entry the file's own size bounds what a header may claim, so a
-        # hostile header never makes us allocate more than the file holds.
-        file_size = expected.size if expected is not None else storage.size(url)
+        # The file's real size bounds what a header may claim, so a hostile header (or a
+        # manifest lying about the size) never makes us allocate more than the file holds.
+        file_size = _open_size(f, storage, url)
+        if expected is not None and file_size != expected.size:
+            check_expected(url, expected, file_size, "")
         head = _read_exact(f, 8, url, hasher)
         (length,) = struct.unpack("<Q", head.numpy().tobytes())
         if length > min(_MAX_HEADER, file_size - 8):
