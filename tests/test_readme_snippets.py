@@ -1,0 +1,292 @@
+"""The README's code runs, and the output it shows is what a real run prints.
+
+The Usage snippet is run as written (in a temporary working directory, so its relative
+``runs/demo`` lands there). The quickstart is run the way the README runs it, with one process
+and half the samples instead of two processes: the same 64 optimizer steps per epoch, so the
+checkpoint names, epochs, steps and ``accelkit ckpt ls`` columns must match the README exactly;
+only losses, speeds, sizes, ages and checksums (and file counts, one ``random_states`` pair
+fewer) differ, and are masked. The same run then goes through the Checkpoints section's
+walk-through (an incomplete save, a damaged file, ``accelkit ckpt verify / prune / inspect``),
+taking its steps from the README's text and commands.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+# Per process 2048 samples / batch 32 = 64 steps, as the README's 4096 samples on 2 processes.
+ONE_PROCESS = ["--samples", "2048"]
+
+
+def _fenced(text: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of every fenced code block."""
+    return re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M)
+
+
+def _block(containing: str, language: str | None = None) -> str:
+    """The first fenced block of the README containing ``containing``."""
+    for lang, body in _fenced(README):
+        if containing in body and (language is None or lang == language):
+            return body
+    raise AssertionError(f"README.md has no code block containing {containing!r}")
+
+
+def _section(title: str) -> str:
+    """The README's text from the heading ``## title`` to the next ``## `` heading."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", README, re.S | re.M)
+    assert match, f"README.md has no '## {title}' section"
+    return match.group(1)
+
+
+def _console(body: str) -> list[tuple[str, list[str]]]:
+    """``(command, output lines)`` of each ``$ command`` in a console block."""
+    steps: list[tuple[str, list[str]]] = []
+    for line in body.splitlines():
+        if line.startswith("$ "):
+            steps.append((line[2:], []))
+        else:
+            steps[-1][1].append(line)
+    return steps
+
+
+def _mask(line: str) -> str:
+    """A line with what changes from run to run blanked out: losses, speeds, durations, sizes
+    and checksums (also what differs with one process instead of two: file and byte counts)."""
+    line = re.sub(r"\d+(\.\d+)?(it/s|s/it)", "<rate>", line)
+    line = re.sub(r"\d\d:\d\d<\d\d:\d\d", "<time>", line)
+    line = re.sub(r"xxh3_128:[0-9a-f]+", "<checksum>", line)
+    line = re.sub(r"\d+ files", "<n> files", line)
+    line = re.sub(r"\(\d+ bytes\)", "(<n> bytes)", line)
+    return re.sub(r"\d+\.\d+", "<float>", line)
+
+
+def _masked(lines: list[str]) -> list[str]:
+    return [_mask(line) for line in lines if line.strip()]
+
+
+def _run(args: list[str], cwd: Path, expect: int = 0) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=240, check=False)
+    output = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == expect, f"{args} exited {proc.returncode}, not {expect}:\n{output}"
+    return proc
+
+
+class Run(NamedTuple):
+    """What a quickstart run printed: stdout lines, each progress bar's last drawing, stderr."""
+
+    printed: list[str]
+    bars: list[str]
+    stderr: str
+
+
+def _quickstart(cwd: Path, readme_command: str, expect: int = 0) -> Run:
+    """Run the README's quickstart command, with one process for two (see ``ONE_PROCESS``)."""
+    args = shlex.split(readme_command)
+    script = next(i for i, a in enumerate(args) if a.endswith("examples/quickstart.py"))
+    example = str(ROOT / "examples" / "quickstart.py")
+    proc = _run([sys.executable, example, *args[script + 1 :], *ONE_PROCESS], cwd, expect)
+    # tqdm redraws with "\r"; keep each bar's last drawing, as the README shows them.
+    bars: dict[str, str] = {}
+    for piece in re.split(r"[\r\n]", proc.stderr):
+        match = re.match(r"(epoch \d+/\d+): ", piece)
+        if match:
+            bars[match.group(1)] = piece.rstrip()
+    return Run(proc.stdout.splitlines(), list(bars.values()), proc.stderr)
+
+
+def _accelkit(cwd: Path, readme_command: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
+    """Run a README ``.venv/bin/accelkit ...`` command (a ``| head`` after it left off)."""
+    args = shlex.split(readme_command.split("|")[0])
+    assert args[0].endswith("accelkit"), readme_command
+    return _run([sys.executable, "-m", "accelkit.cli.main", *args[1:]], cwd, expect)
+
+
+def _split_output(lines: list[str]) -> tuple[list[str], list[str]]:
+    """README output lines as (printed lines, progress bars)."""
+    bars = [line for line in lines if re.match(r"epoch \d+/\d+: ", line)]
+    return [line for line in lines if line and line not in bars], bars
+
+
+def _assert_same_run(run: Run, shown_lines: list[str]) -> None:
+    shown, shown_bars = _split_output(shown_lines)
+    assert _masked(run.printed) == _masked(shown)
+    if shown_bars:
+        assert _masked(run.bars) == _masked(shown_bars)
+
+
+_LS_ROW = re.compile(
+    r"(?P<NAME>\S+)\s+(?P<STATE>\S+)\s+(?P<ITER>\S+)\s+(?P<STEP>\S+)\s+(?P<SIZE>\S+ \S+)"
+    r"\s+(?P<FILES>\S+)\s+(?P<AGE>\S+)\s+(?P<METRICS>.+)"
+)
+
+
+def _ls_rows(text: str) -> tuple[str, list[dict[str, str]]]:
+    """The header and rows of an ``accelkit ckpt ls`` table."""
+    header, *lines = [line for line in text.splitlines() if line.strip()]
+    assert header.split() == list(_LS_ROW.groupindex), header
+    rows = []
+    for line in lines:
+        match = _LS_ROW.fullmatch(line.strip())
+        assert match, f"not an `accelkit ckpt ls` row: {line!r}"
+        rows.append(match.groupdict())
+    return header, rows
+
+
+def test_usage_snippet_commits_checkpoints_and_logs_increasing_steps(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the Usage snippet logs to TensorBoard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    snippet = re.search(r"```python\n(.*?)```", _section("Usage"), re.S)
+    assert snippet, "README.md's Usage section has no python block"
+    (tmp_path / "train.py").write_text(snippet.group(1))
+    _run([sys.executable, "train.py"], tmp_path)
+
+    # What the snippet's comments promise: one committed checkpoint per epoch, newest 3 kept.
+    checkpoints = tmp_path / "runs" / "demo" / "checkpoints"
+    names = sorted(p.name for p in checkpoints.iterdir())
+    assert names == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
+    manifest = json.loads((checkpoints / "checkpoint_2" / "accelkit.json").read_text())
+    assert manifest["step"] == 3 * 16  # 512 samples / batch 32, 3 epochs of optimizer steps
+
+    # Every logged point has its own, increasing step in TensorBoard (not all at step 0).
+    logs = tmp_path / "runs" / "demo" / "demo"
+    events = EventAccumulator(str(logs))
+    events.Reload()
+    steps = [event.step for event in events.Scalars("loss")]
+    assert steps == list(range(1, 49))
+    records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == steps
+
+
+def _assert_ls_matches(listing: str, shown: list[str], project: Path) -> None:
+    """``accelkit ckpt ls`` printed the README's rows, and its columns say what manifests say."""
+    header, rows = _ls_rows(listing)
+    shown_header, shown_rows = _ls_rows("\n".join(shown))
+    assert header == shown_header
+    same = ("NAME", "STATE", "ITER", "STEP")  # FILES and SIZE differ with one process
+    assert [{k: r[k] for k in same} for r in rows] == [{k: r[k] for k in same} for r in shown_rows]
+    for row in rows:
+        folder = project / "checkpoints" / row["NAME"]
+        if row["STATE"] != "committed":
+            assert not (folder / "accelkit.json").exists() and row["STEP"] == "-"
+            continue
+        manifest = json.loads((folder / "accelkit.json").read_text())
+        assert int(row["STEP"]) == manifest["step"]
+        assert int(row["ITER"]) == manifest["iteration"]
+        assert int(row["FILES"]) == len(manifest["files"]) + 1  # + the manifest itself
+        name, value = row["METRICS"].split("=")
+        assert float(value) == pytest.approx(manifest["metrics"][name], rel=1e-5)
+        assert re.fullmatch(r"\d+s", row["AGE"]) and re.fullmatch(r"[\d.]+ [KMG]?i?B", row["SIZE"])
+
+
+class Walk(NamedTuple):
+    """A quickstart walk-through in ``cwd``: each step's output, by name."""
+
+    cwd: Path
+    out: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Walk:
+    """The README's quickstart: the first run, the run that resumes, and ``accelkit ckpt ls``."""
+    cwd = tmp_path_factory.mktemp("quickstart")
+    main_job = next(b for lang, b in _fenced(README) if lang == "bash" and "quickstart.py" in b)
+    first_command = main_job.strip().split(" && ")[-1]
+    # ONE_PROCESS stands for the README's two processes on the default dataset.
+    assert "--num_processes 2" in first_command and "--samples" not in first_command
+    (resume_command, _), (ls_command, _) = _console(_block("--epochs 5", "console"))
+    out: dict[str, Any] = {
+        "first": _quickstart(cwd, first_command),
+        "resume": _quickstart(cwd, resume_command),
+        "ls": _accelkit(cwd, ls_command).stdout,
+    }
+    # Later steps change the folder: keep what `ls` was checked against.
+    out["ls_manifests"] = {
+        p.parent.name: p.read_text()
+        for p in cwd.glob("runs/quickstart/checkpoints/*/accelkit.json")
+    }
+    return Walk(cwd, out)
+
+
+@pytest.mark.slow  # two training runs in fresh interpreters: about 10 s on an idle machine
+def test_quickstart_output_is_what_a_run_prints(quickstart: Walk, tmp_path: Path) -> None:
+    _assert_same_run(quickstart.out["first"], _block("done: 3 epochs").splitlines())
+    # "Run it again and it resumes": the resume command's output, then `ckpt ls`.
+    (_, resume_out), (ls_command, ls_out) = _console(_block("--epochs 5", "console"))
+    _assert_same_run(quickstart.out["resume"], resume_out)
+    project = tmp_path / shlex.split(ls_command)[-1]  # the manifests `ls` saw, as files
+    for name, text in quickstart.out["ls_manifests"].items():
+        (project / "checkpoints" / name).mkdir(parents=True)
+        (project / "checkpoints" / name / "accelkit.json").write_text(text)
+    _assert_ls_matches(quickstart.out["ls"], ls_out, project)
+
+
+@pytest.fixture(scope="module")
+def damaged(quickstart: Walk) -> Walk:
+    """The Checkpoints section's walk-through, after the quickstart's two runs: a third run,
+    its manifest removed, ``ls``, a run that resumes past it, a damaged file, and ``accelkit
+    ckpt verify / prune / inspect``."""
+    cwd, out = quickstart.cwd, {}
+    third = re.search(r"a third run \(`(--epochs \d+)`\)", README)
+    removed = re.search(r"`rm (runs/quickstart/checkpoints/checkpoint_\d+/accelkit\.json)`", README)
+    assert third and removed, "README.md no longer describes how the incomplete save was made"
+    _quickstart(cwd, f"examples/quickstart.py {third.group(1)}")
+    (cwd / removed.group(1)).unlink()
+    (ls_command, _), (resume_command, _) = _console(_block("checkpoint_5  incomplete", "console"))
+    out["ls"] = _accelkit(cwd, ls_command).stdout
+    out["resume"] = _quickstart(cwd, resume_command)
+
+    flipped = re.search(r"byte of `(checkpoint_\d+/model\.safetensors)` flipped", README)
+    failing = re.search(r"the next run \(`(--epochs \d+)`\) stops", README)
+    assert flipped and failing, "README.md no longer describes how the file was damaged"
+    damaged_file = cwd / "runs" / "quickstart" / "checkpoints" / flipped.group(1)
+    data = bytearray(damaged_file.read_bytes())
+    data[-1] ^= 0xFF
+    damaged_file.write_bytes(bytes(data))
+    out["refused"] = _quickstart(cwd, f"examples/quickstart.py {failing.group(1)}", expect=1)
+
+    for command, _ in _console(_block("ckpt verify runs/quickstart", "console")):
+        if command.startswith("echo"):
+            continue
+        expect = 1 if " verify " in command else 0
+        proc = _accelkit(cwd, command, expect)
+        out[shlex.split(command)[2]] = proc.stdout.splitlines() + proc.stderr.splitlines()
+    return Walk(cwd, out)
+
+
+@pytest.mark.slow
+def test_incomplete_checkpoint_walkthrough_is_what_a_run_prints(damaged: Walk) -> None:
+    (_, ls_out), (_, resume_out) = _console(_block("checkpoint_5  incomplete", "console"))
+    _assert_ls_matches(damaged.out["ls"], ls_out, damaged.cwd / "runs" / "quickstart")
+    _assert_same_run(damaged.out["resume"], resume_out)
+
+
+@pytest.mark.slow
+def test_damaged_file_error_is_what_a_run_prints(damaged: Walk) -> None:
+    shown = _block("CorruptCheckpointError:").strip()
+    shown = re.sub(r"^\[rank\d+\]: ", "", shown)  # torchrun's prefix; one process has none
+    assert _mask(shown) in _masked(damaged.out["refused"].stderr.splitlines())
+
+
+@pytest.mark.slow
+def test_ckpt_commands_print_what_the_readme_shows(damaged: Walk) -> None:
+    steps = _console(_block("ckpt verify runs/quickstart", "console"))
+    for command, shown in steps:
+        if command.startswith("echo"):  # `echo $?` after verify: its exit code, checked above
+            assert shown == ["1"]
+            continue
+        printed = damaged.out[shlex.split(command)[2]]
+        if "| head -" in command:
+            printed = printed[: int(command.rsplit("-", 1)[1])]
+        assert _masked(printed) == _masked(shown), command
