@@ -387,9 +387,9 @@ class TrackerHub:
         spec: type[GeneralTracker] | GeneralTracker,
         arguments: tuple[tuple[Any, ...], dict[str, Any]] | None,
     ) -> GeneralTracker | None:
-        if isinstance(spec, GeneralTracker) or arguments is None:
-            return spec if isinstance(spec, GeneralTracker) else None
-        args, named = arguments
+        if isinstance(spec, GeneralTracker):
+            return spec
+        args, named = arguments or ((), {})
         try:
             return spec(*args, **named)
         except Exception as error:
