@@ -93,6 +93,7 @@ class _Worker:
         self.tracker = tracker
         self.name = tracker.name
         self.failed = False
+        self._failed_lock = threading.Lock()
         self.busy: str | None = None
         self.busy_since = 0.0
         self.items: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -143,13 +144,18 @@ class _Worker:
             return True
         except Exception as error:
             # A tracker already reported (timed out while in this call) is not reported twice.
-            reported, self.failed = self.failed, True
             hub = self._hub()
-            if hub is not None and not reported:
+            if self.mark_failed() and hub is not None:
                 hub._report(TrackerFailure(self.name, method, error))
             return False
         finally:
             self.busy = None
+
+    def mark_failed(self) -> bool:
+        """Mark the tracker failed; True for the one caller that should report it."""
+        with self._failed_lock:
+            first, self.failed = not self.failed, True
+        return first
 
     def signal(self, kind: int, *extra: Any) -> threading.Event:
         event = threading.Event()
@@ -266,7 +272,8 @@ class TrackerHub:
     def _overflow(self, worker: _Worker) -> None:
         """Skip a tracker whose queue outgrew ``max_pending`` (its backend is hung)."""
         waiting = len(worker.items)
-        worker.failed = True
+        if not worker.mark_failed():
+            return
         worker.items.clear()
         busy = f"busy in {worker.busy}()" if worker.busy else "not draining its queue"
         error = TimeoutError(
@@ -357,7 +364,8 @@ class TrackerHub:
         if done.wait(self.timeout):
             return
         busy = worker.busy or "start"
-        worker.failed = True
+        if not worker.mark_failed():
+            return  # it failed (and was reported) just as the wait ended
         error = TimeoutError(
             f"{busy}() did not return within {self.timeout:g} s; the tracker is left behind. "
             "If the backend is just slow to start, raise ACCELKIT_TRACKER_TIMEOUT (seconds)"
