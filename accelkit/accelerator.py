@@ -20,6 +20,7 @@ from accelkit import kwargs_handlers as _kwargs
 from accelkit import ops
 from accelkit import optim as _optim
 from accelkit import precision as _precision
+from accelkit import preflight as _preflight
 from accelkit import training as _training
 from accelkit._checkpointing_api import CheckpointingAPI
 from accelkit.checkpointing import async_save as _ckpt_async
@@ -134,6 +135,10 @@ class Accelerator(CheckpointingAPI):
             logging_dir=self.project_configuration.logging_dir,
             is_main_process=self.state.is_main_process,
             on_error=tracker_errors,
+        )
+        # Unusable folders or storage fail here, not at the first log or save an epoch later.
+        _preflight.check_run(
+            self.project_configuration, bool(self._trackers.requested_names), self.state
         )
         # ===== end tracking: init =====
 

@@ -1,5 +1,129 @@
-"""Compatibility module: ``accelkit.tracking.GeneralTracker`` as in ``accelerate.tracking``."""
+"""``accelerate.tracking``'s public names, for scripts ported by changing their imports.
 
-from accelkit.trackers import GeneralTracker, LoggerType, register_tracker
+The tracker classes (``TensorBoardTracker``, ``WandBTracker``, ``CometMLTracker``,
+``MLflowTracker``, ``GeneralTracker``), ``on_main_process``, ``register_tracker_class``,
+``filter_trackers`` and ``get_available_trackers`` keep Accelerate's signatures. Accelerate's
+trackers that accelkit does not build in (``AimTracker``, ``ClearMLTracker``,
+``DVCLiveTracker``, ``SwanLabTracker``, ``TrackioTracker``) import, and fail when created with
+a message saying how to add them as a `GeneralTracker`.
 
-__all__ = ["GeneralTracker", "LoggerType", "register_tracker"]
+accelkit's own API for the same things is :mod:`accelkit.trackers` (``register_tracker``,
+``installed_trackers``, ``TrackerHub``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from accelkit.trackers.base import GeneralTracker, on_main_process
+from accelkit.trackers.comet_ml import CometMLTracker
+from accelkit.trackers.jsonl import JSONLTracker
+from accelkit.trackers.mlflow import MLflowTracker
+from accelkit.trackers.not_built_in import (
+    AimTracker,
+    ClearMLTracker,
+    DVCLiveTracker,
+    SwanLabTracker,
+    TrackioTracker,
+)
+from accelkit.trackers.registry import (
+    LoggerType,
+    TrackerNotBuiltInError,
+    installed_trackers,
+    register_tracker,
+    registered_trackers,
+    resolve_log_with,
+)
+from accelkit.trackers.tensorboard import TensorBoardTracker
+from accelkit.trackers.wandb import WandBTracker
+
+__all__ = [
+    "AimTracker",
+    "ClearMLTracker",
+    "CometMLTracker",
+    "DVCLiveTracker",
+    "GeneralTracker",
+    "JSONLTracker",
+    "LoggerType",
+    "MLflowTracker",
+    "SwanLabTracker",
+    "TensorBoardTracker",
+    "TrackerNotBuiltInError",
+    "TrackioTracker",
+    "WandBTracker",
+    "filter_trackers",
+    "get_available_trackers",
+    "on_main_process",
+    "register_tracker",
+    "register_tracker_class",
+]
+
+
+def _as_logger_type(name: str) -> LoggerType | str:
+    return LoggerType(name) if name in LoggerType else name
+
+
+def get_available_trackers() -> list[LoggerType | str]:
+    """The trackers ``log_with="all"`` would use: built-ins whose package is installed, and
+    registered trackers (as ``LoggerType`` members where one exists, else their names)."""
+    return [_as_logger_type(name) for name in installed_trackers()]
+
+
+def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
+    """Register a `GeneralTracker` subclass under its ``name``, as Accelerate's function does.
+
+    As in Accelerate, a name already taken (a built-in included) is replaced with a warning;
+    :func:`accelkit.register_tracker` refuses that unless ``overwrite=True``.
+
+    Args:
+        tracker_class: the tracker class, with a non-empty ``name``.
+
+    Raises:
+        ValueError: ``tracker_class`` is not a `GeneralTracker` subclass or has no ``name``.
+    """
+    if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
+        raise ValueError(
+            f"register_tracker_class() takes a subclass of accelkit.tracking.GeneralTracker, "
+            f"got {tracker_class!r}. Subclass GeneralTracker and set its `name`."
+        )
+    name = getattr(tracker_class, "name", "")
+    if not name:
+        raise ValueError(
+            f"Tracker class {tracker_class.__qualname__} has no `name`; set a class attribute "
+            'such as `name = "my_tracker"` before registering it.'
+        )
+    taken = name in registered_trackers() or name in installed_trackers()
+    if taken and registered_trackers().get(name) is not tracker_class:
+        warnings.warn(
+            f"A tracker named {name!r} already exists and is replaced by {tracker_class!r}.",
+            UserWarning,
+            stacklevel=2,
+        )
+    register_tracker(tracker_class, overwrite=True)
+
+
+def filter_trackers(
+    log_with: Any, logging_dir: str | os.PathLike[str] | None = None
+) -> list[LoggerType | str | GeneralTracker]:
+    """Check ``log_with`` as ``Accelerator(log_with=...)`` does and list what it selects.
+
+    Args:
+        log_with: a name, a `LoggerType`, a `GeneralTracker` instance, ``"all"``, or a list.
+        logging_dir: the logging directory, or ``None``.
+
+    Returns:
+        `LoggerType` members (names for registered trackers without one) and the given
+        instances, without repeats.
+
+    Raises:
+        ValueError: an unknown name, a tracker Accelerate has but accelkit does not build in
+            (:class:`TrackerNotBuiltInError`), or one that needs a logging directory without one.
+        ImportError: a tracker whose package is not installed (with the pip command).
+    """
+    directory = None if logging_dir is None else os.fspath(logging_dir)
+    return [
+        item if isinstance(item, GeneralTracker) else _as_logger_type(item.name)
+        for item in resolve_log_with(log_with, directory)
+    ]

@@ -3,10 +3,11 @@
 Importing this package imports no tracking SDK; each backend imports its SDK when a run starts.
 """
 
-from accelkit.trackers.base import GeneralTracker
+from accelkit.trackers.base import GeneralTracker, on_main_process
 from accelkit.trackers.hub import TrackerError, TrackerFailure, TrackerHub, TrackerWarning
 from accelkit.trackers.registry import (
     LoggerType,
+    TrackerNotBuiltInError,
     available_trackers,
     get_tracker_class,
     installed_trackers,
@@ -21,10 +22,12 @@ __all__ = [
     "TrackerError",
     "TrackerFailure",
     "TrackerHub",
+    "TrackerNotBuiltInError",
     "TrackerWarning",
     "available_trackers",
     "get_tracker_class",
     "installed_trackers",
+    "on_main_process",
     "register_tracker",
     "registered_trackers",
     "unregister_tracker",

@@ -1,9 +1,11 @@
 """`GeneralTracker`: the interface every experiment tracker implements.
 
-A tracker is constructed with the run name and the logging directory, then ``start()`` opens the
-backend's run (this is where the backend's SDK is imported, so importing accelkit never imports
-wandb, mlflow, comet_ml or tensorboard), ``store_init_configuration()`` records the
-hyperparameters, ``log()`` records values at a step and ``finish()`` closes the run.
+A tracker class is constructed as Accelerate constructs it: ``cls(run_name, logging_dir,
+**init_kwargs)`` when ``requires_logging_directory`` is true, else ``cls(run_name,
+**init_kwargs)`` (plus ``logging_dir=`` when its ``__init__`` names that parameter). Then
+``start()`` opens the backend's run (this is where the backend's SDK is imported, so importing
+accelkit never imports wandb, mlflow, comet_ml or tensorboard), ``store_init_configuration()``
+records the hyperparameters, ``log()`` records values at a step and ``finish()`` closes the run.
 
 Custom trackers subclass `GeneralTracker`, set the class attributes ``name``,
 ``requires_logging_directory`` and ``main_process_only``, and implement ``log`` (and usually
@@ -14,10 +16,50 @@ Custom trackers subclass `GeneralTracker`, set the class attributes ``name``,
 
 from __future__ import annotations
 
+import functools
+import os
 import warnings
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
-__all__ = ["GeneralTracker"]
+__all__ = ["GeneralTracker", "on_main_process"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _process_index() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    return int(os.environ.get("RANK", "0"))
+
+
+def on_main_process(function: F) -> F:
+    """Decorate a tracker method to run only on the main process when ``main_process_only``.
+
+    As Accelerate's decorator of the same name: on other processes the call does nothing and
+    returns ``None``; the process is looked up at call time (the process group, else
+    ``RANK``), so decorating creates no process state. accelkit's own trackers do not need it
+    (a main-process-only tracker is never created elsewhere); it is for trackers written for
+    Accelerate that use it.
+
+    Example:
+        >>> class MyTracker(GeneralTracker):
+        ...     name = "mine"
+        ...
+        ...     @on_main_process
+        ...     def log(self, values, step=None, **kwargs):
+        ...         print(step, values)
+    """
+
+    @functools.wraps(function)
+    def run_on_main_process(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "main_process_only", False) and _process_index() != 0:
+            return None
+        return function(self, *args, **kwargs)
+
+    return run_on_main_process  # type: ignore[return-value]
 
 
 class GeneralTracker:

@@ -10,17 +10,22 @@ A tracker that raises in ``start``, ``store_init_configuration``, ``log`` or ``f
 reported once (a :class:`TrackerWarning` naming it and the error) and skipped from then on; the
 other trackers and the training run go on. With ``on_error="raise"`` the failure is raised as a
 :class:`TrackerError`: at once from ``init``, and from the next ``log``/``flush``/``finish`` call
-for failures that happen in a worker.
+for failures that happen in a worker. When every tracker of the run has failed, one error-level
+log record (logger ``accelkit.trackers``) says so, naming each of them: training goes on, but
+nothing is being logged any more.
 
-``finish()`` (called by ``Accelerator.end_training``) and interpreter exit drain the queues; no
-wait is unbounded: a backend that does not return within ``timeout`` seconds is reported and
-left behind (its worker is a daemon thread).
+No wait is unbounded. ``init`` runs ``start`` and ``store_init_configuration`` on the tracker's
+worker thread and waits at most ``timeout`` seconds for each tracker; ``finish()`` (called by
+``Accelerator.end_training``) and interpreter exit drain the queues within ``timeout`` seconds.
+A backend that does not return in time is reported like a failure and left behind (its worker
+is a daemon thread).
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import logging
 import os
 import threading
 import time
@@ -31,18 +36,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelkit.trackers.base import GeneralTracker, NullTracker
-from accelkit.trackers.registry import resolve_log_with
+from accelkit.trackers.registry import constructor_arguments, resolve_log_with
 from accelkit.trackers.values import resolve, snapshot
 
 __all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning"]
 
 _POLICIES = ("warn", "raise")
-_LOG, _MARK, _STOP = 0, 1, 2
+_LOG, _MARK, _STOP, _START = 0, 1, 2, 3
 _POLL_S = 0.05
 _WAKE_AT = 256
 # A tracker with this many values waiting while one backend call has run longer than the hub's
 # timeout is hung: it is reported and skipped rather than let its queue grow without bound.
 _MAX_PENDING = 50_000
+
+logger = logging.getLogger("accelkit.trackers")
 
 
 class TrackerWarning(UserWarning):
@@ -86,6 +93,7 @@ class _Worker:
         self.tracker = tracker
         self.name = tracker.name
         self.failed = False
+        self._failed_lock = threading.Lock()
         self.busy: str | None = None
         self.busy_since = 0.0
         self.items: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -108,6 +116,14 @@ class _Worker:
     def _handle(self, item: tuple[Any, ...]) -> bool:
         """Process one queued item; True once the tracker is finished."""
         kind = item[0]
+        if kind == _START:
+            _, event, config = item
+            started = not self.failed and self.call("start", self.tracker.start)
+            # Not failed again: a start() that returned after its time limit was reported.
+            if started and config is not None and not self.failed:
+                self.call("store_init_configuration", self.tracker.store_init_configuration, config)
+            event.set()
+            return False
         if kind == _LOG:
             if not self.failed:
                 _, values, step, kwargs, pending = item
@@ -127,17 +143,23 @@ class _Worker:
             function(*args, **kwargs)
             return True
         except Exception as error:
-            self.failed = True
+            # A tracker already reported (timed out while in this call) is not reported twice.
             hub = self._hub()
-            if hub is not None:
+            if self.mark_failed() and hub is not None:
                 hub._report(TrackerFailure(self.name, method, error))
             return False
         finally:
             self.busy = None
 
-    def signal(self, kind: int) -> threading.Event:
+    def mark_failed(self) -> bool:
+        """Mark the tracker failed; True for the one caller that should report it."""
+        with self._failed_lock:
+            first, self.failed = not self.failed, True
+        return first
+
+    def signal(self, kind: int, *extra: Any) -> threading.Event:
         event = threading.Event()
-        self.items.append((kind, event))
+        self.items.append((kind, event, *extra))
         self.wake.set()
         return event
 
@@ -182,6 +204,9 @@ class TrackerHub:
         self._pending: TrackerFailure | None = None
         self._lock = threading.Lock()
         self._atexit_registered = False
+        self._all_failed_reported = False
+        self._run_names: set[str] = set()  # the trackers of the current run on this process
+        self._run_start = 0  # index in _failures of this run's first failure
 
     @classmethod
     def create(
@@ -247,7 +272,8 @@ class TrackerHub:
     def _overflow(self, worker: _Worker) -> None:
         """Skip a tracker whose queue outgrew ``max_pending`` (its backend is hung)."""
         waiting = len(worker.items)
-        worker.failed = True
+        if not worker.mark_failed():
+            return
         worker.items.clear()
         busy = f"busy in {worker.busy}()" if worker.busy else "not draining its queue"
         error = TimeoutError(
@@ -260,11 +286,12 @@ class TrackerHub:
         with self._lock:
             self._failures.append(failure)
             self._live = [w for w in self._live if not w.failed]
-            if self.on_error == "raise":
-                if self._pending is None:
-                    self._pending = failure
-                return
-        warnings.warn(failure.describe(), TrackerWarning, stacklevel=2)
+            raise_it = self.on_error == "raise"
+            if raise_it and self._pending is None:
+                self._pending = failure
+        if not raise_it:
+            warnings.warn(failure.describe(), TrackerWarning, stacklevel=2)
+        self._check_all_failed()
 
     def _raise_pending(self) -> None:
         failure, self._pending = self._pending, None
@@ -295,6 +322,9 @@ class TrackerHub:
                 "starting new trackers."
             )
         init_kwargs = dict(init_kwargs or {})
+        self._run_start = len(self._failures)
+        self._all_failed_reported = False
+        self._run_names = {spec.name for spec in self._specs}
         unknown = sorted(set(init_kwargs) - {spec.name for spec in self._specs})
         if unknown and self.is_main_process:
             warnings.warn(
@@ -302,14 +332,21 @@ class TrackerHub:
                 f"({[spec.name for spec in self._specs]}); they are ignored.",
                 stacklevel=3,
             )
+        # Every class is checked against its call before any tracker starts.
+        calls = []
         for spec in self._specs:
-            tracker = self._construct(spec, project_name, init_kwargs.get(spec.name, {}))
+            arguments = None
+            if not isinstance(spec, GeneralTracker):
+                kwargs = init_kwargs.get(spec.name, {})
+                arguments = constructor_arguments(spec, project_name, self.logging_dir, kwargs)
+            calls.append((spec, arguments))
+        for spec, arguments in calls:
+            tracker = self._construct(spec, arguments)
             if tracker is None:
                 continue
             worker = _Worker(tracker, self)
             self._workers.append(worker)
-            if worker.call("start", tracker.start) and config is not None:
-                worker.call("store_init_configuration", tracker.store_init_configuration, config)
+            self._start(worker, config)
             if not worker.failed:
                 self._live.append(worker)
         if self._workers and not self._atexit_registered:
@@ -320,13 +357,49 @@ class TrackerHub:
             self._atexit_registered = True
         self._raise_pending()
 
+    def _start(self, worker: _Worker, config: Mapping[str, Any] | None) -> None:
+        """Run ``start`` (and ``store_init_configuration``) on the worker, waiting at most
+        ``timeout`` seconds; a tracker that takes longer is reported and skipped."""
+        done = worker.signal(_START, config)
+        if done.wait(self.timeout):
+            return
+        busy = worker.busy or "start"
+        if not worker.mark_failed():
+            return  # it failed (and was reported) just as the wait ended
+        error = TimeoutError(
+            f"{busy}() did not return within {self.timeout:g} s; the tracker is left behind. "
+            "If the backend is just slow to start, raise ACCELKIT_TRACKER_TIMEOUT (seconds)"
+        )
+        self._report(TrackerFailure(worker.name, busy, error))
+
+    def _check_all_failed(self) -> None:
+        """Say once, loudly, that every tracker of the run failed and nothing is logged.
+
+        A tracker failing in ``finish()`` does not count: it logged what it was given.
+        """
+        if self._all_failed_reported or not self._run_names or self.on_error == "raise":
+            return
+        failed = {f.name for f in self._failures[self._run_start :] if f.method != "finish"}
+        if not failed >= self._run_names:
+            return
+        self._all_failed_reported = True
+        logger.error(
+            "Every tracker of this run has failed (%s): NOTHING IS BEING LOGGED, while training "
+            "goes on. Each failure was reported with its cause; fix it (or pass "
+            "tracker_errors='raise' to stop at the first failure).",
+            ", ".join(repr(name) for name in sorted(failed)),
+        )
+
     def _construct(
-        self, spec: type[GeneralTracker] | GeneralTracker, project: str, kwargs: Mapping[str, Any]
+        self,
+        spec: type[GeneralTracker] | GeneralTracker,
+        arguments: tuple[tuple[Any, ...], dict[str, Any]] | None,
     ) -> GeneralTracker | None:
         if isinstance(spec, GeneralTracker):
             return spec
+        args, named = arguments or ((), {})
         try:
-            return spec(project, self.logging_dir, **kwargs)
+            return spec(*args, **named)
         except Exception as error:
             self._report(TrackerFailure(spec.name, "__init__", error))
             self._raise_pending()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -32,13 +33,18 @@ class MLflowTracker(GeneralTracker):
     characters MLflow rejects have them replaced by ``_``. The configuration is flattened to
     ``outer/inner`` params, values as text (cut at MLflow's 6000 characters).
 
+    As in the reference, ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_RUN_ID``, ``MLFLOW_TAGS`` (a JSON
+    object) and ``MLFLOW_NESTED_RUN`` take priority over the matching arguments.
+
     Args:
         experiment_name: the MLflow experiment (the project name of ``init_trackers``); created
             if missing.
         logging_dir: the run's logging directory.
-        run_name: the MLflow run name.
         run_id: resume this run instead of creating one.
-        tags: run tags.
+        tags: run tags (a dict, or a JSON object as text).
+        nested_run: make the run a child of the active ``mlflow`` run of this process, if any
+            (tag ``mlflow.parentRunId``).
+        run_name: the MLflow run name.
         description: the run description.
         tracking_uri: where to log (a sqlite URL, ``http://host:port``, a folder).
         artifact_location: where a newly created experiment keeps its artifacts.
@@ -50,21 +56,33 @@ class MLflowTracker(GeneralTracker):
 
     def __init__(
         self,
-        experiment_name: str = "",
-        logging_dir: str | None = None,
-        *,
-        run_name: str | None = None,
+        experiment_name: str | None = None,
+        logging_dir: str | os.PathLike[str] | None = None,
         run_id: str | None = None,
-        tags: dict[str, Any] | None = None,
+        tags: dict[str, Any] | str | None = None,
+        nested_run: bool | str | None = False,
+        run_name: str | None = None,
         description: str | None = None,
+        *,
         tracking_uri: str | None = None,
         artifact_location: str | None = None,
     ) -> None:
-        super().__init__(experiment_name, logging_dir)
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        tags_given = os.environ.get("MLFLOW_TAGS", tags)
+        parsed_tags: dict[str, Any] = (
+            json.loads(tags_given) if isinstance(tags_given, str) else dict(tags_given or {})
+        )
+        nested_run = os.environ.get("MLFLOW_NESTED_RUN", nested_run)
+        if isinstance(nested_run, str):
+            nested_run = nested_run.strip().lower() in ("1", "true", "yes", "on", "y", "t")
+        directory = None if logging_dir is None else os.fspath(logging_dir)
+        super().__init__(experiment_name or "", directory)
         self.experiment_name = experiment_name or "Default"
         self.mlflow_run_name = run_name
         self.run_id = run_id
-        self.tags = dict(tags or {})
+        self.tags = parsed_tags
+        self.nested_run = bool(nested_run)
         self.description = description
         self.tracking_uri = tracking_uri
         self.artifact_location = artifact_location
@@ -108,6 +126,12 @@ class MLflowTracker(GeneralTracker):
         tags = {str(k): str(v) for k, v in self.tags.items()}
         if self.description:
             tags["mlflow.note.content"] = self.description
+        if self.nested_run:
+            import mlflow
+
+            parent = mlflow.active_run()
+            if parent is not None:
+                tags.setdefault("mlflow.parentRunId", parent.info.run_id)
         self.run = self.client.create_run(experiment_id, run_name=self.mlflow_run_name, tags=tags)
         self.run_id = self.run.info.run_id
 
@@ -153,6 +177,48 @@ class MLflowTracker(GeneralTracker):
             self.client.log_batch(
                 self.run_id, metrics=metrics[i : i + _MAX_METRICS_PER_BATCH], **kwargs
             )
+
+    def _started_client(self, method: str) -> Any:
+        if self.client is None or self.run_id is None:
+            raise RuntimeError(
+                f"MLflowTracker.{method}() needs a started run: call "
+                "accelerator.init_trackers(...) first."
+            )
+        return self.client
+
+    def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
+        """Store a matplotlib or plotly figure as an artifact of the run.
+
+        Args:
+            figure: a ``matplotlib.figure.Figure`` or ``plotly.graph_objects.Figure``.
+            artifact_file: the run-relative path to write, e.g. ``"plots/loss.png"``.
+            **save_kwargs: passed to the figure's save function (``dpi=``, ...).
+        """
+        self._started_client("log_figure").log_figure(
+            self.run_id, figure, artifact_file, save_kwargs=save_kwargs or None
+        )
+
+    def log_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
+        """Store every file of ``local_dir`` as artifacts of the run.
+
+        Args:
+            local_dir: the folder to upload.
+            artifact_path: the folder inside the run's artifacts (default: their root).
+        """
+        self._started_client("log_artifacts").log_artifacts(
+            self.run_id, os.fspath(local_dir), artifact_path
+        )
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        """Store one file as an artifact of the run.
+
+        Args:
+            local_path: the file to upload.
+            artifact_path: the folder inside the run's artifacts (default: their root).
+        """
+        self._started_client("log_artifact").log_artifact(
+            self.run_id, os.fspath(local_path), artifact_path
+        )
 
     @override
     def finish(self) -> None:

@@ -8,10 +8,12 @@ names work in ``log_with`` lists and in ``"all"``.
 
 from __future__ import annotations
 
+import builtins
 import enum
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import warnings
 from collections.abc import Mapping
@@ -22,12 +24,16 @@ from typing import Any, TypeVar
 from accelkit.trackers.base import GeneralTracker
 
 __all__ = [
+    "NOT_BUILT_IN",
     "LoggerType",
+    "TrackerNotBuiltInError",
     "available_trackers",
     "get_tracker_class",
     "installed_trackers",
+    "not_built_in_message",
     "register_tracker",
     "registered_trackers",
+    "constructor_arguments",
     "resolve_log_with",
     "unregister_tracker",
 ]
@@ -37,18 +43,71 @@ ENTRY_POINT_GROUP = "accelkit.trackers"
 T = TypeVar("T", bound=type[GeneralTracker])
 
 
-class LoggerType(str, enum.Enum):
-    """The names of the built-in trackers (and ``"all"``)."""
+class _LoggerTypeMeta(enum.EnumMeta):
+    """``"wandb" in LoggerType`` tests the values, as Accelerate's ``LoggerType`` does."""
+
+    def __contains__(cls, item: object) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class LoggerType(str, enum.Enum, metaclass=_LoggerTypeMeta):
+    """Tracker names, those of Accelerate's ``LoggerType`` (and accelkit's ``JSONL``).
+
+    ``AIM``, ``TRACKIO``, ``CLEARML``, ``DVCLIVE`` and ``SWANLAB`` are not built into accelkit:
+    selecting one fails with a message saying how to add it as a `GeneralTracker` (a tracker
+    registered under that name, or provided by an entry point, is used instead).
+    """
 
     ALL = "all"
+    AIM = "aim"
     TENSORBOARD = "tensorboard"
     WANDB = "wandb"
+    TRACKIO = "trackio"
     COMETML = "comet_ml"
     MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
     JSONL = "jsonl"
 
     def __str__(self) -> str:
         return str(self.value)
+
+    @classmethod
+    def list(cls) -> builtins.list[str]:
+        """Every member's value (as Accelerate's ``LoggerType.list()``)."""
+        return [member.value for member in cls]
+
+
+class TrackerNotBuiltInError(ValueError, NotImplementedError):
+    """A tracker Accelerate knows (``LoggerType.AIM``, ...) that accelkit does not build in."""
+
+
+# name -> the package a GeneralTracker for it would call.
+NOT_BUILT_IN: dict[str, str] = {
+    "aim": "aim",
+    "trackio": "trackio",
+    "clearml": "clearml",
+    "dvclive": "dvclive",
+    "swanlab": "swanlab",
+}
+
+
+def not_built_in_message(name: str) -> str:
+    """Why ``name`` (one of :data:`NOT_BUILT_IN`) cannot be used, and how to add it."""
+    package = NOT_BUILT_IN[name]
+    return (
+        f"Tracker {name!r} (LoggerType.{LoggerType(name).name}) is an Accelerate tracker that "
+        "is not built into accelkit. To use it, write a GeneralTracker subclass with "
+        f"name = {name!r} whose start(), store_init_configuration(), log() and finish() call "
+        f"the {package!r} package (pip install {package}), then register it with "
+        "accelkit.register_tracker(MyTracker) (or pass an instance in log_with=[...]). "
+        f"Accelerate's own tracking.py shows which {package} calls each method needs."
+    )
 
 
 @dataclass(frozen=True)
@@ -184,7 +243,8 @@ def _packages_of(name: str) -> tuple[str, ...]:
 def installed_trackers() -> list[str]:
     """The names of :func:`available_trackers` whose packages are installed (what ``"all"`` uses).
 
-    Entry points that fail to load are reported with a warning and left out.
+    Entry points that fail to load, and registered trackers whose ``required_packages`` are
+    missing, are reported with a warning and left out (never silently).
     """
     names = []
     for name in available_trackers():
@@ -194,8 +254,18 @@ def installed_trackers() -> list[str]:
             except ImportError as error:
                 warnings.warn(f"Skipping tracker {name!r} in log_with='all': {error}", stacklevel=2)
                 continue
-        if not _missing_packages(_packages_of(name)):
+        missing = _missing_packages(_packages_of(name))
+        if not missing:
             names.append(name)
+        elif name in _registered:
+            # A built-in whose SDK is absent is simply not "available"; a tracker the user
+            # registered is one they mean to use, so its absence is said.
+            warnings.warn(
+                f"Skipping registered tracker {name!r} in log_with='all': it needs "
+                f"{', '.join(missing)}, which is not installed. Install it: "
+                f"pip install {' '.join(missing)}",
+                stacklevel=2,
+            )
     return names
 
 
@@ -210,6 +280,8 @@ def get_tracker_class(name: str | LoggerType) -> type[GeneralTracker]:
 
     Raises:
         ValueError: no tracker has this name.
+        TrackerNotBuiltInError: an Accelerate tracker accelkit does not build in (a
+            ``ValueError``; the message says how to add it as a `GeneralTracker`).
         ImportError: the tracker's package is not installed (the message has the pip command).
     """
     key = str(name)
@@ -234,6 +306,8 @@ def get_tracker_class(name: str | LoggerType) -> type[GeneralTracker]:
     entry_points = _entry_points()
     if key in entry_points:
         return _load_entry_point(entry_points[key])
+    if key in NOT_BUILT_IN:
+        raise TrackerNotBuiltInError(not_built_in_message(key))
     raise ValueError(
         f"Unknown tracker {key!r}. Available: {', '.join(available_trackers())}. Register a "
         "custom tracker with accelkit.register_tracker(MyTracker) or pass an instance of it."
@@ -311,3 +385,58 @@ def resolve_log_with(
                 "project_config=ProjectConfiguration(project_dir=..., logging_dir=...)."
             )
     return list(unique.values())
+
+
+def constructor_arguments(
+    cls: type[GeneralTracker], project_name: str, logging_dir: str | None, kwargs: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """How ``init_trackers`` calls a tracker class, as Accelerate does, checked beforehand.
+
+    A tracker with ``requires_logging_directory = True`` is called as
+    ``cls(project_name, logging_dir, **kwargs)``, any other as ``cls(project_name, **kwargs)``
+    (so a custom tracker written for Accelerate, ``__init__(self, run_name)``, works). A class
+    whose ``__init__`` names a ``logging_dir`` parameter also gets it as a keyword (accelkit's
+    wandb, Comet and MLflow trackers keep their files there), unless ``kwargs`` sets it.
+
+    Args:
+        cls: the tracker class.
+        project_name: the name given to ``init_trackers``.
+        logging_dir: the run's logging directory, or ``None``.
+        kwargs: ``init_kwargs[cls.name]``.
+
+    Returns:
+        The positional and keyword arguments.
+
+    Raises:
+        TypeError: the class cannot be called that way (a misconfiguration, not a failing
+            service: it is raised, never skipped), naming the class, the call and the fix.
+    """
+    named = dict(kwargs)
+    if cls.requires_logging_directory:
+        args: tuple[Any, ...] = (project_name, logging_dir)
+        call = "cls(project_name, logging_dir, **init_kwargs)"
+    else:
+        args = (project_name,)
+        call = "cls(project_name, **init_kwargs)"
+    try:
+        signature = inspect.signature(cls)
+    except (TypeError, ValueError):  # no signature to read (a C type): let the call decide
+        return args, named
+    parameter = signature.parameters.get("logging_dir")
+    takes_dir = parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+    if not cls.requires_logging_directory and takes_dir and "logging_dir" not in named:
+        named["logging_dir"] = logging_dir
+    try:
+        signature.bind(*args, **named)
+    except TypeError as error:
+        raise TypeError(
+            f"Tracker {cls.name!r} ({cls.__module__}.{cls.__qualname__}{signature}) cannot be "
+            f"called as {call} with init_kwargs={dict(kwargs)!r}: {error}. accelkit calls "
+            "tracker classes as Accelerate does: the logging directory is the second positional "
+            "argument only when requires_logging_directory = True. Fix the class's __init__ or "
+            f"init_kwargs[{cls.name!r}]."
+        ) from error
+    return args, named

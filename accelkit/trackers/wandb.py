@@ -81,6 +81,36 @@ class WandBTracker(GeneralTracker):
         }
         self.run.log(images, step=step, **kwargs)
 
+    def log_table(
+        self,
+        table_name: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Log a ``wandb.Table`` from ``columns`` and ``data`` rows, or from a ``dataframe``.
+
+        Args:
+            table_name: the key the table is logged under.
+            columns: the column names.
+            data: the rows (any values ``wandb.Table`` accepts: text, numbers, media).
+            dataframe: a pandas ``DataFrame`` instead of ``columns``/``data``.
+            step: the training step.
+            **kwargs: passed to ``Run.log``.
+        """
+        import wandb
+
+        if self.run is None:
+            raise RuntimeError(
+                "WandBTracker.log_table() needs a started run: call "
+                "accelerator.init_trackers(...) first."
+            )
+        names: list[str | int] | None = None if columns is None else list(columns)
+        table = wandb.Table(columns=names, data=data, dataframe=dataframe)
+        self.run.log({table_name: table}, step=step, **kwargs)
+
     @override
     def finish(self) -> None:
         if self.run is not None:

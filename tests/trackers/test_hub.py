@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from typing_extensions import override
 
 from accelkit import Accelerator
-from accelkit.trackers import TrackerError, TrackerHub, TrackerWarning
+from accelkit.trackers import GeneralTracker, TrackerError, TrackerHub, TrackerWarning
 from accelkit.trackers.base import NullTracker
 from accelkit.trackers.jsonl import read_jsonl
 from tests.trackers.custom import RecordingTracker
@@ -226,3 +230,109 @@ def test_log_rejects_a_non_mapping(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"dict of metric name -> value, got float"):
         accelerator.log(0.5, step=0)  # type: ignore[arg-type]
     accelerator.end_training()
+
+
+class _HangsIn(GeneralTracker):
+    """A custom tracker whose ``start`` or ``store_init_configuration`` never returns."""
+
+    requires_logging_directory = False
+
+    def __init__(self, name: str, method: str, gate: threading.Event) -> None:
+        super().__init__(run_name="")
+        self.name = name  # type: ignore[misc]
+        self.method = method
+        self.gate = gate
+        self.logged: list[Any] = []
+
+    @property
+    @override
+    def tracker(self) -> None:
+        return None
+
+    @override
+    def start(self) -> None:
+        if self.method == "start":
+            self.gate.wait()
+
+    @override
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        if self.method == "store_init_configuration":
+            self.gate.wait()
+
+    @override
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self.logged.append((step, values))
+
+
+@pytest.mark.parametrize("method", ["start", "store_init_configuration"])
+def test_a_hung_start_is_bounded_reported_and_skipped(
+    method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ACCELKIT_TRACKER_TIMEOUT", "0.5")
+    gate = threading.Event()
+    hung = _HangsIn("hung", method, gate)
+    try:
+        accelerator = Accelerator(log_with=[hung, "jsonl"], project_dir=str(tmp_path))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            started = time.monotonic()
+            accelerator.init_trackers("run", config={"lr": 0.1})
+            waited = time.monotonic() - started
+        reports = _tracker_warnings(caught)
+        assert len(reports) == 1, reports
+        assert f"'hung' failed in {method}()" in reports[0]
+        assert "did not return within 0.5 s" in reports[0]
+        assert "ACCELKIT_TRACKER_TIMEOUT" in reports[0]
+        assert waited < 30  # bounded (generous: the machine is shared)
+        accelerator.log({"x": 1}, step=0)
+        assert accelerator.end_training() is None
+        assert [r["values"] for r in read_jsonl(str(tmp_path / "run"))] == [{"x": 1}]
+    finally:
+        gate.set()
+    # Released late, the hung tracker stays skipped: it never receives values.
+    time.sleep(0.2)
+    assert hung.logged == []
+
+
+def test_a_hung_start_raises_with_the_raise_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = threading.Event()
+    hub = TrackerHub.create([_HangsIn("hung", "start", gate)], on_error="raise", timeout=0.3)
+    try:
+        with pytest.raises(TrackerError, match=r"'hung' failed in start\(\).*within 0.3 s"):
+            hub.init("run")
+    finally:
+        gate.set()
+        hub.finish()
+
+
+def test_every_tracker_failing_is_said_once_loudly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = RecordingTracker("first", fail_in="start")
+    second = RecordingTracker("second", fail_in="log")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrackerWarning)
+        accelerator = Accelerator(log_with=[first, second])
+        with caplog.at_level(logging.ERROR, logger="accelkit.trackers"):
+            accelerator.init_trackers("run")
+            assert caplog.records == []  # 'second' still works
+            for step in range(3):
+                accelerator.log({"x": step}, step=step)
+            accelerator.end_training()
+    [record] = caplog.records
+    assert record.levelno == logging.ERROR
+    assert "'first', 'second'" in record.getMessage()
+    assert "NOTHING IS BEING LOGGED" in record.getMessage()
+
+
+def test_no_all_failed_report_while_one_tracker_works(caplog: pytest.LogCaptureFixture) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TrackerWarning)
+        accelerator = Accelerator(
+            log_with=[RecordingTracker("broken", fail_in="start"), RecordingTracker("fine")]
+        )
+        with caplog.at_level(logging.ERROR, logger="accelkit.trackers"):
+            accelerator.init_trackers("run")
+            accelerator.log({"x": 1}, step=0)
+            accelerator.end_training()
+    assert caplog.records == []

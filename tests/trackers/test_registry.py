@@ -120,7 +120,8 @@ def test_registered_trackers_join_all_with_given_instances(tmp_path: Path) -> No
 
     register_tracker(CSVTracker)
     instance = RecordingTracker("given")
-    hub = TrackerHub.create(["all", instance], logging_dir=str(tmp_path))
+    with pytest.warns(UserWarning, match=r"registered tracker 'needs_missing'.*pip install"):
+        hub = TrackerHub.create(["all", instance], logging_dir=str(tmp_path))
     assert set(hub.requested_names) == BUILTINS | {"csv_custom", "given"}
     with pytest.raises(ImportError, match="pip install surely_not_an_installed_package_42"):
         get_tracker_class("needs_missing")
