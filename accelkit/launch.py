@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from accelkit._launch_signals import run_child
 from accelkit.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
 from accelkit.fsdp_plugin import add_launch_arguments as add_fsdp_arguments
 from accelkit.fsdp_plugin import launch_env as fsdp_launch_env
@@ -201,16 +201,21 @@ def launch_command(config: LaunchConfig) -> int:
 
     One process on one machine runs the script directly; anything else goes through
     ``torch.distributed.run``, which shows the failing worker's error and exits non-zero.
+
+    SIGTERM, SIGINT (Ctrl-C), SIGHUP or SIGQUIT to the launcher stops the whole job: every worker
+    gets SIGTERM (through torchrun), the launcher waits for them (torchrun SIGKILLs a worker still
+    running after 30 s; a second signal kills at once), prints one line and returns
+    ``128 + signal``. To save on the way out, a script handles SIGTERM.
     """
+    env = launch_env(config)
     if config.num_processes == 1 and config.num_machines == 1:
         target = ["-m", config.script] if config.module else [config.script]
-        env = launch_env(config)
         env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
         cmd = [sys.executable, *target, *config.script_args]
-    else:
-        env = launch_env(config)
-        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(config)]
-    return subprocess.call(cmd, env=env)
+        return run_child(cmd, env, "the script", via_torchrun=False)
+    cmd = [sys.executable, "-m", "accelkit._torchrun", *torchrun_args(config)]
+    what = f"{config.nproc_per_node} worker(s) (through torchrun)"
+    return run_child(cmd, env, what, via_torchrun=True)
 
 
 class _Worker:
