@@ -315,6 +315,8 @@ def _add(group: Any, dest: str, *extra: str, **kwargs: Any) -> None:
     action = kwargs.pop("action", None)
     if action == "store_const":
         kwargs["nargs"] = 0
+    else:
+        kwargs.setdefault("metavar", "N" if kwargs.get("type") not in (None, float) else "VALUE")
     group.add_argument(*extra, *_spellings(dest), dest=dest, action=_Given, **kwargs)
 
 
