@@ -3,6 +3,10 @@
 accelkit writes no process manager of its own. ``accelkit launch`` translates the flags users know
 from the reference tool into a ``torch.distributed.run`` (torchrun) invocation, and
 :func:`notebook_launcher` uses ``torch.multiprocessing.start_processes``.
+
+The flags live in :mod:`accelkit.launch_flags`, config files in :mod:`accelkit.launch_config`, and
+how a signal stops the job in :mod:`accelkit._launch_signals`; this module merges flags over the
+config file into a :class:`LaunchConfig` and runs it.
 """
 
 from __future__ import annotations

@@ -178,3 +178,32 @@ def test_second_signal_kills_workers_that_ignore_sigterm(tmp_path: Path) -> None
     assert "Traceback" not in output, output
     _assert_job_gone(job)
     _assert_checkpoint_loads(tmp_path / "out")
+
+
+def test_single_process_script_is_stopped_too(tmp_path: Path) -> None:
+    # One local process runs the script directly (no torchrun): the same stop applies.
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "open(sys.argv[1], 'w').write(str(os.getpid()))\n"
+        "while True:\n"
+        "    time.sleep(0.05)\n"
+    )
+    pid_file = tmp_path / "pid"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "accelkit.cli.main", "launch", "--cpu", script, pid_file],
+        env={**os.environ, "HF_HOME": str(tmp_path / "hf_home")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.communicate()
+        time.sleep(0.05)
+    os.killpg(launcher.pid, signal.SIGINT)
+    output, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode == 128 + signal.SIGINT, output
+    assert "Traceback" not in output and "stopped by SIGINT" in output, output
+    _assert_job_gone({int(pid_file.read_text())})
