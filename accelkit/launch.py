@@ -3,6 +3,10 @@
 accelkit writes no process manager of its own. ``accelkit launch`` translates the flags users know
 from the reference tool into a ``torch.distributed.run`` (torchrun) invocation, and
 :func:`notebook_launcher` uses ``torch.multiprocessing.start_processes``.
+
+The flags live in :mod:`accelkit.launch_flags`, config files in :mod:`accelkit.launch_config`, and
+how a signal stops the job in :mod:`accelkit._launch_signals`; this module merges flags over the
+config file into a :class:`LaunchConfig` and runs it.
 """
 
 from __future__ import annotations
@@ -10,17 +14,38 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from accelkit._launch_signals import run_child
 from accelkit.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
-from accelkit.fsdp_plugin import add_launch_arguments as add_fsdp_arguments
+from accelkit.fsdp_plugin import (
+    AUTO_WRAP_POLICIES,
+    STATE_DICT_TYPES,
+    FullyShardedDataParallelPlugin,
+)
 from accelkit.fsdp_plugin import launch_env as fsdp_launch_env
+from accelkit.launch_config import default_config_path, read_config_file
+from accelkit.launch_flags import (
+    ACCEPTED,
+    Setting,
+    add_launch_arguments,
+    check_refused,
+    parse_bool,
+    refusal_for,
+    settings_from_args,
+)
 
-__all__ = ["LaunchConfig", "launch_command", "notebook_launcher", "torchrun_args"]
+__all__ = [
+    "LaunchConfig",
+    "add_launch_arguments",
+    "config_from_args",
+    "launch_command",
+    "notebook_launcher",
+    "torchrun_args",
+]
 
 
 @dataclass(frozen=True)
@@ -37,8 +62,10 @@ class LaunchConfig:
     mixed_precision: str = "no"
     cpu: bool = False
     module: bool = False
+    no_python: bool = False
     max_restarts: int = 0
     extra_env: tuple[tuple[str, str], ...] = ()
+    torchrun_options: tuple[str, ...] = ()
 
     @property
     def nproc_per_node(self) -> int:
@@ -46,111 +73,226 @@ class LaunchConfig:
         return self.num_processes // self.num_machines
 
 
-def _positive(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+# torchrun options given through as they are: (flag of accelkit launch, torchrun's flag).
+_TORCHRUN_OPTIONS = {
+    "monitor_interval": "--monitor-interval",
+    "rdzv_conf": "--rdzv-conf",
+    "role": "--role",
+    "tee": "--tee",
+    "log_dir": "--log-dir",
+}
+
+
+class _Settings:
+    """Merged settings with typed getters whose errors name where a bad value came from."""
+
+    def __init__(self, settings: dict[str, Setting]) -> None:
+        self.settings = settings
+
+    def raw(self, name: str) -> Any:
+        setting = self.settings.get(name)
+        return None if setting is None else setting.value
+
+    def origin(self, name: str) -> str:
+        return self.settings[name].origin
+
+    def flag(self, name: str) -> bool:
+        value = self.raw(name)
+        return False if value is None else parse_bool(value, self.origin(name))
+
+    def integer(self, name: str, minimum: int) -> int | None:
+        value = self.raw(name)
+        if value is None:
+            return None
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-
-    return parse
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.origin(name)}: expected an integer, got {value!r}.") from None
+        if number < minimum:
+            raise ValueError(f"{self.origin(name)}: must be >= {minimum}, got {number}.")
+        return number
 
 
-def _non_negative(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 0, got {value}")
-        return value
+def _merged_settings(args: argparse.Namespace) -> _Settings:
+    """Command-line flags over the config file's settings (see :mod:`accelkit.launch_config`)."""
+    cli = settings_from_args(args)
+    path = cli.pop("config_file").value if "config_file" in cli else None
+    if path is None and "cpu" not in cli and os.path.isfile(default_config_path()):
+        path = default_config_path()
+    settings: dict[str, Setting] = {}
+    if path is not None:
+        from_file = read_config_file(path)
+        if any(mode in cli for mode in ("multi_gpu", "use_fsdp")):
+            # A mode chosen on the command line replaces the file's distributed_type.
+            for mode in ("multi_gpu", "use_fsdp"):
+                if mode in from_file and from_file[mode].origin.endswith("distributed_type"):
+                    del from_file[mode]
+        settings.update(from_file)
+    settings.update(cli)
+    for name, setting in settings.items():
+        if name not in ACCEPTED and refusal_for(name) is None:
+            raise ValueError(f"{setting.origin} is not a setting of `accelerate launch`.")
+    check_refused(settings)
+    return _Settings(settings)
 
-    return parse
 
-
-def _precision(text: str) -> str:
+def _mixed_precision(s: _Settings) -> str:
+    value = s.raw("mixed_precision")
+    if value is None:
+        return parse_mixed_precision(None).value
+    if str(value).strip().lower() == "fp8":
+        raise ValueError(
+            f"{s.origin('mixed_precision')} ('fp8'): FP8 training is out of scope for accelkit; "
+            "use bf16 or fp16."
+        )
     try:
-        return parse_mixed_precision(text).value
+        return parse_mixed_precision(str(value)).value
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise ValueError(f"{s.origin('mixed_precision')}: {exc}") from None
 
 
-def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``accelkit launch`` flags to ``parser``."""
-    parser.add_argument("--cpu", action="store_true", help="run on CPU with gloo, even with GPUs")
-    parser.add_argument(
-        "--multi_gpu", action="store_true", help="one process per GPU (default count: all GPUs)"
+def _gpu_ids(s: _Settings) -> list[str] | None:
+    value = s.raw("gpu_ids")
+    if value is None or str(value).strip().lower() == "all":
+        return None
+    ids = [part.strip() for part in str(value).split(",") if part.strip()]
+    if not ids or not all(part.isdigit() for part in ids):
+        raise ValueError(
+            f"{s.origin('gpu_ids')} ({value!r}): expected comma-separated GPU numbers such as "
+            "0,1 or 'all'."
+        )
+    return ids
+
+
+def _fsdp_env(s: _Settings) -> dict[str, str]:
+    """``ACCELKIT_FSDP_*`` variables from the ``--fsdp_*`` settings, validated by the plugin."""
+    if not s.flag("use_fsdp"):
+        return {}
+    version = s.integer("fsdp_version", 1)
+    if version not in (None, 2):
+        raise ValueError(
+            f"{s.origin('fsdp_version')} ({version}): accelkit shards with FSDP2 "
+            "(torch.distributed.fsdp.fully_shard); use --fsdp_version 2."
+        )
+    reshard = s.raw("fsdp_reshard_after_forward")
+    strategy = s.raw("fsdp_sharding_strategy")
+    if reshard is None and strategy is not None:
+        # FSDP1's strategies, as the reference maps them onto FSDP2.
+        mapped = {"FULL_SHARD": "true", "1": "true", "SHARD_GRAD_OP": "false", "2": "false"}
+        reshard = mapped.get(str(strategy).strip().upper())
+        if reshard is None:
+            raise ValueError(
+                f"{s.origin('fsdp_sharding_strategy')} ({strategy!r}): FSDP2 offers FULL_SHARD "
+                "(1) and SHARD_GRAD_OP (2); NO_SHARD is plain DDP (drop --use_fsdp) and hybrid "
+                "sharding is not supported."
+            )
+    policy = s.raw("fsdp_auto_wrap_policy")
+    if policy is not None:
+        policy = str(policy).strip().lower()
+        if policy not in AUTO_WRAP_POLICIES:
+            raise ValueError(
+                f"{s.origin('fsdp_auto_wrap_policy')} ({s.raw('fsdp_auto_wrap_policy')!r}): "
+                f"expected one of {', '.join(p.upper() for p in AUTO_WRAP_POLICIES)}."
+            )
+    state_dict = s.raw("fsdp_state_dict_type")
+    if state_dict is not None and str(state_dict).strip().upper() not in STATE_DICT_TYPES:
+        raise ValueError(
+            f"{s.origin('fsdp_state_dict_type')} ({state_dict!r}): save_state writes "
+            f"{STATE_DICT_TYPES[0]} (resumable on any process count); for one consolidated "
+            "model file call accelerator.save_model(model, folder)."
+        )
+    offload = s.raw("fsdp_offload_params")
+    env = fsdp_launch_env(
+        argparse.Namespace(
+            use_fsdp=True,
+            fsdp_version=version,
+            fsdp_reshard_after_forward=None if reshard is None else str(reshard).lower(),
+            fsdp_auto_wrap_policy=policy,
+            fsdp_transformer_layer_cls_to_wrap=s.raw("fsdp_transformer_layer_cls_to_wrap"),
+            fsdp_min_num_params=s.integer("fsdp_min_num_params", 1),
+            fsdp_offload_params=None
+            if offload is None
+            else str(s.flag("fsdp_offload_params")).lower(),
+            fsdp_state_dict_type=None if state_dict is None else str(state_dict).strip().upper(),
+        )
     )
-    parser.add_argument(
-        "--num_processes",
-        type=_positive("--num_processes"),
-        default=None,
-        help="total processes over all machines (default: GPUs on this machine, or 1)",
-    )
-    parser.add_argument("--num_machines", type=_positive("--num_machines"), default=1)
-    parser.add_argument("--machine_rank", type=_non_negative("--machine_rank"), default=0)
-    parser.add_argument("--main_process_ip", default="127.0.0.1")
-    parser.add_argument("--main_process_port", type=_positive("--main_process_port"), default=None)
-    parser.add_argument("--mixed_precision", type=_precision, default=None, help="no | fp16 | bf16")
-    parser.add_argument(
-        "-m", "--module", action="store_true", help="run the script as a module (python -m)"
-    )
-    parser.add_argument(
-        "--max_restarts",
-        type=_non_negative("--max_restarts"),
-        default=0,
-        help="restart the workers this many times after a failure (torchrun)",
-    )
-    add_fsdp_arguments(parser)
-    parser.add_argument("script", help="the training script (or module with -m)")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
+    try:
+        FullyShardedDataParallelPlugin.from_env(env)
+    except ValueError as exc:
+        raise ValueError(
+            f"--use_fsdp with these --fsdp_* settings: {exc} (the launch flags are "
+            "--fsdp_transformer_layer_cls_to_wrap and --fsdp_min_num_params)"
+        ) from None
+    return env
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
-    """Validate parsed flags into a :class:`LaunchConfig`.
+    """Validate parsed flags, over the config file's settings, into a :class:`LaunchConfig`.
 
     Raises:
-        ValueError: naming the bad value and the fix.
+        ValueError: naming the bad value, where it came from (flag or config file key) and the
+            fix.
     """
-    if not args.module and not os.path.isfile(args.script):
+    s = _merged_settings(args)
+    module, no_python = s.flag("module"), s.flag("no_python")
+    if module and no_python:
+        raise ValueError("--module and --no_python exclude each other: choose one.")
+    cpu = s.flag("cpu")
+    num_machines = s.integer("num_machines", 1) or 1
+    machine_rank = s.integer("machine_rank", 0) or 0
+    gpu_ids = None if cpu else _gpu_ids(s)
+    num_processes = s.integer("num_processes", 1)
+    if num_processes is None:
+        gpus = 0 if cpu else len(gpu_ids) if gpu_ids else _cuda_device_count()
+        num_processes = max(gpus, 1) * num_machines
+    if num_processes % num_machines:
+        raise ValueError(
+            f"--num_processes {num_processes} is the total over all machines and must be a "
+            f"multiple of --num_machines {num_machines}."
+        )
+    if machine_rank >= num_machines:
+        raise ValueError(
+            f"--machine_rank {machine_rank} must be below --num_machines {num_machines} "
+            "(ranks count from 0)."
+        )
+    port = s.integer("main_process_port", 0)
+    if not port:
+        port = 29500 if num_machines > 1 and port is None else _free_port()
+    env = _fsdp_env(s)
+    if gpu_ids is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+    threads = s.integer("num_cpu_threads_per_process", 1)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if s.flag("debug"):
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    if s.flag("quiet"):
+        env["LOGLEVEL"] = "ERROR"
+    options = [f"{flag}={s.raw(name)}" for name, flag in _TORCHRUN_OPTIONS.items() if s.raw(name)]
+    backend = s.raw("rdzv_backend")
+    if backend is not None and str(backend) != "static":
+        options.append(f"--rdzv-backend={backend}")
+    precision = _mixed_precision(s)
+    if not module and not no_python and not os.path.isfile(args.script):
         raise ValueError(
             f"Script {args.script!r} does not exist (looked in {os.getcwd()}). Pass the path of a "
             "Python file, or -m/--module to run a module."
         )
-    gpus = 0 if args.cpu else _cuda_device_count()
-    num_processes = args.num_processes
-    if num_processes is None:
-        num_processes = max(gpus, 1) * args.num_machines
-    if num_processes % args.num_machines:
-        raise ValueError(
-            f"--num_processes {num_processes} is the total over all machines and must be a "
-            f"multiple of --num_machines {args.num_machines}."
-        )
-    if args.machine_rank >= args.num_machines:
-        raise ValueError(
-            f"--machine_rank {args.machine_rank} must be below --num_machines {args.num_machines} "
-            "(ranks count from 0)."
-        )
-    port = args.main_process_port
-    if port is None:
-        port = 29500 if args.num_machines > 1 else _free_port()
     return LaunchConfig(
         script=args.script,
         script_args=tuple(args.script_args),
         num_processes=num_processes,
-        num_machines=args.num_machines,
-        machine_rank=args.machine_rank,
-        main_process_ip=args.main_process_ip,
+        num_machines=num_machines,
+        machine_rank=machine_rank,
+        main_process_ip=str(s.raw("main_process_ip") or "127.0.0.1"),
         main_process_port=port,
-        mixed_precision=args.mixed_precision or parse_mixed_precision(None).value,
-        cpu=args.cpu,
-        module=args.module,
-        max_restarts=args.max_restarts,
-        extra_env=tuple(sorted(fsdp_launch_env(args).items())),
+        mixed_precision=precision,
+        cpu=cpu,
+        module=module,
+        no_python=no_python,
+        max_restarts=s.integer("max_restarts", 0) or 0,
+        extra_env=tuple(sorted(env.items())),
+        torchrun_options=tuple(options),
     )
 
 
@@ -177,9 +319,14 @@ def torchrun_args(config: LaunchConfig) -> list[str]:
         f"--master_addr={config.main_process_ip}",
         f"--master_port={config.main_process_port}",
         f"--max_restarts={config.max_restarts}",
+        *config.torchrun_options,
     ]
+    if any(option.startswith("--rdzv-backend=") for option in config.torchrun_options):
+        args.append(f"--rdzv-endpoint={config.main_process_ip}:{config.main_process_port}")
     if config.module:
         args.append("--module")
+    if config.no_python:
+        args.append("--no-python")
     return [*args, config.script, *config.script_args]
 
 
@@ -201,16 +348,22 @@ def launch_command(config: LaunchConfig) -> int:
 
     One process on one machine runs the script directly; anything else goes through
     ``torch.distributed.run``, which shows the failing worker's error and exits non-zero.
+
+    SIGTERM, SIGINT (Ctrl-C), SIGHUP or SIGQUIT to the launcher stops the whole job: every worker
+    gets SIGTERM (through torchrun), the launcher waits for them (torchrun SIGKILLs a worker still
+    running after 30 s; a second signal kills at once), prints one line and returns
+    ``128 + signal``. To save on the way out, a script handles SIGTERM.
     """
+    env = launch_env(config)
     if config.num_processes == 1 and config.num_machines == 1:
         target = ["-m", config.script] if config.module else [config.script]
-        env = launch_env(config)
+        python = [] if config.no_python else [sys.executable]
         env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
-        cmd = [sys.executable, *target, *config.script_args]
-    else:
-        env = launch_env(config)
-        cmd = [sys.executable, "-m", "torch.distributed.run", *torchrun_args(config)]
-    return subprocess.call(cmd, env=env)
+        cmd = [*python, *target, *config.script_args]
+        return run_child(cmd, env, "the script", via_torchrun=False)
+    cmd = [sys.executable, "-m", "accelkit._torchrun", *torchrun_args(config)]
+    what = f"{config.nproc_per_node} worker(s) (through torchrun)"
+    return run_child(cmd, env, what, via_torchrun=True)
 
 
 class _Worker:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from accelkit.launch import add_launch_arguments, config_from_args, launch_command
@@ -16,17 +15,23 @@ def register(subparsers: Any) -> None:
         help="run a training script on one or more processes / machines",
         description=(
             "Run SCRIPT on --num_processes processes (over --num_machines machines) with "
-            "torch.distributed.run. Arguments after SCRIPT go to the script."
+            "torch.distributed.run. Arguments after SCRIPT go to the script. Flags are those "
+            "of `accelerate launch`, spelled with underscores or dashes; settings not given "
+            "come from the config file (see --config_file)."
         ),
+        usage="accelkit launch [options] script [script_args ...]",
+        allow_abbrev=False,
     )
+    from accelkit import __version__
+
+    parser.add_argument("--version", action="version", version=f"accelkit {__version__}")
     add_launch_arguments(parser)
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=_run, _parser=parser)
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ValueError as exc:
-        print(f"accelkit launch: error: {exc}", file=sys.stderr)
-        return 2
+        args._parser.error(str(exc))  # the launch usage and the message; exits with 2
     return launch_command(config)

@@ -16,7 +16,18 @@ __all__ = ["build_parser", "main"]
 
 # Subcommand modules, imported when the parser is built. A module that is missing (an optional
 # part not installed) is skipped rather than breaking the whole command.
-_SUBCOMMANDS = ("accelkit.cli.launch", "accelkit.cli.env", "accelkit.cli.ckpt")
+_SUBCOMMANDS = (
+    "accelkit.cli.launch",
+    "accelkit.cli.config",
+    "accelkit.cli.env",
+    "accelkit.cli.ckpt",
+)
+
+
+def _version() -> str:
+    from accelkit import __version__
+
+    return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="accelkit",
         description="Run PyTorch training anywhere, and manage its checkpoints.",
+        allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"accelkit {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _SUBCOMMANDS:
         try:
@@ -40,7 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``accelkit`` command; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        # The subcommand's own usage, and for a flag of `accelerate launch` the reason it is
+        # refused or the nearest accepted spelling.
+        from accelkit.launch_flags import explain_unknown
+
+        sub = getattr(args, "_parser", parser)
+        sub.error(explain_unknown(unknown, sub._option_string_actions))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

@@ -67,6 +67,14 @@ SEED_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.fixture(autouse=True)
+def _no_user_config(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A config file in the developer's own ~/.cache/huggingface must not change these launches.
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+
+
 def _accelkit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "accelkit.cli.main", *args],
@@ -139,9 +147,11 @@ def test_failing_worker_fails_the_launch(tmp_path: Path, script: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--num_processes", "0", "x.py"], "--num_processes must be >= 1, got 0"),
-        (["--mixed_precision", "fp8", "x.py"], "Unknown mixed_precision 'fp8'"),
-        (["--bogus", "x.py"], "unrecognized arguments: --bogus"),
+        (["--num_processes", "0", "x.py"], "--num_processes/--num-processes: must be >= 1, got 0"),
+        (["--mixed_precision", "fp16x", "x.py"], "Unknown mixed_precision 'fp16x'"),
+        (["--mixed_precision", "fp8", "x.py"], "FP8 training is out of scope"),
+        (["--bogus", "x.py"], "unrecognized argument --bogus"),
+        (["--num_proceses", "2", "x.py"], "(did you mean --num_processes?)"),
         (["does_not_exist.py"], "does_not_exist.py' does not exist"),
         (["--num_processes", "3", "--num_machines", "2", "{script}"], "multiple of --num_machines"),
         (
@@ -154,6 +164,7 @@ def test_bad_launch_input(script: Path, args: list[str], message: str) -> None:
     proc = _accelkit("launch", "--cpu", *[a.format(script=script) for a in args])
     assert proc.returncode == 2
     assert message in proc.stderr
+    assert proc.stderr.startswith("usage: accelkit launch ")  # the launch usage, not the top one
 
 
 def test_env_command_reports_versions() -> None:
