@@ -13,14 +13,15 @@
 * moves each batch to the device;
 * looks one batch ahead so it knows, while the last batch is being used, that it is the last
   one (gradient accumulation synchronises there; ``gather_for_metrics`` drops the padding);
-* reports and restores its position with ``state_dict()``/``load_state_dict()``.
+* reports and restores its position with ``state_dict()``/``load_state_dict()``; a restored
+  position applies to the next pass only, and :func:`skip_first_batches` replaces it rather
+  than adding to it (see :mod:`accelkit.prepared`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from accelkit import ops
 from accelkit.optim import GradientState
+from accelkit.prepared import PreparedDataLoader, Recipe, build, is_prepared, is_stateful
 from accelkit.sampling import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -128,243 +130,6 @@ def _loader_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
     return kwargs
 
 
-class _Position:
-    """Where a loader is in its data; shared with the loaders ``skip_first_batches`` makes."""
-
-    __slots__ = ("end", "epoch", "snapshot", "yielded")
-
-    def __init__(self) -> None:
-        self.epoch = 0
-        self.yielded = 0
-        self.end = False
-        self.snapshot: dict[str, Any] | None = None
-
-
-class _PreparedMixin:
-    """The behaviour shared by the plain and the stateful prepared dataloader."""
-
-    # Set by _setup; declared for type checkers.
-    gradient_state: GradientState
-    device: torch.device | None
-    remainder: int
-
-    def _setup(
-        self,
-        *,
-        gradient_state: GradientState,
-        device: torch.device | None,
-        non_blocking: bool,
-        shard: BatchSamplerShard | None,
-        iterable_shard: IterableDatasetShard | None,
-        random_sampler: SeedableRandomSampler | None,
-        remainder: int,
-        total_batch_size: int | None,
-        total_dataset_length: int | None,
-        stateful: bool,
-        rebuild: Callable[[int], Any],
-        worker_seed: int | None = None,
-    ) -> None:
-        self.gradient_state = gradient_state
-        self._worker_seed = worker_seed
-        self.device = device
-        self.non_blocking = non_blocking
-        self._shard = shard
-        self._iterable_shard = iterable_shard
-        self._random_sampler = random_sampler
-        self.remainder = remainder
-        self._static_remainder = remainder
-        self.total_batch_size = total_batch_size
-        self.total_dataset_length = total_dataset_length
-        self._stateful = stateful
-        self._rebuild = rebuild
-        self._pos = _Position()
-        self._skip_always = 0  # batches read and dropped (iterable datasets only)
-        self._skip_once = 0
-        # The device copy is decided once here, not per batch.
-        self._move: Callable[[Any], Any] | None = None
-        if device is not None and device.type != "cpu":
-            self._move = lambda batch: ops.send_to_device(batch, device, non_blocking)
-
-    # ---------------------------------------------------------------- epochs
-
-    @property
-    def end_of_dataloader(self) -> bool:
-        """True while the last batch of the current pass is in use."""
-        return self._pos.end
-
-    @property
-    def epoch(self) -> int:
-        """The epoch whose order the next (or current) pass uses; +1 after each full pass."""
-        return self._pos.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use the shuffling order (and dataset epoch) of ``epoch`` from the next pass on."""
-        self._pos.epoch = int(epoch)
-
-    def _skipped_always(self) -> int:
-        return self._shard.skip_batches if self._shard is not None else self._skip_always
-
-    def _begin(self) -> int:
-        """Prepare a pass; return how many batches ``__iter__`` must read and drop."""
-        pos = self._pos
-        if self._worker_seed is not None:
-            self.generator.manual_seed(self._worker_seed + pos.epoch)  # type: ignore[attr-defined]
-        if self._random_sampler is not None:
-            self._random_sampler.set_epoch(pos.epoch)
-        if self._iterable_shard is not None:
-            self._iterable_shard.set_epoch(pos.epoch)
-        resume = self._skip_once
-        self._skip_once = 0
-        pos.yielded = self._skipped_always() + resume
-        pos.end = False
-        self.remainder = self._static_remainder
-        if self._stateful:  # StatefulDataLoader fast-forwards itself
-            resume = 0
-        elif self._shard is not None:  # skip indices, without loading the samples
-            self._shard.skip_once = resume
-            resume = 0
-        return resume + self._skip_always
-
-    def __iter__(self) -> Iterator[Any]:
-        drop = self._begin()
-        pos = self._pos
-        state = self.gradient_state
-        state.enter_loader(self)
-        try:
-            it = super().__iter__()  # type: ignore[misc]
-            for _ in range(drop):
-                if next(it, _END) is _END:
-                    break
-            current = next(it, _END)
-            move = self._move
-            if current is not _END and move is not None:
-                current = move(current)
-            while current is not _END:
-                snapshot = self._inner_state() if self._stateful else None
-                upcoming = next(it, _END)
-                if upcoming is _END:
-                    self._mark_end()
-                else:
-                    pos.snapshot = snapshot
-                    if move is not None:
-                        upcoming = move(upcoming)
-                pos.yielded += 1
-                yield current
-                current = upcoming
-            pos.epoch += 1
-            pos.yielded = 0
-            pos.end = False
-        finally:
-            state.exit_loader(self)
-
-    def _mark_end(self) -> None:
-        self._pos.end = True
-        shard = self._iterable_shard
-        if (
-            shard is not None
-            and shard.last_remainder >= 0
-            and self.total_batch_size is not None
-            and getattr(self, "num_workers", 0) == 0
-        ):
-            self.remainder = shard.last_remainder
-        if self._stateful:
-            self._pos.snapshot = self._inner_state()
-
-    def _inner_state(self) -> dict[str, Any]:
-        return dict(super().state_dict())  # type: ignore[misc]
-
-    # ------------------------------------------------------------- position
-
-    def state_dict(self) -> dict[str, Any]:
-        """This process's position: epoch, batches yielded, shuffling seed.
-
-        Saved while the last batch of an epoch is in use, it points at the start of the next
-        epoch. With ``use_stateful_dataloader`` it also holds the ``StatefulDataLoader`` state
-        (under ``"stateful_dataloader"``), which may differ between processes.
-        """
-        pos = self._pos
-        out: dict[str, Any] = {
-            "epoch": pos.epoch + 1 if pos.end else pos.epoch,
-            "batches_yielded": 0 if pos.end else pos.yielded,
-            "seed": None if self._random_sampler is None else self._random_sampler.seed,
-        }
-        if self._stateful:
-            snapshot = pos.snapshot
-            out["stateful_dataloader"] = snapshot if snapshot is not None else self._inner_state()
-        return out
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume at the position ``state_dict`` describes, on the next pass.
-
-        Raises:
-            KeyError: naming the missing entry when ``state_dict`` is not one of ours.
-        """
-        for key in ("epoch", "batches_yielded"):
-            if key not in state_dict:
-                raise KeyError(
-                    f"dataloader state has no {key!r} entry (keys: {sorted(state_dict)}); pass "
-                    "a dict produced by a prepared dataloader's state_dict()."
-                )
-        self._pos.epoch = int(state_dict["epoch"])
-        seed = state_dict.get("seed")
-        if seed is not None and self._random_sampler is not None:
-            self._random_sampler.seed = int(seed)
-        self._skip_once = max(0, int(state_dict["batches_yielded"]) - self._skipped_always())
-        inner = state_dict.get("stateful_dataloader")
-        if self._stateful and inner is not None:
-            super().load_state_dict(inner)  # type: ignore[misc]
-            self._pos.snapshot = inner
-
-    # ------------------------------------------------------------- skipping
-
-    def skip_first_batches(self, num_batches: int) -> Any:
-        """A new prepared loader over the same data that leaves out the first ``num_batches``.
-
-        It shares this loader's position: its progress shows in this loader's ``state_dict()``
-        and its full pass advances this loader's epoch.
-        """
-        clone = self._rebuild(num_batches)
-        clone._pos = self._pos
-        return clone
-
-
-_END = object()
-
-
-class PreparedDataLoader(_PreparedMixin, DataLoader[Any]):  # type: ignore[misc]
-    """A ``DataLoader`` made by :func:`prepare_data_loader` (see the module docstring).
-
-    Extra attributes: ``device``, ``epoch``, ``end_of_dataloader``, ``remainder`` (real samples
-    in the last global batch; -1 when unknown), ``total_batch_size`` (samples per step across
-    processes), ``total_dataset_length``.
-    """
-
-
-_STATEFUL_CLASS: type | None = None
-
-
-def _stateful_class() -> type:
-    global _STATEFUL_CLASS
-    if _STATEFUL_CLASS is None:
-        try:
-            from torchdata.stateful_dataloader import StatefulDataLoader
-        except ImportError:
-            raise ImportError(
-                "use_stateful_dataloader=True needs torchdata: pip install 'torchdata>=0.8'"
-            ) from None
-        _STATEFUL_CLASS = type(
-            "PreparedStatefulDataLoader",
-            (_PreparedMixin, StatefulDataLoader),
-            {"__doc__": "A prepared dataloader built on torchdata's ``StatefulDataLoader``."},
-        )
-    return _STATEFUL_CLASS
-
-
-def _is_stateful(loader: Any) -> bool:
-    module = sys.modules.get(_STATEFUL_MODULE)
-    return module is not None and isinstance(loader, module.StatefulDataLoader)
-
-
 def _is_plain_shuffle(batch_sampler: Any, sampler: Any) -> bool:
     """Whether the loader is ``shuffle=True`` with PyTorch's (or torchdata's) own samplers.
 
@@ -418,7 +183,7 @@ def prepare_data_loader(
         TypeError: if ``dataloader`` is not a ``DataLoader``.
         ValueError: for ``split_batches`` with a batch size not divisible by ``num_processes``.
     """
-    if isinstance(dataloader, _PreparedMixin):
+    if is_prepared(dataloader):
         return dataloader
     if not isinstance(dataloader, DataLoader):
         raise TypeError(
@@ -426,9 +191,6 @@ def prepare_data_loader(
             f"{type(dataloader).__name__}. Wrap a dataset as DataLoader(dataset, batch_size=...)."
         )
     config = config or DataLoaderConfiguration()
-    state = gradient_state or GradientState()
-    stateful = config.use_stateful_dataloader or _is_stateful(dataloader)
-    cls: type = _stateful_class() if stateful else PreparedDataLoader
     kwargs = _loader_kwargs(dataloader)
     # Every new iterator draws a worker base seed from the loader's generator, or from the
     # global torch RNG when it has none. That draw would shift every later random number
@@ -440,119 +202,96 @@ def prepare_data_loader(
         kwargs["generator"] = torch.Generator()
         worker_seed = torch.initial_seed()
     dataset = dataloader.dataset
-    common = {
-        "gradient_state": state,
-        "device": device,
-        "non_blocking": config.non_blocking and dataloader.pin_memory,
-        "stateful": stateful,
-        "worker_seed": worker_seed,
-    }
     try:
         length: int | None = len(dataset)  # type: ignore[arg-type]
     except TypeError:
         length = None
-
+    recipe = Recipe(
+        stateful=config.use_stateful_dataloader or is_stateful(dataloader),
+        dataset=dataset,
+        loader_kwargs=kwargs,
+        gradient_state=gradient_state or GradientState(),
+        device=device,
+        non_blocking=config.non_blocking and dataloader.pin_memory,
+        worker_seed=worker_seed,
+        total_dataset_length=length,
+        drop_last=dataloader.drop_last,
+    )
     if isinstance(dataset, IterableDataset):
-        bs = dataloader.batch_size
-        if bs is None and config.split_batches:
-            raise ValueError(
-                "split_batches=True cannot split the items of a DataLoader with batch_size=None "
-                "(each item is already a batch); use split_batches=False."
-            )
-        # batch_size=None: every item is a batch; deal the items out one per process.
-        total = num_processes if bs is None else bs if config.split_batches else bs * num_processes
-        shard = IterableDatasetShard(
-            dataset, total, num_processes, process_index, dataloader.drop_last, config.even_batches
+        _iterable_recipe(recipe, dataloader, config, num_processes, process_index)
+    else:
+        _map_recipe(recipe, dataloader, config, num_processes, process_index)
+    return build(recipe)
+
+
+def _iterable_recipe(
+    recipe: Recipe,
+    dataloader: DataLoader[Any],
+    config: DataLoaderConfiguration,
+    num_processes: int,
+    process_index: int,
+) -> None:
+    bs = dataloader.batch_size
+    if bs is None and config.split_batches:
+        raise ValueError(
+            "split_batches=True cannot split the items of a DataLoader with batch_size=None "
+            "(each item is already a batch); use split_batches=False."
         )
-        remainder = -1
-        if bs is not None and length is not None and not dataloader.drop_last:
-            remainder = length % total if config.even_batches else -1
+    # batch_size=None: every item is a batch; deal the items out one per process.
+    total = num_processes if bs is None else bs if config.split_batches else bs * num_processes
+    recipe.iterable_shard = IterableDatasetShard(
+        recipe.dataset,
+        total,
+        num_processes,
+        process_index,
+        dataloader.drop_last,
+        config.even_batches,
+    )
+    length = recipe.total_dataset_length
+    if bs is not None and length is not None and not dataloader.drop_last:
+        recipe.remainder = length % total if config.even_batches else -1
+    recipe.batch_size = None if bs is None else total // num_processes
+    recipe.total_batch_size = None if bs is None else total
 
-        def build_iterable(skip: int) -> Any:
-            per_process = None if bs is None else total // num_processes
-            loader = cls(shard, batch_size=per_process, drop_last=dataloader.drop_last, **kwargs)
-            loader._setup(
-                shard=None,
-                iterable_shard=shard,
-                random_sampler=None,
-                remainder=remainder,
-                total_batch_size=None if bs is None else total,
-                total_dataset_length=length,
-                rebuild=build_iterable,
-                **common,
-            )
-            loader._skip_always = skip
-            return loader
 
-        return build_iterable(0)
-
+def _map_recipe(
+    recipe: Recipe,
+    dataloader: DataLoader[Any],
+    config: DataLoaderConfiguration,
+    num_processes: int,
+    process_index: int,
+) -> None:
     batch_sampler: Any = dataloader.batch_sampler
-    unbatched = batch_sampler is None  # batch_size=None: every item is a batch
-    if unbatched:
+    recipe.unbatched = batch_sampler is None  # batch_size=None: every item is a batch
+    if recipe.unbatched:
         batch_sampler = BatchSampler(dataloader.sampler, 1, False)
-    random_sampler: SeedableRandomSampler | None = None
     sampler: Any = getattr(batch_sampler, "sampler", None)
     if _is_plain_shuffle(batch_sampler, sampler):
         if isinstance(sampler, SeedableRandomSampler):
-            random_sampler = sampler
+            recipe.random_sampler = sampler
         else:
             seed = _sync_seed(dataloader, config, num_processes > 1)
-            random_sampler = SeedableRandomSampler(
+            recipe.random_sampler = SeedableRandomSampler(
                 sampler.data_source,
                 seed,
                 bool(getattr(sampler, "replacement", False)),
                 getattr(sampler, "_num_samples", None),
             )
         batch_sampler = BatchSampler(
-            random_sampler,
-            batch_sampler.batch_size,
-            batch_sampler.drop_last,
+            recipe.random_sampler, batch_sampler.batch_size, batch_sampler.drop_last
         )
-    base_shard = BatchSamplerShard(
+    shard = BatchSamplerShard(
         batch_sampler, num_processes, process_index, config.split_batches, config.even_batches
     )
-    bs = base_shard.batch_size
+    recipe.shard = shard
+    bs = shard.batch_size
     global_bs = None if bs is None else (bs if config.split_batches else bs * num_processes)
-    samples = len(sampler) if hasattr(sampler, "__len__") else length
-    remainder = -1
-    if unbatched:
+    samples = len(sampler) if hasattr(sampler, "__len__") else recipe.total_dataset_length
+    if recipe.unbatched:
         global_bs = None
     elif global_bs is not None and samples is not None and config.even_batches:
-        remainder = 0 if base_shard.drop_last else samples % global_bs
-
-    def build_map(skip: int) -> Any:
-        shard = base_shard.with_skip(skip) if skip else base_shard
-        if unbatched:
-            loader = cls(dataset, batch_size=None, sampler=_Unbatch(shard), **kwargs)
-        else:
-            loader = cls(dataset, batch_sampler=shard, **kwargs)
-        loader._setup(
-            shard=shard,
-            iterable_shard=None,
-            random_sampler=random_sampler,
-            remainder=remainder,
-            total_batch_size=global_bs,
-            total_dataset_length=length,
-            rebuild=build_map,
-            **common,
-        )
-        return loader
-
-    return build_map(0)
-
-
-class _Unbatch(torch.utils.data.Sampler[int]):
-    """Indices from a shard of one-index batches (for loaders with ``batch_size=None``)."""
-
-    def __init__(self, shard: BatchSamplerShard) -> None:
-        self.shard = shard
-
-    def __iter__(self) -> Iterator[int]:
-        for batch in self.shard:
-            yield batch[0]
-
-    def __len__(self) -> int:
-        return len(self.shard)
+        recipe.remainder = 0 if shard.drop_last else samples % global_bs
+    recipe.total_batch_size = global_bs
 
 
 class SkipDataLoader(DataLoader[Any]):
@@ -575,9 +314,14 @@ class SkipDataLoader(DataLoader[Any]):
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """A dataloader over the same data that leaves out the first ``num_batches`` batches.
 
-    For a prepared loader the result is prepared too (same shard, device, epoch, shuffling); the
-    skipped batches of a map-style dataset are never loaded. Use it for the epoch you resume in
-    and the original loader for the following epochs.
+    For a prepared loader the result is prepared too (same shard, device, epoch, shuffling) and
+    shares the original's position; the skipped batches of a map-style dataset are never loaded.
+    Only its first pass skips, and that pass starts at batch ``num_batches`` of the epoch
+    whether or not ``load_state`` restored a position (a restored position is replaced, never
+    added to), so after ``load_state`` both the resume idiom of the Accelerate documents (this
+    loader for the resumed epoch, the original for the following ones) and iterating the
+    original alone give the batches of an uninterrupted run. (In the reference, the skipping
+    loader skips on every pass.)
 
     Args:
         dataloader: a prepared or plain ``DataLoader``.
@@ -589,7 +333,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """
     if num_batches < 0:
         raise ValueError(f"num_batches={num_batches} must be >= 0.")
-    if isinstance(dataloader, _PreparedMixin):
+    if is_prepared(dataloader):
         return dataloader.skip_first_batches(num_batches)
     if not isinstance(dataloader, DataLoader):
         raise TypeError(

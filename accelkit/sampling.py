@@ -12,7 +12,6 @@ These hold no process-group state: ``num_processes`` and ``process_index`` are p
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
@@ -95,6 +94,10 @@ class BatchSamplerShard(Sampler[list[int]]):
         even_batches: pad the last round (ignored with ``drop_last``, which drops it).
         skip_batches: leave out this process's first ``skip_batches`` batches on every pass.
 
+    Attributes:
+        pass_skip: batches to leave out at the start of the current pass, on top of
+            ``skip_batches`` (a prepared dataloader sets it before each pass; not in ``len()``).
+
     Raises:
         ValueError: for ``split_batches`` with a batch size not divisible by ``P``.
     """
@@ -116,7 +119,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
         self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
         self.skip_batches = skip_batches
-        self.skip_once = 0
+        self.pass_skip = 0
         if split_batches and num_processes > 1:
             _check_split(self.batch_size, num_processes)
 
@@ -124,13 +127,6 @@ class BatchSamplerShard(Sampler[list[int]]):
     def sampler(self) -> Any:
         """The sample-level sampler of the wrapped batch sampler (if it has one)."""
         return getattr(self.batch_sampler, "sampler", None)
-
-    def with_skip(self, skip_batches: int) -> BatchSamplerShard:
-        """A copy sharing the wrapped batch sampler that skips ``skip_batches`` batches."""
-        clone = copy.copy(self)
-        clone.skip_batches = skip_batches
-        clone.skip_once = 0
-        return clone
 
     def _full_length(self) -> int:
         n = len(self.batch_sampler)  # type: ignore[arg-type]
@@ -147,8 +143,9 @@ class BatchSamplerShard(Sampler[list[int]]):
         return max(0, self._full_length() - self.skip_batches)
 
     def __iter__(self) -> Iterator[list[int]]:
-        skip = self.skip_batches + self.skip_once
-        self.skip_once = 0
+        # A generator: the skip is read when the first batch is asked for, not when the
+        # iterator is made (a StatefulDataLoader may make one early, for its state_dict()).
+        skip = self.skip_batches + self.pass_skip
         if self.num_processes == 1:
             batches: Iterator[list[int]] = iter(self.batch_sampler)
         elif self.split_batches:
@@ -157,7 +154,7 @@ class BatchSamplerShard(Sampler[list[int]]):
             batches = self._iter_dealt()
         if skip:
             batches = itertools.islice(batches, skip, None)
-        return batches
+        yield from batches
 
     def _iter_dealt(self) -> Iterator[list[int]]:
         size, rank, bs = self.num_processes, self.process_index, self.batch_size
