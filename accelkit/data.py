@@ -33,8 +33,10 @@ from accelkit.prepared import PreparedDataLoader, Recipe, build, is_prepared, is
 from accelkit.sampling import (
     BatchSamplerShard,
     IterableDatasetShard,
+    RecordedRandomSampler,
     SeedableRandomSampler,
     SkipBatchSampler,
+    draw_seed,
 )
 
 __all__ = [
@@ -57,31 +59,37 @@ class DataLoaderConfiguration:
         split_batches: split every batch across processes (the script's batch size is the
             global one and must divide by the number of processes) instead of giving each
             process batches of the script's size.
+        dispatch_batches: only ``None``/``False`` (every process reads its own share); fetching
+            on the main process and scattering is not supported.
         even_batches: give every process the same number of batches by completing the last
             round with samples from the start of the epoch. With False, processes may get
             different numbers of batches (use ``join_uneven_inputs`` when training).
-        use_stateful_dataloader: build on torchdata's ``StatefulDataLoader`` so that
-            ``state_dict()`` also captures worker and dataset state.
+        use_seedable_sampler: shuffle (``shuffle=True`` loaders) with a
+            :class:`~accelkit.sampling.SeedableRandomSampler`, whose order is a function of
+            ``data_seed + epoch``. False (the default, as in Accelerate) shuffles as PyTorch's
+            ``RandomSampler`` does, with the same orders as Accelerate for the same script: on
+            one process from a seed drawn from the global torch RNG each epoch; on several from
+            one generator seeded at ``prepare`` from the main process's global RNG. Either way
+            every process draws the same order and a mid-epoch resume replays its epoch.
+        data_seed: the seed of the seedable sampler (default: the main process's
+            ``torch.initial_seed()``, which ``set_seed`` sets).
         non_blocking: copy batches to the device asynchronously (useful with
             ``pin_memory=True``).
-        data_seed: the shuffling seed (default: the main process's ``torch.initial_seed()``,
-            which ``set_seed`` sets).
-        use_seedable_sampler: accepted for compatibility with the reference; shuffling is always
-            seeded (``seed + epoch``) here, so every process draws the same order.
-        dispatch_batches: only ``None``/``False`` (every process reads its own share); fetching
-            on the main process and scattering is not supported.
+        use_stateful_dataloader: build on torchdata's ``StatefulDataLoader`` so that
+            ``state_dict()`` also captures worker and dataset state.
 
     Raises:
         ValueError: for ``dispatch_batches=True``.
     """
 
+    # Field order as in Accelerate, so positional arguments bind the same way.
     split_batches: bool = False
-    even_batches: bool = True
-    use_stateful_dataloader: bool = False
-    non_blocking: bool = False
-    data_seed: int | None = None
-    use_seedable_sampler: bool = True
     dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
 
     def __post_init__(self) -> None:
         if self.dispatch_batches:
@@ -133,8 +141,9 @@ def _loader_kwargs(loader: DataLoader[Any]) -> dict[str, Any]:
 def _is_plain_shuffle(batch_sampler: Any, sampler: Any) -> bool:
     """Whether the loader is ``shuffle=True`` with PyTorch's (or torchdata's) own samplers.
 
-    Only then is the sampler swapped for a :class:`SeedableRandomSampler`; custom samplers are
-    kept as they are and must shuffle identically on every process themselves.
+    Only then is the sampler swapped for a :class:`SeedableRandomSampler` or a
+    :class:`RecordedRandomSampler`; custom samplers are kept as they are and must shuffle
+    identically on every process themselves.
     """
     stateful_sampler = _STATEFUL_MODULE + ".sampler"
     batch_ok = type(batch_sampler) is BatchSampler or (
@@ -147,14 +156,33 @@ def _is_plain_shuffle(batch_sampler: Any, sampler: Any) -> bool:
     return batch_ok and sampler_ok
 
 
-def _sync_seed(loader: DataLoader[Any], config: DataLoaderConfiguration, distributed: bool) -> int:
-    if config.data_seed is not None:
-        return int(config.data_seed)
-    generator = getattr(loader.sampler, "generator", None) or loader.generator
-    seed = int(generator.initial_seed() if generator is not None else torch.initial_seed())
+def _seedable_seed(config: DataLoaderConfiguration, distributed: bool) -> int:
+    """The seedable sampler's seed: ``data_seed``, else ``torch.initial_seed()`` (as the
+    reference), taken from the main process so that every process shuffles alike."""
+    seed = int(config.data_seed if config.data_seed is not None else torch.initial_seed())
     if distributed:
         seed = int(ops.broadcast_object_list([seed])[0])
     return seed
+
+
+def _shared_generator(sampler: Any, distributed: bool) -> torch.Generator | None:
+    """The generator a non-seedable shuffle draws from (the reference's choice, so that the
+    orders are the same as there).
+
+    One process: the sampler's own (None: a seed from the global RNG each pass). Several: the
+    sampler's generator, or a new one seeded from a draw of the global RNG, with the main
+    process's state on every process.
+    """
+    generator: torch.Generator | None = getattr(sampler, "generator", None)
+    if not distributed:
+        return generator
+    if generator is None:
+        seed = int(ops.broadcast_object_list([draw_seed()])[0])
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+    else:
+        generator.set_state(ops.broadcast_object_list([generator.get_state()])[0])
+    return generator
 
 
 def prepare_data_loader(
@@ -192,15 +220,6 @@ def prepare_data_loader(
         )
     config = config or DataLoaderConfiguration()
     kwargs = _loader_kwargs(dataloader)
-    # Every new iterator draws a worker base seed from the loader's generator, or from the
-    # global torch RNG when it has none. That draw would shift every later random number
-    # (dropout, ...) between a run and its mid-epoch resume, which creates the iterator after
-    # load_state restored the RNG. A private generator, reseeded per epoch, leaves the global
-    # stream alone and keeps worker seeds reproducible.
-    worker_seed: int | None = None
-    if kwargs["generator"] is None:
-        kwargs["generator"] = torch.Generator()
-        worker_seed = torch.initial_seed()
     dataset = dataloader.dataset
     try:
         length: int | None = len(dataset)  # type: ignore[arg-type]
@@ -213,7 +232,6 @@ def prepare_data_loader(
         gradient_state=gradient_state or GradientState(),
         device=device,
         non_blocking=config.non_blocking and dataloader.pin_memory,
-        worker_seed=worker_seed,
         total_dataset_length=length,
         drop_last=dataloader.drop_last,
     )
@@ -267,19 +285,28 @@ def _map_recipe(
         batch_sampler = BatchSampler(dataloader.sampler, 1, False)
     sampler: Any = getattr(batch_sampler, "sampler", None)
     if _is_plain_shuffle(batch_sampler, sampler):
+        distributed = num_processes > 1
+        replacement = bool(getattr(sampler, "replacement", False))
+        num_samples = getattr(sampler, "_num_samples", None)
+        new: RandomSampler
         if isinstance(sampler, SeedableRandomSampler):
-            recipe.random_sampler = sampler
-        else:
-            seed = _sync_seed(dataloader, config, num_processes > 1)
-            recipe.random_sampler = SeedableRandomSampler(
+            new = recipe.random_sampler = sampler
+        elif config.use_seedable_sampler:
+            new = recipe.random_sampler = SeedableRandomSampler(
                 sampler.data_source,
-                seed,
-                bool(getattr(sampler, "replacement", False)),
-                getattr(sampler, "_num_samples", None),
+                replacement,
+                num_samples,
+                sampler.generator,
+                data_seed=_seedable_seed(config, distributed),
             )
-        batch_sampler = BatchSampler(
-            recipe.random_sampler, batch_sampler.batch_size, batch_sampler.drop_last
-        )
+        else:
+            new = recipe.recorded_sampler = RecordedRandomSampler(
+                sampler.data_source,
+                replacement,
+                num_samples,
+                _shared_generator(sampler, distributed),
+            )
+        batch_sampler = BatchSampler(new, batch_sampler.batch_size, batch_sampler.drop_last)
     shard = BatchSamplerShard(
         batch_sampler, num_processes, process_index, config.split_batches, config.even_batches
     )

@@ -33,7 +33,12 @@ from torch.utils.data import DataLoader
 
 from accelkit import ops
 from accelkit.optim import GradientState
-from accelkit.sampling import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler
+from accelkit.sampling import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    RecordedRandomSampler,
+    SeedableRandomSampler,
+)
 
 __all__ = ["PreparedDataLoader", "Recipe", "build", "is_prepared", "is_stateful"]
 
@@ -60,7 +65,7 @@ class Recipe:
     batch_size: int | None = None
     drop_last: bool = False
     random_sampler: SeedableRandomSampler | None = None
-    worker_seed: int | None = None  # reseed the loader's private generator per epoch
+    recorded_sampler: RecordedRandomSampler | None = None
     remainder: int = -1
     total_batch_size: int | None = None
     total_dataset_length: int | None = None
@@ -80,6 +85,8 @@ class _Position:
         "pending",
         "pending_inner",
         "pending_offset",
+        "pending_randomness",
+        "randomness",
         "restored",
         "snapshot",
         "yielded",
@@ -95,10 +102,20 @@ class _Position:
         self.pending = 0
         self.pending_inner: dict[str, Any] | None = None
         self.pending_offset = 0
+        # The shuffling randomness of the current pass as it was when the pass started.
+        self.randomness: dict[str, Any] | None = None
+        self.pending_randomness: dict[str, Any] | None = None
 
-    def take_pending(self) -> tuple[bool, int, dict[str, Any] | None, int]:
-        out = (self.restored, self.pending, self.pending_inner, self.pending_offset)
+    def take_pending(self) -> tuple[bool, int, dict[str, Any] | None, int, dict[str, Any] | None]:
+        out = (
+            self.restored,
+            self.pending,
+            self.pending_inner,
+            self.pending_offset,
+            self.pending_randomness,
+        )
         self.restored, self.pending, self.pending_inner, self.pending_offset = False, 0, None, 0
+        self.pending_randomness = None
         return out
 
 
@@ -200,17 +217,38 @@ class _PreparedMixin:
         is over, the batches left after the skip."""
         return max(0, super().__len__() - self._len_skip)  # type: ignore[misc]
 
-    def _begin(self) -> int:
-        """Prepare a pass; return how many batches ``__iter__`` must read and drop."""
+    def _generators(self) -> list[torch.Generator]:
+        """The generators whose states at the start of a pass decide its randomness."""
+        found: list[torch.Generator] = []
+        recorded = self._recipe.recorded_sampler
+        for generator in (
+            None if recorded is None else recorded.generator,
+            self._recipe.loader_kwargs.get("generator"),
+        ):
+            if generator is not None and all(generator is not g for g in found):
+                found.append(generator)
+        return found
+
+    def _begin(self) -> tuple[int, bool]:
+        """Prepare a pass; return how many batches ``__iter__`` must read and drop, and whether
+        the pass resumes one that a checkpoint interrupted (its random draws were made then)."""
         pos = self._pos
-        worker_seed = self._recipe.worker_seed
-        if worker_seed is not None:
-            self.generator.manual_seed(worker_seed + pos.epoch)  # type: ignore[attr-defined]
         if self._random_sampler is not None:
             self._random_sampler.set_epoch(pos.epoch)
         if self._iterable_shard is not None:
             self._iterable_shard.set_epoch(pos.epoch)
-        restored, pending, inner, offset = pos.take_pending()
+        restored, pending, inner, offset, randomness = pos.take_pending()
+        resumed = restored and pending > 0
+        generators = self._generators()
+        if randomness is not None:
+            for generator, saved in zip(generators, randomness["generator_states"]):
+                generator.set_state(_generator_state(saved, generator))
+            if resumed and self._recipe.recorded_sampler is not None:
+                self._recipe.recorded_sampler.replay_seed = randomness.get("sampler_seed")
+        pos.randomness = {
+            "generator_states": [g.get_state() for g in generators],
+            "sampler_seed": None,
+        }
         explicit, self._skip = self._skip, None
         self._len_skip = explicit or 0
         skip = pending
@@ -232,8 +270,10 @@ class _PreparedMixin:
         self.remainder = self._recipe.remainder
         drop = 0
         sampler_skip = 0
-        if self._stateful and inner is not None:
-            # The StatefulDataLoader fast-forwards itself, after the sampler's own skip.
+        if self._stateful and inner is not None and resumed:
+            # The StatefulDataLoader fast-forwards itself, after the sampler's own skip. (A
+            # state saved on an epoch's last batch is not loaded: the next epoch starts afresh,
+            # drawing what an uninterrupted run draws.)
             super().load_state_dict(inner)  # type: ignore[misc]
             sampler_skip = offset
         elif self._shard is not None:  # skip indices, without loading the samples
@@ -243,19 +283,36 @@ class _PreparedMixin:
         pos.offset = sampler_skip if self._stateful else 0
         if self._shard is not None:
             self._shard.pass_skip = sampler_skip
-        return drop
+        return drop, resumed
+
+    def _new_iterator(self, resumed: bool) -> Iterator[Any]:
+        # Making an iterator draws the workers' base seed from the loader's generator, or from
+        # the global torch RNG when it has none (as PyTorch and the reference do). A resumed
+        # pass made that draw before the checkpoint, whose RNG state is restored, so drawing
+        # again would shift every later random number (dropout...): draw from a throwaway
+        # generator instead. (With workers, their seeds then differ from the interrupted pass.)
+        if not resumed or self._recipe.loader_kwargs.get("generator") is not None:
+            return super().__iter__()  # type: ignore[misc,no-any-return]
+        self.generator = torch.Generator()
+        try:
+            return super().__iter__()  # type: ignore[misc,no-any-return]
+        finally:
+            self.generator = None
 
     def __iter__(self) -> Iterator[Any]:
-        drop = self._begin()
+        drop, resumed = self._begin()
         pos = self._pos
         state = self.gradient_state
         state.enter_loader(self)
         try:
-            it = super().__iter__()  # type: ignore[misc]
+            it = self._new_iterator(resumed)
             for _ in range(drop):
                 if next(it, _END) is _END:
                     break
             current = next(it, _END)
+            recorded = self._recipe.recorded_sampler
+            if recorded is not None and pos.randomness is not None:
+                pos.randomness["sampler_seed"] = recorded.last_seed
             move = self._move if self._on_device else None
             if current is not _END and move is not None:
                 current = move(current)
@@ -298,7 +355,10 @@ class _PreparedMixin:
     # ------------------------------------------------------------- position
 
     def state_dict(self) -> dict[str, Any]:
-        """This process's position: epoch, batches yielded, shuffling seed.
+        """This process's position: epoch, batches yielded, shuffling seed and the shuffling
+        randomness (``"randomness"``): mid-epoch, the generator states at the start of the
+        epoch and the seed a non-seedable sampler drew, so that a resume replays the epoch;
+        between epochs, the generator states the next epoch starts from.
 
         Saved while the last batch of an epoch is in use, it points at the start of the next
         epoch. With ``use_stateful_dataloader`` it also holds the ``StatefulDataLoader`` state
@@ -311,6 +371,17 @@ class _PreparedMixin:
             "batches_yielded": 0 if pos.end else pos.yielded,
             "seed": None if self._random_sampler is None else self._random_sampler.seed,
         }
+        if pos.restored:
+            randomness = pos.pending_randomness
+        elif not pos.end and pos.yielded > 0:  # the epoch's draws, to replay it
+            randomness = pos.randomness
+        else:  # between epochs: where the next epoch's draws start
+            states = [g.get_state() for g in self._generators()]
+            randomness = {"generator_states": states, "sampler_seed": None}
+        if randomness and (
+            randomness["generator_states"] or randomness["sampler_seed"] is not None
+        ):
+            out["randomness"] = randomness
         if self._stateful:
             out["stateful_dataloader"] = pos.snapshot
             out["sampler_offset"] = 0 if pos.end else pos.offset
@@ -339,6 +410,7 @@ class _PreparedMixin:
         inner = state_dict.get("stateful_dataloader") if self._stateful else None
         pos.pending_inner = pos.snapshot = inner
         pos.pending_offset = pos.offset = int(state_dict.get("sampler_offset") or 0)
+        pos.pending_randomness = state_dict.get("randomness")
 
     # ------------------------------------------------------------- skipping
 
@@ -357,6 +429,23 @@ class _PreparedMixin:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return _rebuild_pickled, (self._recipe, self._pos, self._skip, self._len_skip)
+
+
+def _generator_state(saved: Any, generator: torch.Generator) -> torch.Tensor:
+    """``saved`` as a state ``generator`` accepts (a compact copy: a checkpoint's tensors may be
+    views into a mapped file).
+
+    Raises:
+        ValueError: if ``saved`` is not a generator state of the right size.
+    """
+    size = generator.get_state().numel()
+    if not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.numel() != size:
+        raise ValueError(
+            f"the dataloader state's generator state is {type(saved).__name__} "
+            f"{getattr(saved, 'dtype', '')} {tuple(getattr(saved, 'shape', ()))}, expected a "
+            f"uint8 tensor of {size} elements; load a checkpoint saved by the same script."
+        )
+    return saved.reshape(-1).clone()
 
 
 def _rebuild_pickled(

@@ -35,7 +35,7 @@ RESUME_EPOCH = 1
 STYLES = ("load", "skip", "reassign")
 
 
-def _setup(stateful: bool, accumulation: int, seedable: bool = True) -> tuple[Any, ...]:
+def _setup(stateful: bool, accumulation: int, seedable: bool = False) -> tuple[Any, ...]:
     set_seed(0)
     acc = Accelerator(
         cpu=True,
@@ -64,6 +64,7 @@ def _epoch(
     stop (the interrupted run)."""
     ids: list[int] = []
     syncs: list[bool] = []
+    draws: list[float] = []
     for step, batch in enumerate(loader):
         with acc.accumulate(model):
             loss = model(batch.float().unsqueeze(1)).pow(2).mean()
@@ -72,20 +73,22 @@ def _epoch(
             optimizer.zero_grad()
         ids += batch.tolist()
         syncs.append(acc.sync_gradients)
+        draws.append(float(torch.rand(1)))  # the global RNG stream, as dropout would see it
         if save_to is not None and step + 1 == save_after:
             acc.save_state(save_to)
             break
     out["ids"].append(ids)
     out["syncs"].append(syncs)
+    out["rng"].append(draws)
 
 
 def _weights(model: Any) -> list[float]:
     return [float(p.detach().sum()) for p in getattr(model, "module", model).parameters()]
 
 
-def _full(stateful: bool, accumulation: int, seedable: bool = True) -> dict[str, Any]:
+def _full(stateful: bool, accumulation: int, seedable: bool = False) -> dict[str, Any]:
     acc, model, optimizer, loader = _setup(stateful, accumulation, seedable)
-    out: dict[str, Any] = {"ids": [], "syncs": []}
+    out: dict[str, Any] = {"ids": [], "syncs": [], "rng": []}
     for _ in range(EPOCHS):
         _epoch(acc, model, optimizer, loader, out)
     out["weights"] = _weights(model)
@@ -96,7 +99,7 @@ def _interrupt(
     folder: str, save_after: int, stateful: bool, accumulation: int, seedable: bool
 ) -> None:
     acc, model, optimizer, loader = _setup(stateful, accumulation, seedable)
-    out: dict[str, Any] = {"ids": [], "syncs": []}
+    out: dict[str, Any] = {"ids": [], "syncs": [], "rng": []}
     for _ in range(RESUME_EPOCH):
         _epoch(acc, model, optimizer, loader, out)
     save_after = len(loader) if save_after < 0 else save_after
@@ -116,7 +119,7 @@ def _resume(
     ``skip`` the batches it thinks were done in it (what a script computes from its step)."""
     acc, model, optimizer, loader = _setup(stateful, accumulation, seedable)
     acc.load_state(folder)
-    out: dict[str, Any] = {"ids": [], "syncs": []}
+    out: dict[str, Any] = {"ids": [], "syncs": [], "rng": []}
     if style == "reassign":
         loader = acc.skip_first_batches(loader, skip)
     for epoch in range(start, EPOCHS):
@@ -128,6 +131,8 @@ def _resume(
     return out
 
 
+# (use_seedable_sampler, use_stateful_dataloader, gradient_accumulation_steps)
+SETUPS = [(False, False, 1), (False, False, 2), (False, True, 2), (True, False, 1), (True, True, 1)]
 SAVE_POINTS = {
     # name: (batches done in the resumed epoch when saving, epoch to resume in, batches to skip)
     "mid_epoch": (2, RESUME_EPOCH, 2),
@@ -135,20 +140,19 @@ SAVE_POINTS = {
 }
 
 
-def _scenarios(folder: str, seedable: bool = True) -> dict[str, Any]:
-    """Every (stateful, accumulation, save point, style) case; runs on each process."""
+def _scenarios(folder: str) -> dict[str, Any]:
+    """Every (sampler, stateful, accumulation, save point, style) case; runs on each process."""
     results: dict[str, Any] = {}
-    for stateful in (False, True):
-        for accumulation in (1, 2):
-            key = f"stateful={stateful},acc={accumulation}"
-            results[key + ",full"] = _full(stateful, accumulation, seedable)
-            for point, (after, start, skip) in SAVE_POINTS.items():
-                ckpt = str(Path(folder) / f"{key}-{point}".replace(",", "_").replace("=", ""))
-                _interrupt(ckpt, after, stateful, accumulation, seedable)
-                for style in STYLES:
-                    results[f"{key},{point},{style}"] = _resume(
-                        ckpt, style, skip, start, stateful, accumulation, seedable
-                    )
+    for seedable, stateful, accumulation in SETUPS:
+        key = f"seedable={seedable},stateful={stateful},acc={accumulation}"
+        results[key + ",full"] = _full(stateful, accumulation, seedable)
+        for point, (after, start, skip) in SAVE_POINTS.items():
+            ckpt = str(Path(folder) / f"{key}-{point}".replace(",", "_").replace("=", ""))
+            _interrupt(ckpt, after, stateful, accumulation, seedable)
+            for style in STYLES:
+                results[f"{key},{point},{style}"] = _resume(
+                    ckpt, style, skip, start, stateful, accumulation, seedable
+                )
     return results
 
 
@@ -164,21 +168,24 @@ def _check(results: dict[str, Any], world: int) -> None:
         after = per_epoch if after < 0 else after
         want_ids = full["ids"][start:]
         want_syncs = full["syncs"][start:]
+        want_rng = full["rng"][start:]
         if start == RESUME_EPOCH:  # resumed mid-epoch: that epoch continues after the save
             want_ids = [want_ids[0][after * BATCH :], *want_ids[1:]]
             want_syncs = [want_syncs[0][after:], *want_syncs[1:]]
+            want_rng = [want_rng[0][after:], *want_rng[1:]]
+        assert got["rng"] == want_rng, f"{name}: the global RNG stream shifted"
         assert got["ids"] == want_ids, f"{name}: batches differ from the uninterrupted run"
         assert got["syncs"] == want_syncs, f"{name}: gradient synchronisation differs"
         assert got["weights"] == pytest.approx(full["weights"], rel=1e-6, abs=1e-7), name
         checked += 1
-    assert checked == 2 * 2 * len(SAVE_POINTS) * len(STYLES)
+    assert checked == len(SETUPS) * len(SAVE_POINTS) * len(STYLES)
 
 
 def test_every_resume_style_matches_an_uninterrupted_run_on_one_process(tmp_path: Path) -> None:
     results = _scenarios(str(tmp_path))
     _check(results, world=1)
     # the shuffled epochs really differ, so a replayed or shifted epoch would show
-    full = results["stateful=False,acc=1,full"]["ids"]
+    full = results["seedable=False,stateful=False,acc=1,full"]["ids"]
     assert len({tuple(e) for e in full}) == EPOCHS and all(len(e) == N for e in full)
 
 
@@ -191,43 +198,49 @@ def test_every_resume_style_matches_an_uninterrupted_run_on_two_processes() -> N
         per_rank = run_distributed(_distributed_scenarios, folder, world_size=2, timeout=300)
     for rank, results in enumerate(per_rank):
         _check(results, world=2)
-        full = results["stateful=False,acc=1,full"]["ids"]
+        full = results["seedable=False,stateful=False,acc=1,full"]["ids"]
         assert all(len(e) == N // 2 for e in full), rank
     # the two processes saw disjoint halves of every epoch
     for epoch in range(EPOCHS):
-        halves = [set(r["stateful=False,acc=1,full"]["ids"][epoch]) for r in per_rank]
+        halves = [
+            set(r["seedable=False,stateful=False,acc=1,full"]["ids"][epoch]) for r in per_rank
+        ]
         assert halves[0].isdisjoint(halves[1]) and len(halves[0] | halves[1]) == N
 
 
 # ------------------------------------------------------------------ single-pass behaviour
 
 
-def _loader(stateful: bool = False) -> tuple[Any, Any]:
-    acc, _, _, loader = _setup(stateful, 1)
+def _loader(stateful: bool = False, seedable: bool = False) -> tuple[Any, Any]:
+    acc, _, _, loader = _setup(stateful, 1, seedable)
     return acc, loader
 
 
 @pytest.mark.parametrize("stateful", [False, True])
-def test_skip_without_a_restored_position_skips_one_pass_only(stateful: bool) -> None:
-    _, reference = _loader(stateful)
+@pytest.mark.parametrize("seedable", [False, True])
+def test_skip_without_a_restored_position_skips_one_pass_only(
+    stateful: bool, seedable: bool
+) -> None:
+    _, reference = _loader(stateful, seedable)
     epochs = [[b.tolist() for b in reference] for _ in range(3)]
-    _, loader = _loader(stateful)
-    loader.set_epoch(1)
+    _, loader = _loader(stateful, seedable)
     skipped = loader.skip_first_batches(3)
-    assert len(skipped) == len(epochs[1]) - 3
-    assert [b.tolist() for b in skipped] == epochs[1][3:]
-    assert len(skipped) == len(epochs[1])  # the skip is spent
-    assert [b.tolist() for b in loader] == epochs[2]  # the original: the next epoch, whole
-    loader.set_epoch(1)
-    assert [b.tolist() for b in skipped] == epochs[1]  # and so is the skipping loader's
+    assert len(skipped) == len(epochs[0]) - 3
+    assert [b.tolist() for b in skipped] == epochs[0][3:]
+    assert len(skipped) == len(epochs[0])  # the skip is spent
+    assert [b.tolist() for b in loader] == epochs[1]  # the original: the next epoch, whole
+    assert [b.tolist() for b in skipped] == epochs[2]  # and so is the skipping loader's
+    if seedable:  # the order is a function of the epoch: any epoch can be replayed
+        loader.set_epoch(1)
+        assert [b.tolist() for b in loader.skip_first_batches(2)] == epochs[1][2:]
 
 
 def test_a_skip_that_disagrees_with_the_restored_position_is_obeyed_and_warned(
     tmp_path: Path,
 ) -> None:
+    _, reference = _loader()
+    epoch = [b.tolist() for b in reference]
     acc, loader = _loader()
-    epoch = [b.tolist() for b in loader]
-    loader.set_epoch(0)
     it = iter(loader)
     for _ in range(3):
         next(it)
