@@ -326,16 +326,41 @@ class SkipDataLoader(DataLoader[Any]):
 
     Used by :func:`skip_first_batches` for unprepared loaders over iterable datasets, whose
     batches cannot be skipped without reading them.
+
+    Args:
+        dataset: the dataset.
+        skip_batches: batches to drop at the start of every pass.
+        use_stateful_dataloader: only False (prepare the loader with
+            ``use_stateful_dataloader=True`` and skip with :func:`skip_first_batches`).
+        **kwargs: the ``DataLoader`` arguments.
+
+    Raises:
+        ValueError: for ``use_stateful_dataloader=True``.
     """
 
-    def __init__(self, *args: Any, skip_batches: int = 0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        dataset: Any,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if use_stateful_dataloader:
+            raise ValueError(
+                "SkipDataLoader(use_stateful_dataloader=True) is not supported; prepare the "
+                "loader with DataLoaderConfiguration(use_stateful_dataloader=True) and use "
+                "skip_first_batches(prepared_loader, n)."
+            )
+        super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         for index, batch in enumerate(super().__iter__()):
             if index >= self.skip_batches:
                 yield batch
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.skip_batches)
 
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:

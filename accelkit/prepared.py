@@ -40,7 +40,14 @@ from accelkit.sampling import (
     SeedableRandomSampler,
 )
 
-__all__ = ["PreparedDataLoader", "Recipe", "build", "is_prepared", "is_stateful"]
+__all__ = [
+    "PreparedDataLoader",
+    "PreparedLoaderMixin",
+    "Recipe",
+    "build",
+    "is_prepared",
+    "is_stateful",
+]
 
 _STATEFUL_MODULE = "torchdata.stateful_dataloader"
 
@@ -157,7 +164,7 @@ class _Unbatch(torch.utils.data.Sampler[int]):
 _END = object()
 
 
-class _PreparedMixin:
+class PreparedLoaderMixin:
     """The behaviour shared by the plain and the stateful prepared dataloader."""
 
     # Set by _setup; declared for type checkers.
@@ -292,10 +299,10 @@ class _PreparedMixin:
         # again would shift every later random number (dropout...): draw from a throwaway
         # generator instead. (With workers, their seeds then differ from the interrupted pass.)
         if not resumed or self._recipe.loader_kwargs.get("generator") is not None:
-            return super().__iter__()  # type: ignore[misc,no-any-return]
-        self.generator = torch.Generator()
+            return super().__iter__()  # type: ignore[misc]
+        self.generator: torch.Generator | None = torch.Generator()
         try:
-            return super().__iter__()  # type: ignore[misc,no-any-return]
+            return super().__iter__()  # type: ignore[misc]
         finally:
             self.generator = None
 
@@ -450,7 +457,7 @@ def _generator_state(saved: Any, generator: torch.Generator) -> torch.Tensor:
 
 def _rebuild_pickled(
     recipe: Recipe, pos: _Position, skip: int | None, len_skip: int
-) -> _PreparedMixin:
+) -> PreparedLoaderMixin:
     loader = build(recipe, skip)
     loader._pos = pos
     loader._len_skip = len_skip
@@ -462,7 +469,7 @@ def device_is_remote(device: torch.device | None) -> bool:
     return device is not None and device.type != "cpu"
 
 
-class PreparedDataLoader(_PreparedMixin, DataLoader[Any]):  # type: ignore[misc]
+class PreparedDataLoader(PreparedLoaderMixin, DataLoader[Any]):  # type: ignore[misc]
     """A ``DataLoader`` made by :func:`~accelkit.data.prepare_data_loader`.
 
     Extra attributes: ``device``, ``epoch``, ``end_of_dataloader``, ``remainder`` (real samples
@@ -485,7 +492,7 @@ def _stateful_class() -> type:
             ) from None
         _STATEFUL_CLASS = type(
             "PreparedStatefulDataLoader",
-            (_PreparedMixin, StatefulDataLoader),
+            (PreparedLoaderMixin, StatefulDataLoader),
             {
                 "__doc__": "A prepared dataloader built on torchdata's ``StatefulDataLoader``.",
                 "__module__": __name__,
@@ -503,7 +510,7 @@ def __getattr__(name: str) -> Any:
 
 def is_prepared(loader: Any) -> bool:
     """Whether ``loader`` is a prepared dataloader (plain or stateful)."""
-    return isinstance(loader, _PreparedMixin)
+    return isinstance(loader, PreparedLoaderMixin)
 
 
 def is_stateful(loader: Any) -> bool:

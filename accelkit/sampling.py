@@ -272,10 +272,9 @@ class BatchSamplerShard(Sampler[list[int]]):
                     return
                 if self.even_batches:
                     batch = self._padded([batch], head, bs)
-                else:
-                    start, end = _share(len(batch), size, rank)
-                    if end > start:
-                        yield batch[start:end]
+                else:  # as the reference: the first processes get full slices
+                    if batch[rank * per : (rank + 1) * per]:
+                        yield batch[rank * per : (rank + 1) * per]
                     return
             yield batch[rank * per : (rank + 1) * per]
 
