@@ -280,8 +280,12 @@ def _map_recipe(
     process_index: int,
 ) -> None:
     batch_sampler: Any = dataloader.batch_sampler
-    recipe.unbatched = batch_sampler is None  # batch_size=None: every item is a batch
-    if recipe.unbatched:
+    if batch_sampler is None and isinstance(dataloader.sampler, BatchSampler):
+        # DataLoader(sampler=BatchSampler(...), batch_size=None): shard those batches.
+        recipe.sampler_batches = True
+        batch_sampler = dataloader.sampler
+    elif batch_sampler is None:  # batch_size=None: every item is a batch
+        recipe.unbatched = True
         batch_sampler = BatchSampler(dataloader.sampler, 1, False)
     sampler: Any = getattr(batch_sampler, "sampler", None)
     if _is_plain_shuffle(batch_sampler, sampler):

@@ -68,7 +68,8 @@ class Recipe:
     non_blocking: bool
     shard: BatchSamplerShard | None = None
     iterable_shard: IterableDatasetShard | None = None
-    unbatched: bool = False
+    unbatched: bool = False  # batch_size=None: the shard deals single items
+    sampler_batches: bool = False  # batch_size=None with a BatchSampler as ``sampler``
     batch_size: int | None = None
     drop_last: bool = False
     random_sampler: SeedableRandomSampler | None = None
@@ -141,6 +142,8 @@ def build(recipe: Recipe, skip: int | None = None) -> Any:
     elif recipe.unbatched:
         assert shard is not None
         loader = cls(recipe.dataset, batch_size=None, sampler=_Unbatch(shard), **kwargs)
+    elif recipe.sampler_batches:  # the dataset takes a list of indices per item
+        loader = cls(recipe.dataset, batch_size=None, sampler=shard, **kwargs)
     else:
         loader = cls(recipe.dataset, batch_sampler=shard, **kwargs)
     loader._setup(recipe, shard, skip)

@@ -376,3 +376,21 @@ def test_default_shuffle_draws_as_an_unprepared_dataloader(generator: bool) -> N
     reference = run(prepare=False)
     assert run(prepare=True) == reference
     assert len({str(orders) for orders, _ in reference}) == 3  # the epochs differ
+
+
+def test_a_batch_sampler_given_as_sampler_is_sharded_by_batch() -> None:
+    # DataLoader(sampler=BatchSampler(...), batch_size=None): the dataset takes index lists.
+    class Rows(torch.utils.data.Dataset[list[int]]):
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, index: list[int]) -> list[int]:
+            return list(index)
+
+    def shard(rank: int) -> Any:
+        sampler = BatchSampler(SequentialSampler(range(10)), 4, False)
+        return _prepare(DataLoader(Rows(), sampler=sampler, batch_size=None), 2, rank)
+
+    per = [[list(b) for b in shard(r)] for r in range(2)]
+    assert per == [[[0, 1, 2, 3], [8, 9, 0, 1]], [[4, 5, 6, 7], [2, 3, 4, 5]]]
+    assert shard(0).total_batch_size == 8 and shard(0).remainder == 2
