@@ -239,6 +239,20 @@ class PreparedLoaderMixin:
                 found.append(generator)
         return found
 
+    def _restore_randomness(self, randomness: dict[str, Any] | None, resumed: bool) -> None:
+        """Put back the generator states (and, for a resumed pass, the drawn sampler seed) a
+        restored position recorded; then record this pass's starting states."""
+        generators = self._generators()
+        if randomness is not None:
+            for generator, saved in zip(generators, randomness["generator_states"]):
+                generator.set_state(_generator_state(saved, generator))
+            if resumed and self._recipe.recorded_sampler is not None:
+                self._recipe.recorded_sampler.replay_seed = randomness.get("sampler_seed")
+        self._pos.randomness = {
+            "generator_states": [g.get_state() for g in generators],
+            "sampler_seed": None,
+        }
+
     def _begin(self) -> tuple[int, bool]:
         """Prepare a pass; return how many batches ``__iter__`` must read and drop, and whether
         the pass resumes one that a checkpoint interrupted (its random draws were made then)."""
@@ -249,29 +263,13 @@ class PreparedLoaderMixin:
             self._iterable_shard.set_epoch(pos.epoch)
         restored, pending, inner, offset, randomness = pos.take_pending()
         resumed = restored and pending > 0
-        generators = self._generators()
-        if randomness is not None:
-            for generator, saved in zip(generators, randomness["generator_states"]):
-                generator.set_state(_generator_state(saved, generator))
-            if resumed and self._recipe.recorded_sampler is not None:
-                self._recipe.recorded_sampler.replay_seed = randomness.get("sampler_seed")
-        pos.randomness = {
-            "generator_states": [g.get_state() for g in generators],
-            "sampler_seed": None,
-        }
+        self._restore_randomness(randomness, resumed)
         explicit, self._skip = self._skip, None
         self._len_skip = explicit or 0
         skip = pending
         if explicit is not None:
             if restored and explicit != pending:
-                warnings.warn(
-                    f"skip_first_batches(num_batches={explicit}) on a dataloader whose position "
-                    f"load_state restored to batch {pending} of epoch {pos.epoch}: this pass "
-                    f"starts at batch {explicit}, as asked. To resume where the checkpoint "
-                    f"stopped, pass num_batches={pending}, or iterate the dataloader itself "
-                    "(it resumes on its own after load_state).",
-                    stacklevel=3,
-                )
+                _warn_skip_mismatch(explicit, pending, pos.epoch)
             if explicit != pending:
                 inner, offset = None, 0  # the saved StatefulDataLoader state is another place
             skip = explicit
@@ -439,6 +437,16 @@ class PreparedLoaderMixin:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return _rebuild_pickled, (self._recipe, self._pos, self._skip, self._len_skip)
+
+
+def _warn_skip_mismatch(explicit: int, pending: int, epoch: int) -> None:
+    warnings.warn(
+        f"skip_first_batches(num_batches={explicit}) on a dataloader whose position load_state "
+        f"restored to batch {pending} of epoch {epoch}: this pass starts at batch {explicit}, "
+        f"as asked. To resume where the checkpoint stopped, pass num_batches={pending}, or "
+        "iterate the dataloader itself (it resumes on its own after load_state).",
+        stacklevel=4,
+    )
 
 
 def _generator_state(saved: Any, generator: torch.Generator) -> torch.Tensor:

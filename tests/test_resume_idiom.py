@@ -270,3 +270,20 @@ def test_matching_skip_after_load_state_does_not_warn(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(list(acc.skip_first_batches(loader, 2))) == len(loader) - 2
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_a_position_saved_from_a_skipping_pass_resumes_at_the_right_batch(stateful: bool) -> None:
+    # The skip happens in the sampler, before a StatefulDataLoader starts counting: the saved
+    # state must still point at batch 3 + 2 of the epoch, not at batch 2.
+    _, reference = _loader(stateful, seedable=True)
+    epoch = [b.tolist() for b in reference]
+    _, loader = _loader(stateful, seedable=True)
+    it = iter(loader.skip_first_batches(3))
+    assert [next(it).tolist() for _ in range(2)] == epoch[3:5]
+    state = loader.state_dict()
+    assert state["batches_yielded"] == 5
+    del it
+    _, resumed = _loader(stateful, seedable=True)
+    resumed.load_state_dict(state)
+    assert [b.tolist() for b in resumed] == epoch[5:]
