@@ -1,9 +1,10 @@
 """Resuming mid-epoch gives exactly the batches of an uninterrupted run, in every resume style.
 
 A run trains a small model for several shuffled epochs and records, per epoch, the sample ids
-each process saw and whether each micro-step synchronised gradients. An interrupted run saves
-with ``save_state`` part-way through an epoch (or on its last batch) and stops; a fresh
-``Accelerator`` then loads the checkpoint and finishes the run in one of the styles scripts use:
+each process saw, whether each micro-step synchronised gradients, and a draw of the global RNG
+after each step (what dropout would see). An interrupted run saves with ``save_state`` part-way
+through an epoch (or on its last batch, or after its loop) and stops; a fresh ``Accelerator``
+then loads the checkpoint and finishes the run in one of the styles scripts use:
 
 * ``load``: iterate the prepared loader (``load_state`` restored its position);
 * ``skip``: the Accelerate documents' idiom, ``skip_first_batches(loader, n)`` for the resumed
@@ -12,7 +13,9 @@ with ``save_state`` part-way through an epoch (or on its last batch) and stops; 
   epoch.
 
 Each style must see, per process and per epoch, the same ids in the same order as the
-uninterrupted run, synchronise on the same micro-steps, and end with the same weights. The same
+uninterrupted run, synchronise on the same micro-steps, draw the same random numbers, and end
+with the same weights, with either sampler (``use_seedable_sampler``), with and without
+``use_stateful_dataloader`` and gradient accumulation. The same
 scenarios run on 1 process and on 2 real processes.
 """
 
@@ -102,6 +105,10 @@ def _interrupt(
     out: dict[str, Any] = {"ids": [], "syncs": [], "rng": []}
     for _ in range(RESUME_EPOCH):
         _epoch(acc, model, optimizer, loader, out)
+    if save_after == 0:
+        _epoch(acc, model, optimizer, loader, out)
+        acc.save_state(folder)
+        return
     save_after = len(loader) if save_after < 0 else save_after
     _epoch(acc, model, optimizer, loader, out, save_to=folder, save_after=save_after)
 
@@ -137,6 +144,7 @@ SAVE_POINTS = {
     # name: (batches done in the resumed epoch when saving, epoch to resume in, batches to skip)
     "mid_epoch": (2, RESUME_EPOCH, 2),
     "last_batch": (-1, RESUME_EPOCH + 1, 0),  # -1: the epoch's last batch (set per world size)
+    "after_epoch": (0, RESUME_EPOCH + 1, 0),  # 0: after the epoch's loop has ended
 }
 
 
