@@ -7,9 +7,11 @@
 * gives each process its share of every epoch (see :mod:`accelkit.sampling`): every sample is
   seen once per epoch across processes, and with ``even_batches`` every process gets the same
   number of full batches (the last round is padded by wrapping around);
-* shuffles identically on every process: a ``RandomSampler`` becomes a
-  :class:`~accelkit.sampling.SeedableRandomSampler` seeded from the main process and advanced
-  one epoch per full pass (or by :meth:`PreparedDataLoader.set_epoch`);
+* shuffles identically on every process: ``shuffle=True`` gets a
+  :class:`~accelkit.sampling.RecordedRandomSampler` drawing as Accelerate's default does (the
+  same orders and global RNG draws for the same script), or with ``use_seedable_sampler`` a
+  :class:`~accelkit.sampling.SeedableRandomSampler` whose order is a function of the main
+  process's seed and the epoch (advanced per full pass, or set by ``set_epoch``);
 * moves each batch to the device;
 * looks one batch ahead so it knows, while the last batch is being used, that it is the last
   one (gradient accumulation synchronises there; ``gather_for_metrics`` drops the padding);

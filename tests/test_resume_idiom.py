@@ -15,8 +15,8 @@ then loads the checkpoint and finishes the run in one of the styles scripts use:
 Each style must see, per process and per epoch, the same ids in the same order as the
 uninterrupted run, synchronise on the same micro-steps, draw the same random numbers, and end
 with the same weights, with either sampler (``use_seedable_sampler``), with and without
-``use_stateful_dataloader`` and gradient accumulation. The same
-scenarios run on 1 process and on 2 real processes.
+``use_stateful_dataloader`` and gradient accumulation. The same scenarios run on 1 process and
+on 2 real processes.
 """
 
 from __future__ import annotations
