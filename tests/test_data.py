@@ -2,7 +2,8 @@
 
 Shards of several processes are built side by side in one process (``num_processes=P`` with
 each ``process_index``): the sharding rule is pure, so this checks it without spawning workers.
-The real multi-process runs are in ``tests/test_training.py``.
+The real multi-process runs are in ``tests/test_training.py``, ``tests/test_resume_idiom.py``
+and ``tests/test_data_loader.py``.
 """
 
 from __future__ import annotations
