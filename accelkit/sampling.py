@@ -2,6 +2,8 @@
 
 * :class:`SeedableRandomSampler`: a ``RandomSampler`` whose order is a pure function of
   ``(seed, epoch)``, so every process shuffles identically and a position can be restored.
+* :class:`RecordedRandomSampler`: a ``RandomSampler`` (same orders) whose per-pass randomness
+  can be recorded and replayed, for resuming a pass without drawing again.
 * :class:`BatchSamplerShard`: gives process ``r`` of ``P`` its share of a batch sampler's batches
   (or of every batch, with ``split_batches``), padding the last round by wrapping around to the
   first samples so every process gets as many full batches (``even_batches``).
@@ -12,7 +14,6 @@ These hold no process-group state: ``num_processes`` and ``process_index`` are p
 
 from __future__ import annotations
 
-import copy
 import itertools
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
@@ -20,39 +21,110 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, RandomSampler, Sampler
 
-__all__ = ["BatchSamplerShard", "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler"]
+__all__ = [
+    "BatchSamplerShard",
+    "IterableDatasetShard",
+    "RecordedRandomSampler",
+    "SeedableRandomSampler",
+    "SkipBatchSampler",
+    "draw_seed",
+]
 
 
 class SeedableRandomSampler(RandomSampler):
-    """A ``RandomSampler`` drawing its order from ``seed + epoch``.
+    """A ``RandomSampler`` drawing its order from ``initial_seed + epoch``.
+
+    The order of a pass is a pure function of the seed and the epoch, so every process
+    shuffles identically and a pass can be replayed. ``epoch`` advances by one after each full
+    pass (a prepared dataloader also sets it before each pass).
 
     Args:
         data_source: the dataset.
-        seed: the base seed (the same on every process).
         replacement: sample with replacement.
         num_samples: samples per epoch (default: the dataset's length).
+        generator: the generator to reseed for each pass (default: a private one).
+        data_seed: the base seed (default: ``torch.initial_seed()``, which ``set_seed`` sets).
     """
 
     def __init__(
         self,
         data_source: Sized,
-        seed: int,
         replacement: bool = False,
         num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        data_seed: int | None = None,
     ) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
-        self.seed = int(seed)
+        super().__init__(
+            data_source, replacement=replacement, num_samples=num_samples, generator=generator
+        )
+        self.initial_seed = int(data_seed if data_seed is not None else torch.initial_seed())
         self.epoch = 0
+
+    @property
+    def seed(self) -> int:
+        """The base seed (``initial_seed``)."""
+        return self.initial_seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self.initial_seed = int(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the order of epoch ``epoch``."""
         self.epoch = int(epoch)
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        self.generator = generator
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
         yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
+
+
+def draw_seed() -> int:
+    """A seed drawn from the global torch RNG, as ``RandomSampler`` draws one per pass."""
+    return int(torch.empty((), dtype=torch.int64).random_().item())
+
+
+class RecordedRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose randomness can be recorded and replayed.
+
+    It shuffles exactly as ``RandomSampler`` does: with a ``generator``, from that generator's
+    current state; without one, from a seed drawn from the global torch RNG at the start of
+    each pass. That seed is kept in :attr:`last_seed`, and a seed put in :attr:`replay_seed` is
+    used (instead of a draw) by the next pass, so a pass interrupted by a checkpoint can be
+    replayed without drawing again.
+    """
+
+    def __init__(
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(
+            data_source, replacement=replacement, num_samples=num_samples, generator=generator
+        )
+        self.last_seed: int | None = None
+        self.replay_seed: int | None = None
+
+    def __iter__(self) -> Iterator[int]:
+        if self.generator is not None:
+            yield from super().__iter__()
+            return
+        seed = self.replay_seed if self.replay_seed is not None else draw_seed()
+        self.replay_seed = None
+        self.last_seed = seed
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        yield from RandomSampler(
+            self.data_source,
+            replacement=self.replacement,
+            num_samples=self._num_samples,
+            generator=generator,
+        )
 
 
 class SkipBatchSampler(Sampler[list[int]]):
@@ -65,8 +137,13 @@ class SkipBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
+    @property
+    def total_length(self) -> int:
+        """Batches of the wrapped batch sampler, skipped ones included."""
+        return len(self.batch_sampler)  # type: ignore[arg-type]
+
     def __len__(self) -> int:
-        return max(0, len(self.batch_sampler) - self.skip_batches)  # type: ignore[arg-type]
+        return max(0, self.total_length - self.skip_batches)
 
 
 def _check_split(batch_size: int | None, num_processes: int) -> None:
@@ -95,6 +172,10 @@ class BatchSamplerShard(Sampler[list[int]]):
         even_batches: pad the last round (ignored with ``drop_last``, which drops it).
         skip_batches: leave out this process's first ``skip_batches`` batches on every pass.
 
+    Attributes:
+        pass_skip: batches to leave out at the start of the current pass, on top of
+            ``skip_batches`` (a prepared dataloader sets it before each pass; not in ``len()``).
+
     Raises:
         ValueError: for ``split_batches`` with a batch size not divisible by ``P``.
     """
@@ -116,7 +197,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)
         self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
         self.skip_batches = skip_batches
-        self.skip_once = 0
+        self.pass_skip = 0
         if split_batches and num_processes > 1:
             _check_split(self.batch_size, num_processes)
 
@@ -124,13 +205,6 @@ class BatchSamplerShard(Sampler[list[int]]):
     def sampler(self) -> Any:
         """The sample-level sampler of the wrapped batch sampler (if it has one)."""
         return getattr(self.batch_sampler, "sampler", None)
-
-    def with_skip(self, skip_batches: int) -> BatchSamplerShard:
-        """A copy sharing the wrapped batch sampler that skips ``skip_batches`` batches."""
-        clone = copy.copy(self)
-        clone.skip_batches = skip_batches
-        clone.skip_once = 0
-        return clone
 
     def _full_length(self) -> int:
         n = len(self.batch_sampler)  # type: ignore[arg-type]
@@ -147,8 +221,9 @@ class BatchSamplerShard(Sampler[list[int]]):
         return max(0, self._full_length() - self.skip_batches)
 
     def __iter__(self) -> Iterator[list[int]]:
-        skip = self.skip_batches + self.skip_once
-        self.skip_once = 0
+        # A generator: the skip is read when the first batch is asked for, not when the
+        # iterator is made (a StatefulDataLoader may make one early, for its state_dict()).
+        skip = self.skip_batches + self.pass_skip
         if self.num_processes == 1:
             batches: Iterator[list[int]] = iter(self.batch_sampler)
         elif self.split_batches:
@@ -157,7 +232,7 @@ class BatchSamplerShard(Sampler[list[int]]):
             batches = self._iter_dealt()
         if skip:
             batches = itertools.islice(batches, skip, None)
-        return batches
+        yield from batches
 
     def _iter_dealt(self) -> Iterator[list[int]]:
         size, rank, bs = self.num_processes, self.process_index, self.batch_size
@@ -197,10 +272,9 @@ class BatchSamplerShard(Sampler[list[int]]):
                     return
                 if self.even_batches:
                     batch = self._padded([batch], head, bs)
-                else:
-                    start, end = _share(len(batch), size, rank)
-                    if end > start:
-                        yield batch[start:end]
+                else:  # as the reference: the first processes get full slices
+                    if batch[rank * per : (rank + 1) * per]:
+                        yield batch[rank * per : (rank + 1) * per]
                     return
             yield batch[rank * per : (rank + 1) * per]
 

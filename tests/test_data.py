@@ -2,7 +2,8 @@
 
 Shards of several processes are built side by side in one process (``num_processes=P`` with
 each ``process_index``): the sharding rule is pure, so this checks it without spawning workers.
-The real multi-process runs are in ``tests/test_training.py``.
+The real multi-process runs are in ``tests/test_training.py``, ``tests/test_resume_idiom.py``
+and ``tests/test_data_loader.py``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ def test_iterable_shards_cover_every_sample_and_record_the_remainder(n: int) -> 
 # ------------------------------------------------------------------- prepared dataloaders
 
 
+SEEDABLE = True  # passed as use_seedable_sampler: these tests replay orders from (seed, epoch)
+
+
 def _prepare(loader: DataLoader[Any], procs: int = 1, rank: int = 0, **config: Any) -> Any:
     return prepare_data_loader(
         loader,
@@ -117,7 +121,14 @@ def _prepare(loader: DataLoader[Any], procs: int = 1, rank: int = 0, **config: A
 def test_shuffling_is_identical_across_processes_and_changes_per_epoch() -> None:
     data = torch.arange(20)
     shards = [
-        _prepare(DataLoader(data, batch_size=2, shuffle=True), 2, r, data_seed=7) for r in range(2)
+        _prepare(
+            DataLoader(data, batch_size=2, shuffle=True),
+            2,
+            r,
+            use_seedable_sampler=SEEDABLE,
+            data_seed=7,
+        )
+        for r in range(2)
     ]
     epochs = []
     for _ in range(2):
@@ -128,16 +139,22 @@ def test_shuffling_is_identical_across_processes_and_changes_per_epoch() -> None
     assert epochs[0] != epochs[1]
     assert epochs[0] != list(range(20))
     # the order is a function of (seed, epoch): a fresh loader replays it
-    again = _prepare(DataLoader(data, batch_size=4, shuffle=True), data_seed=7)
+    again = _prepare(
+        DataLoader(data, batch_size=4, shuffle=True), use_seedable_sampler=SEEDABLE, data_seed=7
+    )
     assert _items(list(again)) == epochs[0]
     assert shards[0].epoch == 2
 
 
 def test_seed_defaults_to_torch_initial_seed() -> None:
     torch.manual_seed(123)
-    a = _prepare(DataLoader(torch.arange(10), batch_size=5, shuffle=True))
+    a = _prepare(
+        DataLoader(torch.arange(10), batch_size=5, shuffle=True), use_seedable_sampler=True
+    )
     torch.manual_seed(123)
-    b = _prepare(DataLoader(torch.arange(10), batch_size=5, shuffle=True))
+    b = _prepare(
+        DataLoader(torch.arange(10), batch_size=5, shuffle=True), use_seedable_sampler=True
+    )
     assert a.state_dict()["seed"] == 123
     assert _items(list(a)) == _items(list(b))
 
@@ -182,7 +199,11 @@ def test_prepared_loader_is_a_dataloader_with_totals() -> None:
 
 def test_mid_epoch_resume_continues_where_it_stopped() -> None:
     def make() -> Any:
-        return _prepare(DataLoader(torch.arange(24), batch_size=3, shuffle=True), data_seed=1)
+        return _prepare(
+            DataLoader(torch.arange(24), batch_size=3, shuffle=True),
+            use_seedable_sampler=SEEDABLE,
+            data_seed=1,
+        )
 
     first = make()
     list(first)  # finish epoch 0, so the resume happens in epoch 1
@@ -202,7 +223,11 @@ def test_mid_epoch_resume_continues_where_it_stopped() -> None:
 
 
 def test_state_saved_on_the_last_batch_points_to_the_next_epoch() -> None:
-    loader = _prepare(DataLoader(torch.arange(4), batch_size=2, shuffle=True), data_seed=3)
+    loader = _prepare(
+        DataLoader(torch.arange(4), batch_size=2, shuffle=True),
+        use_seedable_sampler=SEEDABLE,
+        data_seed=3,
+    )
     states = [loader.state_dict() for _ in loader]
     assert states[-1] == {"epoch": 1, "batches_yielded": 0, "seed": 3}
     with pytest.raises(KeyError, match="batches_yielded"):
@@ -215,7 +240,9 @@ def test_stateful_dataloader_resumes_mid_epoch(num_workers: int) -> None:
 
     def make() -> Any:
         loader = DataLoader(torch.arange(20), batch_size=2, shuffle=True, num_workers=num_workers)
-        return _prepare(loader, use_stateful_dataloader=True, data_seed=5)
+        return _prepare(
+            loader, use_stateful_dataloader=True, use_seedable_sampler=SEEDABLE, data_seed=5
+        )
 
     full = [b.tolist() for b in make()]
     first = make()
@@ -245,7 +272,11 @@ def test_stateful_state_on_last_batch_starts_a_fresh_epoch() -> None:
 
 
 def test_skip_first_batches_on_a_prepared_loader_shares_its_position() -> None:
-    loader = _prepare(DataLoader(torch.arange(12), batch_size=2, shuffle=True), data_seed=2)
+    loader = _prepare(
+        DataLoader(torch.arange(12), batch_size=2, shuffle=True),
+        use_seedable_sampler=SEEDABLE,
+        data_seed=2,
+    )
     full = [b.tolist() for b in loader]  # epoch 0
     loader.set_epoch(0)
     skipped = skip_first_batches(loader, 2)
@@ -331,14 +362,36 @@ def test_loaders_without_automatic_batching_are_sharded_by_item() -> None:
         _prepare(DataLoader(_Stream(5), batch_size=None), 2, 0, split_batches=True)
 
 
-def test_starting_an_epoch_leaves_the_global_rng_alone() -> None:
-    # A mid-epoch resume creates its iterator after load_state restored the RNG; if creating
-    # it drew from the global generator, dropout masks after the resume would differ.
-    from accelkit import Accelerator
+@pytest.mark.parametrize("generator", [False, True])
+def test_default_shuffle_draws_as_an_unprepared_dataloader(generator: bool) -> None:
+    # use_seedable_sampler=False (the default, as in Accelerate): on one process the orders and
+    # the global RNG stream (what dropout sees) are those of the unprepared loader.
+    def run(prepare: bool) -> list[Any]:
+        torch.manual_seed(5)
+        gen = torch.Generator().manual_seed(9) if generator else None
+        loader: Any = DataLoader(list(range(8)), batch_size=2, shuffle=True, generator=gen)
+        if prepare:
+            loader = _prepare(loader)
+        return [([b.tolist() for b in loader], float(torch.rand(1))) for _ in range(3)]
 
-    acc = Accelerator(cpu=True)
-    loader = acc.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=2, shuffle=True))
-    before = torch.get_rng_state()
-    first = [b.tolist() for b in loader]
-    assert torch.equal(before, torch.get_rng_state())
-    assert sorted(x for b in first for x in b) == list(range(8))
+    reference = run(prepare=False)
+    assert run(prepare=True) == reference
+    assert len({str(orders) for orders, _ in reference}) == 3  # the epochs differ
+
+
+def test_a_batch_sampler_given_as_sampler_is_sharded_by_batch() -> None:
+    # DataLoader(sampler=BatchSampler(...), batch_size=None): the dataset takes index lists.
+    class Rows(torch.utils.data.Dataset[list[int]]):
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, index: list[int]) -> list[int]:
+            return list(index)
+
+    def shard(rank: int) -> Any:
+        sampler = BatchSampler(SequentialSampler(range(10)), 4, False)
+        return _prepare(DataLoader(Rows(), sampler=sampler, batch_size=None), 2, rank)
+
+    per = [[list(b) for b in shard(r)] for r in range(2)]
+    assert per == [[[0, 1, 2, 3], [8, 9, 0, 1]], [[4, 5, 6, 7], [2, 3, 4, 5]]]
+    assert shard(0).total_batch_size == 8 and shard(0).remainder == 2

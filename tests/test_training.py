@@ -28,6 +28,9 @@ from tests.helpers.distributed import run_distributed
 pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
 
 
+SEEDABLE = DataLoaderConfiguration(use_seedable_sampler=True)
+
+
 def _mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
@@ -52,7 +55,14 @@ def _grads(model: torch.nn.Module) -> torch.Tensor:
 def _full_loop(mixed_precision: str = "no", cpu: bool = True) -> dict[str, Any]:
     """Train and evaluate with every training-loop function; return what was observed."""
     set_seed(0)
-    acc = Accelerator(gradient_accumulation_steps=2, mixed_precision=mixed_precision, cpu=cpu)
+    # The seedable sampler: its order does not depend on the number of processes, so 2 x 2
+    # batches reproduce 1 x 4, and set_epoch replays an epoch.
+    acc = Accelerator(
+        gradient_accumulation_steps=2,
+        mixed_precision=mixed_precision,
+        cpu=cpu,
+        dataloader_config=SEEDABLE,
+    )
     model = _mlp()
     model.load_state_dict(_initial_weights())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -145,7 +155,7 @@ def _check_full_loop(out: dict[str, Any], world: int) -> None:
 def _single_process_reference() -> dict[str, torch.Tensor | list[float]]:
     """One process, batches of 8, no accumulation: what 2 x 2 x 2 must reproduce."""
     set_seed(0)
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=True, dataloader_config=SEEDABLE)
     model = _mlp()
     model.load_state_dict(_initial_weights())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
