@@ -95,10 +95,11 @@ def check_loadable(storage: Storage, path: str) -> CheckpointInfo:
             truncated, a symbolic link inside), naming the file.
         CheckpointError: anything else that is not a committed checkpoint, saying what it is.
     """
-    if not storage.exists(path):
-        outside = storage.inner if isinstance(storage, ConfinedStorage) else storage
+    # The path itself is looked at from outside (it is not yet known to be a folder).
+    outside = storage.inner if isinstance(storage, ConfinedStorage) else storage
+    if not outside.exists(path):
         raise _missing(outside, path)
-    if storage.isfile(path):
+    if outside.isfile(path) and not outside.is_symlink(path):
         raise CheckpointError(
             f"{path} is a file, not a checkpoint folder. Pass the folder that holds "
             f"{MANIFEST_NAME} (for model weights alone, use load_checkpoint_in_model)."
