@@ -168,12 +168,16 @@ class LocalFile:
         """``pwrite`` all of ``view`` at ``offset``, leaving ``O_DIRECT`` if the file system
         refuses it for this request."""
         while view:
+            # Several I/O threads write one file: another may turn O_DIRECT off between this
+            # request and its EINVAL, so judge by the mode this request was made in.
+            was_direct = self._direct
             try:
                 n = os.pwrite(self._fd, view, offset)
             except OSError as exc:
-                if exc.errno != errno.EINVAL or not self._direct:
+                if exc.errno != errno.EINVAL or not was_direct:
                     raise
-                self._set_direct(False)
+                if self._direct:
+                    self._set_direct(False)
                 continue
             if n <= 0:
                 raise OSError(errno.EIO, f"writing {self.name!r} made no progress")
