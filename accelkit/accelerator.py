@@ -9,29 +9,35 @@ it: :mod:`accelkit.state` (who this process is), :mod:`accelkit.ops` (collective
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from accelkit import data as _data
+from accelkit import dynamo as _dynamo
 from accelkit import fsdp as _fsdp
 from accelkit import kwargs_handlers as _kwargs
-from accelkit import ops
 from accelkit import optim as _optim
 from accelkit import precision as _precision
 from accelkit import training as _training
 from accelkit._checkpointing_api import CheckpointingAPI
+from accelkit._compat_api import CompatAPI
+from accelkit._process_api import ProcessAPI
 from accelkit.checkpointing import async_save as _ckpt_async
 from accelkit.checkpointing import config as _ckpt_config
 from accelkit.checkpointing import manager as _ckpt_manager
-from accelkit.state import DistributedType, PartialState, PrecisionType, parse_mixed_precision
+from accelkit.data import DataLoaderConfiguration
+from accelkit.optim import GradientAccumulationPlugin
+from accelkit.state import AcceleratorState, PrecisionType, refuse_out_of_scope_plugins
 from accelkit.trackers import GeneralTracker, TrackerHub
 
-__all__ = ["Accelerator"]
+# DataLoaderConfiguration and GradientAccumulationPlugin are importable from here, as in the
+# reference (``from accelerate.accelerator import Accelerator, DataLoaderConfiguration``).
+__all__ = ["Accelerator", "DataLoaderConfiguration", "GradientAccumulationPlugin"]
 
 
-class Accelerator(CheckpointingAPI):
+class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
     """Run the same training loop on 1 CPU, 1 GPU, N processes or N machines.
 
     Args:
@@ -54,6 +60,11 @@ class Accelerator(CheckpointingAPI):
         step_scheduler_with_optimizer: step prepared schedulers together with the optimizer.
         tracker_errors: ``"warn"`` (default: a failing tracker is reported once and skipped) or
             ``"raise"``.
+        dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
+            :mod:`accelkit.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
+        deepspeed_plugin, deepspeed_plugins, megatron_lm_plugin, torch_tp_plugin,
+            parallelism_config: accepted by name for compatibility and refused with
+            ``ValueError`` unless None (out of accelkit's scope).
 
     Example:
         >>> accelerator = Accelerator()
@@ -85,21 +96,31 @@ class Accelerator(CheckpointingAPI):
         tracker_errors: str = "warn",
         deepspeed_plugin: Any = None,
         megatron_lm_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: _dynamo.TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
     ) -> None:
-        for name, value in (
-            ("deepspeed_plugin", deepspeed_plugin),
-            ("megatron_lm_plugin", megatron_lm_plugin),
-        ):
-            if value is not None:
-                raise ValueError(
-                    f"accelkit does not support {name}; use fsdp_plugin for sharded training "
-                    f"or remove {name}=... from Accelerator(...)."
-                )
-        self.state = PartialState(cpu=cpu)
-        self.mixed_precision: str = parse_mixed_precision(mixed_precision).value
+        refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
+        self.kwargs_handlers = list(kwargs_handlers or [])
+        self.dynamo_plugin = _dynamo.resolve_dynamo_plugin(dynamo_plugin, dynamo_backend)
+        self.state = AcceleratorState(
+            mixed_precision,
+            cpu,
+            self.dynamo_plugin,
+            deepspeed_plugin,
+            fsdp_plugin,
+            torch_tp_plugin,
+            megatron_lm_plugin,
+            parallelism_config,
+            _from_accelerator=True,
+            **_kwargs.collect(self.kwargs_handlers, _kwargs.InitProcessGroupKwargs),
+        )
+        self.mixed_precision: str = self.state.mixed_precision
+        self._log_with = log_with
         self.device_placement = device_placement
         self.rng_types = rng_types
-        self.kwargs_handlers = list(kwargs_handlers or [])
         self._trigger = torch.tensor(0, device=self.state.device)
         # ===== training: init =====
         self.dataloader_config = _data.resolve_config(dataloader_config, split_batches)
@@ -113,6 +134,9 @@ class Accelerator(CheckpointingAPI):
             **_kwargs.collect(self.kwargs_handlers, _kwargs.GradScalerKwargs),
         )
         self._ddp_kwargs = _kwargs.collect(
+            self.kwargs_handlers, _kwargs.DistributedDataParallelKwargs
+        )
+        self._ddp_handler = _kwargs.find(
             self.kwargs_handlers, _kwargs.DistributedDataParallelKwargs
         )
         self._models: list[torch.nn.Module] = []
@@ -137,129 +161,7 @@ class Accelerator(CheckpointingAPI):
         )
         # ===== end tracking: init =====
 
-    # ================================================================= process state
-
-    @property
-    def device(self) -> torch.device:
-        """The device this process computes on."""
-        return self.state.device
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        """How processes are connected (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``)."""
-        if getattr(self, "_fsdp", None) is not None:
-            return DistributedType.FSDP
-        return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        """Total number of processes in the run."""
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        """Global index of this process."""
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        """Index of this process on its machine."""
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        """True once across all machines."""
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """True once per machine."""
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        """True on the process of the highest index."""
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        """Whether more than one process takes part."""
-        return self.state.use_distributed
-
-    # ============================================================== process control
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once per machine."""
-        self.state.print(*args, **kwargs)
-
-    def wait_for_everyone(self) -> None:
-        """Block until every process reaches this point."""
-        self.state.wait_for_everyone()
-
-    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Context manager: the main process runs the block first, then the others."""
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Context manager: each machine's main process runs the block first."""
-        return self.state.local_main_process_first()
-
-    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run only on the main process."""
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run only on each machine's main process."""
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run only on the last process."""
-        return self.state.on_last_process(function)
-
-    def on_process(
-        self, function: Callable[..., Any] | None = None, process_index: int | None = None
-    ) -> Any:
-        """Decorator: run only on the process of global index ``process_index``."""
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(
-        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
-    ) -> Any:
-        """Decorator: run only on the process of local index ``local_process_index``."""
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    def split_between_processes(
-        self, inputs: Any, apply_padding: bool = False
-    ) -> contextlib.AbstractContextManager[Any]:
-        """Context manager yielding this process's share of ``inputs``."""
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def set_trigger(self) -> None:
-        """Raise a flag on this process; :meth:`check_trigger` sees it on every process."""
-        self._trigger.fill_(1)
-
-    def check_trigger(self) -> bool:
-        """True on every process if any process called :meth:`set_trigger`; then resets it."""
-        if ops.reduce(self._trigger, reduction="sum").item() > 0:
-            self._trigger.fill_(0)
-            return True
-        return False
-
-    # ================================================================== collectives
-
-    def gather(self, tensor: Any) -> Any:
-        """Concatenate ``tensor`` (or a nested structure of tensors) from all processes."""
-        return ops.gather(tensor)
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce across processes: ``"sum"``, ``"mean"`` or ``"none"``."""
-        return ops.reduce(tensor, reduction=reduction, scale=scale)
-
-    def pad_across_processes(
-        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
-    ) -> Any:
-        """Pad tensors on ``dim`` to the largest size across processes, so they can be gathered."""
-        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+    # Process state, process control, collectives: see accelkit/_process_api.py (ProcessAPI).
 
     # ===== training: methods =====
     # Preparing objects. What each kind becomes is documented in accelkit.training/data/optim.
@@ -314,6 +216,9 @@ class Accelerator(CheckpointingAPI):
             evaluation_mode=evaluation_mode,
             ddp_kwargs=self._ddp_kwargs,
         )
+        if self._ddp_handler is not None:
+            self._ddp_handler.register_comm_hook(model)
+        model = _dynamo.compile_model(model, self.dynamo_plugin)
         return _training.register(self._models, model)
 
     def prepare_optimizer(

@@ -9,6 +9,7 @@ All communication is ``torch.distributed``; nothing here starts processes or own
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -16,18 +17,70 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "DistributedOperationException",
     "broadcast",
     "broadcast_object_list",
     "concatenate",
+    "copy_tensor_to_devices",
+    "debug_mode",
     "gather",
     "gather_object",
     "pad_across_processes",
     "recursively_apply",
     "reduce",
     "send_to_device",
+    "set_debug_mode",
 ]
 
-REDUCTIONS = ("sum", "mean", "none")
+REDUCTIONS = ("sum", "mean", "max", "none")
+
+# Debug mode (the reference's ``PartialState().debug``): collectives first check that every
+# process passes tensors of matching shapes, and raise DistributedOperationException instead of
+# hanging or returning garbage. It costs one extra object gather per call, so it is off unless
+# ACCELKIT_DEBUG_MODE / ACCELERATE_DEBUG_MODE is set or a script sets ``state.debug = True``.
+_DEBUG = {
+    "on": any(
+        os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
+        for v in ("ACCELKIT_DEBUG_MODE", "ACCELERATE_DEBUG_MODE")
+    )
+}
+
+
+class DistributedOperationException(Exception):
+    """A collective cannot run because the processes passed incompatible tensors (debug mode)."""
+
+
+def debug_mode() -> bool:
+    """Whether collectives check shapes across processes first (see :func:`set_debug_mode`)."""
+    return _DEBUG["on"]
+
+
+def set_debug_mode(enabled: bool) -> None:
+    """Turn the cross-process shape checks of :func:`gather`, :func:`reduce`,
+    :func:`broadcast` and :func:`pad_across_processes` on or off for this process."""
+    _DEBUG["on"] = bool(enabled)
+
+
+def _shapes(data: Any, ndim_only: bool) -> Any:
+    def one(t: torch.Tensor) -> Any:
+        return t.ndim if ndim_only else tuple(t.shape)
+
+    if isinstance(data, torch.Tensor):
+        return one(data)
+    return recursively_apply(one, data)
+
+
+def _verify(operation: str, data: Any, ndim_only: bool = False) -> None:
+    if not debug_mode() or _world_size() == 1:
+        return
+    shapes = gather_object([_shapes(data, ndim_only)])
+    if any(s != shapes[0] for s in shapes):
+        what = "numbers of dimensions" if ndim_only else "shapes"
+        listing = "\n".join(f"  process {i}: {s}" for i, s in enumerate(shapes))
+        raise DistributedOperationException(
+            f"Cannot apply {operation}: the tensors' {what} differ across processes; every "
+            f"process must pass the same structure.\n{listing}"
+        )
 
 
 def _world_size() -> int:
@@ -103,6 +156,7 @@ def gather(tensor: Any) -> Any:
         >>> gather(torch.tensor([rank]))  # on 4 processes
         tensor([0, 1, 2, 3])
     """
+    _verify("gather", tensor)
     return recursively_apply(_gather_one, tensor, error_on_other_type=True)
 
 
@@ -124,7 +178,8 @@ def gather_object(obj: Any) -> list[Any]:
 def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float) -> torch.Tensor:
     out = tensor.clone()
     if _world_size() > 1 and reduction != "none":
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        op = dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM
+        dist.all_reduce(out, op=op)
         if reduction == "mean":
             out = out / _world_size()
     if scale != 1.0:
@@ -132,23 +187,27 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float) -> torch.Ten
     return out
 
 
-def reduce(tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     """Reduce tensors across processes; every process gets the result.
+
+    The default is ``"mean"``, as for the reference's ``accelerate.utils.reduce``
+    (``Accelerator.reduce`` defaults to ``"sum"``, also as in the reference).
 
     Args:
         tensor: a tensor or a nested list/tuple/dict of tensors.
-        reduction: ``"sum"``, ``"mean"`` or ``"none"`` (no communication).
+        reduction: ``"mean"``, ``"sum"``, ``"max"`` or ``"none"`` (no communication).
         scale: factor applied after the reduction.
 
     Raises:
         ValueError: for an unknown ``reduction``.
 
     Example:
-        >>> reduce(torch.arange(2) + 1 + 2 * rank)  # on 2 processes
+        >>> reduce(torch.arange(2) + 1 + 2 * rank, "sum")  # on 2 processes
         tensor([4, 6])
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"Unknown reduction {reduction!r}. Expected one of {REDUCTIONS}.")
+    _verify("reduce", tensor)
     return recursively_apply(
         lambda t: _reduce_one(t, reduction, scale), tensor, error_on_other_type=True
     )
@@ -162,6 +221,7 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
             dist.broadcast(t, src=from_process)
         return t
 
+    _verify("broadcast", tensor)
     return recursively_apply(_one, tensor, error_on_other_type=True)
 
 
@@ -205,7 +265,36 @@ def pad_across_processes(
         out[tuple(index)] = t
         return out
 
+    _verify("pad_across_processes", tensor, ndim_only=True)
     return recursively_apply(_pad, tensor, error_on_other_type=True)
+
+
+def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
+    """Give every process a copy of the main process's tensor.
+
+    Only the main process passes ``tensor``; the others pass None (they learn its shape and
+    dtype from the main process). A one-process run returns ``tensor``.
+
+    Raises:
+        ValueError: on the main process, when ``tensor`` is None.
+    """
+    world = _world_size()
+    is_main = world == 1 or dist.get_rank() == 0
+    if is_main and tensor is None:
+        raise ValueError("copy_tensor_to_devices needs the tensor on the main process (rank 0).")
+    if world == 1:
+        return cast(torch.Tensor, tensor)
+    meta = [(tuple(tensor.shape), tensor.dtype) if tensor is not None else None]
+    dist.broadcast_object_list(meta, src=0)
+    shape, dtype = meta[0]  # type: ignore[misc]
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    )
+    out = (
+        tensor.to(device) if tensor is not None else torch.empty(shape, dtype=dtype, device=device)
+    )
+    dist.broadcast(out, src=0)
+    return out
 
 
 def concatenate(data: list[Any], dim: int = 0) -> Any:

@@ -97,14 +97,22 @@ class GradientState:
         optimizer_steps: optimizer steps actually taken (not skipped) so far.
     """
 
-    def __init__(self, plugin: GradientAccumulationPlugin | None = None) -> None:
-        plugin = plugin or GradientAccumulationPlugin()
+    def __init__(
+        self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None
+    ) -> None:
+        plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
         self.plugin = plugin
         self.num_steps = plugin.num_steps
         self.sync_gradients = True
         self.micro_step = 0
         self.optimizer_steps = 0
         self._loaders: list[_Loader] = []
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Accepted for scripts written for the reference, where this state is shared by every
+        accelerator of the process; here each accelerator owns its own, so there is nothing to
+        reset."""
 
     @property
     def active_dataloader(self) -> _Loader | None:
