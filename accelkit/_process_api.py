@@ -43,6 +43,10 @@ class ProcessAPI:
         return self.state.distributed_type
 
     @property
+    def _joined_by_ddp(self) -> bool:
+        return self.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+    @property
     def num_processes(self) -> int:
         """Total number of processes in the run."""
         return self.state.num_processes

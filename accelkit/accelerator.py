@@ -394,7 +394,7 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
     ) -> contextlib.AbstractContextManager[None]:
         """Train on processes with different batch counts (``torch.distributed`` ``Join``)."""
         return _training.join_uneven_inputs(
-            joinables, self._dataloaders, even_batches, self.use_distributed
+            joinables, self._dataloaders, even_batches, self._joined_by_ddp
         )
 
     def free_memory(self, *objects: Any) -> Any:
