@@ -39,7 +39,7 @@ LAST_HEADING = {
     "test_script.py": "**Breakpoint trigger test**",
     "test_sync.py": "**Test `accumulate` gradient accumulation with optimizer and scheduler",
     "test_ops.py": "testing sending tensors across devices",
-    "test_distributed_data_loop.py": "Test DataLoader with sampler as an instance of `BatchSampler`",
+    "test_distributed_data_loop.py": "Test DataLoader with sampler as an instance of",
     "test_notebook.py": "Test monitoring",
     "test_ddp_comm_hook.py": "Test DDP comm hook: DDPCommunicationHookType.BATCHED_POWER_SGD",
 }
