@@ -96,6 +96,30 @@ class CompatAPI:
         )
 
     @property
+    def multi_device(self) -> bool:
+        """Whether several GPUs take part (``MULTI_GPU``)."""
+        return self.state.use_distributed and self.state.distributed_type in (
+            DistributedType.MULTI_GPU,
+        )
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes model files (always True: saves are collective and the
+        checkpoint layer picks the writer)."""
+        return True
+
+    @property
+    def torch_device_mesh(self) -> None:
+        """Always None: no ``ParallelismConfig`` device mesh (tensor/context parallelism is out
+        of scope; FSDP builds its own mesh)."""
+        return None
+
+    @property
+    def parallelism_config(self) -> None:
+        """Always None: ``ParallelismConfig`` is out of accelkit's scope."""
+        return None
+
+    @property
     def fp8_backend(self) -> None:
         """Always None: FP8 training is out of accelkit's scope."""
         return None

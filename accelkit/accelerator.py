@@ -84,23 +84,23 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
         dataloader_config: Any = None,
+        deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
         rng_types: list[str] | None = None,
         log_with: Any = None,
         project_dir: str | None = None,
         project_config: Any = None,
-        step_scheduler_with_optimizer: bool = True,
         gradient_accumulation_plugin: _optim.GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: list[Any] | None = None,
-        logging_dir: str | None = None,
-        tracker_errors: str = "warn",
-        deepspeed_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
-        torch_tp_plugin: Any = None,
         dynamo_backend: Any = None,
         dynamo_plugin: _dynamo.TorchDynamoPlugin | None = None,
         deepspeed_plugins: Any = None,
         parallelism_config: Any = None,
+        logging_dir: str | None = None,
+        tracker_errors: str = "warn",
     ) -> None:
         refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
         self.kwargs_handlers = list(kwargs_handlers or [])
@@ -248,9 +248,21 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
         return _training.register(self._schedulers, scheduler)
 
     def prepare_data_loader(
-        self, data_loader: torch.utils.data.DataLoader[Any], device_placement: bool | None = None
+        self,
+        data_loader: torch.utils.data.DataLoader[Any],
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
     ) -> Any:
-        """Shard one dataloader for this process (see :mod:`accelkit.data`)."""
+        """Shard one dataloader for this process (see :mod:`accelkit.data`).
+
+        ``slice_fn_for_dispatch`` belongs to ``dispatch_batches=True``, which accelkit refuses;
+        it must stay None.
+        """
+        if slice_fn_for_dispatch is not None:
+            raise ValueError(
+                "slice_fn_for_dispatch is only used with dispatch_batches=True, which accelkit "
+                "does not support (each process reads its own share); remove the argument."
+            )
         place = self.device_placement if device_placement is None else device_placement
         loader = _data.prepare_data_loader(
             data_loader,

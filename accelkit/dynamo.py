@@ -18,7 +18,14 @@ import torch
 
 from accelkit.kwargs_handlers import KwargsHandler
 
-__all__ = ["DynamoBackend", "TorchDynamoPlugin", "compile_model", "resolve_dynamo_plugin"]
+__all__ = [
+    "DynamoBackend",
+    "TorchDynamoPlugin",
+    "compile_model",
+    "compile_regions",
+    "has_compiled_regions",
+    "resolve_dynamo_plugin",
+]
 
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 
@@ -166,9 +173,28 @@ def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn
         return model
     kwargs = plugin.compile_kwargs()
     if plugin.use_regional_compilation:
-        for module in model.modules():
-            if isinstance(module, torch.nn.ModuleList):
-                for i, child in enumerate(module):
-                    module[i] = torch.compile(child, **kwargs)  # type: ignore[assignment]
-        return model
+        return compile_regions(model, **kwargs)
     return torch.compile(model, **kwargs)  # type: ignore[return-value]
+
+
+def compile_regions(module: torch.nn.Module, **compile_kwargs: Any) -> torch.nn.Module:
+    """Compile each child of every ``nn.ModuleList`` of ``module`` in place (regional
+    compilation: repeated blocks compile once and reuse the code); returns ``module``.
+
+    Args:
+        module: the model.
+        **compile_kwargs: ``torch.compile`` arguments.
+    """
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.ModuleList):
+            for i, child in enumerate(sub):
+                if not isinstance(child, torch._dynamo.eval_frame.OptimizedModule):
+                    sub[i] = torch.compile(child, **compile_kwargs)  # type: ignore[assignment]
+    return module
+
+
+def has_compiled_regions(module: torch.nn.Module) -> bool:
+    """Whether some submodule of ``module`` was compiled by :func:`compile_regions`."""
+    return any(
+        isinstance(sub, torch._dynamo.eval_frame.OptimizedModule) for sub in module.modules()
+    )

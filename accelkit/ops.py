@@ -10,6 +10,7 @@ All communication is ``torch.distributed``; nothing here starts processes or own
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "CannotPadNestedTensorWarning",
     "DistributedOperationException",
     "broadcast",
     "broadcast_object_list",
@@ -44,6 +46,10 @@ _DEBUG = {
         for v in ("ACCELKIT_DEBUG_MODE", "ACCELERATE_DEBUG_MODE")
     )
 }
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """:func:`pad_across_processes` met a nested tensor, which it returns unpadded."""
 
 
 class DistributedOperationException(Exception):
@@ -87,31 +93,43 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def recursively_apply(
-    func: Callable[[torch.Tensor], Any], data: Any, *, error_on_other_type: bool = False
-) -> Any:
-    """Apply ``func`` to every tensor in a nested list/tuple/dict, keeping the structure.
+def _is_tensor(data: Any) -> bool:
+    return isinstance(data, torch.Tensor)
 
-    Named tuples and dict subclasses keep their type. Values that are not tensors are returned
-    as they are, or raise ``TypeError`` with ``error_on_other_type=True``.
+
+def recursively_apply(
+    func: Callable[..., Any],
+    data: Any,
+    *args: Any,
+    test_type: Callable[[Any], bool] = _is_tensor,
+    error_on_other_type: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """Apply ``func(leaf, *args, **kwargs)`` to every tensor in a nested list/tuple/dict.
+
+    Named tuples and dict subclasses keep their type. Values that are not tensors (or for which
+    ``test_type`` is false) are returned as they are, or raise ``TypeError`` with
+    ``error_on_other_type=True``.
     """
-    if isinstance(data, torch.Tensor):
-        return func(data)
+
+    def again(value: Any) -> Any:
+        return recursively_apply(
+            func,
+            value,
+            *args,
+            test_type=test_type,
+            error_on_other_type=error_on_other_type,
+            **kwargs,
+        )
+
+    if test_type(data):
+        return func(data, *args, **kwargs)
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(
-            *(recursively_apply(func, v, error_on_other_type=error_on_other_type) for v in data)
-        )
+        return type(data)(*(again(v) for v in data))
     if isinstance(data, (list, tuple)):
-        return type(data)(
-            recursively_apply(func, v, error_on_other_type=error_on_other_type) for v in data
-        )
+        return type(data)(again(v) for v in data)
     if isinstance(data, Mapping):
-        return cast(Any, type(data))(
-            {
-                k: recursively_apply(func, v, error_on_other_type=error_on_other_type)
-                for k, v in data.items()
-            }
-        )
+        return cast(Any, type(data))({k: again(v) for k, v in data.items()})
     if error_on_other_type:
         raise TypeError(
             f"Expected a tensor or a nested list/tuple/dict of tensors, found a "
@@ -121,14 +139,37 @@ def recursively_apply(
     return data
 
 
-def send_to_device(data: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
-    """Move every tensor in ``data`` (nested lists/tuples/dicts, or objects with ``.to``)."""
-    if isinstance(data, (torch.Tensor, list, tuple, Mapping)):
-        return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), data)
-    to = getattr(data, "to", None)
+def send_to_device(
+    tensor: Any,
+    device: torch.device | str | int,
+    non_blocking: bool = False,
+    skip_keys: list[str] | str | None = None,
+) -> Any:
+    """Move every tensor in ``tensor`` (nested lists/tuples/dicts, or objects with ``.to``).
+
+    Args:
+        tensor: the data.
+        device: where to.
+        non_blocking: asynchronous copies (from pinned memory).
+        skip_keys: keys of a dict whose values stay where they are (at every nesting level).
+    """
+    skip = {skip_keys} if isinstance(skip_keys, str) else set(skip_keys or ())
+    if isinstance(tensor, Mapping) and skip:
+        return cast(Any, type(tensor))(
+            {
+                k: v if k in skip else send_to_device(v, device, non_blocking, skip_keys)
+                for k, v in tensor.items()
+            }
+        )
+    if isinstance(tensor, (list, tuple)) and skip:
+        moved = [send_to_device(v, device, non_blocking, skip_keys) for v in tensor]
+        return type(tensor)(*moved) if hasattr(tensor, "_fields") else type(tensor)(moved)
+    if isinstance(tensor, (torch.Tensor, list, tuple, Mapping)):
+        return recursively_apply(lambda t: t.to(device, non_blocking=non_blocking), tensor)
+    to = getattr(tensor, "to", None)
     if callable(to):  # e.g. a tokenizer's BatchEncoding
         return to(device)
-    return data
+    return tensor
 
 
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
@@ -160,14 +201,14 @@ def gather(tensor: Any) -> Any:
     return recursively_apply(_gather_one, tensor, error_on_other_type=True)
 
 
-def gather_object(obj: Any) -> list[Any]:
+def gather_object(object: Any) -> list[Any]:
     """Gather picklable objects from all processes into one flat list.
 
     A list on each process is concatenated (``[a] + [b]``); any other object becomes one item per
     process. Only use it for objects you trust: it pickles.
     """
     world = _world_size()
-    items = obj if isinstance(obj, list) else [obj]
+    items = object if isinstance(object, list) else [object]
     if world == 1:
         return list(items)
     out: list[Any] = [None] * world
@@ -243,6 +284,13 @@ def pad_across_processes(
     """
 
     def _pad(t: torch.Tensor) -> torch.Tensor:
+        if getattr(t, "is_nested", False):
+            warnings.warn(
+                "pad_across_processes cannot pad a nested tensor; it is returned unpadded.",
+                CannotPadNestedTensorWarning,
+                stacklevel=4,
+            )
+            return t
         if _world_size() == 1 or t.ndim == 0:
             return t
         if not -t.ndim <= dim < t.ndim:

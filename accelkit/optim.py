@@ -115,6 +115,31 @@ class GradientState:
         reset."""
 
     @property
+    def initialized(self) -> bool:
+        """Always True (the reference's shared state could be uninitialised)."""
+        return True
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        """Whether the end of a dataloader forces a gradient sync (the plugin's setting)."""
+        return self.plugin.sync_with_dataloader
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """Whether schedulers step once per optimizer step (the plugin's setting)."""
+        return bool(getattr(self.plugin, "adjust_scheduler", True))
+
+    @property
+    def dataloader_references(self) -> list[_Loader | None]:
+        """The dataloaders being iterated, outermost first (``[None]`` when none)."""
+        return [None, *self._loaders]
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        """Always True: there is no XLA here (out of scope)."""
+        return True
+
+    @property
     def active_dataloader(self) -> _Loader | None:
         """The innermost dataloader being iterated, if any."""
         return self._loaders[-1] if self._loaders else None

@@ -199,6 +199,11 @@ class PartialState:
         """Always True: the state is read when the object is created."""
         return True
 
+    def set_device(self) -> None:
+        """Make :attr:`device` the current CUDA device (a no-op on the CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
     @property
     def debug(self) -> bool:
         """Whether collectives check tensor shapes across processes first and raise
@@ -560,6 +565,22 @@ class AcceleratorState(PartialState):
     def is_fsdp2(self) -> bool:
         """True when FSDP is used (accelkit's FSDP is always FSDP2, ``fully_shard``)."""
         return bool(self.distributed_type == DistributedType.FSDP)
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """Refused: DeepSpeed is out of accelkit's scope.
+
+        Raises:
+            ValueError: always.
+        """
+        refuse_out_of_scope_plugins(deepspeed_plugin=name)
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Refused: DeepSpeed is out of accelkit's scope.
+
+        Raises:
+            ValueError: always.
+        """
+        refuse_out_of_scope_plugins(deepspeed_plugin=name or "default")
 
     @property
     def mixed_precision_enum(self) -> PrecisionType:

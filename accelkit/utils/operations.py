@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
+import torch
+
 from accelkit.ops import (
+    CannotPadNestedTensorWarning,
     DistributedOperationException,
     broadcast,
     broadcast_object_list,
@@ -28,7 +34,14 @@ from accelkit.utils.other import (
 )
 
 __all__ = [
+    "CannotPadNestedTensorWarning",
     "DistributedOperationException",
+    "TensorInformation",
+    "get_data_structure",
+    "initialize_tensors",
+    "is_tensor_information",
+    "pad_input_tensors",
+    "slice_tensors",
     "broadcast",
     "broadcast_object_list",
     "concatenate",
@@ -49,3 +62,66 @@ __all__ = [
     "reduce",
     "send_to_device",
 ]
+
+
+@dataclasses.dataclass
+class TensorInformation:
+    """The shape and dtype of a tensor, to allocate a matching one on another process."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+def is_tensor_information(tensor_info: Any) -> bool:
+    """Whether ``tensor_info`` is a :class:`TensorInformation`."""
+    return isinstance(tensor_info, TensorInformation)
+
+
+def get_data_structure(data: Any) -> Any:
+    """The nested structure of ``data`` with each tensor replaced by its
+    :class:`TensorInformation`."""
+    return recursively_apply(lambda t: TensorInformation(shape=t.shape, dtype=t.dtype), data)
+
+
+def initialize_tensors(data_structure: Any) -> Any:
+    """Empty tensors (on the CPU) for a structure made by :func:`get_data_structure`."""
+    return recursively_apply(
+        lambda info: torch.empty(*info.shape, dtype=info.dtype),
+        data_structure,
+        test_type=is_tensor_information,
+    )
+
+
+def slice_tensors(
+    data: Any,
+    tensor_slice: slice | int,
+    process_index: int | None = None,
+    num_processes: int | None = None,
+) -> Any:
+    """``tensor[tensor_slice]`` for every tensor in a nested structure.
+
+    ``process_index``/``num_processes`` are accepted for compatibility and unused.
+    """
+    return recursively_apply(lambda t: t[tensor_slice], data)
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Pad tensors on ``dim`` (repeating their last row) so that ``batch_size`` becomes a multiple
+    of ``num_processes``; tensors already divisible are returned as they are.
+
+    Example:
+        >>> pad_input_tensors(torch.arange(3), batch_size=3, num_processes=2)
+        tensor([0, 1, 2, 2])
+    """
+    remainder = batch_size % num_processes
+    if remainder == 0:
+        return tensor
+    missing = num_processes - remainder
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        if t.ndim == 0 or t.shape[dim] == 0:
+            return t
+        last = t.narrow(dim, t.shape[dim] - 1, 1)
+        return torch.cat([t, *([last] * missing)], dim=dim)
+
+    return recursively_apply(pad, tensor)

@@ -15,6 +15,7 @@ from accelkit.ops import recursively_apply
 __all__ = [
     "clear_environment",
     "convert_bytes",
+    "convert_file_size_to_int",
     "convert_to_fp32",
     "extract_model_from_parallel",
     "find_batch_size",
@@ -24,16 +25,19 @@ __all__ = [
     "honor_type",
     "ignorant_find_batch_size",
     "is_compiled_module",
+    "is_peft_model",
     "is_namedtuple",
     "is_port_in_use",
     "is_torch_tensor",
     "listify",
     "merge_dicts",
+    "model_has_dtensor",
     "parse_choice_from_env",
     "parse_flag_from_env",
     "patch_environment",
     "recursive_getattr",
     "str_to_bool",
+    "tqdm",
     "wait_for_everyone",
 ]
 
@@ -182,12 +186,82 @@ def is_compiled_module(module: torch.nn.Module) -> bool:
 
 
 def extract_model_from_parallel(
-    model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    model: torch.nn.Module,
+    keep_fp32_wrapper: bool = True,
+    keep_torch_compile: bool = True,
+    recursive: bool = False,
 ) -> torch.nn.Module:
-    """The model inside DDP (and optionally autocast / ``torch.compile``) wrappers."""
+    """The model inside DDP (and optionally autocast / ``torch.compile``) wrappers.
+
+    ``recursive`` is accepted for compatibility: accelkit's wrappers are never nested inside
+    submodules, so unwrapping the top level is complete.
+    """
     from accelkit.training import unwrap_model
 
     return unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
+
+
+def is_peft_model(model: Any) -> bool:
+    """Whether ``model`` is a PEFT ``PeftModel`` (False when peft is not installed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        return False
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+def model_has_dtensor(model: torch.nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a ``DTensor`` (e.g. sharded by FSDP2)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+_SIZE_UNITS = {
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "B": 1,
+}
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """``"10GB"`` -> 10_000_000_000, ``"1GiB"`` -> 1_073_741_824; an int is returned as it is.
+
+    Raises:
+        ValueError: for text that is not a number followed by B, KB, MB, GB, TB, KiB, ... TiB.
+    """
+    if isinstance(size, int):
+        return size
+    text = size.strip().upper()
+    for unit, factor in _SIZE_UNITS.items():
+        if text.endswith(unit):
+            number = text[: -len(unit)].strip()
+            try:
+                value = float(number)
+            except ValueError:
+                break
+            return int(value * factor)
+    raise ValueError(
+        f"Cannot read the size {size!r}; write an int or a number with a unit, e.g. '10GB', "
+        "'500MB', '1GiB'."
+    )
+
+
+def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
+    """``tqdm.auto.tqdm`` that, by default, shows its bar on the local main process only."""
+    from tqdm.auto import tqdm as _tqdm
+
+    if main_process_only and int(os.environ.get("LOCAL_RANK", "0") or 0) != 0:
+        kwargs["disable"] = True
+    return _tqdm(*args, **kwargs)
 
 
 def wait_for_everyone() -> None:
