@@ -63,7 +63,6 @@ _PUBLIC = {
     "get_data_structure": "accelkit.utils.operations",
     "initialize_tensors": "accelkit.utils.operations",
     "is_tensor_information": "accelkit.utils.operations",
-    "pad_input_tensors": "accelkit.utils.operations",
     "slice_tensors": "accelkit.utils.operations",
     "find_executable_batch_size": "accelkit.utils.memory",
     "release_memory": "accelkit.utils.memory",

@@ -40,7 +40,6 @@ __all__ = [
     "get_data_structure",
     "initialize_tensors",
     "is_tensor_information",
-    "pad_input_tensors",
     "slice_tensors",
     "broadcast",
     "broadcast_object_list",
@@ -103,25 +102,3 @@ def slice_tensors(
     ``process_index``/``num_processes`` are accepted for compatibility and unused.
     """
     return recursively_apply(lambda t: t[tensor_slice], data)
-
-
-def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
-    """Pad tensors on ``dim`` (repeating their last row) so that ``batch_size`` becomes a multiple
-    of ``num_processes``; tensors already divisible are returned as they are.
-
-    Example:
-        >>> pad_input_tensors(torch.arange(3), batch_size=3, num_processes=2)
-        tensor([0, 1, 2, 2])
-    """
-    remainder = batch_size % num_processes
-    if remainder == 0:
-        return tensor
-    missing = num_processes - remainder
-
-    def pad(t: torch.Tensor) -> torch.Tensor:
-        if t.ndim == 0 or t.shape[dim] == 0:
-            return t
-        last = t.narrow(dim, t.shape[dim] - 1, 1)
-        return torch.cat([t, *([last] * missing)], dim=dim)
-
-    return recursively_apply(pad, tensor)

@@ -114,6 +114,7 @@ OUT_OF_SCOPE: dict[str, str] = {
             "init_on_device",
             "load_checkpoint_and_dispatch",
             "prepare_pippy",
+            "pad_input_tensors",
             "BnbQuantizationConfig",
             "OffloadedWeightsLoader",
             "PrefixedDataset",
