@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -77,3 +79,84 @@ def test_split_rejects_uneven_dict_and_bad_type() -> None:
         split_for_process({"a": [1, 2], "b": [1]}, 2, 0, False)
     with pytest.raises(TypeError, match="set"):
         split_for_process({1, 2}, 2, 0, False)
+
+
+# ----------------------------------------------------------- compatibility with the reference
+
+
+def test_every_reference_distributed_type_exists_and_never_matches() -> None:
+    from accelkit.state import DistributedType
+
+    names = {m.name for m in DistributedType}
+    assert {"XLA", "DEEPSPEED", "MEGATRON_LM", "MULTI_NPU", "MULTI_XPU", "MULTI_HPU"} <= names
+    state = PartialState(cpu=True)
+    assert state.distributed_type != DistributedType.XLA
+
+
+def test_fp8_exists_and_is_refused_by_name() -> None:
+    from accelkit.state import PrecisionType
+
+    assert PrecisionType.FP8.value == "fp8"
+    with pytest.raises(ValueError, match="does not do FP8 training"):
+        parse_mixed_precision(PrecisionType.FP8)
+
+
+def test_accelerator_state_is_a_view_of_the_last_accelerator() -> None:
+    from accelkit import Accelerator
+    from accelkit.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    view = AcceleratorState()
+    assert view.mixed_precision == "bf16" and view.deepspeed_plugin is None
+    assert view.num_processes == accelerator.num_processes == 1
+    assert accelerator.state.mixed_precision == "bf16"
+
+
+def test_reset_state_breaks_old_views_until_a_new_accelerator_exists() -> None:
+    from accelkit import Accelerator
+    from accelkit.state import AcceleratorState
+
+    accelerator = Accelerator(cpu=True)
+    old_view = accelerator.state
+    AcceleratorState._reset_state()
+    assert not old_view.initialized
+    with pytest.raises(AttributeError, match=r"AcceleratorState._reset_state\(\)"):
+        accelerator.prepare(torch.nn.Linear(1, 1))
+    Accelerator(cpu=True, mixed_precision="fp16")
+    assert old_view.mixed_precision == "fp16"  # shared, as in the reference
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"deepspeed_plugin": object()},
+        {"megatron_lm_plugin": object()},
+        {"torch_tp_plugin": object()},
+        {"parallelism_config": object()},
+        {"deepspeed_plugins": {"a": object()}},
+    ],
+)
+def test_out_of_scope_plugins_are_refused_by_name(kwargs: dict[str, object]) -> None:
+    from accelkit import Accelerator
+
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=rf"accelkit does not support .*{name.rstrip('s')}"):
+        Accelerator(cpu=True, **kwargs)  # type: ignore[arg-type]
+
+
+def _init_through_a_file_store(path: str) -> bool:
+    import os
+
+    state = PartialState(init_method=f"file://{path}")
+    used = os.path.exists(path)  # the store file exists only if init_method reached torch
+    state.wait_for_everyone()
+    state.destroy_process_group()
+    return used
+
+
+def test_partial_state_forwards_kwargs_to_init_process_group(tmp_path: Path) -> None:
+    from tests.helpers.distributed import run_distributed
+
+    store = str(tmp_path / "store")
+    assert run_distributed(_init_through_a_file_store, store) == [True, True]
