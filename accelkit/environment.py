@@ -76,8 +76,9 @@ def parse_mixed_precision(value: str | PrecisionType | None) -> PrecisionType:
     accepted = ", ".join(repr(p.value) for p in SUPPORTED_PRECISIONS)
     if normalized == PrecisionType.FP8.value:
         raise ValueError(
-            f"mixed_precision={value!r} is not supported: accelkit does not do FP8 training "
-            f"(Transformer Engine / MS-AMP / torchao are out of scope). Use one of {accepted}."
+            f"Unknown mixed_precision {normalized!r} for accelkit: it does not do FP8 training "
+            f"(Transformer Engine / MS-AMP / torchao are out of scope). Expected one of "
+            f"{accepted}."
         )
     try:
         return PrecisionType(normalized)
