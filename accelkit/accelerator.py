@@ -105,6 +105,7 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
         refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
         self.kwargs_handlers = list(kwargs_handlers or [])
         self.dynamo_plugin = _dynamo.resolve_dynamo_plugin(dynamo_plugin, dynamo_backend)
+        fsdp_plugin = _fsdp.plugin_from_env_or(fsdp_plugin)  # the launcher's --use_fsdp too
         self.state = AcceleratorState(
             mixed_precision,
             cpu,

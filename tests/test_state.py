@@ -160,3 +160,21 @@ def test_partial_state_forwards_kwargs_to_init_process_group(tmp_path: Path) -> 
 
     store = str(tmp_path / "store")
     assert run_distributed(_init_through_a_file_store, store) == [True, True]
+
+
+def _fsdp_state() -> tuple[str, str, bool]:
+    from accelkit import Accelerator, FullyShardedDataParallelPlugin
+    from accelkit.state import AcceleratorState
+
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    return (
+        accelerator.distributed_type.value,
+        AcceleratorState().distributed_type.value,
+        accelerator.is_fsdp2,
+    )
+
+
+def test_fsdp_shows_in_the_accelerator_state() -> None:
+    from tests.helpers.distributed import run_distributed
+
+    assert run_distributed(_fsdp_state) == [("FSDP", "FSDP", True)] * 2
