@@ -20,8 +20,8 @@ import contextlib
 import enum
 import functools
 import os
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,7 @@ from accelkit.environment import (
     env_value,
     parse_mixed_precision,
 )
+from accelkit.splitting import split_for_process
 
 __all__ = [
     "ENV_MIXED_PRECISION",
@@ -379,53 +380,6 @@ class PartialState:
         return contextlib.nullcontext(
             split_for_process(inputs, self.num_processes, self.process_index, apply_padding)
         )
-
-
-def _share(length: int, num_processes: int, index: int) -> tuple[int, int]:
-    per, extra = divmod(length, num_processes)
-    start = index * per + min(index, extra)
-    end = start + per + (1 if index < extra else 0)
-    return start, end
-
-
-def split_for_process(inputs: Any, num_processes: int, index: int, apply_padding: bool) -> Any:
-    """Pure splitting rule behind :meth:`PartialState.split_between_processes`."""
-    if num_processes == 1:
-        return inputs
-    if isinstance(inputs, Mapping):
-        lengths = {k: len(v) for k, v in inputs.items()}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(
-                "split_between_processes needs every value of the dict to have the same length; "
-                f"got lengths {lengths}."
-            )
-        return cast(Any, type(inputs))(
-            {
-                k: split_for_process(v, num_processes, index, apply_padding)
-                for k, v in inputs.items()
-            }
-        )
-    if isinstance(inputs, torch.Tensor):
-        length = inputs.shape[0]
-    elif isinstance(inputs, (list, tuple)):
-        length = len(inputs)
-    else:
-        raise TypeError(
-            f"split_between_processes takes a list, tuple, dict or tensor, not "
-            f"{type(inputs).__name__}."
-        )
-    start, end = _share(length, num_processes, index)
-    part = inputs[start:end]
-    if apply_padding:
-        target = -(-length // num_processes)
-        missing = target - (end - start)
-        if missing > 0 and length > 0:
-            filler = part[-1:] if end > start else inputs[-1:]
-            if isinstance(inputs, torch.Tensor):
-                part = torch.cat([part, *([filler] * missing)])
-            else:
-                part = part + type(part)(filler) * missing
-    return part
 
 
 # ------------------------------------------------------------------ AcceleratorState

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelkit.state import PartialState, parse_mixed_precision, split_for_process
+from accelkit.splitting import split_for_process
+from accelkit.state import PartialState, parse_mixed_precision
 
 
 def test_single_process_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,6 +73,28 @@ def test_split_rule_covers_every_item_once() -> None:
         parts = [split_for_process(items, world, i, False) for i in range(world)]
         assert [x for p in parts for x in p] == items
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
+
+
+class _Rows:
+    """The part of a Hugging Face datasets.Dataset that splitting uses: len() and select()."""
+
+    def __init__(self, rows: list[int]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: object) -> object:
+        raise AssertionError("a Dataset's slice is a dict of columns; select() must be used")
+
+    def select(self, indices: list[int]) -> _Rows:
+        return _Rows([self.rows[i] for i in indices])
+
+
+def test_split_dataset_like_inputs_with_select() -> None:
+    parts = [split_for_process(_Rows([10, 11, 12]), 2, i, True).rows for i in range(2)]
+    assert parts == [[10, 11], [12, 12]]
+    assert split_for_process(_Rows([10, 11, 12]), 2, 1, False).rows == [12]
 
 
 def test_split_rejects_uneven_dict_and_bad_type() -> None:
