@@ -74,6 +74,21 @@ __all__ = [
     "set_seed",
     "skip_first_batches",
 ]
+# Names of the reference accelkit refuses: importable, raising OutOfScopeError when used.
+for _name in (
+    "DeepSpeedPlugin",
+    "ParallelismConfig",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "prepare_pippy",
+):
+    _PUBLIC[_name] = "accelkit.out_of_scope"
 __getattr__ = lazy_getattr(__name__, _PUBLIC)
 
 if TYPE_CHECKING:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accelkit._lazy import lazy_getattr
+from accelkit.out_of_scope import OUT_OF_SCOPE
 
 _IMPORTS = "accelkit.utils.imports"
 _OTHER = "accelkit.utils.other"
@@ -161,6 +162,9 @@ for _name in [
     _PUBLIC[_name] = _OTHER
 
 __all__ = sorted(_PUBLIC)
+# Names of the reference accelkit refuses: importable, raising OutOfScopeError when used.
+for _name in OUT_OF_SCOPE:
+    _PUBLIC.setdefault(_name, "accelkit.out_of_scope")
 __getattr__ = lazy_getattr(__name__, _PUBLIC)
 
 if TYPE_CHECKING:  # the names of _PUBLIC, for type checkers (__all__ is built from _PUBLIC)

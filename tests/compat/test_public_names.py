@@ -20,209 +20,43 @@ import pytest
 import accelkit
 import accelkit.state
 import accelkit.utils
+from accelkit.out_of_scope import OUT_OF_SCOPE as STAND_INS
+from accelkit.out_of_scope import OutOfScopeError
 from tests.compat._signatures import incompatibilities
 
 accelerate = pytest.importorskip("accelerate", reason="accelerate (a dev dependency) is missing")
 reference_state = pytest.importorskip("accelerate.state")
 reference_utils = pytest.importorskip("accelerate.utils")
 
-_DEEPSPEED = "DeepSpeed is out of scope (DESIGN.md, compatibility contract)"
-_MEGATRON = "Megatron-LM is out of scope"
-_FP8 = "FP8 training (Transformer Engine, MS-AMP, torchao) is out of scope"
-_XLA = "TPU/XLA execution is out of scope"
-_BIG_MODEL = "big-model inference / offload / quantized loading is out of scope"
-_PARALLELISM = "tensor / context / pipeline parallelism (ParallelismConfig) is out of scope"
-_FSDP_INTERNALS = (
-    "the reference's FSDP helpers; accelkit's FSDP2 is driven by Accelerator.prepare and "
-    "save_state/load_state (accelkit.fsdp), with no separate helper API"
-)
-_LAUNCH_INTERNALS = (
-    "the reference launcher's internals (environment assembly, SageMaker, cluster probes); "
-    "`accelkit launch` builds on torch.distributed.run instead"
-)
-_PICKLE = (
-    "pickle-based save/load of arbitrary objects: the threat model forbids an unrestricted "
-    "unpickler; use Accelerator.save_model / save_state"
-)
-_INTERNALS = "an implementation detail of the reference's Accelerator, not a training helper"
-_OTHER_DEVICES = "profiling constants of devices accelkit does not drive (XPU, MTIA)"
-_LOMO = "LOMO optimizers (lomo_optim) are not supported"
+# Out of scope, part 1: names accelkit provides as refusing stand-ins (importable; using one
+# raises OutOfScopeError with the reason). The commented table lives in accelkit/out_of_scope.py.
+REFUSED = dict(STAND_INS)
 
-# name -> why accelkit deliberately does not provide it. Grouped by reason.
-OUT_OF_SCOPE: dict[str, str] = {
-    # DeepSpeed
-    **dict.fromkeys(
-        [
-            "DeepSpeedPlugin",
-            "DeepSpeedSequenceParallelConfig",
-            "GatheredParameters",
-            "deepspeed_required",
-            "compile_regions_deepspeed",
-            "prepare_deepspeed_cmd_env",
-            "get_deepspeed_plugin",
-            "select_deepspeed_plugin",
-            "deepspeed_ulysses_dl_adapter",
-        ],
-        _DEEPSPEED,
-    ),
-    # Megatron-LM
-    **dict.fromkeys(
-        [
-            "AbstractTrainStep",
-            "BertTrainStep",
-            "GPTTrainStep",
-            "T5TrainStep",
-            "MegatronLMDummyDataLoader",
-            "MegatronLMDummyScheduler",
-            "MegatronLMPlugin",
-            "add_model_config_to_megatron_parser",
-            "avg_losses_across_data_parallel_group",
-        ],
-        _MEGATRON,
-    ),
-    # FP8
-    **dict.fromkeys(
-        [
-            "AORecipeKwargs",
-            "FP8RecipeKwargs",
-            "MSAMPRecipeKwargs",
-            "TERecipeKwargs",
-            "CustomDtype",
-            "apply_fp8_autowrap",
-            "check_cuda_fp8_capability",
-            "contextual_fp8_autocast",
-            "convert_model",
-            "convert_model_to_fp8_ao",
-            "filter_first_and_last_linear_layers",
-            "has_ao_layers",
-            "has_transformer_engine_layers",
-            "torchao_required",
-        ],
-        _FP8,
-    ),
-    # TPU / XLA
-    **dict.fromkeys(["install_xla", "prepare_tpu"], _XLA),
-    # Big-model inference, offload, quantization
-    **dict.fromkeys(
-        [
-            "cpu_offload",
-            "cpu_offload_with_hook",
-            "disk_offload",
-            "dispatch_model",
-            "infer_auto_device_map",
-            "init_empty_weights",
-            "init_on_device",
-            "load_checkpoint_and_dispatch",
-            "prepare_pippy",
-            "pad_input_tensors",
-            "BnbQuantizationConfig",
-            "OffloadedWeightsLoader",
-            "PrefixedDataset",
-            "align_module_device",
-            "calculate_maximum_sizes",
-            "check_device_map",
-            "check_tied_parameters_in_config",
-            "check_tied_parameters_on_same_device",
-            "compute_module_sizes",
-            "dtype_byte_size",
-            "ensure_weights_retied",
-            "extract_submodules_state_dict",
-            "find_tied_parameters",
-            "get_balanced_memory",
-            "get_max_layer_size",
-            "get_max_memory",
-            "has_4bit_bnb_layers",
-            "has_offloaded_params",
-            "load_and_quantize_model",
-            "load_offloaded_weight",
-            "load_offloaded_weights",
-            "load_state_dict",
-            "named_module_tensors",
-            "offload_state_dict",
-            "offload_weight",
-            "retie_parameters",
-            "save_offload_index",
-            "set_module_tensor_to_device",
-            "verify_device_map",
-        ],
-        _BIG_MODEL,
-    ),
-    # Tensor / context / pipeline parallelism
-    **dict.fromkeys(
-        [
-            "ParallelismConfig",
-            "TorchContextParallelConfig",
-            "TorchTensorParallelConfig",
-            "TorchTensorParallelPlugin",
-            "get_model_tp_size",
-            "context_parallel_rank",
-            "data_parallel_rank",
-            "data_parallel_shard_rank",
-            "pipeline_parallel_rank",
-            "tensor_parallel_rank",
-            "is_composable_parallelism_enabled",
-            "maybe_context_parallel",
-        ],
-        _PARALLELISM,
-    ),
-    # The reference's FSDP helper functions
-    **dict.fromkeys(
-        [
-            "fsdp2_apply_ac",
-            "fsdp2_canonicalize_names",
-            "fsdp2_load_full_state_dict",
-            "fsdp2_prepare_model",
-            "fsdp2_switch_optimizer_parameters",
-            "get_fsdp2_grad_scaler",
-            "load_fsdp_model",
-            "load_fsdp_optimizer",
-            "save_fsdp_model",
-            "save_fsdp_optimizer",
-            "merge_fsdp_weights",
-            "enable_fsdp_ram_efficient_loading",
-            "disable_fsdp_ram_efficient_loading",
-            "compile_regions_fsdp2",
-        ],
-        _FSDP_INTERNALS,
-    ),
-    # The reference launcher's internals
-    **dict.fromkeys(
-        [
-            "ComputeEnvironment",
-            "SageMakerDistributedType",
-            "PrepareForLaunch",
-            "TORCH_LAUNCH_PARAMS",
-            "prepare_multi_gpu_env",
-            "prepare_sagemager_args_inputs",
-            "prepare_simple_launcher_cmd_env",
-            "convert_dict_to_env_variables",
-            "purge_accelerate_environment",
-            "check_cuda_p2p_ib_support",
-            "check_os_kernel",
-            "get_cpu_distributed_information",
-            "set_numa_affinity",
-            "get_gpu_info",
-            "are_libraries_initialized",
-        ],
-        _LAUNCH_INTERNALS,
-    ),
-    **dict.fromkeys(["save", "load"], _PICKLE),
-    **dict.fromkeys(
-        [
-            "TORCH_DISTRIBUTED_OPERATION_TYPES",
-            "get_current_device_type",
-            "get_module_children_bottom_up",
-            "id_tensor_storage",
-            "clean_state_dict_for_safetensors",
-        ],
-        _INTERNALS,
-    ),
-    **dict.fromkeys(
-        ["MITA_PROFILING_AVAILABLE_PYTORCH_VERSION", "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION"],
-        _OTHER_DEVICES,
-    ),
-    "lomo_backward": _LOMO,
+# Out of scope, part 2: names accelkit does not provide at all: constants of the reference's
+# internals, and Accelerator / state members of engines accelkit does not drive.
+_DEEPSPEED = "DeepSpeed is out of scope"
+_PARALLELISM = "tensor / context / pipeline parallelism (ParallelismConfig) is out of scope"
+NOT_PROVIDED: dict[str, str] = {
+    # constants of the reference launcher / operations / profiler internals
+    "TORCH_LAUNCH_PARAMS": "the reference launcher's torchrun flag list",
+    "TORCH_DISTRIBUTED_OPERATION_TYPES": "the reference's internal list of collective names",
+    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION": "profiling of MTIA, a device accelkit lacks",
+    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION": "profiling of XPUs, a device accelkit lacks",
+    # Accelerator / AcceleratorState members
+    "get_deepspeed_plugin": _DEEPSPEED,  # on AcceleratorState: present, but refuses
+    "select_deepspeed_plugin": _DEEPSPEED,  # idem
+    "deepspeed_ulysses_dl_adapter": _DEEPSPEED,
+    "verify_device_map": "big-model inference (device maps) is out of scope",
+    "lomo_backward": "LOMO optimizers (lomo_optim) are not supported",
+    "context_parallel_rank": _PARALLELISM,
+    "data_parallel_rank": _PARALLELISM,
+    "data_parallel_shard_rank": _PARALLELISM,
+    "pipeline_parallel_rank": _PARALLELISM,
+    "tensor_parallel_rank": _PARALLELISM,
+    "is_composable_parallelism_enabled": _PARALLELISM,
+    "maybe_context_parallel": _PARALLELISM,
 }
+OUT_OF_SCOPE = {**REFUSED, **NOT_PROVIDED}
 
 _CHECKPOINT_NAMES = (
     "checkpointing: the reference's checkpoint file-name constants; accelkit's layout "
@@ -393,3 +227,21 @@ def test_out_of_scope_names_still_exist_in_the_reference(name: str) -> None:
         hasattr(theirs, name) for theirs, _ in _CLASS_PAIRS.values()
     )
     assert found, f"{name} is no longer in accelerate: remove it from OUT_OF_SCOPE"
+
+
+def _refused_cases() -> list[Any]:
+    return [
+        pytest.param(where, name, id=f"{where}.{name}")
+        for where, module in _THEIRS.items()
+        for name in _public(module)
+        if name in REFUSED
+    ]
+
+
+@pytest.mark.parametrize(("where", "name"), _refused_cases())
+def test_out_of_scope_name_imports_and_refuses_when_used(where: str, name: str) -> None:
+    stand_in = getattr(_OURS[where], name)
+    with pytest.raises(OutOfScopeError, match=rf"^{name}: .*not"):
+        stand_in()
+    if inspect.isclass(stand_in):
+        assert not isinstance(object(), stand_in)
