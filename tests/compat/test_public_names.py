@@ -3,7 +3,8 @@
 The lists are generated from the installed ``accelerate`` (``accelerate/__init__.py``,
 ``accelerate.utils``, the ``Accelerator`` class and the state classes), so a new Accelerate
 release shows its new names here as failures: port them, or declare them out of scope with the
-reason (a refusing stand-in in ``accelkit/out_of_scope.py``, or ``NOT_PROVIDED`` below). Signatures are compared with :func:`incompatibilities` (positional order, names,
+reason (a refusing stand-in in ``accelkit/out_of_scope.py``, or ``NOT_PROVIDED`` below).
+Signatures are compared with :func:`incompatibilities` (positional order, names,
 ``*args``/``**kwargs``, nothing extra required). Differences owned by other areas, or kept on
 purpose, are strict xfails with their reason in ``KNOWN_DIFFERENCES``.
 """
