@@ -14,6 +14,15 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "AutocastKwargs": "accelkit.kwargs_handlers",
+    "DDPCommunicationHookType": "accelkit.kwargs_handlers",
+    "InitProcessGroupKwargs": "accelkit.kwargs_handlers",
+    "ProfileKwargs": "accelkit.profiling",
+    "TorchDynamoPlugin": "accelkit.dynamo",
+    "AcceleratorState": "accelkit.state",
+    "debug_launcher": "accelkit.debug_launch",
+    "find_executable_batch_size": "accelkit.utils.memory",
+    "is_rich_available": "accelkit.utils.imports",
+    "synchronize_rng_states": "accelkit.random",
     "DistributedDataParallelKwargs": "accelkit.kwargs_handlers",
     "GradScalerKwargs": "accelkit.kwargs_handlers",
     "GradientAccumulationPlugin": "accelkit.optim",
@@ -35,7 +44,16 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "AcceleratorState",
     "AutocastKwargs",
+    "DDPCommunicationHookType",
+    "InitProcessGroupKwargs",
+    "ProfileKwargs",
+    "TorchDynamoPlugin",
+    "debug_launcher",
+    "find_executable_batch_size",
+    "is_rich_available",
+    "synchronize_rng_states",
     "DistributedDataParallelKwargs",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
@@ -56,21 +74,43 @@ __all__ = [
     "set_seed",
     "skip_first_batches",
 ]
+# Names of the reference accelkit refuses: importable, raising OutOfScopeError when used.
+for _name in (
+    "DeepSpeedPlugin",
+    "ParallelismConfig",
+    "cpu_offload",
+    "cpu_offload_with_hook",
+    "disk_offload",
+    "dispatch_model",
+    "infer_auto_device_map",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_and_dispatch",
+    "prepare_pippy",
+):
+    _PUBLIC[_name] = "accelkit.out_of_scope"
 __getattr__ = lazy_getattr(__name__, _PUBLIC)
 
 if TYPE_CHECKING:
     from accelkit.accelerator import Accelerator
     from accelkit.checkpointing import ProjectConfiguration, load_checkpoint_in_model
     from accelkit.data import DataLoaderConfiguration, skip_first_batches
+    from accelkit.debug_launch import debug_launcher
+    from accelkit.dynamo import TorchDynamoPlugin
     from accelkit.fsdp import FullyShardedDataParallelPlugin
     from accelkit.kwargs_handlers import (
         AutocastKwargs,
+        DDPCommunicationHookType,
         DistributedDataParallelKwargs,
         GradScalerKwargs,
+        InitProcessGroupKwargs,
     )
     from accelkit.launch import notebook_launcher
     from accelkit.logging import get_logger
     from accelkit.optim import GradientAccumulationPlugin
-    from accelkit.random import set_seed
-    from accelkit.state import DistributedType, PartialState, PrecisionType
+    from accelkit.profiling import ProfileKwargs
+    from accelkit.random import set_seed, synchronize_rng_states
+    from accelkit.state import AcceleratorState, DistributedType, PartialState, PrecisionType
     from accelkit.trackers import GeneralTracker, LoggerType, register_tracker
+    from accelkit.utils.imports import is_rich_available
+    from accelkit.utils.memory import find_executable_batch_size

@@ -9,30 +9,36 @@ it: :mod:`accelkit.state` (who this process is), :mod:`accelkit.ops` (collective
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from accelkit import data as _data
+from accelkit import dynamo as _dynamo
 from accelkit import fsdp as _fsdp
 from accelkit import kwargs_handlers as _kwargs
-from accelkit import ops
 from accelkit import optim as _optim
 from accelkit import precision as _precision
 from accelkit import preflight as _preflight
 from accelkit import training as _training
 from accelkit._checkpointing_api import CheckpointingAPI
+from accelkit._compat_api import CompatAPI
+from accelkit._process_api import ProcessAPI
 from accelkit.checkpointing import async_save as _ckpt_async
 from accelkit.checkpointing import config as _ckpt_config
 from accelkit.checkpointing import manager as _ckpt_manager
-from accelkit.state import DistributedType, PartialState, PrecisionType, parse_mixed_precision
+from accelkit.data import DataLoaderConfiguration
+from accelkit.optim import GradientAccumulationPlugin
+from accelkit.state import AcceleratorState, PrecisionType, refuse_out_of_scope_plugins
 from accelkit.trackers import GeneralTracker, TrackerHub
 
-__all__ = ["Accelerator"]
+# DataLoaderConfiguration and GradientAccumulationPlugin are importable from here, as in the
+# reference (``from accelerate.accelerator import Accelerator, DataLoaderConfiguration``).
+__all__ = ["Accelerator", "DataLoaderConfiguration", "GradientAccumulationPlugin"]
 
 
-class Accelerator(CheckpointingAPI):
+class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
     """Run the same training loop on 1 CPU, 1 GPU, N processes or N machines.
 
     Args:
@@ -55,6 +61,11 @@ class Accelerator(CheckpointingAPI):
         step_scheduler_with_optimizer: step prepared schedulers together with the optimizer.
         tracker_errors: ``"warn"`` (default: a failing tracker is reported once and skipped) or
             ``"raise"``.
+        dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
+            :mod:`accelkit.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
+        deepspeed_plugin, deepspeed_plugins, megatron_lm_plugin, torch_tp_plugin,
+            parallelism_config: accepted by name for compatibility and refused with
+            ``ValueError`` unless None (out of accelkit's scope).
 
     Example:
         >>> accelerator = Accelerator()
@@ -74,33 +85,44 @@ class Accelerator(CheckpointingAPI):
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
         dataloader_config: Any = None,
+        deepspeed_plugin: Any = None,
         fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
         rng_types: list[str] | None = None,
         log_with: Any = None,
         project_dir: str | None = None,
         project_config: Any = None,
-        step_scheduler_with_optimizer: bool = True,
         gradient_accumulation_plugin: _optim.GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: list[Any] | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: _dynamo.TorchDynamoPlugin | None = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
         logging_dir: str | None = None,
         tracker_errors: str = "warn",
-        deepspeed_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
     ) -> None:
-        for name, value in (
-            ("deepspeed_plugin", deepspeed_plugin),
-            ("megatron_lm_plugin", megatron_lm_plugin),
-        ):
-            if value is not None:
-                raise ValueError(
-                    f"accelkit does not support {name}; use fsdp_plugin for sharded training "
-                    f"or remove {name}=... from Accelerator(...)."
-                )
-        self.state = PartialState(cpu=cpu)
-        self.mixed_precision: str = parse_mixed_precision(mixed_precision).value
+        refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
+        self.kwargs_handlers = list(kwargs_handlers or [])
+        self.dynamo_plugin = _dynamo.resolve_dynamo_plugin(dynamo_plugin, dynamo_backend)
+        fsdp_plugin = _fsdp.plugin_from_env_or(fsdp_plugin)  # the launcher's --use_fsdp too
+        self.state = AcceleratorState(
+            mixed_precision,
+            cpu,
+            self.dynamo_plugin,
+            deepspeed_plugin,
+            fsdp_plugin,
+            torch_tp_plugin,
+            megatron_lm_plugin,
+            parallelism_config,
+            _from_accelerator=True,
+            **_kwargs.collect(self.kwargs_handlers, _kwargs.InitProcessGroupKwargs),
+        )
+        self.mixed_precision: str = self.state.mixed_precision
+        self._log_with = log_with
         self.device_placement = device_placement
         self.rng_types = rng_types
-        self.kwargs_handlers = list(kwargs_handlers or [])
         self._trigger = torch.tensor(0, device=self.state.device)
         # ===== training: init =====
         self.dataloader_config = _data.resolve_config(dataloader_config, split_batches)
@@ -114,6 +136,9 @@ class Accelerator(CheckpointingAPI):
             **_kwargs.collect(self.kwargs_handlers, _kwargs.GradScalerKwargs),
         )
         self._ddp_kwargs = _kwargs.collect(
+            self.kwargs_handlers, _kwargs.DistributedDataParallelKwargs
+        )
+        self._ddp_handler = _kwargs.find(
             self.kwargs_handlers, _kwargs.DistributedDataParallelKwargs
         )
         self._models: list[torch.nn.Module] = []
@@ -142,129 +167,7 @@ class Accelerator(CheckpointingAPI):
         )
         # ===== end tracking: init =====
 
-    # ================================================================= process state
-
-    @property
-    def device(self) -> torch.device:
-        """The device this process computes on."""
-        return self.state.device
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        """How processes are connected (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``)."""
-        if getattr(self, "_fsdp", None) is not None:
-            return DistributedType.FSDP
-        return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        """Total number of processes in the run."""
-        return self.state.num_processes
-
-    @property
-    def process_index(self) -> int:
-        """Global index of this process."""
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        """Index of this process on its machine."""
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        """True once across all machines."""
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """True once per machine."""
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        """True on the process of the highest index."""
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        """Whether more than one process takes part."""
-        return self.state.use_distributed
-
-    # ============================================================== process control
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once per machine."""
-        self.state.print(*args, **kwargs)
-
-    def wait_for_everyone(self) -> None:
-        """Block until every process reaches this point."""
-        self.state.wait_for_everyone()
-
-    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Context manager: the main process runs the block first, then the others."""
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Context manager: each machine's main process runs the block first."""
-        return self.state.local_main_process_first()
-
-    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run only on the main process."""
-        return self.state.on_main_process(function)
-
-    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run only on each machine's main process."""
-        return self.state.on_local_main_process(function)
-
-    def on_last_process(self, function: Callable[..., Any] | None = None) -> Any:
-        """Decorator: run only on the last process."""
-        return self.state.on_last_process(function)
-
-    def on_process(
-        self, function: Callable[..., Any] | None = None, process_index: int | None = None
-    ) -> Any:
-        """Decorator: run only on the process of global index ``process_index``."""
-        return self.state.on_process(function, process_index=process_index)
-
-    def on_local_process(
-        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
-    ) -> Any:
-        """Decorator: run only on the process of local index ``local_process_index``."""
-        return self.state.on_local_process(function, local_process_index=local_process_index)
-
-    def split_between_processes(
-        self, inputs: Any, apply_padding: bool = False
-    ) -> contextlib.AbstractContextManager[Any]:
-        """Context manager yielding this process's share of ``inputs``."""
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def set_trigger(self) -> None:
-        """Raise a flag on this process; :meth:`check_trigger` sees it on every process."""
-        self._trigger.fill_(1)
-
-    def check_trigger(self) -> bool:
-        """True on every process if any process called :meth:`set_trigger`; then resets it."""
-        if ops.reduce(self._trigger, reduction="sum").item() > 0:
-            self._trigger.fill_(0)
-            return True
-        return False
-
-    # ================================================================== collectives
-
-    def gather(self, tensor: Any) -> Any:
-        """Concatenate ``tensor`` (or a nested structure of tensors) from all processes."""
-        return ops.gather(tensor)
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce across processes: ``"sum"``, ``"mean"`` or ``"none"``."""
-        return ops.reduce(tensor, reduction=reduction, scale=scale)
-
-    def pad_across_processes(
-        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
-    ) -> Any:
-        """Pad tensors on ``dim`` to the largest size across processes, so they can be gathered."""
-        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+    # Process state, process control, collectives: see accelkit/_process_api.py (ProcessAPI).
 
     # ===== training: methods =====
     # Preparing objects. What each kind becomes is documented in accelkit.training/data/optim.
@@ -319,6 +222,9 @@ class Accelerator(CheckpointingAPI):
             evaluation_mode=evaluation_mode,
             ddp_kwargs=self._ddp_kwargs,
         )
+        if self._ddp_handler is not None:
+            self._ddp_handler.register_comm_hook(model)
+        model = _dynamo.compile_model(model, self.dynamo_plugin)
         return _training.register(self._models, model)
 
     def prepare_optimizer(
@@ -348,9 +254,21 @@ class Accelerator(CheckpointingAPI):
         return _training.register(self._schedulers, scheduler)
 
     def prepare_data_loader(
-        self, data_loader: torch.utils.data.DataLoader[Any], device_placement: bool | None = None
+        self,
+        data_loader: torch.utils.data.DataLoader[Any],
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
     ) -> Any:
-        """Shard one dataloader for this process (see :mod:`accelkit.data`)."""
+        """Shard one dataloader for this process (see :mod:`accelkit.data`).
+
+        ``slice_fn_for_dispatch`` belongs to ``dispatch_batches=True``, which accelkit refuses;
+        it must stay None.
+        """
+        if slice_fn_for_dispatch is not None:
+            raise ValueError(
+                "slice_fn_for_dispatch is only used with dispatch_batches=True, which accelkit "
+                "does not support (each process reads its own share); remove the argument."
+            )
         place = self.device_placement if device_placement is None else device_placement
         loader = _data.prepare_data_loader(
             data_loader,
@@ -494,7 +412,7 @@ class Accelerator(CheckpointingAPI):
     ) -> contextlib.AbstractContextManager[None]:
         """Train on processes with different batch counts (``torch.distributed`` ``Join``)."""
         return _training.join_uneven_inputs(
-            joinables, self._dataloaders, even_batches, self.use_distributed
+            joinables, self._dataloaders, even_batches, self._joined_by_ddp
         )
 
     def free_memory(self, *objects: Any) -> Any:

@@ -13,6 +13,7 @@ __all__ = [
     "ENV_MIXED_PRECISION",
     "ENV_USE_CPU",
     "PrecisionType",
+    "SUPPORTED_PRECISIONS",
     "env_flag",
     "env_value",
     "parse_mixed_precision",
@@ -26,11 +27,20 @@ _LEGACY_ENV = {ENV_USE_CPU: "ACCELERATE_USE_CPU", ENV_MIXED_PRECISION: "ACCELERA
 
 
 class PrecisionType(str, enum.Enum):
-    """The mixed-precision modes ``Accelerator(mixed_precision=...)`` accepts."""
+    """The mixed-precision modes of the reference.
+
+    ``FP8`` exists so that scripts comparing against it keep working, but selecting it fails:
+    FP8 training (Transformer Engine, MS-AMP, torchao) is out of accelkit's scope.
+    """
 
     NO = "no"
+    FP8 = "fp8"
     FP16 = "fp16"
     BF16 = "bf16"
+
+
+#: The modes accelkit runs; :attr:`PrecisionType.FP8` is refused by :func:`parse_mixed_precision`.
+SUPPORTED_PRECISIONS = (PrecisionType.NO, PrecisionType.FP16, PrecisionType.BF16)
 
 
 def env_value(name: str) -> str | None:
@@ -57,17 +67,22 @@ def parse_mixed_precision(value: str | PrecisionType | None) -> PrecisionType:
             ``ACCELKIT_MIXED_PRECISION`` / ``ACCELERATE_MIXED_PRECISION`` (default ``"no"``).
 
     Raises:
-        ValueError: naming the bad value and the accepted ones.
+        ValueError: naming the bad value and the accepted ones (``"fp8"`` is a known mode of the
+            reference that accelkit refuses: FP8 training is out of scope).
     """
     if value is None:
         value = env_value(ENV_MIXED_PRECISION) or "no"
-    if isinstance(value, PrecisionType):
-        return value
-    normalized = str(value).strip().lower()
+    normalized = value.value if isinstance(value, PrecisionType) else str(value).strip().lower()
+    accepted = ", ".join(repr(p.value) for p in SUPPORTED_PRECISIONS)
+    if normalized == PrecisionType.FP8.value:
+        raise ValueError(
+            f"Unknown mixed_precision {normalized!r} for accelkit: it does not do FP8 training "
+            f"(Transformer Engine / MS-AMP / torchao are out of scope). Expected one of "
+            f"{accepted}."
+        )
     try:
         return PrecisionType(normalized)
     except ValueError:
-        accepted = ", ".join(repr(p.value) for p in PrecisionType)
         raise ValueError(
             f"Unknown mixed_precision {value!r}. Expected one of {accepted}."
         ) from None

@@ -97,14 +97,47 @@ class GradientState:
         optimizer_steps: optimizer steps actually taken (not skipped) so far.
     """
 
-    def __init__(self, plugin: GradientAccumulationPlugin | None = None) -> None:
-        plugin = plugin or GradientAccumulationPlugin()
+    def __init__(
+        self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None
+    ) -> None:
+        plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
         self.plugin = plugin
         self.num_steps = plugin.num_steps
         self.sync_gradients = True
         self.micro_step = 0
         self.optimizer_steps = 0
         self._loaders: list[_Loader] = []
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Accepted for scripts written for the reference, where this state is shared by every
+        accelerator of the process; here each accelerator owns its own, so there is nothing to
+        reset."""
+
+    @property
+    def initialized(self) -> bool:
+        """Always True (the reference's shared state could be uninitialised)."""
+        return True
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        """Whether the end of a dataloader forces a gradient sync (the plugin's setting)."""
+        return self.plugin.sync_with_dataloader
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """Whether schedulers step once per optimizer step (the plugin's setting)."""
+        return bool(getattr(self.plugin, "adjust_scheduler", True))
+
+    @property
+    def dataloader_references(self) -> list[_Loader | None]:
+        """The dataloaders being iterated, outermost first (``[None]`` when none)."""
+        return [None, *self._loaders]
+
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        """Always True: there is no XLA here (out of scope)."""
+        return True
 
     @property
     def active_dataloader(self) -> _Loader | None:

@@ -22,6 +22,9 @@ __all__ = [
     "autocast_context",
     "autocast_dtype",
     "convert_outputs_to_fp32",
+    "get_grad_scaler",
+    "get_mixed_precision_context_manager",
+    "outputs_to_fp32",
     "make_grad_scaler",
 ]
 
@@ -68,11 +71,21 @@ def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def convert_outputs_to_fp32(outputs: Any) -> Any:
+def outputs_to_fp32(outputs: Any) -> Any:
     """Cast every float16/bfloat16 tensor in a (nested) model output to float32."""
     if isinstance(outputs, torch.Tensor):
         return _to_fp32(outputs)
     return recursively_apply(_to_fp32, outputs)
+
+
+def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a forward function so that its float16/bfloat16 outputs come back as float32."""
+
+    @functools.wraps(model_forward)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return outputs_to_fp32(model_forward(*args, **kwargs))
+
+    return forward
 
 
 class AutocastForward:
@@ -92,7 +105,7 @@ class AutocastForward:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device_type=self.device_type, dtype=self.dtype):
             outputs = self.__wrapped__(*args, **kwargs)
-        return convert_outputs_to_fp32(outputs)
+        return outputs_to_fp32(outputs)
 
 
 def wrap_forward(model: torch.nn.Module, mixed_precision: str, device: torch.device) -> None:
@@ -123,3 +136,32 @@ def make_grad_scaler(
     if mixed_precision != "fp16":
         return None
     return torch.amp.GradScaler(device.type, **kwargs)
+
+
+def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> torch.amp.GradScaler:
+    """A ``torch.amp.GradScaler`` for this machine's device (CUDA when available, else the CPU).
+
+    ``distributed_type`` is accepted for compatibility (FSDP2 uses the same scaler).
+    """
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.amp.GradScaler(device, **kwargs)
+
+
+def get_mixed_precision_context_manager(
+    native_amp: bool = False, autocast_kwargs: Any = None
+) -> contextlib.AbstractContextManager[Any]:
+    """The autocast block of the current run's mixed precision (a null context without it).
+
+    Args:
+        native_amp: whether mixed precision is on.
+        autocast_kwargs: an ``AutocastKwargs`` (or dict) of ``torch.autocast`` overrides.
+    """
+    if not native_amp:
+        return contextlib.nullcontext()
+    from accelkit.environment import parse_mixed_precision
+
+    overrides = autocast_kwargs.to_kwargs() if hasattr(autocast_kwargs, "to_kwargs") else {}
+    if isinstance(autocast_kwargs, dict):
+        overrides = dict(autocast_kwargs)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return autocast_context(parse_mixed_precision(None).value, device, **overrides)

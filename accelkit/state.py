@@ -7,8 +7,10 @@ initialises the ``torch.distributed`` process group (gloo on CPU, NCCL on CUDA) 
 than one process.
 
 Unlike the reference implementation, state is not shared through a class-level dict: every
-``PartialState`` is an ordinary object. The only process-wide value is the process group itself,
-which ``torch.distributed`` owns; :func:`destroy_process_group` is the one way to reset it.
+``PartialState`` is an ordinary object. The process-wide values are the process group, which
+``torch.distributed`` owns (:func:`destroy_process_group` resets it), and the record behind the
+compatibility view :class:`AcceleratorState` (``AcceleratorState._reset_state()`` clears it),
+which scripts written for the reference read but accelkit never consults.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import contextlib
 import enum
 import functools
 import os
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar, cast, overload
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import torch
 import torch.distributed as dist
 
+from accelkit import ops
 from accelkit.environment import (
     ENV_MIXED_PRECISION,
     ENV_USE_CPU,
@@ -32,11 +35,14 @@ from accelkit.environment import (
     env_value,
     parse_mixed_precision,
 )
+from accelkit.splitting import split_for_process
 
 __all__ = [
     "ENV_MIXED_PRECISION",
     "ENV_USE_CPU",
+    "AcceleratorState",
     "DistributedType",
+    "GradientState",
     "PartialState",
     "PrecisionType",
     "destroy_process_group",
@@ -45,16 +51,36 @@ __all__ = [
     "parse_mixed_precision",
 ]
 
+if TYPE_CHECKING:
+    from accelkit.optim import GradientState
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class DistributedType(str, enum.Enum):
-    """How the processes of this run are connected."""
+    """How the processes of this run are connected.
+
+    accelkit runs ``NO``, ``MULTI_CPU``, ``MULTI_GPU`` and ``FSDP``. The other members are the
+    reference's names for accelerators and engines accelkit does not drive (DeepSpeed,
+    Megatron-LM, XLA/TPU, NPU, MLU, XPU, HPU, ...): they exist so that a script's
+    ``if state.distributed_type == DistributedType.XLA:`` guard keeps working, and they simply
+    never match.
+    """
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
     FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -84,6 +110,9 @@ class PartialState:
             ``accelkit launch --cpu`` sets).
         backend: the ``torch.distributed`` backend; default gloo on CPU, NCCL on CUDA.
         timeout_s: collective timeout for a process group this object creates.
+        **kwargs: passed on to ``torch.distributed.init_process_group`` when this object creates
+            the process group, as in the reference (e.g. ``timeout=timedelta(minutes=5)``,
+            ``init_method=...``).
 
     Example:
         >>> state = PartialState()
@@ -92,7 +121,11 @@ class PartialState:
     """
 
     def __init__(
-        self, cpu: bool = False, backend: str | None = None, timeout_s: float | None = None
+        self,
+        cpu: bool = False,
+        backend: str | None = None,
+        timeout_s: float | None = None,
+        **kwargs: Any,
     ) -> None:
         self.process_index = _env_int("RANK", 0)
         self.num_processes = _env_int("WORLD_SIZE", 1)
@@ -116,14 +149,14 @@ class PartialState:
             if dist.is_initialized():
                 self.backend = str(dist.get_backend())
             else:
-                self._init_process_group(timeout_s)
+                self._init_process_group(timeout_s, kwargs)
             self.distributed_type = (
                 DistributedType.MULTI_GPU if use_cuda else DistributedType.MULTI_CPU
             )
         else:
             self.distributed_type = DistributedType.NO
 
-    def _init_process_group(self, timeout_s: float | None) -> None:
+    def _init_process_group(self, timeout_s: float | None, extra: dict[str, Any]) -> None:
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if var not in os.environ:
                 raise RuntimeError(
@@ -141,12 +174,60 @@ class PartialState:
             kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
         if self.device.type == "cuda":
             kwargs["device_id"] = self.device
+        kwargs.update(extra)
         dist.init_process_group(**kwargs)
         # The group we created is torn down at exit unless the script did it: otherwise gloo's
         # worker threads can outlive the interpreter's teardown and abort a run that succeeded
         # ("terminate called without an active exception"). Saves in flight finish first (their
         # exit hook runs before atexit's).
         atexit.register(destroy_process_group)
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Accepted for scripts written for the reference, whose process state is shared by every
+        instance; a ``PartialState`` here is an ordinary object, so there is nothing to reset.
+        Use :meth:`destroy_process_group` to tear down the process group."""
+
+    def destroy_process_group(self, group: Any = None) -> None:
+        """Tear down ``group`` (default: the default process group), if it exists."""
+        if group is not None:
+            dist.destroy_process_group(group)
+        else:
+            destroy_process_group()
+
+    @property
+    def initialized(self) -> bool:
+        """Always True: the state is read when the object is created."""
+        return True
+
+    def set_device(self) -> None:
+        """Make :attr:`device` the current CUDA device (a no-op on the CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
+    @property
+    def debug(self) -> bool:
+        """Whether collectives check tensor shapes across processes first and raise
+        :class:`~accelkit.ops.DistributedOperationException` on a mismatch.
+
+        On from ``ACCELKIT_DEBUG_MODE``/``ACCELERATE_DEBUG_MODE``; setting it applies to every
+        collective of this process (as in the reference, where the state is shared).
+        """
+        return ops.debug_mode()
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        ops.set_debug_mode(value)
+
+    @property
+    def fork_launched(self) -> bool:
+        """Whether the process was forked by ``notebook_launcher``/``debug_launcher``."""
+        return env_flag("FORK_LAUNCHED")
+
+    @property
+    def default_device(self) -> torch.device:
+        """The device a process of this run would use: CUDA when available, else the CPU."""
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
     # ---------------------------------------------------------------- identity
 
@@ -301,48 +382,171 @@ class PartialState:
         )
 
 
-def _share(length: int, num_processes: int, index: int) -> tuple[int, int]:
-    per, extra = divmod(length, num_processes)
-    start = index * per + min(index, extra)
-    end = start + per + (1 if index < extra else 0)
-    return start, end
+# ------------------------------------------------------------------ AcceleratorState
+
+_ACCELERATOR_STATE: dict[str, Any] = {}
+"""The one process-wide record behind :class:`AcceleratorState` (cleared by ``_reset_state``)."""
+
+_OUT_OF_SCOPE_PLUGINS = {
+    "deepspeed_plugin": "DeepSpeed",
+    "megatron_lm_plugin": "Megatron-LM",
+    "torch_tp_plugin": "tensor parallelism (torch_tp_plugin)",
+    "parallelism_config": "ParallelismConfig (tensor/context parallelism)",
+}
 
 
-def split_for_process(inputs: Any, num_processes: int, index: int, apply_padding: bool) -> Any:
-    """Pure splitting rule behind :meth:`PartialState.split_between_processes`."""
-    if num_processes == 1:
-        return inputs
-    if isinstance(inputs, Mapping):
-        lengths = {k: len(v) for k, v in inputs.items()}
-        if len(set(lengths.values())) > 1:
+def refuse_out_of_scope_plugins(**plugins: Any) -> None:
+    """Raise ``ValueError`` for a plugin of an engine accelkit does not drive.
+
+    Raises:
+        ValueError: naming the argument and what to use instead.
+    """
+    for name, value in plugins.items():
+        if value is not None and name in _OUT_OF_SCOPE_PLUGINS:
             raise ValueError(
-                "split_between_processes needs every value of the dict to have the same length; "
-                f"got lengths {lengths}."
+                f"accelkit does not support {_OUT_OF_SCOPE_PLUGINS[name]}: got {name}={value!r}. "
+                f"Remove {name}=... (use fsdp_plugin / FullyShardedDataParallelPlugin for "
+                "sharded training)."
             )
-        return cast(Any, type(inputs))(
-            {
-                k: split_for_process(v, num_processes, index, apply_padding)
-                for k, v in inputs.items()
-            }
+
+
+class AcceleratorState(PartialState):
+    """The reference's process-wide state of "the" accelerator, for scripts that read it.
+
+    Every ``AcceleratorState()`` is a view of one process-wide record: the
+    :class:`~accelkit.Accelerator` created last fills it (process identity, ``mixed_precision``,
+    ``distributed_type``, the plugins), and an ``AcceleratorState()`` created anywhere in the
+    script reads the same values, as in the reference. accelkit itself never reads this record
+    to decide anything: each ``Accelerator`` keeps its own settings. Created before any
+    ``Accelerator``, it is initialised from the launcher's environment.
+
+    The reference's engine plugins that accelkit does not drive are always None
+    (``deepspeed_plugin``, ``megatron_lm_plugin``, ``torch_tp_plugin``); passing one raises
+    ``ValueError``.
+
+    ``AcceleratorState._reset_state()`` clears the record; until the next ``Accelerator`` (or
+    ``AcceleratorState(...)`` with arguments) is created, reading it raises ``AttributeError``
+    saying so, as in the reference.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` (default: the launcher's setting).
+        cpu: force the CPU.
+        dynamo_plugin: a :class:`~accelkit.dynamo.TorchDynamoPlugin`, or None.
+        deepspeed_plugin: must be None (out of scope).
+        fsdp_plugin: a :class:`~accelkit.fsdp.FullyShardedDataParallelPlugin`, or None.
+        torch_tp_plugin: must be None (out of scope).
+        megatron_lm_plugin: must be None (out of scope).
+        parallelism_config: must be None (out of scope).
+        **kwargs: passed to :class:`PartialState`.
+    """
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin: Any = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        parallelism_config: Any = None,
+        _from_accelerator: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        refuse_out_of_scope_plugins(
+            deepspeed_plugin=deepspeed_plugin,
+            megatron_lm_plugin=megatron_lm_plugin,
+            torch_tp_plugin=torch_tp_plugin,
+            parallelism_config=parallelism_config,
         )
-    if isinstance(inputs, torch.Tensor):
-        length = inputs.shape[0]
-    elif isinstance(inputs, (list, tuple)):
-        length = len(inputs)
-    else:
-        raise TypeError(
-            f"split_between_processes takes a list, tuple, dict or tensor, not "
-            f"{type(inputs).__name__}."
+        self.__dict__ = _ACCELERATOR_STATE
+        explicit = (
+            _from_accelerator
+            or mixed_precision is not None
+            or cpu
+            or dynamo_plugin is not None
+            or fsdp_plugin is not None
+            or bool(kwargs)
         )
-    start, end = _share(length, num_processes, index)
-    part = inputs[start:end]
-    if apply_padding:
-        target = -(-length // num_processes)
-        missing = target - (end - start)
-        if missing > 0 and length > 0:
-            filler = part[-1:] if end > start else inputs[-1:]
-            if isinstance(inputs, torch.Tensor):
-                part = torch.cat([part, *([filler] * missing)])
-            else:
-                part = part + type(part)(filler) * missing
-    return part
+        if _ACCELERATOR_STATE and not explicit:
+            return  # a view of the state the last Accelerator set up
+        precision = parse_mixed_precision(mixed_precision).value
+        _ACCELERATOR_STATE.clear()
+        super().__init__(cpu=cpu, **kwargs)
+        self.mixed_precision: str = precision
+        self.dynamo_plugin = dynamo_plugin
+        self.fsdp_plugin = fsdp_plugin
+        self.deepspeed_plugin: Any = None
+        self.megatron_lm_plugin: Any = None
+        self.torch_tp_plugin: Any = None
+        self.parallelism_config: Any = None
+        self.use_ipex = False
+        if fsdp_plugin is not None:
+            self.distributed_type = DistributedType.FSDP
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when the record lacks ``name``: after _reset_state(), or a typo.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"`AcceleratorState` object has no attribute `{name}`. This happens if "
+            "`AcceleratorState._reset_state()` was called and an `Accelerator` or `PartialState` "
+            "was not reinitialized."
+        )
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        """Clear the process-wide record (for tests and notebooks).
+
+        Args:
+            reset_partial_state: accepted for compatibility; :class:`PartialState` objects are
+                not shared, so there is nothing more to reset. The process group stays up (tear
+                it down with :meth:`destroy_process_group`).
+        """
+        _ACCELERATOR_STATE.clear()
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the process-wide record is filled (False after :meth:`_reset_state`)."""
+        return bool(_ACCELERATOR_STATE)
+
+    @property
+    def use_fp16(self) -> bool:
+        """Whether ``mixed_precision`` is ``"fp16"``."""
+        return bool(self.mixed_precision == "fp16")
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when FSDP is used (accelkit's FSDP is always FSDP2, ``fully_shard``)."""
+        return bool(self.distributed_type == DistributedType.FSDP)
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """Refused: DeepSpeed is out of accelkit's scope.
+
+        Raises:
+            ValueError: always.
+        """
+        refuse_out_of_scope_plugins(deepspeed_plugin=name)
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Refused: DeepSpeed is out of accelkit's scope.
+
+        Raises:
+            ValueError: always.
+        """
+        refuse_out_of_scope_plugins(deepspeed_plugin=name or "default")
+
+    @property
+    def mixed_precision_enum(self) -> PrecisionType:
+        """``mixed_precision`` as a :class:`PrecisionType`."""
+        return PrecisionType(self.mixed_precision)
+
+
+def __getattr__(name: str) -> Any:
+    # GradientState lives with the optimizer wrappers that read it; scripts written for the
+    # reference import it from here.
+    if name == "GradientState":
+        from accelkit.optim import GradientState
+
+        return GradientState
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,6 +9,7 @@ Functions take what they need explicitly; none of them reads global state.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -171,20 +172,37 @@ def join_uneven_inputs(
         joinables: DDP models (and other ``Joinable`` objects).
         loaders: prepared dataloaders whose ``even_batches`` the override applies to.
         even_batches: temporary setting for map-style loaders (None: keep theirs).
-        distributed: whether more than one process runs (otherwise a null context).
+        distributed: whether the processes are joined by DDP (otherwise, as in the reference, a
+            ``UserWarning`` says the block has no effect, and it runs as it is).
     """
     if not distributed:
+        warnings.warn(
+            "Joining uneven inputs is only supported for multi-GPU / multi-CPU (DDP) training; "
+            "`join_uneven_inputs` has no effect here.",
+            UserWarning,
+            stacklevel=3,
+        )
         yield
         return
     from torch.distributed.algorithms.join import Join
 
     changed: list[tuple[Any, bool]] = []
     if even_batches is not None:
+        iterable = False
         for loader in loaders:
             shard = getattr(loader, "_shard", None)
             if shard is not None:
                 changed.append((shard, shard.even_batches))
                 shard.even_batches = even_batches
+            else:
+                iterable = True
+        if iterable:
+            warnings.warn(
+                "Overriding even_batches is only supported for map-style datasets, yet some "
+                "dataloaders given were iterable; their even_batches setting is unchanged.",
+                UserWarning,
+                stacklevel=3,
+            )
     ddp_models: list[Any] = [j for j in joinables if isinstance(j, DistributedDataParallel)]
     try:
         with Join(ddp_models) if ddp_models else contextlib.nullcontext():

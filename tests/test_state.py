@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from accelkit.state import PartialState, parse_mixed_precision, split_for_process
+from accelkit.splitting import split_for_process
+from accelkit.state import PartialState, parse_mixed_precision
 
 
 def test_single_process_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,8 +75,129 @@ def test_split_rule_covers_every_item_once() -> None:
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
+class _Rows:
+    """The part of a Hugging Face datasets.Dataset that splitting uses: len() and select()."""
+
+    def __init__(self, rows: list[int]) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key: object) -> object:
+        raise AssertionError("a Dataset's slice is a dict of columns; select() must be used")
+
+    def select(self, indices: list[int]) -> _Rows:
+        return _Rows([self.rows[i] for i in indices])
+
+
+def test_split_dataset_like_inputs_with_select() -> None:
+    parts = [split_for_process(_Rows([10, 11, 12]), 2, i, True).rows for i in range(2)]
+    assert parts == [[10, 11], [12, 12]]
+    assert split_for_process(_Rows([10, 11, 12]), 2, 1, False).rows == [12]
+
+
 def test_split_rejects_uneven_dict_and_bad_type() -> None:
     with pytest.raises(ValueError, match="same length"):
         split_for_process({"a": [1, 2], "b": [1]}, 2, 0, False)
     with pytest.raises(TypeError, match="set"):
         split_for_process({1, 2}, 2, 0, False)
+
+
+# ----------------------------------------------------------- compatibility with the reference
+
+
+def test_every_reference_distributed_type_exists_and_never_matches() -> None:
+    from accelkit.state import DistributedType
+
+    names = {m.name for m in DistributedType}
+    assert {"XLA", "DEEPSPEED", "MEGATRON_LM", "MULTI_NPU", "MULTI_XPU", "MULTI_HPU"} <= names
+    state = PartialState(cpu=True)
+    assert state.distributed_type != DistributedType.XLA
+
+
+def test_fp8_exists_and_is_refused_by_name() -> None:
+    from accelkit.state import PrecisionType
+
+    assert PrecisionType.FP8.value == "fp8"
+    with pytest.raises(ValueError, match="does not do FP8 training"):
+        parse_mixed_precision(PrecisionType.FP8)
+
+
+def test_accelerator_state_is_a_view_of_the_last_accelerator() -> None:
+    from accelkit import Accelerator
+    from accelkit.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    view = AcceleratorState()
+    assert view.mixed_precision == "bf16" and view.deepspeed_plugin is None
+    assert view.num_processes == accelerator.num_processes == 1
+    assert accelerator.state.mixed_precision == "bf16"
+
+
+def test_reset_state_breaks_old_views_until_a_new_accelerator_exists() -> None:
+    from accelkit import Accelerator
+    from accelkit.state import AcceleratorState
+
+    accelerator = Accelerator(cpu=True)
+    old_view = accelerator.state
+    AcceleratorState._reset_state()
+    assert not old_view.initialized
+    with pytest.raises(AttributeError, match=r"AcceleratorState._reset_state\(\)"):
+        accelerator.prepare(torch.nn.Linear(1, 1))
+    Accelerator(cpu=True, mixed_precision="fp16")
+    assert old_view.mixed_precision == "fp16"  # shared, as in the reference
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"deepspeed_plugin": object()},
+        {"megatron_lm_plugin": object()},
+        {"torch_tp_plugin": object()},
+        {"parallelism_config": object()},
+        {"deepspeed_plugins": {"a": object()}},
+    ],
+)
+def test_out_of_scope_plugins_are_refused_by_name(kwargs: dict[str, object]) -> None:
+    from accelkit import Accelerator
+
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=rf"accelkit does not support .*{name.rstrip('s')}"):
+        Accelerator(cpu=True, **kwargs)  # type: ignore[arg-type]
+
+
+def _init_through_a_file_store(path: str) -> bool:
+    import os
+
+    state = PartialState(init_method=f"file://{path}")
+    used = os.path.exists(path)  # the store file exists only if init_method reached torch
+    state.wait_for_everyone()
+    state.destroy_process_group()
+    return used
+
+
+def test_partial_state_forwards_kwargs_to_init_process_group(tmp_path: Path) -> None:
+    from tests.helpers.distributed import run_distributed
+
+    store = str(tmp_path / "store")
+    assert run_distributed(_init_through_a_file_store, store) == [True, True]
+
+
+def _fsdp_state() -> tuple[str, str, bool]:
+    from accelkit import Accelerator, FullyShardedDataParallelPlugin
+    from accelkit.state import AcceleratorState
+
+    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    return (
+        accelerator.distributed_type.value,
+        AcceleratorState().distributed_type.value,
+        accelerator.is_fsdp2,
+    )
+
+
+def test_fsdp_shows_in_the_accelerator_state() -> None:
+    from tests.helpers.distributed import run_distributed
+
+    assert run_distributed(_fsdp_state) == [("FSDP", "FSDP", True)] * 2

@@ -49,8 +49,9 @@ def _collectives() -> dict[str, Any]:
     out["reduce_none"] = acc.reduce(t, reduction="none").tolist()
     out["reduce_scale"] = acc.reduce(t.float(), reduction="sum", scale=0.5).tolist()
     out["reduce_tuple"] = [x.tolist() for x in acc.reduce((t, t * 10))]
+    out["reduce_max"] = acc.reduce(t, reduction="max").tolist()
     try:
-        acc.reduce(t, reduction="max")
+        acc.reduce(t, reduction="median")
     except ValueError as exc:
         out["reduce_bad"] = str(exc)
     padded = acc.pad_across_processes(torch.arange(rank + 1))
@@ -165,7 +166,8 @@ def test_reduce_documented_example(results: list[dict[str, Any]]) -> None:
         assert r["reduce_tuple"] == [[4, 6], [40, 60]]
     assert results[0]["reduce_none"] == [1, 2]
     assert results[1]["reduce_none"] == [3, 4]
-    assert "'max'" in results[0]["reduce_bad"] and "'mean'" in results[0]["reduce_bad"]
+    assert results[0]["reduce_max"] == results[1]["reduce_max"] == [3, 4]
+    assert "'median'" in results[0]["reduce_bad"] and "'max'" in results[0]["reduce_bad"]
 
 
 def test_pad_across_processes(results: list[dict[str, Any]]) -> None:

@@ -1,0 +1,157 @@
+"""The process half of the :class:`~accelkit.Accelerator` facade: who this process is, how it
+waits for the others, and the collectives.
+
+Split from ``accelerator.py`` along the seam between the process and the training loop: every
+member reads :attr:`state` (an :class:`~accelkit.state.AcceleratorState`) or calls
+:mod:`accelkit.ops`, and nothing here knows about models, optimizers or checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from accelkit import ops
+from accelkit.state import AcceleratorState, DistributedType
+
+__all__ = ["ProcessAPI"]
+
+
+class ProcessAPI:
+    """Process identity, process control and collectives; mixed into the ``Accelerator``."""
+
+    # Set by Accelerator.__init__.
+    state: AcceleratorState
+    _trigger: torch.Tensor
+    _fsdp: Any
+
+    # ================================================================= process state
+
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """How processes are connected (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``)."""
+        if getattr(self, "_fsdp", None) is not None:
+            return DistributedType.FSDP
+        return self.state.distributed_type
+
+    @property
+    def _joined_by_ddp(self) -> bool:
+        return self.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+
+    @property
+    def num_processes(self) -> int:
+        """Total number of processes in the run."""
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        """Global index of this process."""
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        """Index of this process on its machine."""
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        """True once across all machines."""
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True once per machine."""
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        """True on the process of the highest index."""
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part."""
+        return self.state.use_distributed
+
+    # ============================================================== process control
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine."""
+        self.state.print(*args, **kwargs)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        self.state.wait_for_everyone()
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Context manager: the main process runs the block first, then the others."""
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Context manager: each machine's main process runs the block first."""
+        return self.state.local_main_process_first()
+
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on the main process."""
+        return self.state.on_main_process(function)
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on each machine's main process."""
+        return self.state.on_local_main_process(function)
+
+    def on_last_process(self, function: Callable[..., Any] | None = None) -> Any:
+        """Decorator: run only on the last process."""
+        return self.state.on_last_process(function)
+
+    def on_process(
+        self, function: Callable[..., Any] | None = None, process_index: int | None = None
+    ) -> Any:
+        """Decorator: run only on the process of global index ``process_index``."""
+        return self.state.on_process(function, process_index=process_index)
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        """Decorator: run only on the process of local index ``local_process_index``."""
+        return self.state.on_local_process(function, local_process_index=local_process_index)
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Context manager yielding this process's share of ``inputs``."""
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process; :meth:`check_trigger` sees it on every process."""
+        self._trigger.fill_(1)
+
+    def check_trigger(self) -> bool:
+        """True on every process if any process called :meth:`set_trigger`; then resets it."""
+        if ops.reduce(self._trigger, reduction="sum").item() > 0:
+            self._trigger.fill_(0)
+            return True
+        return False
+
+    # ================================================================== collectives
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a nested structure of tensors) from all processes."""
+        return ops.gather(tensor)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce across processes: ``"sum"``, ``"mean"`` or ``"none"``."""
+        return ops.reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad tensors on ``dim`` to the largest size across processes, so they can be gathered."""
+        return ops.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)

@@ -1,0 +1,152 @@
+"""Hugging Face Accelerate's own distributed test scripts, run on accelkit with renamed imports.
+
+The scripts come from the installed ``accelerate`` package (a test dependency; nothing is copied
+into this repository). Each is ported by renaming its imports only (:func:`port_script`) and run
+the way Accelerate's CI runs it: ``accelkit launch --cpu --num_processes N`` (``test_notebook``
+starts its own processes through ``notebook_launcher`` and runs under plain ``python``). The
+scripts assert their own results, so a zero exit status plus the script's last section heading
+in the output means it ran to the end and passed. Parts that need CUDA skip themselves inside the
+scripts, as under Accelerate. One launch per script and process count.
+
+Combinations that still fail because of another area (data loading, launcher, trackers,
+checkpointing) are strict xfails that name the failing function and error, so they flip to
+failures once fixed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.compat._porting import port_script, reference_root
+
+REPO = Path(__file__).resolve().parents[2]
+ROOT = reference_root()
+SCRIPTS = ROOT / "test_utils" / "scripts" if ROOT is not None else None
+
+pytestmark = [
+    pytest.mark.skipif(ROOT is None, reason="accelerate (a dev dependency) is not installed"),
+    pytest.mark.slow,
+]
+
+# script -> the last heading it prints when it gets to the end.
+LAST_HEADING = {
+    "test_script.py": "**Breakpoint trigger test**",
+    "test_sync.py": "**Test `accumulate` gradient accumulation with optimizer and scheduler",
+    "test_ops.py": "testing sending tensors across devices",
+    "test_distributed_data_loop.py": "Test DataLoader with sampler as an instance of",
+    "test_notebook.py": "Test monitoring",
+    "test_ddp_comm_hook.py": "Test DDP comm hook: DDPCommunicationHookType.BATCHED_POWER_SGD",
+}
+
+_DATA_LOADER = (
+    "data loading: `from accelkit.data_loader import SeedableRandomSampler, "
+    "prepare_data_loader` fails (no accelkit/data_loader.py). With a stand-in, training_check "
+    "fails: a prepared DataLoader(shuffle=True, generator=g) does not draw the user's generator's "
+    "order (1 process: a=1.7578 vs 1.7558 for the unprepared loader), "
+    "SeedableRandomSampler(generator=, data_source=, num_samples=) is refused (TypeError), and "
+    "central_dl_preparation_check needs prepare_data_loader(dl, device, num_processes, "
+    "process_index, put_on_device=, split_batches=, dispatch_batches=True)"
+)
+_NOTEBOOK = (
+    "launcher: notebook_launcher (accelkit/launch.py) lacks the reference's rdzv_backend, "
+    "max_restarts and monitor_interval keywords (TypeError in test_static_rdzv_backend); "
+    "test_fault_tolerant needs restarts and test_monitoring needs a worker failure to raise "
+    "torch's ChildFailedError and stop the other workers"
+)
+KNOWN_FAILURES = {
+    ("test_script.py", 1): _DATA_LOADER,
+    ("test_script.py", 2): _DATA_LOADER,
+    ("test_distributed_data_loop.py", 2): (
+        "test_pickle_accelerator: pickle.dumps(accelerator) fails on a prepared loader "
+        "(accelkit/data.py: local closure prepare_data_loader.<locals>.build_map) and on "
+        "TrackerHub's _thread.lock (accelkit/trackers/hub.py); test_data_loader with "
+        "DataLoader(sampler=BatchSampler(...), batch_size=None, num_workers=4) gives the two "
+        "ranks batches of different sizes, so gather_for_metrics aborts (gloo size mismatch); "
+        "_test_stateful_dataloader_save_state_resume saves into a different "
+        "tempfile.TemporaryDirectory on each rank and load_state on rank 1 raises CheckpointError "
+        "(no accelkit.json there: checkpointing)"
+    ),
+    ("test_notebook.py", 1): _NOTEBOOK,
+    ("test_notebook.py", 2): _NOTEBOOK,
+}
+
+CASES = [
+    ("test_script.py", 1),
+    ("test_script.py", 2),
+    ("test_sync.py", 1),
+    ("test_sync.py", 2),
+    ("test_ops.py", 1),
+    ("test_ops.py", 2),
+    # The script asserts that it runs on exactly two processes.
+    ("test_distributed_data_loop.py", 2),
+    ("test_notebook.py", 1),
+    ("test_notebook.py", 2),
+    ("test_ddp_comm_hook.py", 2),
+]
+
+
+def _param(script: str, processes: int) -> object:
+    marks: list[pytest.MarkDecorator] = []
+    if (script, processes) in KNOWN_FAILURES:
+        marks.append(pytest.mark.xfail(reason=KNOWN_FAILURES[script, processes], strict=True))
+    if script == "test_ddp_comm_hook.py":
+        # Its reference model is DistributedDataParallel(device_ids=[rank]): CUDA only, as in
+        # Accelerate's own CI, which runs it on multi-GPU machines.
+        marks.append(
+            pytest.mark.skipif(
+                torch.cuda.device_count() < processes,
+                reason=f"needs {processes} CUDA devices (DDP with device_ids)",
+            )
+        )
+    return pytest.param(script, processes, marks=marks, id=f"{script[:-3]}-{processes}proc")
+
+
+def _command(script: Path, processes: int) -> tuple[list[str], dict[str, str]]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env["OMP_NUM_THREADS"] = "1"
+    if script.name == "test_notebook.py":
+        env["ACCELERATE_NUM_PROCESSES"] = str(processes)
+        return [sys.executable, str(script)], env
+    launch = [sys.executable, "-m", "accelkit.cli.main", "launch", "--num_processes"]
+    device = ["--cpu"] if script.name != "test_ddp_comm_hook.py" else ["--multi_gpu"]
+    return [*launch, str(processes), *device, str(script)], env
+
+
+@pytest.mark.parametrize(("script", "processes"), [_param(*case) for case in CASES])
+def test_reference_script_runs_to_the_end(script: str, processes: int, tmp_path: Path) -> None:
+    assert SCRIPTS is not None
+    ported = port_script(SCRIPTS / script, tmp_path)
+    command, env = _command(ported, processes)
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{script} on {processes} process(es) failed:\n{output[-6000:]}"
+    assert LAST_HEADING[script] in result.stdout, f"{script} stopped early:\n{output[-6000:]}"
+
+
+def test_porting_renames_imports_only(tmp_path: Path) -> None:
+    source = tmp_path / "src" / "script.py"
+    source.parent.mkdir()
+    source.write_text(
+        "import accelerate\n"
+        "from accelerate.utils import reduce  # accelerate stays in comments\n"
+        "    from accelerate import Accelerator\n"
+        'print("accelerate")\n'
+        "import accelerated_thing\n"
+    )
+    ported = port_script(source, tmp_path).read_text()
+    assert ported == (
+        "import accelkit\n"
+        "from accelkit.utils import reduce  # accelerate stays in comments\n"
+        "    from accelkit import Accelerator\n"
+        'print("accelerate")\n'
+        "import accelerated_thing\n"
+    )

@@ -1,0 +1,62 @@
+"""Helpers of accelkit.utils that scripts written for Accelerate call."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from accelkit import debug_launcher, utils
+
+
+def test_device_probes_say_no_for_devices_accelkit_does_not_drive() -> None:
+    for probe in (
+        utils.is_xpu_available,
+        utils.is_npu_available,
+        utils.is_hpu_available,
+        utils.is_mlu_available,
+        utils.is_tpu_available,
+        utils.is_torch_xla_available,
+        utils.is_fp8_available,
+    ):
+        assert probe() is False, probe.__name__
+    assert utils.is_cuda_available() is torch.cuda.is_available()
+    assert utils.is_bf16_available() and utils.is_fp16_available()
+
+
+def test_package_probes_look_packages_up_without_importing_them() -> None:
+    assert utils.is_pytest_available() is True
+    assert utils.is_torch_version(">=", "2.0") and not utils.is_torch_version("<", "1.0")
+    with pytest.raises(ValueError, match="Unknown operation '=>'"):
+        utils.is_torch_version("=>", "2.0")
+
+
+def test_small_helpers() -> None:
+    assert utils.convert_file_size_to_int("10GB") == 10**10
+    assert utils.convert_file_size_to_int("1GiB") == 2**30
+    with pytest.raises(ValueError, match="Cannot read the size 'ten'"):
+        utils.convert_file_size_to_int("ten")
+    with utils.patch_environment(accelkit_probe_var="1"):
+        assert os.environ["ACCELKIT_PROBE_VAR"] == "1"
+    assert "ACCELKIT_PROBE_VAR" not in os.environ
+    data = {"x": torch.ones(2, 3), "y": [torch.zeros(2)]}
+    assert utils.find_batch_size(data) == 2
+    assert utils.send_to_device(data, "cpu", skip_keys="y")["y"][0] is data["y"][0]
+    structure = utils.get_data_structure(data)
+    empty = utils.initialize_tensors(structure)
+    assert empty["x"].shape == (2, 3) and empty["y"][0].dtype == torch.float32
+
+
+def _record_rank(folder: str) -> None:
+    from accelkit import PartialState
+
+    state = PartialState()
+    Path(folder, f"{state.process_index}-of-{state.num_processes}").write_text(str(state.device))
+
+
+def test_debug_launcher_runs_the_function_on_cpu_processes(tmp_path: Path) -> None:
+    debug_launcher(_record_rank, args=(str(tmp_path),), num_processes=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0-of-2", "1-of-2"]
+    assert {p.read_text() for p in tmp_path.iterdir()} == {"cpu"}
