@@ -64,11 +64,6 @@ _CHECKPOINT_NAMES = (
     "(accelkit/checkpointing/layout.py) should export the ones it shares (model.safetensors, "
     "the index) under these names"
 )
-_DATA = (
-    "data loading: DataLoaderConfiguration's fields are not in the reference's order "
-    "(split_batches, dispatch_batches, even_batches, use_seedable_sampler, data_seed, "
-    "non_blocking, use_stateful_dataloader), so positional construction differs"
-)
 _FSDP1 = (
     "FSDP: accelkit's plugin is FSDP2-only (fully_shard); the reference's FSDP1 options "
     "(sharding_strategy, backward_prefetch, use_orig_params, limit_all_gathers, ...) and its "
@@ -86,7 +81,6 @@ _NOTEBOOK = (
     "rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, "
     "log_line_prefix_template (and takes cpu/start_method in their positions)"
 )
-_TRACKERS = "trackers: LoggerType lacks AIM, CLEARML, DVCLIVE, SWANLAB, TRACKIO (accelkit/trackers)"
 
 # (where, name) -> why it differs today; each is a strict xfail, so fixing it flips the test.
 KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
@@ -112,14 +106,11 @@ KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
         "launcher: write_basic_config (writing the default launch config file) belongs to the "
         "launch config work"
     ),
-    ("accelerate", "DataLoaderConfiguration"): _DATA,
-    ("accelerate.utils", "DataLoaderConfiguration"): _DATA,
     ("accelerate", "FullyShardedDataParallelPlugin"): _FSDP1,
     ("accelerate.utils", "FullyShardedDataParallelPlugin"): _FSDP1,
     ("accelerate", "load_checkpoint_in_model"): _LOAD_CHECKPOINT,
     ("accelerate.utils", "load_checkpoint_in_model"): _LOAD_CHECKPOINT,
     ("accelerate", "notebook_launcher"): _NOTEBOOK,
-    ("accelerate.utils", "LoggerType"): _TRACKERS,
 }
 
 
