@@ -207,12 +207,18 @@ def state_tensor_names(storage: Storage, tensors_url: str) -> dict[str, str]:
         accelkit state file (a model's weights, a ``save_model`` folder).
 
     Raises:
-        CorruptCheckpointError: ``X.json`` is not valid JSON or nests too deeply.
+        CorruptCheckpointError: ``X.json`` is not a regular file, is not valid JSON or nests
+            too deeply.
     """
     if not tensors_url.endswith(SAFETENSORS_SUFFIX):
         return {}
     structure_url = tensors_url[: -len(SAFETENSORS_SUFFIX)] + STRUCTURE_SUFFIX
     if not storage.isfile(structure_url):
+        if storage.exists(structure_url):  # a folder or a named pipe (reading one would block)
+            raise CorruptCheckpointError(
+                f"{structure_url}: not a regular file; accelkit writes a JSON file there. The "
+                "checkpoint is damaged or crafted: `accelkit ckpt verify` checks it."
+            )
         return {}
     document = load_json(storage.read_bytes(structure_url), structure_url)
     if not isinstance(document, dict) or document.get("format") != _STATE_FORMAT:

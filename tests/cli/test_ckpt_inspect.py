@@ -4,6 +4,7 @@ in the state (`accelkit ckpt inspect`), and the CLI's table helpers."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 import uuid
 from pathlib import Path
@@ -206,6 +207,19 @@ def test_a_damaged_structure_file_is_an_error_and_the_keys_are_shown(
     code, out, err = _inspect(capsys, str(folder))
     assert code == 1
     assert "optimizer.json" in err and "nested too deeply" in err
+    assert any(line.startswith("t0 ") for line in out.splitlines())
+
+
+def test_a_structure_file_that_is_a_named_pipe_is_reported_without_blocking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "ckpt"
+    _save(folder, named=False)
+    (folder / "optimizer.json").unlink()
+    os.mkfifo(folder / "optimizer.json")  # opening it to read would wait for a writer forever
+    code, out, err = _inspect(capsys, str(folder))
+    assert code == 1
+    assert "optimizer.json" in err and "not a regular file" in err
     assert any(line.startswith("t0 ") for line in out.splitlines())
 
 
