@@ -24,7 +24,9 @@ Steps: ``log(values)`` without a ``step`` logs at the hub's own step counter, wh
 for each run (each ``init``) and advances by one per ``log()`` call; a ``log()`` with an explicit
 ``step`` sets the counter, so the next call without one logs at ``step + 1``. There is one
 counter per hub, so every tracker records a call at the same step (left to each backend,
-TensorBoard and MLflow would put every point at step 0 and W&B would count on its own).
+TensorBoard and MLflow would put every point at step 0 and W&B would count on its own). W&B's
+``commit=False`` (several calls filling one row) therefore needs the same explicit ``step`` on
+each of those calls.
 
 Pickling: a hub pickles (``Accelerator`` objects are pickled, by Accelerate's own tests among
 others) without its threads, locks, queues or started trackers, which belong to the process that
