@@ -471,7 +471,11 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
 
         Args:
             values: metric name -> value (numbers, tensors, strings, backend objects).
-            step: the training step.
+            step: the training step. Without one, the step is a counter kept by accelkit: 0 at
+                the run's first ``log()``, then one more per call; a call with a ``step`` sets
+                it, so the next call without one logs at ``step + 1``. Every tracker gets the
+                same step (Accelerate leaves it to each backend: TensorBoard and MLflow then
+                put every point at step 0).
             log_kwargs: tracker name -> keyword arguments for that tracker's ``log``.
         """
         self._trackers.log(values, step, log_kwargs)

@@ -14,13 +14,19 @@ Public API:
   one file's header (refuses a header larger than :data:`MAX_HEADER_BYTES` or than the file).
 - :func:`safetensors_files(storage, path) <safetensors_files>` -- the safetensors files of a
   checkpoint (from its manifest), a ``save_model`` folder, an index JSON or a single file.
+- :func:`state_tensor_names(storage, url) <state_tensor_names>` -- for the tensors file of an
+  object state (``optimizer.safetensors``...), where each tensor sits in the state
+  (``optimizer/state/0.weight/exp_avg``), read from its structure file (``optimizer.json``).
 """
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.jsonio import load_json
-from accelkit.checkpointing.layout import MANIFEST_NAME, check_relative_path
+from accelkit.checkpointing.layout import MANIFEST_NAME, STRUCTURE_SUFFIX, check_relative_path
 from accelkit.checkpointing.manifest import read_manifest
 from accelkit.checkpointing.safetensors_header import (
     MAX_HEADER_BYTES,
@@ -36,6 +42,7 @@ __all__ = [
     "TensorInfo",
     "read_safetensors_header",
     "safetensors_files",
+    "state_tensor_names",
 ]
 
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -118,3 +125,115 @@ def safetensors_files(storage: Storage, path: str) -> list[tuple[str, str]]:
     if names is None:
         names = list(storage.walk_files(path))
     return [(n, join(path, n)) for n in sorted(names) if n.endswith(SAFETENSORS_SUFFIX)]
+
+
+_STATE_FORMAT = "accelkit-state"  # the format tag of state_io's structure files
+_TENSOR_TAGS = ("__tensor__", "__ndarray__")
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, (int, float, bool)) or key is None:
+        return json.dumps(key)
+    return json.dumps(key, separators=(",", ":"), sort_keys=True)
+
+
+def _walk(node: Any, path: tuple[str, ...], found: dict[str, list[tuple[str, ...]]]) -> None:
+    """Record the path of every tensor reference under ``node`` (depth bounded by load_json)."""
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            _walk(item, (*path, str(index)), found)
+        return
+    if not isinstance(node, dict):
+        return
+    if len(node) == 1:
+        ((tag, value),) = node.items()
+        if tag in _TENSOR_TAGS and isinstance(value, str):
+            found.setdefault(value, []).append(path)
+            return
+        if tag == "__dict__" and isinstance(value, list):
+            for pair in value:
+                if isinstance(pair, list) and len(pair) == 2:
+                    _walk(pair[1], (*path, _key_text(pair[0])), found)
+            return
+        if tag in ("__tuple__", "__set__"):
+            _walk(value, path, found)
+            return
+    for key, value in node.items():
+        _walk(value, (*path, key), found)
+
+
+def _parameter_names(state: Any) -> dict[str, str]:
+    """Optimizer parameter id -> name, where the param groups carry ``param_names``.
+
+    torch stores ``param_names`` beside ``params`` when the optimizer was built from
+    ``model.named_parameters()``; otherwise only the ids are saved (positions in the order
+    the parameters were given to the optimizer), and the ids are shown as they are.
+    """
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    names: dict[str, str] = {}
+    for group in groups if isinstance(groups, list) else []:
+        if not isinstance(group, dict):
+            continue
+        ids, labels = group.get("params"), group.get("param_names")
+        if isinstance(ids, list) and isinstance(labels, list) and len(ids) == len(labels):
+            for pid, label in zip(ids, labels, strict=True):
+                if isinstance(label, str) and isinstance(pid, (int, str)):
+                    names[_key_text(pid)] = label
+    return names
+
+
+def state_tensor_names(storage: Storage, tensors_url: str) -> dict[str, str]:
+    """Where each tensor of an object state's tensors file sits in the state.
+
+    accelkit stores an object state ``X`` (an optimizer, scheduler, random states...) as
+    ``X.json`` (the structure, each tensor a reference such as ``{"__tensor__": "t1"}``) and
+    ``X.safetensors`` (the tensors, under the keys ``t0``, ``t1``...). This reads ``X.json``
+    beside ``tensors_url`` and names each key by its path in the structure, joined with ``/``
+    (parameter names contain dots) and starting with ``X``: ``optimizer/state/3/exp_avg``.
+    In an optimizer's ``state``, the parameter id (``3``) is replaced by the parameter's name
+    (``optimizer/state/0.weight/exp_avg``) where the saved param groups name their
+    parameters (an optimizer built from ``model.named_parameters()``).
+
+    A tensor referenced from several places (stored once) gets its paths joined by ``, ``.
+
+    Args:
+        storage: the storage of ``tensors_url`` (confined by the caller).
+        tensors_url: a ``.safetensors`` file.
+
+    Returns:
+        Tensor key -> path; empty when there is no ``X.json`` beside the file or it is not an
+        accelkit state file (a model's weights, a ``save_model`` folder).
+
+    Raises:
+        CorruptCheckpointError: ``X.json`` is not a regular file, is not valid JSON or nests
+            too deeply.
+    """
+    if not tensors_url.endswith(SAFETENSORS_SUFFIX):
+        return {}
+    structure_url = tensors_url[: -len(SAFETENSORS_SUFFIX)] + STRUCTURE_SUFFIX
+    if not storage.isfile(structure_url):
+        if storage.exists(structure_url):  # a folder or a named pipe (reading one would block)
+            raise CorruptCheckpointError(
+                f"{structure_url}: not a regular file; accelkit writes a JSON file there. The "
+                "checkpoint is damaged or crafted: `accelkit ckpt verify` checks it."
+            )
+        return {}
+    document = load_json(storage.read_bytes(structure_url), structure_url)
+    if not isinstance(document, dict) or document.get("format") != _STATE_FORMAT:
+        return {}
+    state = document.get("state")
+    found: dict[str, list[tuple[str, ...]]] = {}
+    _walk(state, (), found)
+    names = _parameter_names(state)
+    stem = tensors_url.rsplit("/", 1)[-1][: -len(SAFETENSORS_SUFFIX)]
+    result = {}
+    for key, paths in found.items():
+        shown = []
+        for path in paths:
+            if len(path) >= 2 and path[0] == "state" and path[1] in names:
+                path = (path[0], names[path[1]], *path[2:])
+            shown.append("/".join((stem, *path)))
+        result[key] = ", ".join(shown)
+    return result

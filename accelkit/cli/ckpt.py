@@ -467,6 +467,23 @@ def _shape(shape: Iterable[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def _state_names(
+    storage: Storage, name: str, url: str, errors: list[str]
+) -> dict[tuple[str, str], str]:
+    """``(file, key) -> path`` for the tensors of one object-state file (optimizer, RNG...).
+
+    The keys of such a file (``t0``, ``t1``...) mean nothing alone; its structure file names
+    them. A damaged structure file is reported with the other errors and the keys are shown.
+    """
+    from accelkit.checkpointing.inspect import state_tensor_names
+
+    try:
+        return {(name, key): path for key, path in state_tensor_names(storage, url).items()}
+    except (CheckpointError, OSError) as exc:
+        errors.append(f"{name.removesuffix('.safetensors')}.json: {exc}")
+        return {}
+
+
 def _run_inspect(args: argparse.Namespace) -> int:
     from accelkit.checkpointing.dcp_metadata import has_sharded_state, sharded_tensor_infos
     from accelkit.checkpointing.inspect import read_safetensors_header, safetensors_files
@@ -490,15 +507,29 @@ def _run_inspect(args: argparse.Namespace) -> int:
             1,
         )
     headers = []
-    errors = []
+    errors: list[str] = []
+    # (file, key) -> where the tensor sits in its object's state: optimizer/state/<param>/exp_avg
+    names: dict[tuple[str, str], str] = {}
     with progress(len(files), "file", "reading headers") as bar:
         for name, url in files:
             try:
                 headers.append(read_safetensors_header(storage, url, file=name))
             except (CheckpointError, OSError) as exc:
                 errors.append(f"{name}: {exc}")
+            else:
+                names.update(_state_names(storage, name, url, errors))
             bar.update(1)
-    tensors = [t for h in headers for t in h.tensors] + sharded_infos
+    # A state file's tensors in the order its structure lists them (the keys sort t0, t1, t10).
+    order = {place: index for index, place in enumerate(names)}
+    tensors = [
+        t
+        for h in headers
+        for t in sorted(h.tensors, key=lambda t: order.get((t.file, t.name), len(order)))
+    ] + sharded_infos
+
+    def shown(t: Any) -> str:
+        return names.get((t.file, t.name), t.name)
+
     if args.json:
         payload = {
             "path": args.path,
@@ -507,7 +538,8 @@ def _run_inspect(args: argparse.Namespace) -> int:
             ],
             "tensors": [
                 {
-                    "name": t.name,
+                    "name": shown(t),
+                    "key": t.name,
                     "dtype": t.dtype,
                     "shape": list(t.shape),
                     "file": t.file,
@@ -520,7 +552,9 @@ def _run_inspect(args: argparse.Namespace) -> int:
         }
         print(json.dumps(payload, indent=2))
     else:
-        rows = [[t.name, t.dtype, _shape(t.shape), format_size(t.nbytes), t.file] for t in tensors]
+        rows = [
+            [shown(t), t.dtype, _shape(t.shape), format_size(t.nbytes), t.file] for t in tensors
+        ]
         print(render_table(["NAME", "DTYPE", "SHAPE", "SIZE", "FILE"], rows, right=["SIZE"]))
         numel = sum(t.numel for t in tensors)
         nbytes = sum(t.nbytes for t in tensors)

@@ -120,7 +120,9 @@ class GeneralTracker:
 
         Args:
             values: metric name -> value (numbers, strings or backend objects).
-            step: the training step; ``None`` lets the backend count.
+            step: the training step. ``Accelerator.log`` always passes one (its own counter
+                when the caller gives none); ``None`` only comes from a direct call, and lets
+                the backend count.
             **kwargs: backend options (``log_kwargs[name]`` of ``Accelerator.log``).
         """
         raise NotImplementedError(f"{type(self).__name__} must implement log(values, step)")

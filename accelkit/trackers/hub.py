@@ -19,6 +19,20 @@ worker thread and waits at most ``timeout`` seconds for each tracker; ``finish()
 ``Accelerator.end_training``) and interpreter exit drain the queues within ``timeout`` seconds.
 A backend that does not return in time is reported like a failure and left behind (its worker
 is a daemon thread).
+
+Steps: ``log(values)`` without a ``step`` logs at the hub's own step counter, which starts at 0
+for each run (each ``init``) and advances by one per ``log()`` call; a ``log()`` with an explicit
+``step`` sets the counter, so the next call without one logs at ``step + 1``. There is one
+counter per hub, so every tracker records a call at the same step (left to each backend,
+TensorBoard and MLflow would put every point at step 0 and W&B would count on its own). W&B's
+``commit=False`` (several calls filling one row) therefore needs the same explicit ``step`` on
+each of those calls.
+
+Pickling: a hub pickles (``Accelerator`` objects are pickled, by Accelerate's own tests among
+others) without its threads, locks, queues or started trackers, which belong to the process that
+started them. The copy is detached: ``log`` and ``flush`` do nothing, ``get`` returns a stand-in
+whose methods do nothing for every requested tracker, and ``init`` refuses to start a second set
+of trackers writing the same run. See :meth:`TrackerHub.__getstate__`.
 """
 
 from __future__ import annotations
@@ -207,6 +221,8 @@ class TrackerHub:
         self._all_failed_reported = False
         self._run_names: set[str] = set()  # the trackers of the current run on this process
         self._run_start = 0  # index in _failures of this run's first failure
+        self._next_step = 0  # the step of the next log() called without one
+        self._detached = False  # an unpickled copy: no trackers of its own
 
     @classmethod
     def create(
@@ -254,6 +270,28 @@ class TrackerHub:
             on_error=on_error,
             timeout=timeout,
         )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The hub's settings, without what belongs to this process.
+
+        Worker threads, their queues, locks, the started trackers (open files, network runs)
+        and the tracker instances given to ``log_with`` stay behind, as do recorded failures
+        (their exceptions may not pickle). The copy keeps the settings, the requested tracker
+        names and the step counter, and is detached (see the module docstring).
+        """
+        state = self.__dict__.copy()
+        for key in ("_workers", "_live", "_specs", "_failures"):
+            state[key] = []
+        state.update(
+            _lock=None, _pending=None, _atexit_registered=False, _run_names=set(), _run_start=0
+        )
+        state["_detached"] = True
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a detached copy (see :meth:`__getstate__`)."""
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     @property
     def trackers(self) -> list[GeneralTracker]:
@@ -313,15 +351,24 @@ class TrackerHub:
             init_kwargs: tracker name -> keyword arguments for that tracker's constructor.
 
         Raises:
-            RuntimeError: trackers are already running (call ``end_training()`` first).
+            RuntimeError: trackers are already running (call ``end_training()`` first), or this
+                hub is an unpickled copy (start the trackers in the original process).
             TrackerError: a tracker failed and ``on_error="raise"``.
         """
+        if self._detached:
+            raise RuntimeError(
+                "init_trackers() was called on an unpickled copy of an Accelerator: its trackers "
+                "(if any) run in the process that pickled it, and a copy starting its own would "
+                "write the same run twice. Call init_trackers() on the original Accelerator, or "
+                "create a new Accelerator in this process."
+            )
         if self._workers:
             raise RuntimeError(
                 "init_trackers() was already called for this run; call end_training() before "
                 "starting new trackers."
             )
         init_kwargs = dict(init_kwargs or {})
+        self._next_step = 0
         self._run_start = len(self._failures)
         self._all_failed_reported = False
         self._run_names = {spec.name for spec in self._specs}
@@ -415,12 +462,24 @@ class TrackerHub:
 
         Args:
             values: metric name -> value; tensors are copied or read before this returns.
-            step: the training step, or ``None`` to let each backend count.
+            step: the training step. ``None`` (the default) logs at the hub's counter: 0 for
+                the run's first call, then one more per ``log()`` call; an explicit ``step``
+                sets the counter, so the next call without one logs at ``step + 1``. Every
+                tracker receives the same step.
             log_kwargs: tracker name -> keyword arguments for that tracker's ``log``.
 
         Raises:
             TrackerError: an earlier failure, with ``on_error="raise"``.
         """
+        if step is None:
+            step = self._next_step
+        try:
+            self._next_step = int(step) + 1
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"log(step={step!r}): the step must be an int (the training step) or None "
+                "(the hub counts the calls)."
+            ) from None
         live = self._live
         if not live:
             if self._pending is not None:
@@ -510,8 +569,8 @@ class TrackerHub:
         """The tracker called ``name`` (or its backend object with ``unwrap=True``).
 
         Values logged so far are flushed first, so the backend object is up to date. Where the
-        tracker does not exist because this is not the main process, a stand-in whose methods
-        do nothing is returned.
+        tracker does not exist because this is not the main process, or because this hub is an
+        unpickled copy, a stand-in whose methods do nothing is returned.
 
         Raises:
             ValueError: no tracker of this run has this name.
@@ -520,7 +579,7 @@ class TrackerHub:
             if worker.name == name:
                 self._wait([worker], _MARK, None, "flush")
                 return worker.tracker.tracker if unwrap else worker.tracker
-        if name in self.requested_names and not self.is_main_process:
+        if name in self.requested_names and (self._detached or not self.is_main_process):
             stand_in = NullTracker(name)
             return stand_in.tracker if unwrap else stand_in
         started = [worker.name for worker in self._workers]

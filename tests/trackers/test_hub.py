@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 import time
 import warnings
@@ -17,6 +18,7 @@ from accelkit import Accelerator
 from accelkit.trackers import GeneralTracker, TrackerError, TrackerHub, TrackerWarning
 from accelkit.trackers.base import NullTracker
 from accelkit.trackers.jsonl import read_jsonl
+from tests.trackers import readers
 from tests.trackers.custom import RecordingTracker
 
 
@@ -81,9 +83,10 @@ def test_log_keeps_order_and_steps_and_runs_off_the_caller_thread() -> None:
     hub.log({"last": True})
     hub.finish()
     logged = slow.logged()
-    assert [step for step, _ in logged] == [*range(200), None]
+    # The call without a step continues after the last explicit one.
+    assert [step for step, _ in logged] == [*range(201)]
     assert all(values["i"] == step for step, values in logged[:200])
-    assert logged[-1] == (None, {"last": True})
+    assert logged[-1] == (200, {"last": True})
     assert slow.log_threads == {"accelkit-tracker-slow"}
 
 
@@ -336,3 +339,83 @@ def test_no_all_failed_report_while_one_tracker_works(caplog: pytest.LogCaptureF
             accelerator.log({"x": 1}, step=0)
             accelerator.end_training()
     assert caplog.records == []
+
+
+def test_log_without_step_counts_calls_and_an_explicit_step_moves_the_count(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    recording = RecordingTracker("recording")
+    accelerator = Accelerator(
+        log_with=["tensorboard", "jsonl", recording], project_dir=str(tmp_path)
+    )
+    accelerator.init_trackers("run", config={"lr": 0.1})
+    for value in (1.0, 2.0, 3.0):
+        accelerator.log({"loss": value})
+    accelerator.log({"loss": 10.0}, step=10)
+    accelerator.log({"loss": 11.0})
+    accelerator.log({"loss": 5.0}, step=5)  # a step set back is followed too
+    accelerator.log({"loss": 6.0})
+    accelerator.end_training()
+
+    expected = [(0, 1.0), (1, 2.0), (2, 3.0), (10, 10.0), (11, 11.0), (5, 5.0), (6, 6.0)]
+    jsonl, _ = readers.read_jsonl(str(tmp_path), "run")
+    assert jsonl["loss"] == expected
+    tensorboard, _ = readers.read_tensorboard(str(tmp_path), "run")
+    assert tensorboard["loss"] == expected
+    assert [step for step, _ in recording.logged()] == [step for step, _ in expected]
+
+
+def test_each_run_counts_from_zero(tmp_path: Path) -> None:
+    recording = RecordingTracker("recording")
+    hub = TrackerHub.create([recording])
+    for _ in range(2):
+        hub.init("run")
+        hub.log({"x": 1})
+        hub.log({"x": 2})
+        hub.finish()
+    assert [step for step, _ in recording.logged()] == [0, 1, 0, 1]
+
+
+def test_a_step_that_is_not_a_number_is_refused_by_log() -> None:
+    hub = TrackerHub.create([RecordingTracker("recording")])
+    hub.init("run")
+    with pytest.raises(TypeError, match=r"log\(step='last'\).*int"):
+        hub.log({"x": 1}, step="last")  # type: ignore[arg-type]
+    hub.finish()
+
+
+def test_an_accelerator_with_started_trackers_pickles_to_a_detached_copy(
+    tmp_path: Path,
+) -> None:
+    accelerator = Accelerator(log_with="jsonl", project_dir=str(tmp_path))
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.DataLoader(torch.arange(8.0).reshape(8, 1), batch_size=2)
+    model, optimizer, data = accelerator.prepare(model, optimizer, data)
+    accelerator.init_trackers("run")
+    accelerator.log({"x": 1})
+
+    copy = pickle.loads(pickle.dumps(accelerator))
+
+    assert copy.state.__dict__ == accelerator.state.__dict__
+    assert isinstance(copy.get_tracker("jsonl"), NullTracker)
+    copy.log({"x": 99})  # a no-op: the copy has no trackers of its own
+    with pytest.raises(RuntimeError, match="unpickled copy"):
+        copy.init_trackers("run")
+    # The original's trackers are untouched and go on.
+    accelerator.log({"x": 2})
+    accelerator.end_training()
+    rows = read_jsonl(str(tmp_path / "run"))
+    assert [(row["step"], row["values"]["x"]) for row in rows] == [(0, 1), (1, 2)]
+
+
+def test_a_hub_pickles_before_init_and_keeps_its_step_count() -> None:
+    hub = TrackerHub.create([RecordingTracker("recording")])
+    hub.init("run")
+    hub.log({"x": 1}, step=41)
+    copy = pickle.loads(pickle.dumps(hub))
+    hub.finish()
+    assert copy.trackers == [] and copy.failures == []
+    assert copy._next_step == 42
+    assert copy.requested_names == ["recording"]
