@@ -29,11 +29,12 @@ from accelkit.checkpointing.catalog import (
     committed_automatic,
 )
 from accelkit.checkpointing.confined import confine
+from accelkit.checkpointing.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.layout import MANIFEST_NAME
 from accelkit.checkpointing.manifest import verify_files
 from accelkit.checkpointing.retention import RetentionPolicy, select_for_deletion
-from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage import Storage
 from accelkit.cli._ckpt_common import (
     Fail,
     add_common,
@@ -297,12 +298,6 @@ def _confirm(question: str) -> bool:
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
-def _check_inside(root: str, info: CheckpointInfo) -> None:
-    # Defence in depth: only direct children of the given folder are ever deleted.
-    if "/" in info.name or info.name in ("", ".", "..") or info.path != join(root, info.name):
-        raise Fail(f"refusing to delete {info.path!r}: it is not directly inside {root!r}.", 1)
-
-
 def _run_prune(args: argparse.Namespace) -> int:
     policy = _policy(args)
     storage = open_storage(args)
@@ -349,28 +344,13 @@ def _run_prune(args: argparse.Namespace) -> int:
 
 
 def _delete(storage: Storage, root: str, plan: list[tuple[CheckpointInfo, str]]) -> int:
-    freed = 0
-    failed = []
-    with progress(len(plan), "ckpt", "removing") as bar:
-        for info, _ in plan:
-            _check_inside(root, info)
-            manifest = join(info.path, MANIFEST_NAME)
-            if info.state == INCOMPLETE and storage.exists(manifest):
-                print(f"Skipped {info.name}: it was committed meanwhile.", file=sys.stderr)
-                bar.update(1)
-                continue
-            try:
-                if info.state == COMMITTED:
-                    # Un-commit first: an interrupted delete then leaves an incomplete folder
-                    # (ignored by loading, removed by the next prune), never a corrupt one.
-                    storage.remove(manifest)
-                storage.rmtree(info.path)
-            except OSError as exc:
-                failed.append(f"{info.path}: {exc}")
-            else:
-                freed += info.size_bytes
-                print(f"Removed {info.name} ({format_size(info.size_bytes)})")
-            bar.update(1)
+    """Delete the plan through :mod:`~accelkit.checkpointing.deletion` (what training's
+    retention uses), holding the project's save lock: refused while a run saves there."""
+    try:
+        with pruning_lock(storage, root):
+            freed, failed = _delete_locked(storage, root, plan)
+    except CheckpointError as exc:  # the lock is held by a live save
+        raise Fail(f"{exc} Nothing was deleted.", 1) from None
     print(f"Freed {format_size(freed)} ({freed} bytes).")
     if failed:
         print(
@@ -381,6 +361,29 @@ def _delete(storage: Storage, root: str, plan: list[tuple[CheckpointInfo, str]])
         )
         return 1
     return 0
+
+
+def _delete_locked(
+    storage: Storage, root: str, plan: list[tuple[CheckpointInfo, str]]
+) -> tuple[int, list[str]]:
+    freed = 0
+    failed = []
+    with progress(len(plan), "ckpt", "removing") as bar:
+        for info, _ in plan:
+            try:
+                removed = delete_checkpoint(storage, root, info)
+            except CheckpointError as exc:  # not inside root: stop at once
+                raise Fail(str(exc), 1) from None
+            except OSError as exc:
+                failed.append(f"{info.path}: {exc}")
+            else:
+                if removed:
+                    freed += info.size_bytes
+                    print(f"Removed {info.name} ({format_size(info.size_bytes)})")
+                else:
+                    print(f"Skipped {info.name}: it was committed meanwhile.", file=sys.stderr)
+            bar.update(1)
+    return freed, failed
 
 
 # --------------------------------------------------------------------------- verify

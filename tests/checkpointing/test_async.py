@@ -445,13 +445,14 @@ def test_cuda_snapshot_uses_reused_pinned_buffers(tmp_path: Path) -> None:
     handle = acc.save_state(async_save=True)
     for _ in range(3):  # queued on the GPU right after the call
         step()
-    buffers = acc._async_saves.snapshot.buffers()
+    snapshot = acc._checkpoints.background.snapshot
+    buffers = snapshot.buffers()
     assert buffers and all(b.is_pinned() for k, b in buffers.items() if k[0] == "model")
     pointers = {k: b.data_ptr() for k, b in buffers.items()}
     GatedFileSystem.gate.set()
     path = handle.result(timeout=120).split("://", 1)[1]
     acc.save_state(async_save=True).result(timeout=120)
-    assert {k: b.data_ptr() for k, b in acc._async_saves.snapshot.buffers().items()} == pointers
+    assert {k: b.data_ptr() for k, b in snapshot.buffers().items()} == pointers
 
     acc.load_state(path)
     for k, v in model.state_dict().items():
