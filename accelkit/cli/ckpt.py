@@ -33,7 +33,14 @@ from accelkit.checkpointing.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.layout import MANIFEST_NAME
 from accelkit.checkpointing.manifest import verify_files
-from accelkit.checkpointing.retention import RetentionPolicy, select_for_deletion
+from accelkit.checkpointing.retention import (
+    KeepBest,
+    KeepEvery,
+    KeepLast,
+    RetentionPolicy,
+    build_policy,
+    select_for_deletion,
+)
 from accelkit.checkpointing.storage import Storage
 from accelkit.cli._ckpt_common import (
     Fail,
@@ -247,29 +254,40 @@ def _run_ls(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- prune
 
 
+_FLAG_NAMES = {
+    "keep_last": "--keep",
+    "keep_every": "--keep-every",
+    "keep_best": "--keep-best",
+    "metric": "--metric",
+    "mode": "--mode",
+}
+
+
 def _policy(args: argparse.Namespace) -> RetentionPolicy:
     if args.metric is not None and args.keep_best is None:
         raise usage(f"--metric {args.metric!r} is only used with --keep-best K; add it.")
-    if args.keep_best is not None and not args.metric:
-        raise usage("--keep-best needs --metric M, the name of a metric given to save_state.")
     try:
-        return RetentionPolicy(
+        return build_policy(
             keep_last=args.keep,
             keep_every=args.keep_every,
             keep_best=args.keep_best,
             metric=args.metric,
             mode=args.mode,
+            names=_FLAG_NAMES,
         )
     except ValueError as exc:
         raise usage(str(exc)) from None
 
 
 def _describe(policy: RetentionPolicy) -> str:
-    parts = [f"--keep {policy.keep_last}"]
-    if policy.keep_every is not None:
-        parts.append(f"--keep-every {policy.keep_every}")
-    if policy.keep_best is not None:
-        parts.append(f"--keep-best {policy.keep_best} ({policy.mode} {policy.metric})")
+    parts = []
+    for rule in policy.rules:
+        if isinstance(rule, KeepLast):
+            parts.append(f"--keep {rule.count}")
+        elif isinstance(rule, KeepEvery):
+            parts.append(f"--keep-every {rule.every}")
+        elif isinstance(rule, KeepBest):
+            parts.append(f"--keep-best {rule.count} ({rule.mode} {rule.metric})")
     return " ".join(parts)
 
 
