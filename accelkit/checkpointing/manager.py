@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from accelkit.checkpointing.async_save import AsyncSaver
+from accelkit.checkpointing.async_save import AsyncCheckpoint, AsyncSaver
 from accelkit.checkpointing.catalog import (
     CORRUPT,
     CheckpointInfo,
@@ -240,7 +240,7 @@ class CheckpointManager:
         metadata: Mapping[str, Any] | None = None,
         max_shard_size: int | str = "10GB",
         async_save: bool | None = None,
-    ) -> Any:
+    ) -> str | AsyncCheckpoint:
         """Write a checkpoint of ``objects`` and commit it (see
         :mod:`~accelkit.checkpointing.protocol`); must be called on every process.
 

@@ -317,6 +317,9 @@ class SaveSequence:
             self._payload = build()
         except Exception as exc:
             self._capture_error = exc
+        except BaseException:  # interrupted: this process will not reach the next phase
+            self._abandon()
+            raise
 
     def finish(self) -> None:
         """Phases 2 (agreement) to 6, on every process (in a writer thread for an asynchronous
@@ -331,10 +334,7 @@ class SaveSequence:
             if self.is_main and self.request.automatic and self.retention is not None:
                 self.retention(self.target)  # logs its own failures
         except BaseException:
-            self._payload = None
-            if self.is_main and self.request.automatic:
-                self._discard()
-            self._release()
+            self._abandon()
             raise
         self._release()
         self._exchange(DONE, None)
@@ -404,6 +404,14 @@ class SaveSequence:
             storage.fsync_dir(parent)
 
     # ------------------------------------------------------------------ clean-up
+
+    def _abandon(self) -> None:
+        """After a failure: drop the payload, remove the spent automatic folder, give the lock
+        back."""
+        self._payload = None
+        if self.is_main and self.request.automatic:
+            self._discard()
+        self._release()
 
     def _release(self) -> None:
         if self.is_main and self.lock is not None:

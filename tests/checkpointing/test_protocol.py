@@ -211,3 +211,22 @@ def test_an_explicit_folder_is_uncommitted_then_rewritten(tmp_path: Path) -> Non
     assert _save(run, FakeGroup(2), automatic=False) == ["ok", "ok"]
     assert run.committed() and not (run.local_target / "random_states_5.json").exists()
     assert run.retention_saw == []  # explicit folders are never retained
+
+
+def test_an_interrupted_capture_gives_the_lock_back(tmp_path: Path) -> None:
+    """Ctrl-C while a pre-hook runs: the caller gets the interrupt, the folder and the lock
+    are not left behind."""
+    run = _run(tmp_path)
+    hub = FakeGroup(1)
+    lock = RunLock(get_storage(run.project), run.project)
+    request = SaveRequest(run.target, True, iteration=0)
+    sequence = SaveSequence(hub.coordinator(0), get_storage(run.target), request, lock=lock)
+    sequence.prepare()
+    assert run.lock_file.exists() and run.local_target.is_dir()
+
+    def interrupted() -> LivePayload:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sequence.capture(interrupted)
+    assert not run.lock_file.exists() and not run.local_target.exists()
