@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,13 @@ from accelkit.checkpointing.async_save import AsyncCheckpoint
 from accelkit.checkpointing.contents import Snapshot
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.snapshot import HostSnapshot
-from tests.checkpointing import gatedfs
 from tests.checkpointing.gatedfs import GatedFileSystem, gated_url
 from tests.helpers.distributed import run_distributed
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _open_gate() -> Iterator[None]:
-    gatedfs.reset()
-    yield
-    gatedfs.reset()
+pytestmark = pytest.mark.usefixtures("open_gate")
 
 
 class Tied(nn.Module):

@@ -13,7 +13,6 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,17 +24,12 @@ from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.lock import LOCK_NAME, PRUNE, RunLock, _start_time
 from accelkit.checkpointing.storage import Storage, get_storage
 from accelkit.cli.main import main
-from tests.checkpointing import gatedfs
 from tests.cli.ckpt_fixtures import build_run
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _open_gate() -> Iterator[None]:
-    gatedfs.reset()
-    yield
-    gatedfs.reset()
+pytestmark = pytest.mark.usefixtures("open_gate")
 
 
 def _states(root: str) -> dict[str, str]:

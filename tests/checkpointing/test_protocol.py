@@ -22,16 +22,10 @@ from accelkit.checkpointing.manifest import FileEntry, file_checksum
 from accelkit.checkpointing.payload import LivePayload
 from accelkit.checkpointing.protocol import PHASES, SaveRequest, SaveSequence
 from accelkit.checkpointing.storage import Storage, get_storage, join
-from tests.checkpointing import gatedfs
 from tests.checkpointing.fake_coordinator import FakeCoordinator, FakeGroup, run_ranks
 from tests.checkpointing.gatedfs import GatedFileSystem, gated_url
 
-
-@pytest.fixture(autouse=True)
-def _open_gate() -> Any:
-    gatedfs.reset()
-    yield
-    gatedfs.reset()
+pytestmark = pytest.mark.usefixtures("open_gate")
 
 
 @dataclass
