@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accelkit._lazy import lazy_getattr
-
-__version__ = "0.1.0"
+from accelkit._version import __version__
 
 _PUBLIC = {
     "AutocastKwargs": "accelkit.kwargs_handlers",

@@ -30,7 +30,6 @@ class CheckpointingAPI:
     gradient_state: _optim.GradientState
     scaler: Any
     _checkpoints: _ckpt_manager.CheckpointManager
-    _async_saves: _ckpt_async.AsyncSaver
     _models: list[torch.nn.Module]
     _optimizers: list[_optim.AcceleratedOptimizer]
     _schedulers: list[_optim.AcceleratedScheduler]
@@ -53,7 +52,7 @@ class CheckpointingAPI:
     @property
     def save_iteration(self) -> int:
         """Number of the next automatically named checkpoint."""
-        return self.project_configuration.iteration
+        return self._checkpoints.counter.value
 
     def _checkpoint_objects(self) -> _ckpt_manager.TrainingObjects:
         return _ckpt_manager.TrainingObjects(
@@ -133,7 +132,7 @@ class CheckpointingAPI:
         """
         step = self.gradient_state.optimizer_steps
         objects = self._checkpoint_objects()
-        return self._async_saves.save(output_dir, objects, step, async_save, **kwargs)
+        return self._checkpoints.save(output_dir, objects, step, async_save=async_save, **kwargs)
 
     def wait_for_checkpoints(self) -> None:
         """Block until the asynchronous save in flight (if any) has committed.
@@ -141,7 +140,7 @@ class CheckpointingAPI:
         Raises:
             CheckpointError: a background save failed (raised once; it was not committed).
         """
-        self._async_saves.wait()
+        self._checkpoints.wait()
 
     def load_state(
         self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kwargs: Any
@@ -160,7 +159,6 @@ class CheckpointingAPI:
         Returns:
             The path or URL that was loaded.
         """
-        self._async_saves.wait()
         result = self._checkpoints.load(input_dir, self._checkpoint_objects(), **kwargs)
         # The manifest's step counts optimizer steps. Gradients are not saved, so accumulation
         # restarts at a boundary: a partial accumulation from before the save cannot be resumed.

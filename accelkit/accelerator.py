@@ -25,7 +25,6 @@ from accelkit import training as _training
 from accelkit._checkpointing_api import CheckpointingAPI
 from accelkit._compat_api import CompatAPI
 from accelkit._process_api import ProcessAPI
-from accelkit.checkpointing import async_save as _ckpt_async
 from accelkit.checkpointing import config as _ckpt_config
 from accelkit.checkpointing import manager as _ckpt_manager
 from accelkit.data import DataLoaderConfiguration
@@ -152,7 +151,6 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
             project_config, project_dir, logging_dir
         )
         self._checkpoints = _ckpt_manager.CheckpointManager(self.project_configuration, self.state)
-        self._async_saves = _ckpt_async.AsyncSaver(self._checkpoints)
         # ===== end checkpointing: init =====
         # ===== tracking: init =====
         self._trackers = TrackerHub.create(
@@ -493,5 +491,5 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
         """Finish every tracker and wait for pending saves; call once at the end of the script."""
         # ===== end_training hooks =====
         self._trackers.finish()
-        self._async_saves.wait()
+        self._checkpoints.wait()
         # ===== end end_training hooks =====

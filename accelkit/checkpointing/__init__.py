@@ -15,9 +15,13 @@ Modules, from the bottom up:
 - :mod:`~accelkit.checkpointing.state_io` -- state dicts without pickle.
 - :mod:`~accelkit.checkpointing.rng` -- random generator states.
 - :mod:`~accelkit.checkpointing.contents` -- what a training checkpoint holds.
-- :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest / commit protocol.
+- :mod:`~accelkit.checkpointing.lock` -- the project's save lock (saves and prunes).
+- :mod:`~accelkit.checkpointing.deletion` -- un-commit, then remove (retention and prune).
+- :mod:`~accelkit.checkpointing.payload` -- what a save writes, taken from the live objects.
 - :mod:`~accelkit.checkpointing.snapshot` -- a reusable host-memory copy of the saved state.
-- :mod:`~accelkit.checkpointing.async_save` -- saves written and committed in the background.
+- :mod:`~accelkit.checkpointing.protocol` -- the one commit sequence every save runs.
+- :mod:`~accelkit.checkpointing.async_save` -- the background driver of that sequence.
+- :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest; the run's counter.
 - :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
 - :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
 """

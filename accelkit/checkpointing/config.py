@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelkit.checkpointing.retention import RetentionPolicy
+from accelkit.checkpointing.retention import RetentionPolicy, build_policy
 
 __all__ = ["ProjectConfiguration", "resolve_project_configuration"]
 
@@ -89,24 +89,32 @@ class ProjectConfiguration:
             self.logging_dir = self.project_dir
 
     def retention_policy(self) -> RetentionPolicy:
-        """The :class:`~accelkit.checkpointing.retention.RetentionPolicy` these settings make.
+        """The :class:`~accelkit.checkpointing.retention.RetentionPolicy` these settings make
+        (:func:`~accelkit.checkpointing.retention.build_policy`, as ``ckpt prune`` uses).
 
         Raises:
             ValueError: naming the bad setting (e.g. ``total_limit=0``).
         """
         try:
-            return RetentionPolicy(
+            return build_policy(
                 keep_last=self.total_limit,
                 keep_every=self.keep_every,
                 keep_best=self.keep_best,
                 metric=self.best_metric,
                 mode=self.best_mode,
+                names=_SETTING_NAMES,
             )
         except ValueError as exc:
-            message = (
-                str(exc).replace("keep_last", "total_limit").replace("metric=", "best_metric=")
-            )
-            raise ValueError(f"ProjectConfiguration: {message}") from None
+            raise ValueError(f"ProjectConfiguration: {exc}") from None
+
+
+_SETTING_NAMES = {
+    "keep_last": "total_limit",
+    "keep_every": "keep_every",
+    "keep_best": "keep_best",
+    "metric": "best_metric",
+    "mode": "best_mode",
+}
 
 
 def resolve_project_configuration(

@@ -20,8 +20,12 @@ atomic on a local disk (``O_EXCL``) and on object stores that honour a condition
 (``If-None-Match: *``: AWS S3, SeaweedFS). Where a store ignores the condition, the lock is read
 back and the last writer wins, which leaves a window of a fraction of a second.
 
-Public API: :data:`LOCK_NAME`, :data:`STALE_AFTER_S`, :class:`RunLock` (``acquire()``,
-``release()``).
+``accelkit ckpt prune`` takes the same lock while it deletes (role ``prune``, recorded in the
+file): a prune that finds a live save holding it is refused, and a save that finds a live prune
+holding it waits for it (up to :data:`PRUNE_WAIT_S` seconds; a prune takes seconds).
+
+Public API: :data:`LOCK_NAME`, :data:`STALE_AFTER_S`, :data:`PRUNE_WAIT_S`, :data:`SAVE`,
+:data:`PRUNE`, :class:`RunLock` (``acquire()``, ``release()``).
 """
 
 from __future__ import annotations
@@ -38,10 +42,14 @@ from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointErro
 from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.storage import Storage, join
 
-__all__ = ["LOCK_NAME", "STALE_AFTER_S", "RunLock"]
+__all__ = ["LOCK_NAME", "PRUNE", "PRUNE_WAIT_S", "SAVE", "STALE_AFTER_S", "RunLock"]
 
 LOCK_NAME = ".accelkit-run.lock"
 STALE_AFTER_S = float(os.environ.get("ACCELKIT_LOCK_STALE_S", "3600"))
+PRUNE_WAIT_S = 300.0
+SAVE = "save"
+PRUNE = "prune"
+_POLL_S = 0.05
 
 
 def _start_time(pid: int) -> str | None:
@@ -75,10 +83,14 @@ class RunLock:
     Args:
         storage: the storage of ``project_dir``.
         project_dir: the run's project folder (local path or URL).
+        role: :data:`SAVE` (a run saving checkpoints) or :data:`PRUNE` (``ckpt prune``).
     """
 
-    def __init__(self, storage: Storage, project_dir: str) -> None:
+    def __init__(self, storage: Storage, project_dir: str, role: str = SAVE) -> None:
+        if role not in (SAVE, PRUNE):
+            raise ValueError(f"role must be {SAVE!r} or {PRUNE!r}, got {role!r}.")
         self.storage = storage
+        self.role = role
         self.root = project_dir
         self.url = join(project_dir, LOCK_NAME)
         self.host = socket.gethostname()
@@ -92,6 +104,7 @@ class RunLock:
             "pid": self.pid,
             "started": self.started,
             "token": self.token,
+            "role": self.role,
             "updated": time.time(),
         }
         return json.dumps(data).encode()
@@ -117,6 +130,9 @@ class RunLock:
         # The same process (another Accelerator in a notebook, a test) shares the lock.
         return holder.get("host") == self.host and holder.get("pid") == self.pid
 
+    def _waits_for(self, holder: dict[str, Any]) -> bool:
+        return self.role == SAVE and holder.get("role") == PRUNE
+
     def _stale(self, holder: dict[str, Any]) -> bool:
         pid = holder.get("pid")
         if holder.get("host") == self.host and isinstance(pid, int):
@@ -134,6 +150,20 @@ class RunLock:
             if isinstance(since, (int, float))
             else "an unknown time"
         )
+        who = f"pid {holder.get('pid')} on host {holder.get('host')!r}"
+        if holder.get("role") == PRUNE:
+            return CheckpointError(
+                f"{self.root} is being pruned ({who} runs `accelkit ckpt prune` there since "
+                f"{when}). Wait for it to finish and try again; if it is gone (e.g. it ran on "
+                f"another machine), delete {self.url}."
+            )
+        if self.role == PRUNE:
+            return CheckpointError(
+                f"{self.root} has a checkpoint save in flight ({who} is saving there since "
+                f"{when}); prune deletes nothing while a run saves into the project. Run it "
+                f"again once the save has finished; if that run is gone (e.g. it ran on another "
+                f"machine), delete {self.url} and prune again."
+            )
         return CheckpointError(
             f"{self.root} is in use by another run (pid {holder.get('pid')} on host "
             f"{holder.get('host')!r} is saving a checkpoint there since {when}): two runs "
@@ -143,16 +173,25 @@ class RunLock:
         )
 
     def acquire(self) -> None:
-        """Take the lock before a save.
+        """Take the lock before a save (or a prune).
+
+        A save that finds a live prune holding it waits for it, up to :data:`PRUNE_WAIT_S`.
 
         Raises:
-            CheckpointError: another live run holds it.
+            CheckpointError: another live run holds it (naming its host and pid, and the fix).
         """
         self.storage.makedirs(self.root)
-        for _ in range(3):
+        deadline = time.monotonic() + PRUNE_WAIT_S
+        tries = 0
+        while tries < 3:
+            tries += 1
             holder = self._read()
             if holder is not None and not self._ours(holder):
                 if not self._stale(holder):
+                    if self._waits_for(holder) and time.monotonic() < deadline:
+                        time.sleep(_POLL_S)  # a prune takes seconds: the save goes on after it
+                        tries -= 1
+                        continue
                     raise self._refuse(holder)
                 self.storage.remove(self.url)  # left by a dead run: take it over
                 holder = None

@@ -1,25 +1,22 @@
-"""Save, load, list and rotate checkpoints with the commit protocol.
+"""Save, load, list and rotate the checkpoints of one run.
 
-The protocol, the same on every storage:
+:class:`CheckpointManager` is what ``save_state``/``load_state`` call. A save runs the commit
+protocol of :mod:`~accelkit.checkpointing.protocol` (prepare under the project's save lock,
+agree, write, exchange, commit, retention, release), either in the caller's thread on the
+default process group or, with ``async_save``, through the driver of
+:mod:`~accelkit.checkpointing.async_save` (a host snapshot written by a writer thread on its
+own gloo group). Retention and ``accelkit ckpt prune`` delete through
+:mod:`~accelkit.checkpointing.deletion`.
 
-1. The main process prepares the folder: for an automatic save it takes the project's save
-   lock (:mod:`~accelkit.checkpointing.lock`, given back after step 4), and
-   ``checkpoint_<n>`` must not exist yet;
-   an explicit folder that holds a manifest is first un-committed (manifest removed).
-2. Every process writes its files (the main process the shared ones, each process its
-   ``random_states_<rank>``), then all exchange the list of what they wrote (a barrier).
-3. If every process succeeded, the main process removes files of an earlier save that this
-   one did not write, and writes ``accelkit.json`` last (atomically): the commit.
-4. Only after the commit, and only on the main process, retention deletes old committed
-   ``checkpoint_<n>`` folders (manifest first, so a crash leaves an incomplete folder, never a
-   corrupt committed one).
+The run's counter (the number of the next automatic checkpoint) is an
+:class:`IterationCounter` the manager owns; users read it as ``ProjectConfiguration.iteration``.
 
 Loading reads and checks every file first and changes the live objects only when all of it is
 good; it never writes to storage.
 
 Public API: :class:`CheckpointManager` (``register``, ``register_save_pre_hook``,
-``register_load_pre_hook``, ``save``, ``load``, ``list_checkpoints``, ``latest``,
-``checkpoints_root``, ``save_object``) and :class:`LoadResult`.
+``register_load_pre_hook``, ``save``, ``wait``, ``load``, ``list_checkpoints``, ``latest``,
+``checkpoints_root``, ``save_object``), :class:`IterationCounter` and :class:`LoadResult`.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ import dataclasses
 import io
 import logging
 import os
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,7 +33,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from accelkit import ops
+from accelkit.checkpointing.async_save import AsyncCheckpoint, AsyncSaver
 from accelkit.checkpointing.catalog import (
     CORRUPT,
     CheckpointInfo,
@@ -46,44 +42,33 @@ from accelkit.checkpointing.catalog import (
     list_checkpoints,
     next_iteration,
 )
-from accelkit.checkpointing.checksum import DEFAULT_ALGORITHM
 from accelkit.checkpointing.config import ProjectConfiguration
 from accelkit.checkpointing.confined import confine
-from accelkit.checkpointing.contents import (
-    TrainingObjects,
-    apply_contents,
-    read_contents,
-    unwrap_model,
-    write_contents,
-)
+from accelkit.checkpointing.contents import TrainingObjects, apply_contents, read_contents
+from accelkit.checkpointing.deletion import apply_retention
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-from accelkit.checkpointing.layout import (
-    MANIFEST_NAME,
-    SAVE_MARKER_NAME,
-    checkpoint_name,
-    checkpoints_dir,
-    is_state_file,
-)
+from accelkit.checkpointing.layout import checkpoint_name, checkpoints_dir
 from accelkit.checkpointing.loading import agree_on_load, check_loadable
 from accelkit.checkpointing.lock import RunLock
-from accelkit.checkpointing.manifest import (
-    FileEntry,
-    Manifest,
-    file_checksum,
-    read_manifest,
-    write_manifest,
+from accelkit.checkpointing.manifest import Manifest
+from accelkit.checkpointing.payload import LivePayload, capture_live
+from accelkit.checkpointing.protocol import (
+    Coordinator,
+    DefaultCoordinator,
+    SaveRequest,
+    SaveSequence,
 )
-from accelkit.checkpointing.retention import select_for_deletion
 from accelkit.checkpointing.safetensors_io import write_safetensors
-from accelkit.checkpointing.sharded import (
-    check_load_compatible,
-    load_sharded,
-    save_sharded,
-    sharded_targets,
-)
-from accelkit.checkpointing.storage import Storage, get_storage, join, sync_batch
+from accelkit.checkpointing.sharded import check_load_compatible, load_sharded, sharded_targets
+from accelkit.checkpointing.storage import Storage, get_storage, join
 
-__all__ = ["CheckpointManager", "LoadResult", "ProcessInfo", "TrainingObjects"]
+__all__ = [
+    "CheckpointManager",
+    "IterationCounter",
+    "LoadResult",
+    "ProcessInfo",
+    "TrainingObjects",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -123,28 +108,31 @@ def _warn_damaged(path: str, why: str | None) -> None:
     )
 
 
-def _save_marker() -> bytes:
-    import json
-    import socket
+class IterationCounter:
+    """The number of the next automatic checkpoint: the run's counter, owned by its
+    :class:`CheckpointManager`.
 
-    doc = {"format": "accelkit-save", "started": time.time(), "host": socket.gethostname()}
-    return json.dumps({**doc, "pid": os.getpid()}).encode()
+    Users read it (and may set it) as ``ProjectConfiguration.iteration``, as Accelerate
+    documents: :meth:`set` is the one place that writes that field, and :attr:`value` adopts a
+    number the user wrote there since.
+    """
 
+    def __init__(self, config: ProjectConfiguration) -> None:
+        self._config = config
+        self._value = config.iteration
 
-def _agree(error: BaseException | None, what: str) -> None:
-    """Share one failure flag across processes; every process raises if any failed."""
-    flags = ops.gather_object([None if error is None else f"{type(error).__name__}: {error}"])
-    if isinstance(error, CheckpointError):
-        raise error
-    if error is not None:  # a storage error: say what failed, where, and that nothing committed
-        raise CheckpointError(
-            f"{what} failed: {type(error).__name__}: {error}. Nothing was committed; earlier "
-            "checkpoints are untouched."
-        ) from error
-    failed = [(rank, msg) for rank, msg in enumerate(flags) if msg is not None]
-    if failed:
-        rank, msg = failed[0]
-        raise CheckpointError(f"{what} failed on process {rank}: {msg}")
+    @property
+    def value(self) -> int:
+        """The number the next automatic save uses."""
+        shown = self._config.iteration
+        if shown != self._value:  # set by the user since: theirs wins
+            self._value = shown
+        return self._value
+
+    def set(self, value: int) -> None:
+        """Make ``value`` the next number (and show it in the configuration)."""
+        self._value = value
+        self._config.iteration = value
 
 
 class CheckpointManager:
@@ -162,7 +150,9 @@ class CheckpointManager:
         # OrderedDict, not dict: RemovableHandle keeps a weak reference to it.
         self._save_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
-        self._run_lock: RunLock | None = None
+        self._lock: RunLock | None = None
+        self.counter = IterationCounter(config)
+        self.background = AsyncSaver()
 
     # ------------------------------------------------------------------ registration
 
@@ -237,7 +227,7 @@ class CheckpointManager:
                 "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
             )
         root = self.checkpoints_root()
-        return join(root, checkpoint_name(self.config.iteration)), True
+        return join(root, checkpoint_name(self.counter.value)), True
 
     # ------------------------------------------------------------------ saving
 
@@ -249,214 +239,87 @@ class CheckpointManager:
         metrics: Mapping[str, float] | None = None,
         metadata: Mapping[str, Any] | None = None,
         max_shard_size: int | str = "10GB",
-    ) -> str:
-        """Write a checkpoint of ``objects`` and commit it; returns its path/URL.
+        async_save: bool | None = None,
+    ) -> str | AsyncCheckpoint:
+        """Write a checkpoint of ``objects`` and commit it (see
+        :mod:`~accelkit.checkpointing.protocol`); must be called on every process.
 
-        Must be called on every process. See the module docstring for the protocol.
+        Waits for the asynchronous save in flight first and raises its failure.
+
+        Args:
+            async_save: copy the state to host memory and write it in a writer thread,
+                returning an :class:`~accelkit.checkpointing.async_save.AsyncCheckpoint`;
+                ``None`` uses ``ProjectConfiguration.async_save``.
+
+        Returns:
+            The checkpoint's path or URL; with ``async_save``, the handle of the save.
 
         Raises:
-            CheckpointError: if the automatic folder already exists or any process failed; the
-                checkpoint is then not committed.
+            CheckpointError: the previous asynchronous save failed, the automatic folder
+                already exists, or any process failed; the checkpoint is then not committed.
         """
+        self.wait()
+        if async_save is None:
+            async_save = bool(self.config.async_save)
         target, automatic = self._output_dir(output_dir)
-        storage = self.storage(target)
-        iteration = self.config.iteration
-        main = self.state.is_main_process
-        metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
-        error: BaseException | None = None
-        try:
-            if main:
-                try:
-                    if automatic:
-                        self._hold_run_lock()
-                    self._prepare_folder(storage, target, automatic)
-                except Exception as exc:
-                    error = exc
-            _agree(error, f"Preparing {target}")
-            try:
-                self._write_and_commit(
-                    storage, target, objects, iteration, step, metrics, metadata, max_shard_size
-                )
-            except BaseException:
-                if automatic:
-                    # The folder name is spent: the next automatic save uses the next number,
-                    # and the main process removes the uncommitted folder if the storage lets it.
-                    self.config.iteration = iteration + 1
-                    if main:
-                        self._discard(storage, target)
-                raise
-            if main and automatic:
-                self._apply_retention(storage, target)
-        finally:
-            if main and automatic:
-                self._release_run_lock()
-        self.config.iteration = iteration + 1
-        self.state.wait_for_everyone()
+        request = SaveRequest(
+            target=target,
+            automatic=automatic,
+            iteration=self.counter.value,
+            step=int(step),
+            metrics={str(k): float(v) for k, v in (metrics or {}).items()},
+            metadata=dict(metadata or {}),
+            max_shard_size=max_shard_size,
+        )
+        if async_save:
+            coordinator: Coordinator = self.background.coordinator(self.state)
+        else:
+            coordinator = DefaultCoordinator(self.state)
+        sequence = SaveSequence(
+            coordinator,
+            self.storage(target),
+            request,
+            lock=self._run_lock() if automatic else None,
+            retention=self._retain,
+            label="Asynchronous save of" if async_save else "Saving",
+        )
+        sequence.prepare()
+        # The number is spent whatever happens next: a failed automatic folder is removed,
+        # and the next save uses the next number.
+        self.counter.set(request.iteration + 1)
+        rank, main = self.state.process_index, self.state.is_main_process
+        hooks = list(self._save_hooks.values())
+
+        def take() -> LivePayload:
+            return capture_live(objects, hooks, target, rank, main)
+
+        if async_save:
+            return self.background.start(sequence, take)
+        sequence.capture(take)
+        sequence.finish()
         return target
 
-    def _write_and_commit(
-        self,
-        storage: Storage,
-        target: str,
-        objects: TrainingObjects,
-        iteration: int,
-        step: int,
-        metrics: dict[str, float],
-        metadata: Mapping[str, Any] | None,
-        max_shard_size: int | str,
-    ) -> None:
-        main = self.state.is_main_process
-        written: dict[str, Any] = {}
-        error: BaseException | None = None
-        sharded_entries: list[FileEntry] = []
-        try:
-            targets = sharded_targets(objects.models, objects.optimizers)
-            if targets:  # FSDP: every process writes its shards (a collective), then the rest
-                sharded_entries = save_sharded(storage, target, targets, gather=False)
-                objects = targets.remaining(objects)
-            weights = [unwrap_model(m).state_dict() for m in objects.models]
-            models = list(objects.models)
-            for hook in list(self._save_hooks.values()):
-                hook(models, weights, target)
-            with sync_batch():  # fsync each file while the next one is written
-                written = write_contents(
-                    storage,
-                    target,
-                    objects,
-                    weights,
-                    rank=self.state.process_index,
-                    is_main=main,
-                    max_shard_size=max_shard_size,
-                )
-        except Exception as exc:
-            error = exc
-        entries = [FileEntry(name, w.size, w.checksum) for name, w in written.items()]
-        entries += sharded_entries
-        gathered = ops.gather_object([(entries, None if error is None else repr(error))])
-        if error is not None:
-            raise CheckpointError(
-                f"Saving {target} failed on process {self.state.process_index}: "
-                f"{type(error).__name__}: {error}. It was not committed; earlier checkpoints "
-                "are untouched."
-            ) from error
-        for rank, (_, failure) in enumerate(gathered):
-            if failure is not None:
-                raise CheckpointError(
-                    f"Saving {target} failed on process {rank} ({failure}); it was not "
-                    "committed and earlier checkpoints are untouched."
-                )
-        error = None
-        if main:
-            try:
-                files = {e.path: e for part, _ in gathered for e in part}
-                self._commit(storage, target, files, iteration, step, metrics, metadata)
-            except Exception as exc:
-                error = exc
-        _agree(error, f"Committing {target}")
+    def wait(self) -> None:
+        """Block until the asynchronous save in flight (if any) has finished; raise its
+        failure unless the caller already got it from the handle.
 
-    def _hold_run_lock(self) -> None:
-        """Take the project's save lock (see :mod:`~accelkit.checkpointing.lock`): a save of
+        Raises:
+            CheckpointError: it failed; it was not committed.
+        """
+        self.background.wait()
+
+    def _run_lock(self) -> RunLock:
+        """The project's save lock (see :mod:`~accelkit.checkpointing.lock`): a save of
         another live process into the same project_dir is refused."""
         project = self.config.project_dir
         assert project is not None  # automatic naming has a project_dir
-        if self._run_lock is None or self._run_lock.root != project:
-            self._run_lock = RunLock(self.storage(project), project)
-        self._run_lock.acquire()
+        if self._lock is None or self._lock.root != project:
+            self._lock = RunLock(self.storage(project), project)
+        return self._lock
 
-    def _release_run_lock(self) -> None:
-        if self._run_lock is not None:
-            self._run_lock.release()
-
-    def _discard(self, storage: Storage, target: str) -> None:
-        try:
-            if read_manifest(storage, target) is None:
-                storage.rmtree(target)
-        except Exception as exc:
-            logger.warning(
-                "Could not remove the uncommitted folder %s (%s); it is ignored by loading and "
-                "retention, and `accelkit ckpt prune` removes it.",
-                target,
-                exc,
-            )
-
-    def _prepare_folder(self, storage: Storage, target: str, automatic: bool) -> None:
-        if automatic and storage.exists(target):
-            raise CheckpointError(
-                f"{target} already exists: accelkit never overwrites an automatic checkpoint. "
-                "Call load_state() first (it sets ProjectConfiguration.iteration past the "
-                "existing ones) or set iteration yourself; if another run saves into this "
-                "project_dir, give each run its own."
-            )
-        manifest_url = join(target, MANIFEST_NAME)
-        if storage.exists(manifest_url):
-            storage.remove(manifest_url)  # un-commit before changing any file
-            storage.fsync_dir(target)
-        storage.makedirs(target)
-        # First into the folder: what proves to `ckpt prune` that accelkit started this save
-        # (a folder without a manifest and without the marker is never deleted).
-        storage.write_bytes(join(target, SAVE_MARKER_NAME), _save_marker())
-
-    def _commit(
-        self,
-        storage: Storage,
-        target: str,
-        files: dict[str, FileEntry],
-        iteration: int,
-        step: int,
-        metrics: dict[str, float],
-        metadata: Mapping[str, Any] | None,
-    ) -> None:
-        for rel in storage.walk_files(target):
-            if rel in files or rel == MANIFEST_NAME:
-                continue
-            base = rel.rsplit("/", 1)[-1]
-            if is_state_file(base) or base.startswith(f".{MANIFEST_NAME}.tmp"):
-                storage.remove(join(target, rel))  # left by an earlier save into this folder
-            else:  # written by a save pre-hook: part of the checkpoint
-                size, checksum = file_checksum(storage, join(target, rel), DEFAULT_ALGORITHM)
-                files[rel] = FileEntry(rel, size, checksum)
-        import accelkit
-
-        manifest = Manifest(
-            iteration=iteration,
-            step=int(step),
-            world_size=self.state.num_processes,
-            files=sorted(files.values(), key=lambda e: e.path),
-            created=time.time(),
-            metadata=dict(metadata or {}),
-            metrics=metrics,
-            accelkit_version=accelkit.__version__,
-            torch_version=torch.__version__,
-        )
-        # Data files are already fsync-ed; the manifest's rename is fsync-ed with its folder
-        # (journaling filesystems commit the earlier entries of the folder with it), then the
-        # checkpoint folder's own entry in its parent.
-        write_manifest(storage, target, manifest)
-        parent = target.rstrip("/").rpartition("/")[0]
-        if parent:
-            storage.fsync_dir(parent)
-
-    def _apply_retention(self, storage: Storage, target: str) -> None:
-        policy = self.config.retention_policy()
-        if policy.is_unlimited:
-            return
+    def _retain(self, committed: str) -> None:
         root = self.checkpoints_root()
-        try:
-            committed = committed_automatic(list_checkpoints(storage, root))
-            doomed = select_for_deletion(committed, policy)
-            for info in doomed:
-                if info.path.rstrip("/") == target.rstrip("/"):
-                    continue  # never the checkpoint just committed
-                storage.remove(join(info.path, MANIFEST_NAME))  # un-commit first
-                storage.rmtree(info.path)
-        except Exception as exc:  # the new checkpoint is committed; report and go on
-            logger.warning(
-                "Retention under %s failed after committing %s: %s. Old checkpoints may remain;"
-                " remove them with `accelkit ckpt prune`.",
-                root,
-                target,
-                exc,
-            )
+        apply_retention(self.storage(root), root, self.config.retention_policy(), committed)
 
     # ------------------------------------------------------------------ loading
 
@@ -474,7 +337,7 @@ class CheckpointManager:
         if not committed:
             # A run killed inside its first save left checkpoint_<n> folders: the next
             # automatic save must not collide with them.
-            self.config.iteration = max(self.config.iteration, next_iteration(infos))
+            self.counter.set(max(self.counter.value, next_iteration(infos)))
             others = ", ".join(f"{i.name} ({i.state})" for i in infos) or "nothing"
             raise CheckpointError(
                 f"No committed checkpoint under {root} (found: {others}). Save one with "
@@ -494,6 +357,8 @@ class CheckpointManager:
     ) -> LoadResult:
         """Restore ``objects`` from a committed checkpoint; must be called on every process.
 
+        Waits for the asynchronous save in flight first (and raises its failure).
+
         With ``input_dir=None``, the newest committed checkpoint under ``project_dir`` that
         loads: one whose files fail their checks is skipped with a warning naming it and why
         (it is never deleted), and the next older one is tried. With a path, that checkpoint
@@ -507,6 +372,7 @@ class CheckpointManager:
             CorruptCheckpointError / CheckpointMismatchError: see :func:`~accelkit.
                 checkpointing.contents.read_contents`. Nothing is changed then.
         """
+        self.wait()
         if input_dir is not None:
             return self._load_from(os.fspath(input_dir), objects, verify)
         candidates = self._committed_newest_first()
@@ -559,7 +425,7 @@ class CheckpointManager:
         if targets:  # a collective; DCP reshards to this run's process count
             load_sharded(storage, path, targets, manifest, verify)
         apply_contents(loaded, plain)
-        self.config.iteration = self._next_iteration(info)
+        self.counter.set(self._next_iteration(info))
         # Every process lists the folder before any of them can start the next save (whose
         # new folder would otherwise push one process's numbering past the others').
         self.state.wait_for_everyone()

@@ -1,27 +1,46 @@
-"""Retention: which committed checkpoints to delete. A pure function, no I/O.
+"""Retention: which committed checkpoints to delete. Pure: no I/O, no clock.
 
-Public API:
+A policy is a rule, or rules combined:
 
-- :class:`RetentionPolicy` -- ``keep_last`` (``ProjectConfiguration.total_limit``: the newest N),
-  ``keep_every`` (every checkpoint whose iteration is a multiple of N), ``keep_best`` with
-  ``metric`` and ``mode`` (``"min"``/``"max"``: the best K by a metric given at save time).
-  Rules combine as a union: a checkpoint is kept if any rule keeps it. A policy with no rule
-  keeps everything.
-- :func:`select_for_deletion(checkpoints, policy) <select_for_deletion>` -- the checkpoints to
-  delete, oldest first. Inputs are any objects with ``name``, ``iteration`` (int or ``None``),
-  ``created`` (float) and ``metrics`` (mapping) -- e.g. :class:`~accelkit.checkpointing.catalog.
-  CheckpointInfo` -- and must be *committed* checkpoints only: the caller never passes
-  incomplete folders or stray ones such as ``checkpoints/best``.
+- :class:`KeepLast` -- the newest N (``ProjectConfiguration.total_limit``, ``ckpt prune --keep``);
+- :class:`KeepEvery` -- every checkpoint whose iteration is a multiple of N;
+- :class:`KeepBest` -- the best K by a metric given at save time (``"min"``: lower is better);
+- :class:`AnyOf` -- a checkpoint is kept if any of its policies keeps it (a union);
+- :class:`KeepAll` -- no rule: nothing is ever deleted.
+
+:func:`build_policy` makes the policy that training's ``ProjectConfiguration`` and
+``accelkit ckpt prune``'s flags describe (one function for both, so they cannot disagree), and
+:func:`select_for_deletion` applies one. Its inputs are any objects with ``name``,
+``iteration`` (int or ``None``), ``created`` (float) and ``metrics`` (mapping) -- e.g.
+:class:`~accelkit.checkpointing.catalog.CheckpointInfo` -- and must be *committed* checkpoints
+only: the caller never passes incomplete folders or stray ones such as ``checkpoints/best``.
+
+Public API: :class:`RetentionPolicy` (the base), :class:`KeepAll`, :class:`KeepLast`,
+:class:`KeepEvery`, :class:`KeepBest`, :class:`AnyOf`, :func:`build_policy`,
+:func:`select_for_deletion`, :class:`RetentionCandidate`.
 """
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-__all__ = ["RetentionCandidate", "RetentionPolicy", "select_for_deletion"]
+from typing_extensions import override
+
+__all__ = [
+    "AnyOf",
+    "KeepAll",
+    "KeepBest",
+    "KeepEvery",
+    "KeepLast",
+    "RetentionCandidate",
+    "RetentionPolicy",
+    "build_policy",
+    "select_for_deletion",
+]
 
 
 class RetentionCandidate(Protocol):
@@ -43,48 +62,201 @@ class RetentionCandidate(Protocol):
 C = TypeVar("C", bound=RetentionCandidate)
 
 
-@dataclass(frozen=True)
-class RetentionPolicy:
-    """Which checkpoints to keep.
+def _check_count(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}.")
+    if value < 1:
+        raise ValueError(
+            f"{name} must be >= 1 or None, got {value}. Use None to disable this rule."
+        )
 
-    Args:
-        keep_last: keep the newest N (``total_limit``); ``None`` for no limit from this rule.
-        keep_every: also keep every checkpoint whose iteration is a multiple of N.
-        keep_best: also keep the best K by ``metric``.
-        metric: the metric name for ``keep_best`` (given at save time).
-        mode: ``"min"`` (lower is better, e.g. a loss) or ``"max"``.
 
-    Raises:
-        ValueError: for a count < 1, ``keep_best`` without ``metric``, or a bad ``mode``.
-    """
+class RetentionPolicy(abc.ABC):
+    """Which of a list of committed checkpoints to keep."""
 
-    keep_last: int | None = None
-    keep_every: int | None = None
-    keep_best: int | None = None
-    metric: str | None = None
-    mode: str = "min"
-
-    def __post_init__(self) -> None:
-        for name in ("keep_last", "keep_every", "keep_best"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}.")
-            if value is not None and value < 1:
-                raise ValueError(
-                    f"{name} must be >= 1 or None, got {value}. Use None to disable this rule."
-                )
-        if self.keep_best is not None and not self.metric:
-            raise ValueError(
-                "keep_best needs a metric name: pass metric='<name>' and give that metric at "
-                "save time (save_state(..., metrics={'<name>': value}))."
-            )
-        if self.mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {self.mode!r}.")
+    @abc.abstractmethod
+    def kept(self, ordered: Sequence[RetentionCandidate]) -> set[int]:
+        """The indexes of the checkpoints kept, ``ordered`` oldest first."""
 
     @property
     def is_unlimited(self) -> bool:
-        """True when no rule is set: nothing is ever deleted."""
-        return self.keep_last is None and self.keep_every is None and self.keep_best is None
+        """True when the policy keeps everything (no rule): nothing is ever deleted."""
+        return False
+
+    @property
+    def rules(self) -> tuple[RetentionPolicy, ...]:
+        """The single rules this policy combines (itself for a single rule)."""
+        return (self,)
+
+
+@dataclass(frozen=True)
+class KeepAll(RetentionPolicy):
+    """No rule: keep every checkpoint."""
+
+    @override
+    def kept(self, ordered: Sequence[RetentionCandidate]) -> set[int]:
+        return set(range(len(ordered)))
+
+    @property
+    @override
+    def is_unlimited(self) -> bool:
+        return True
+
+    @property
+    @override
+    def rules(self) -> tuple[RetentionPolicy, ...]:
+        return ()
+
+
+@dataclass(frozen=True)
+class KeepLast(RetentionPolicy):
+    """Keep the newest ``count``."""
+
+    count: int
+
+    def __post_init__(self) -> None:
+        _check_count(self.count, "KeepLast count")
+
+    @override
+    def kept(self, ordered: Sequence[RetentionCandidate]) -> set[int]:
+        return set(range(max(0, len(ordered) - self.count), len(ordered)))
+
+
+@dataclass(frozen=True)
+class KeepEvery(RetentionPolicy):
+    """Keep every checkpoint whose iteration is a multiple of ``every``."""
+
+    every: int
+
+    def __post_init__(self) -> None:
+        _check_count(self.every, "KeepEvery every")
+
+    @override
+    def kept(self, ordered: Sequence[RetentionCandidate]) -> set[int]:
+        return {
+            i
+            for i, c in enumerate(ordered)
+            if c.iteration is not None and c.iteration % self.every == 0
+        }
+
+
+@dataclass(frozen=True)
+class KeepBest(RetentionPolicy):
+    """Keep the best ``count`` by ``metric`` (``mode="min"``: lower is better, e.g. a loss).
+
+    Checkpoints lacking the metric, or whose value is NaN, are never among the best (another
+    rule may keep them); of equal values the newer wins.
+    """
+
+    count: int
+    metric: str
+    mode: str = "min"
+
+    def __post_init__(self) -> None:
+        _check_count(self.count, "KeepBest count")
+        if not self.metric:
+            raise ValueError("KeepBest needs a metric name, got an empty one.")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', got {self.mode!r}.")
+
+    @override
+    def kept(self, ordered: Sequence[RetentionCandidate]) -> set[int]:
+        scored = []
+        for i, c in enumerate(ordered):
+            value = c.metrics.get(self.metric)
+            if value is None or not isinstance(value, (int, float)) or math.isnan(value):
+                continue
+            scored.append((value if self.mode == "min" else -value, -i, i))
+        scored.sort()
+        return {i for _, _, i in scored[: self.count]}
+
+
+@dataclass(frozen=True)
+class AnyOf(RetentionPolicy):
+    """Keep a checkpoint if any of ``policies`` keeps it."""
+
+    policies: tuple[RetentionPolicy, ...]
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.policies if not isinstance(p, RetentionPolicy)]
+        if bad or not self.policies:
+            raise ValueError(
+                f"AnyOf takes one or more RetentionPolicy objects, got {self.policies!r}."
+            )
+
+    @override
+    def kept(self, ordered: Sequence[RetentionCandidate]) -> set[int]:
+        keep: set[int] = set()
+        for policy in self.policies:
+            keep |= policy.kept(ordered)
+        return keep
+
+    @property
+    @override
+    def is_unlimited(self) -> bool:
+        return any(p.is_unlimited for p in self.policies)
+
+    @property
+    @override
+    def rules(self) -> tuple[RetentionPolicy, ...]:
+        return tuple(rule for p in self.policies for rule in p.rules)
+
+
+_FIELDS = ("keep_last", "keep_every", "keep_best", "metric", "mode")
+
+
+def build_policy(
+    keep_last: int | None = None,
+    keep_every: int | None = None,
+    keep_best: int | None = None,
+    metric: str | None = None,
+    mode: str = "min",
+    names: Mapping[str, str] | None = None,
+) -> RetentionPolicy:
+    """The policy of these settings: the union of the rules set, :class:`KeepAll` if none.
+
+    Args:
+        keep_last: keep the newest N.
+        keep_every: also keep every checkpoint whose iteration is a multiple of N.
+        keep_best: also keep the best K by ``metric``.
+        metric: the metric name for ``keep_best`` (given at save time).
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        names: what the caller calls each setting, for error messages (e.g.
+            ``{"keep_last": "total_limit"}`` or ``{"keep_last": "--keep"}``).
+
+    Raises:
+        ValueError: naming the bad setting: a count < 1 or not an int, ``keep_best`` without
+            ``metric``, a bad ``mode``.
+
+    Example:
+        >>> build_policy(keep_last=2, keep_every=10)
+        AnyOf(policies=(KeepLast(count=2), KeepEvery(every=10)))
+    """
+    name = {f: f for f in _FIELDS} | dict(names or {})
+    for field_name, value in (
+        ("keep_last", keep_last),
+        ("keep_every", keep_every),
+        ("keep_best", keep_best),
+    ):
+        if value is not None:
+            _check_count(value, name[field_name])
+    if keep_best is not None and not metric:
+        raise ValueError(
+            f"{name['keep_best']} needs a metric name: set {name['metric']} to '<name>' and give "
+            "that metric at save time (save_state(..., metrics={'<name>': value}))."
+        )
+    if mode not in ("min", "max"):
+        raise ValueError(f"{name['mode']} must be 'min' or 'max', got {mode!r}.")
+    rules: list[RetentionPolicy] = []
+    if keep_last is not None:
+        rules.append(KeepLast(keep_last))
+    if keep_every is not None:
+        rules.append(KeepEvery(keep_every))
+    if keep_best is not None and metric:
+        rules.append(KeepBest(keep_best, metric, mode))
+    if not rules:
+        return KeepAll()
+    return rules[0] if len(rules) == 1 else AnyOf(tuple(rules))
 
 
 def _order_key(candidate: RetentionCandidate) -> tuple[int, float, str]:
@@ -96,31 +268,13 @@ def select_for_deletion(checkpoints: Sequence[C], policy: RetentionPolicy) -> li
     """Return the checkpoints ``policy`` does not keep, oldest first.
 
     Age is the iteration, then the creation time (checkpoints without an iteration count as
-    oldest). Checkpoints lacking the ``keep_best`` metric, or whose value is NaN, are never
-    among the best but may be kept by another rule.
+    oldest).
 
     Example:
-        >>> select_for_deletion(ckpts, RetentionPolicy(keep_last=2, keep_every=10))
+        >>> select_for_deletion(ckpts, AnyOf((KeepLast(2), KeepEvery(10))))
     """
     if policy.is_unlimited:
         return []
     ordered = sorted(checkpoints, key=_order_key)
-    keep: set[int] = set()
-    if policy.keep_last is not None:
-        keep.update(range(max(0, len(ordered) - policy.keep_last), len(ordered)))
-    if policy.keep_every is not None:
-        every = policy.keep_every
-        keep.update(
-            i for i, c in enumerate(ordered) if c.iteration is not None and c.iteration % every == 0
-        )
-    if policy.keep_best is not None and policy.metric is not None:
-        metric = policy.metric
-        scored = []
-        for i, c in enumerate(ordered):
-            value = c.metrics.get(metric)
-            if value is None or not isinstance(value, (int, float)) or math.isnan(value):
-                continue
-            scored.append((value if policy.mode == "min" else -value, -i, i))
-        scored.sort()
-        keep.update(i for _, _, i in scored[: policy.keep_best])
+    keep = policy.kept(ordered)
     return [c for i, c in enumerate(ordered) if i not in keep]

@@ -6,15 +6,15 @@ object the moment ``save_state`` returns, while a background thread still writes
 share of the checkpoint (a :class:`~accelkit.checkpointing.contents.Snapshot` of live tensors)
 into host buffers and returns a :class:`FrozenSnapshot` that no later change of the live
 objects can reach; :meth:`FrozenSnapshot.write` writes it with the same file formats as a
-synchronous save.
+synchronous save (it is a :class:`~accelkit.checkpointing.payload.Payload`).
 
 Memory: the buffers cost **one host copy of the saved tensors** of this process (model weights,
 optimizer state, tensors of registered objects; of a sharded FSDP model and its optimizer only
 this process's shards), allocated at the first save and reused by every
 later one (a tensor that keeps its dtype and size keeps its buffer); buffers no longer used by
 the newest save are released. They are never reused while a write from them is in flight:
-:class:`~accelkit.checkpointing.async_save.AsyncSaver` keeps at most one save in flight and
-waits for it before capturing the next. Non-tensor values (numbers, strings, RNG states) are
+:class:`~accelkit.checkpointing.manager.CheckpointManager` keeps at most one save in flight
+and waits for it before capturing the next. Non-tensor values (numbers, strings, RNG states) are
 copied too, at a negligible cost.
 
 Speed: CUDA tensors go to *pinned* host buffers with non-blocking copies on a side stream
@@ -25,7 +25,7 @@ reads the buffers. CPU tensors are copied into the reused buffers before ``captu
 (plain ``memmove`` calls, split among up to 4 threads: the caller is blocked meanwhile anyway).
 
 Public API: :class:`HostSnapshot` (``capture``, ``clear``, ``nbytes``), :class:`FrozenSnapshot`
-(``wait_copies``, ``write``, ``nbytes``).
+(``wait_copies``, ``write``, ``write_sharded``, ``has_sharded``, ``nbytes``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ import torch
 from accelkit.checkpointing import state_io
 from accelkit.checkpointing._pools import thread_pool
 from accelkit.checkpointing.contents import Snapshot
+from accelkit.checkpointing.manifest import FileEntry
 from accelkit.checkpointing.model_io import write_model_files
+from accelkit.checkpointing.sharded import write_sharded
 from accelkit.checkpointing.storage import Storage, WrittenFile
 
 __all__ = ["FrozenSnapshot", "HostSnapshot"]
@@ -100,6 +102,18 @@ class FrozenSnapshot:
                 seen.add(id(t))
                 total += _nbytes(t)
         return total
+
+    @property
+    def has_sharded(self) -> bool:
+        """Whether it holds sharded (FSDP) state (see :meth:`write_sharded`)."""
+        return self.sharded is not None
+
+    def write_sharded(self, storage: Storage, folder: str, group: Any) -> list[FileEntry]:
+        """Write the sharded state into ``<folder>/sharded`` with DCP: a collective of the
+        processes of ``group`` (see :func:`~accelkit.checkpointing.sharded.write_sharded`)."""
+        assert self.sharded is not None
+        self.wait_copies()
+        return write_sharded(storage, folder, self.sharded, group)
 
     def wait_copies(self) -> None:
         """Block until every device-to-host copy of this snapshot has finished."""

@@ -29,11 +29,19 @@ from accelkit.checkpointing.catalog import (
     committed_automatic,
 )
 from accelkit.checkpointing.confined import confine
+from accelkit.checkpointing.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.layout import MANIFEST_NAME
 from accelkit.checkpointing.manifest import verify_files
-from accelkit.checkpointing.retention import RetentionPolicy, select_for_deletion
-from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.retention import (
+    KeepBest,
+    KeepEvery,
+    KeepLast,
+    RetentionPolicy,
+    build_policy,
+    select_for_deletion,
+)
+from accelkit.checkpointing.storage import Storage
 from accelkit.cli._ckpt_common import (
     Fail,
     add_common,
@@ -246,29 +254,40 @@ def _run_ls(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- prune
 
 
+_FLAG_NAMES = {
+    "keep_last": "--keep",
+    "keep_every": "--keep-every",
+    "keep_best": "--keep-best",
+    "metric": "--metric",
+    "mode": "--mode",
+}
+
+
 def _policy(args: argparse.Namespace) -> RetentionPolicy:
     if args.metric is not None and args.keep_best is None:
         raise usage(f"--metric {args.metric!r} is only used with --keep-best K; add it.")
-    if args.keep_best is not None and not args.metric:
-        raise usage("--keep-best needs --metric M, the name of a metric given to save_state.")
     try:
-        return RetentionPolicy(
+        return build_policy(
             keep_last=args.keep,
             keep_every=args.keep_every,
             keep_best=args.keep_best,
             metric=args.metric,
             mode=args.mode,
+            names=_FLAG_NAMES,
         )
     except ValueError as exc:
         raise usage(str(exc)) from None
 
 
 def _describe(policy: RetentionPolicy) -> str:
-    parts = [f"--keep {policy.keep_last}"]
-    if policy.keep_every is not None:
-        parts.append(f"--keep-every {policy.keep_every}")
-    if policy.keep_best is not None:
-        parts.append(f"--keep-best {policy.keep_best} ({policy.mode} {policy.metric})")
+    parts = []
+    for rule in policy.rules:
+        if isinstance(rule, KeepLast):
+            parts.append(f"--keep {rule.count}")
+        elif isinstance(rule, KeepEvery):
+            parts.append(f"--keep-every {rule.every}")
+        elif isinstance(rule, KeepBest):
+            parts.append(f"--keep-best {rule.count} ({rule.mode} {rule.metric})")
     return " ".join(parts)
 
 
@@ -295,12 +314,6 @@ def _plan(infos: list[CheckpointInfo], policy: RetentionPolicy) -> list[tuple[Ch
 def _confirm(question: str) -> bool:
     print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
     return sys.stdin.readline().strip().lower() in ("y", "yes")
-
-
-def _check_inside(root: str, info: CheckpointInfo) -> None:
-    # Defence in depth: only direct children of the given folder are ever deleted.
-    if "/" in info.name or info.name in ("", ".", "..") or info.path != join(root, info.name):
-        raise Fail(f"refusing to delete {info.path!r}: it is not directly inside {root!r}.", 1)
 
 
 def _run_prune(args: argparse.Namespace) -> int:
@@ -349,28 +362,13 @@ def _run_prune(args: argparse.Namespace) -> int:
 
 
 def _delete(storage: Storage, root: str, plan: list[tuple[CheckpointInfo, str]]) -> int:
-    freed = 0
-    failed = []
-    with progress(len(plan), "ckpt", "removing") as bar:
-        for info, _ in plan:
-            _check_inside(root, info)
-            manifest = join(info.path, MANIFEST_NAME)
-            if info.state == INCOMPLETE and storage.exists(manifest):
-                print(f"Skipped {info.name}: it was committed meanwhile.", file=sys.stderr)
-                bar.update(1)
-                continue
-            try:
-                if info.state == COMMITTED:
-                    # Un-commit first: an interrupted delete then leaves an incomplete folder
-                    # (ignored by loading, removed by the next prune), never a corrupt one.
-                    storage.remove(manifest)
-                storage.rmtree(info.path)
-            except OSError as exc:
-                failed.append(f"{info.path}: {exc}")
-            else:
-                freed += info.size_bytes
-                print(f"Removed {info.name} ({format_size(info.size_bytes)})")
-            bar.update(1)
+    """Delete the plan through :mod:`~accelkit.checkpointing.deletion` (what training's
+    retention uses), holding the project's save lock: refused while a run saves there."""
+    try:
+        with pruning_lock(storage, root):
+            freed, failed = _delete_locked(storage, root, plan)
+    except CheckpointError as exc:  # the lock is held by a live save
+        raise Fail(f"{exc} Nothing was deleted.", 1) from None
     print(f"Freed {format_size(freed)} ({freed} bytes).")
     if failed:
         print(
@@ -381,6 +379,29 @@ def _delete(storage: Storage, root: str, plan: list[tuple[CheckpointInfo, str]])
         )
         return 1
     return 0
+
+
+def _delete_locked(
+    storage: Storage, root: str, plan: list[tuple[CheckpointInfo, str]]
+) -> tuple[int, list[str]]:
+    freed = 0
+    failed = []
+    with progress(len(plan), "ckpt", "removing") as bar:
+        for info, _ in plan:
+            try:
+                removed = delete_checkpoint(storage, root, info)
+            except CheckpointError as exc:  # not inside root: stop at once
+                raise Fail(str(exc), 1) from None
+            except OSError as exc:
+                failed.append(f"{info.path}: {exc}")
+            else:
+                if removed:
+                    freed += info.size_bytes
+                    print(f"Removed {info.name} ({format_size(info.size_bytes)})")
+                else:
+                    print(f"Skipped {info.name}: it was committed meanwhile.", file=sys.stderr)
+            bar.update(1)
+    return freed, failed
 
 
 # --------------------------------------------------------------------------- verify

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,3 +34,14 @@ def root(request: pytest.FixtureRequest, tmp_path: Any) -> Root:
     url = server.new_prefix()
     options = server.storage_options
     return Root(url, get_storage(url, options), options)
+
+
+@pytest.fixture
+def open_gate() -> Iterator[None]:
+    """``gatedfile://`` writes go through at once and fail nowhere, before and after the test
+    (a test that closes the gate or injects a failure cannot leak it into the next one)."""
+    from tests.checkpointing import gatedfs
+
+    gatedfs.reset()
+    yield
+    gatedfs.reset()

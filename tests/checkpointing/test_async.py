@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,13 @@ from accelkit.checkpointing.async_save import AsyncCheckpoint
 from accelkit.checkpointing.contents import Snapshot
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.snapshot import HostSnapshot
-from tests.checkpointing import gatedfs
 from tests.checkpointing.gatedfs import GatedFileSystem, gated_url
 from tests.helpers.distributed import run_distributed
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
-def _open_gate() -> Iterator[None]:
-    gatedfs.reset()
-    yield
-    gatedfs.reset()
+pytestmark = pytest.mark.usefixtures("open_gate")
 
 
 class Tied(nn.Module):
@@ -445,13 +439,14 @@ def test_cuda_snapshot_uses_reused_pinned_buffers(tmp_path: Path) -> None:
     handle = acc.save_state(async_save=True)
     for _ in range(3):  # queued on the GPU right after the call
         step()
-    buffers = acc._async_saves.snapshot.buffers()
+    snapshot = acc._checkpoints.background.snapshot
+    buffers = snapshot.buffers()
     assert buffers and all(b.is_pinned() for k, b in buffers.items() if k[0] == "model")
     pointers = {k: b.data_ptr() for k, b in buffers.items()}
     GatedFileSystem.gate.set()
     path = handle.result(timeout=120).split("://", 1)[1]
     acc.save_state(async_save=True).result(timeout=120)
-    assert {k: b.data_ptr() for k, b in acc._async_saves.snapshot.buffers().items()} == pointers
+    assert {k: b.data_ptr() for k, b in snapshot.buffers().items()} == pointers
 
     acc.load_state(path)
     for k, v in model.state_dict().items():

@@ -404,3 +404,21 @@ def test_loaded_state_survives_rewrite_and_deletion_of_its_files(tmp_path: Any) 
     assert torch.equal(buffer, expected)
     buffer.add_(1.0)  # still writable (copy-on-write), and no longer tied to any file
     assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], expected + 1.0)
+
+
+def test_the_run_counter_reads_and_writes_through_the_configuration(tmp_path: Any) -> None:
+    """The manager owns the counter; ``ProjectConfiguration.iteration`` shows it, and a number
+    the user writes there is the next one used (as Accelerate documents)."""
+    acc, *_ = _setup(str(tmp_path), iteration=3)
+    assert acc.save_state().endswith("checkpoint_3")
+    assert acc.project_configuration.iteration == acc.save_iteration == 4
+    acc.project_configuration.iteration = 10
+    assert acc.save_iteration == 10 and acc.save_state().endswith("checkpoint_10")
+    assert acc.project_configuration.iteration == 11
+    with pytest.raises(CheckpointError, match="already exists"):
+        acc.project_configuration.iteration = 3
+        acc.save_state()
+    assert acc.save_iteration == 3  # a refused save spends no number
+    fresh, *_ = _setup(str(tmp_path))
+    fresh.load_state()
+    assert fresh.project_configuration.iteration == fresh.save_iteration == 11

@@ -25,19 +25,19 @@ def _job_async_sharded(project_dir: str) -> dict[str, Any]:
     import threading
 
     from accelkit import Accelerator, ProjectConfiguration
-    from accelkit.checkpointing import _dcp_storage, async_save
+    from accelkit.checkpointing import _dcp_storage, snapshot
     from accelkit.checkpointing.errors import CheckpointError
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     gate = threading.Event()
-    real_write = async_save.write_sharded
+    real_write = snapshot.write_sharded
 
     def gated(*args: Any, **kwargs: Any) -> Any:  # the sharded write waits for the test
         if not gate.wait(120):
             raise TimeoutError("gate never opened")
         return real_write(*args, **kwargs)
 
-    async_save.write_sharded = gated  # type: ignore[assignment]
+    snapshot.write_sharded = gated  # type: ignore[assignment]
     config = ProjectConfiguration(project_dir, automatic_checkpoint_naming=True, total_limit=3)
     accelerator = Accelerator(fsdp_plugin=_plugin(), project_config=config)
     torch.manual_seed(0)
