@@ -204,7 +204,7 @@ def _torch_dtype(url: str, info: TensorInfo) -> torch.dtype:
 
 def _open_size(f: Any, storage: Storage, url: str) -> int:
     """Size of the open file ``f`` of ``url`` (no extra request where the file knows it)."""
-    if storage.is_local:
+    if storage.local_path(url) is not None:
         return os.fstat(f.fileno()).st_size
     size = getattr(f, "size", None)
     return size if isinstance(size, int) else storage.size(url)
@@ -268,7 +268,7 @@ def read_safetensors(
     except PermissionError as exc:  # a local symbolic link: never followed
         raise CorruptCheckpointError(str(exc)) from None
     with f:
-        if zero_copy and storage.is_local:
+        if zero_copy and storage.local_path(url) is not None:
             return _read_mapped(f.fileno(), url, expected)
         # The file's real size bounds what a header may claim, so a hostile header (or a
         # manifest lying about the size) never makes us allocate more than the file holds.
