@@ -25,19 +25,13 @@ from typing import Any
 
 import torch
 
-from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
 from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
 from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.layout import check_relative_path
-from accelkit.checkpointing.safetensors_io import (
-    check_expected,
-    parse_size,
-    read_safetensors,
-    read_verified_bytes,
-    write_safetensors,
-)
+from accelkit.checkpointing.safetensors_io import parse_size, read_safetensors, write_safetensors
 from accelkit.checkpointing.storage import Storage, WrittenFile, get_storage, join
+from accelkit.checkpointing.verified import read_verified_bytes
 
 __all__ = [
     "check_model_keys",
@@ -252,20 +246,7 @@ def _read_index(
     zero_copy: bool = False,
 ) -> dict[str, torch.Tensor]:
     url = join(folder, index_name)
-    try:
-        raw = storage.read_bytes(url)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(
-            f"{url} is missing: restore it or load another checkpoint."
-        ) from None
-    except PermissionError as exc:  # a local symbolic link: never followed
-        raise CorruptCheckpointError(str(exc)) from None
-    entry = expected.get(index_name)
-    if entry is not None:
-        algorithm, _ = parse_checksum(entry.checksum)
-        hasher = new_hasher(algorithm)
-        hasher.update(raw)
-        check_expected(url, entry, len(raw), format_checksum(algorithm, hasher.hexdigest()))
+    raw = read_verified_bytes(storage, url, expected.get(index_name))
     index = load_json(raw, url)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
