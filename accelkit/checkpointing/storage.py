@@ -87,8 +87,9 @@ def register_storage(protocol: str, factory: StorageFactory, overwrite: bool = F
 
     Args:
         protocol: the protocol as written in URLs (``"gs"`` for ``gs://bucket``).
-        factory: ``factory(protocol, storage_options) -> Storage``; a :class:`Storage` subclass
-            whose constructor takes those two arguments works as it is.
+        factory: ``factory(protocol, storage_options) -> Storage``. For an fsspec filesystem
+            with quirks of its own: ``lambda protocol, options: MyFsspecStorage(
+            fsspec.filesystem(protocol, **options), protocol)``.
         overwrite: replace a factory already registered for ``protocol``.
 
     Raises:

@@ -10,12 +10,16 @@ suite ``numpy`` and ``torch``, which accelkit needs anyway).
 Testing your own storage
 ------------------------
 
-A storage is any object with the methods of
-:class:`accelkit.checkpointing.storage.StorageProtocol`; the simplest way to get one is to
-subclass :class:`accelkit.checkpointing.storage.Storage` (or ``FsspecStorage`` from
-:mod:`accelkit.checkpointing.storage_fsspec`) and serve your URLs with it through
-``register_storage("myproto", MyStorage)``. Give the suite a fixture ``storage_root`` that
-returns the storage and the URL of a fresh, empty folder on it::
+The checkpoint code calls the methods of
+:class:`accelkit.checkpointing.storage.StorageProtocol`. Subclass
+:class:`accelkit.checkpointing.storage.Storage` (it implements the derived methods on a few
+primitives), or ``FsspecStorage`` from :mod:`accelkit.checkpointing.storage_fsspec` to adjust
+an fsspec filesystem, and serve your URLs with it::
+
+    register_storage("myproto", lambda protocol, options: MyStorage(**options))
+
+Then give the suite a fixture ``storage_root`` that returns the storage and the URL of a
+fresh, empty folder on it::
 
     import uuid
 
