@@ -1,19 +1,25 @@
-"""Every built-in backend and a custom `GeneralTracker` subclass pass the shipped contract
+"""Every built-in backend and two custom `GeneralTracker` subclasses (the tests' and the one
+in ``examples/custom_tracker.py``) pass the shipped contract
 (:class:`accelkit.testing.TrackerContract`).
 
 Each backend writes for real (TensorBoard event files, a sqlite MLflow store, an offline wandb
-run, an offline Comet archive, JSON lines, a custom CSV) and is read back with its own reader.
+run, an offline Comet archive, JSON lines, custom CSVs) and is read back with its own reader.
 """
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from accelkit.testing import TrackerContract
+from accelkit.trackers import register_tracker
 from tests.trackers import readers
 from tests.trackers.custom import CSVTracker
 
@@ -67,3 +73,39 @@ class TestCustomTracker(TrackerContract):
 
     def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
         return readers.read_csv_custom(logging_dir, run)
+
+
+def _example(name: str) -> ModuleType:
+    """``examples/<name>.py`` as a module (examples are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"accelkit_example_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class TestExampleCustomTracker(TrackerContract):
+    log_with, files, unwrapped = "csv", "conformance/metrics.csv", "TextIOWrapper"
+    flattens_config = False  # it logs each top-level config key as a row
+
+    @pytest.fixture
+    def registered(self) -> Iterator[None]:
+        # Loading the example registers its tracker; the autouse clean_registry undoes it.
+        register_tracker(_example("custom_tracker").CSVTracker)
+        yield
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        scalars: readers.Scalars = {}
+        config: dict[str, Any] = {}
+        with open(Path(logging_dir, run, "metrics.csv"), encoding="utf-8") as file:
+            for row in csv.DictReader(file):
+                if row["name"].startswith("config/"):
+                    config[row["name"].removeprefix("config/")] = row["value"]
+                    continue
+                try:
+                    value = float(row["value"])
+                except ValueError:
+                    continue  # text and objects the example writes as they are
+                scalars.setdefault(row["name"], []).append((int(row["step"]), value))
+        return scalars, config
