@@ -4,8 +4,8 @@ accelkit runs its own backends through these suites; the author of a third-party
 tracker runs the same ones on theirs. Each is a pytest mixin class (the pattern of fsspec's
 ``fsspec/tests/abstract``): subclass it in a test module, give it what it asks for, and pytest
 collects every contract test for your backend. Importing :mod:`accelkit` never imports this
-package (nor pytest); import it from your tests only (it needs ``pytest``, and the tracker
-suite ``numpy`` and ``torch``, which accelkit needs anyway).
+package (nor pytest); import it from your tests only (it needs ``pytest``:
+``pip install 'accelkit[testing]'``).
 
 Testing your own storage
 ------------------------

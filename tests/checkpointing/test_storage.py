@@ -64,6 +64,13 @@ class TestConfinedMemoryStorage(StorageContract):
         return confine(get_storage(url), url), join(url, "root")
 
 
+class TestConfinedS3Storage(StorageContract):
+    @pytest.fixture
+    def storage_root(self, s3_server: S3Server) -> tuple[Storage, str]:
+        url = s3_server.new_prefix()
+        return confine(get_storage(url, s3_server.storage_options), url), join(url, "root")
+
+
 def test_get_storage_picks_the_class_of_the_protocol(tmp_path: Path, s3_server: S3Server) -> None:
     assert type(get_storage(str(tmp_path))) is LocalStorage
     assert get_storage("file:///x") is get_storage("local:///y") is get_storage("rel/z")
