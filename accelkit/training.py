@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from accelkit import ops, precision
 from accelkit.optim import AcceleratedOptimizer, GradientState
+from accelkit.wrapping import peel
 
 __all__ = [
     "check_preparable",
@@ -120,15 +121,7 @@ def unwrap_model(
         keep_fp32_wrapper: keep the autocast forward (False removes it from the model).
         keep_torch_compile: keep a ``torch.compile`` wrapper.
     """
-    compiled: torch.nn.Module | None = None
-    while True:
-        if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
-            compiled = compiled or model
-            model = model._orig_mod  # type: ignore[assignment]
-        else:
-            break
+    model, compiled = peel(model)
     if not keep_fp32_wrapper:
         precision.unwrap_forward(model)
     if keep_torch_compile and compiled is not None:

@@ -2,7 +2,15 @@
 
 Modules, from the bottom up:
 
-- :mod:`~accelkit.checkpointing.storage` -- the only module that talks to fsspec.
+- :mod:`~accelkit.checkpointing.storage_base` -- the storage contract (``StorageProtocol``),
+  the ``Storage`` base class, ``HashingWriter``.
+- :mod:`~accelkit.checkpointing.storage_local` -- the local disk (``O_DIRECT``, fsync, rename).
+- :mod:`~accelkit.checkpointing.storage_fsspec` -- any fsspec filesystem, S3 quirks apart; the
+  only module that imports fsspec.
+- :mod:`~accelkit.checkpointing.storage` -- ``get_storage``: the storage class of a URL's
+  protocol; the public storage names.
+- :mod:`~accelkit.checkpointing.confined` -- a read view of any storage that never follows a
+  link inside a checkpoint.
 - :mod:`~accelkit.checkpointing.checksum` -- streaming checksums (XXH3-128, SHA-256).
 - :mod:`~accelkit.checkpointing.layout` -- names of checkpoints and of their files.
 - :mod:`~accelkit.checkpointing.manifest` -- ``accelkit.json``, the commit marker.

@@ -24,7 +24,8 @@ prepared.
 Durability: :func:`finish_local` ``fsync``-s a finished file, at once or, inside
 :func:`sync_batch`, in a background thread while the next file is written.
 
-Public API (for :mod:`~accelkit.checkpointing.storage`, which re-exports :func:`sync_batch`):
+Public API (for :mod:`~accelkit.checkpointing.storage_local`; :mod:`~accelkit.checkpointing.storage`
+re-exports :func:`sync_batch`):
 :class:`LocalFile`, :func:`direct_io_enabled`, :func:`finish_local`, :func:`sync_batch`.
 """
 
@@ -120,9 +121,17 @@ class LocalFile:
         """Whether the file is (still) written with ``O_DIRECT``."""
         return self._direct
 
+    chunk_size = 1024 * 1024
+    """The slice a writer hashes then hands over: still in the CPU cache when it is copied to
+    the stage (:class:`~accelkit.checkpointing.storage_base.Sink`)."""
+
     def fileno(self) -> int:
         """The file descriptor (for ``os.fsync``)."""
         return self._fd
+
+    def commit(self, deferred: bool = False) -> None:
+        """Write what is staged, make the file durable and close it; see :func:`finish_local`."""
+        finish_local(self, deferred)
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write all of ``data``; returns its length."""

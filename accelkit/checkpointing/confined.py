@@ -1,4 +1,4 @@
-"""A view of a :class:`~accelkit.checkpointing.storage.Storage` that cannot leave one folder.
+"""A view of any :class:`~accelkit.checkpointing.storage.Storage` that cannot leave one folder.
 
 A checkpoint is untrusted input: a folder downloaded from a bucket or handed over by a
 colleague may hold symbolic links that point anywhere (``sharded -> /home/me/other-run``,
@@ -8,9 +8,11 @@ enough: a linked *folder* in the middle of the path is followed by every ``open`
 
 - refuses any path that is not the root or below it, or that has an empty, ``.`` or ``..``
   component;
-- on a local disk, opens the root itself with ``O_NOFOLLOW | O_DIRECTORY`` (a checkpoint folder
-  that is a link is refused) and every component below it relative to its parent's descriptor
-  with ``O_NOFOLLOW``, so no link is followed anywhere inside the checkpoint, even if one is
+- where the storage is this machine's file system (its
+  :meth:`~accelkit.checkpointing.storage.Storage.local_path` is not ``None``), opens the root
+  itself with ``O_NOFOLLOW | O_DIRECTORY`` (a checkpoint folder that is a link is refused)
+  and every component below it relative to its parent's descriptor with ``O_NOFOLLOW``, so
+  no link is followed anywhere inside the checkpoint, even if one is
   swapped in between a check and a read;
 - answers ``exists``/``isdir``/``isfile``/``size``/``listdir``/``walk_files`` from ``lstat`` of
   those same descriptors, and raises :class:`LinkInCheckpointError` as soon as any component
@@ -18,7 +20,7 @@ enough: a linked *folder* in the middle of the path is followed by every ``open`
 
 The folders *above* the root may be links (a project under a linked scratch folder is common);
 only the checkpoint itself is confined. Object stores have no links: there the view only checks
-that paths stay inside the root.
+that paths stay inside the root. Writes are not confined: they go to the wrapped storage.
 
 Public API: :func:`confine`, :class:`ConfinedStorage`, :class:`LinkInCheckpointError`,
 :class:`OutsideCheckpointError`.
@@ -36,7 +38,7 @@ from typing import BinaryIO
 from typing_extensions import override
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.storage import Entry, Storage
+from accelkit.checkpointing.storage import Entry, Storage, WrappedStorage
 
 __all__ = [
     "ConfinedStorage",
@@ -71,7 +73,7 @@ def confine(storage: Storage, root: str) -> ConfinedStorage:
     return ConfinedStorage(storage, root)
 
 
-class ConfinedStorage(Storage):
+class ConfinedStorage(WrappedStorage):
     """See the module docstring; build it with :func:`confine`.
 
     Args:
@@ -80,9 +82,10 @@ class ConfinedStorage(Storage):
     """
 
     def __init__(self, inner: Storage, root: str) -> None:
-        super().__init__(inner.fs, inner.protocol)
-        self.inner = inner
+        super().__init__(inner)
         self.root = root.rstrip("/") or root
+        # Where the root is a folder of this machine: every access goes through descriptors.
+        self._os_root = inner.local_path(self.root)
 
     @override
     def __repr__(self) -> str:
@@ -94,8 +97,8 @@ class ConfinedStorage(Storage):
         """The components of ``url`` below the root (``[]`` for the root itself)."""
         url = url.rstrip("/") or url
         root = self.root
-        if self.is_local:  # "ckpt/x" and "/abs/ckpt/x" name the same file
-            url, root = self.inner._path(url), self.inner._path(root)
+        if self._os_root is not None:  # "ckpt/x" and "/abs/ckpt/x" name the same file
+            url, root = self.inner.local_path(url) or url, self._os_root
         if url == root:
             return []
         prefix = root if root.endswith("/") else root + "/"
@@ -121,7 +124,8 @@ class ConfinedStorage(Storage):
         )
 
     def _open_root(self) -> int:
-        path = self.inner._path(self.root)
+        path = self._os_root
+        assert path is not None
         try:
             return os.open(path, _DIR_FLAGS | _CLOEXEC)
         except OSError as exc:
@@ -177,7 +181,7 @@ class ConfinedStorage(Storage):
 
     @override
     def exists(self, url: str) -> bool:
-        if not self.is_local:
+        if self._os_root is None:
             self._relative(url)
             return self.inner.exists(url)
         try:
@@ -188,7 +192,7 @@ class ConfinedStorage(Storage):
 
     @override
     def isdir(self, url: str) -> bool:
-        if not self.is_local:
+        if self._os_root is None:
             self._relative(url)
             return self.inner.isdir(url)
         try:
@@ -198,7 +202,7 @@ class ConfinedStorage(Storage):
 
     @override
     def isfile(self, url: str) -> bool:
-        if not self.is_local:
+        if self._os_root is None:
             self._relative(url)
             return self.inner.isfile(url)
         try:
@@ -208,13 +212,16 @@ class ConfinedStorage(Storage):
 
     @override
     def size(self, url: str) -> int:
-        if not self.is_local:
+        if self._os_root is None:
             self._relative(url)
             return self.inner.size(url)
         return self._lstat(url).st_size
 
     @override
     def is_symlink(self, url: str) -> bool:
+        if self._os_root is None:
+            self._relative(url)
+            return False
         try:
             self._lstat(url)
         except LinkInCheckpointError:
@@ -232,7 +239,7 @@ class ConfinedStorage(Storage):
         """Like :meth:`Storage.listdir`; raises :class:`LinkInCheckpointError` if the folder
         or any entry in it is a symbolic link."""
         parts = self._relative(url)
-        if not self.is_local:
+        if self._os_root is None:
             return self.inner.listdir(url)
         with self._parent_fd(parts) as parent:
             fd = self._open_below(parent, parts[-1], parts, directory=True) if parts else None
@@ -261,7 +268,7 @@ class ConfinedStorage(Storage):
     @override
     def open_read(self, url: str) -> BinaryIO:
         parts = self._relative(url)
-        if not self.is_local:
+        if self._os_root is None:
             return self.inner.open_read(url)
         if not parts:
             raise IsADirectoryError(errno.EISDIR, f"{url!r} is a folder", url)

@@ -30,7 +30,6 @@ Public API:
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,8 +38,11 @@ import torch
 
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
 from accelkit.checkpointing.layout import (
+    KINDS,
+    STRUCTURE_SUFFIX,
     custom_stem,
     dataloader_stem,
+    model_file,
     object_stem,
     random_states_stem,
 )
@@ -50,6 +52,7 @@ from accelkit.checkpointing.rng import capture_rng_state, check_rng_state, resto
 from accelkit.checkpointing.state_io import read_state, write_state
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 from accelkit.random import set_seed
+from accelkit.wrapping import peel
 
 __all__ = [
     "LoadedContents",
@@ -65,12 +68,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_COUNTED = ("optimizer", "scheduler", "dataloader", "custom")
+# The files load_state reads to find how many objects of each kind a checkpoint holds.
 _PATTERNS = {
-    "model": re.compile(r"^model(?:_(\d+))?(?:\.safetensors|\.safetensors\.index\.json)$"),
-    "optimizer": re.compile(r"^optimizer(?:_(\d+))?\.json$"),
-    "scheduler": re.compile(r"^scheduler(?:_(\d+))?\.json$"),
-    "dataloader": re.compile(r"^dataloader_(\d+)\.json$"),
-    "custom": re.compile(r"^custom_checkpoint_(\d+)\.json$"),
+    "model": KINDS["model"].regex(shards=False),
+    **{kind: KINDS[kind].regex((STRUCTURE_SUFFIX,)) for kind in _COUNTED},
 }
 
 
@@ -108,16 +110,9 @@ class LoadedContents:
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside ``DistributedDataParallel``/``DataParallel`` and ``torch.compile``."""
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
-
-    while True:
-        if isinstance(model, (DistributedDataParallel, DataParallel)):
-            model = model.module
-        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, torch.nn.Module):
-            model = model._orig_mod
-        else:
-            return model
+    """The module inside ``DistributedDataParallel``/``DataParallel`` and ``torch.compile``
+    (whose ``state_dict`` keys a checkpoint holds); see :func:`accelkit.wrapping.peel`."""
+    return peel(model)[0]
 
 
 def model_stem(index: int) -> str:
@@ -163,7 +158,7 @@ def snapshot_contents(
         for kind, items in (("optimizer", objects.optimizers), ("scheduler", objects.schedulers)):
             snap.states += [(object_stem(kind, i), o.state_dict()) for i, o in enumerate(items)]
         if objects.scaler is not None:
-            snap.states.append(("scaler", objects.scaler.state_dict()))
+            snap.states.append((object_stem("scaler"), objects.scaler.state_dict()))
         for i, loader in _stateful_loaders(objects.dataloaders):
             snap.states.append((dataloader_stem(i), loader.state_dict()))
         snap.states += [(custom_stem(i), o.state_dict()) for i, o in enumerate(objects.custom)]
@@ -262,7 +257,7 @@ def read_contents(
         tensors = read_model_files(
             storage, folder, model_stem(i), _only(expected, names), zero_copy=True
         )
-        check_model_keys(target, tensors, join(folder, f"{model_stem(i)}.safetensors"))
+        check_model_keys(target, tensors, join(folder, model_file(i)))
         out.models.append((target, tensors))
 
     groups: list[tuple[str, Sequence[tuple[int, Any]], str]] = [
@@ -280,28 +275,24 @@ def read_contents(
         label = "registered object" if kind == "custom" else kind
         _check_count(folder, label, _indexes(names, kind), [i for i, _ in items], fix)
         for i, obj in items:
-            stem = {
-                "optimizer": object_stem("optimizer", i),
-                "scheduler": object_stem("scheduler", i),
-                "dataloader": dataloader_stem(i),
-                "custom": custom_stem(i),
-            }[kind]
+            stem = object_stem(kind, i)
             # zero_copy: like torch.load(mmap=True); accelkit never rewrites a file in place,
             # so the map stays valid even when retention later deletes the checkpoint.
             state = read_state(storage, folder, stem, _only(expected, names), zero_copy=True)
             if kind == "optimizer":
-                _check_optimizer(obj, state, join(folder, stem + ".json"))
-            out.states.append((obj, state, join(folder, stem + ".json")))
+                _check_optimizer(obj, state, join(folder, stem + STRUCTURE_SUFFIX))
+            out.states.append((obj, state, join(folder, stem + STRUCTURE_SUFFIX)))
 
     if objects.scaler is not None:
-        if "scaler.json" in entries:
-            state = read_state(storage, folder, "scaler", _only(expected, names))
-            out.states.append((objects.scaler, state, join(folder, "scaler.json")))
+        scaler = object_stem("scaler")
+        if scaler + STRUCTURE_SUFFIX in entries:
+            state = read_state(storage, folder, scaler, _only(expected, names))
+            out.states.append((objects.scaler, state, join(folder, scaler + STRUCTURE_SUFFIX)))
         else:
             logger.warning(
                 "%s has no grad scaler state; the current scaler keeps its initial scale.", folder
             )
-    elif "scaler.json" in entries:
+    elif object_stem("scaler") + STRUCTURE_SUFFIX in entries:
         logger.warning(
             "%s holds a grad scaler state but this run has no scaler (mixed_precision differs);"
             " it is not restored.",
@@ -309,16 +300,17 @@ def read_contents(
         )
 
     rng_stem = random_states_stem(rank)
-    if f"{rng_stem}.json" in entries:
+    if rng_stem + STRUCTURE_SUFFIX in entries:
         out.rng = read_state(storage, folder, rng_stem, _only(expected, names), map_location="cpu")
-        out.rng_file = join(folder, f"{rng_stem}.json")
+        out.rng_file = join(folder, rng_stem + STRUCTURE_SUFFIX)
         check_rng_state(out.rng, out.rng_file)  # refused now, before anything is restored
     elif rank >= manifest.world_size:
         out.rng_fallback_seed = fallback_rng_seed(manifest, rank)
     else:
         raise CorruptCheckpointError(
-            f"{folder} has no {rng_stem}.json for process {rank}, though {manifest.world_size} "
-            "process(es) saved it. Restore the file, or load another checkpoint."
+            f"{folder} has no {rng_stem}{STRUCTURE_SUFFIX} for process {rank}, though "
+            f"{manifest.world_size} process(es) saved it. Restore the file, or load another "
+            "checkpoint."
         )
     return out
 

@@ -1,6 +1,8 @@
 """Names: of checkpoint folders, and of the files inside one checkpoint.
 
-Pure string functions, no I/O.
+Pure string functions, no I/O. One table, :data:`KINDS` (an :class:`ObjectKind` per kind of
+object: stem, suffixes, numbering), is the source of every file name and name pattern; its
+twin :data:`ACCELERATE_KINDS` lists the files of Hugging Face accelerate's checkpoints.
 
 Public API:
 
@@ -8,7 +10,9 @@ Public API:
 - :func:`checkpoints_dir(project_dir) <checkpoints_dir>` -- ``<project_dir>/checkpoints``.
 - :func:`checkpoint_name(iteration) <checkpoint_name>` -- ``"checkpoint_<iteration>"``;
   :func:`parse_checkpoint_name` is its inverse (``None`` for any other name, e.g. ``best``).
-- :func:`model_file(index) <model_file>` -- ``model.safetensors``, ``model_1.safetensors``...
+- :func:`model_file(index) <model_file>` -- ``model.safetensors``, ``model_1.safetensors``...;
+  :func:`shard_names`, :func:`index_name` -- ``model-00001-of-00002.safetensors``,
+  ``model.safetensors.index.json``.
 - :func:`object_stem(kind, index) <object_stem>` -- ``optimizer``, ``optimizer_1``,
   ``scheduler``, ``scaler``; :func:`dataloader_stem`, :func:`custom_stem`,
   :func:`random_states_stem` -- ``dataloader_<i>``, ``custom_checkpoint_<i>``,
@@ -28,16 +32,24 @@ Public API:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from accelkit.checkpointing.storage import join
 
 __all__ = [
+    "ACCELERATE_KINDS",
+    "ALWAYS",
     "CHECKPOINTS_DIRNAME",
     "CHECKPOINT_PREFIX",
+    "FIRST_BARE",
+    "KINDS",
     "MANIFEST_NAME",
     "MODEL_INDEX_NAME",
+    "ObjectKind",
     "SAVE_MARKER_NAME",
+    "SINGLE",
     "STRUCTURE_SUFFIX",
     "TENSORS_SUFFIX",
     "TORCH_SUFFIX",
@@ -48,11 +60,15 @@ __all__ = [
     "dataloader_stem",
     "is_state_file",
     "looks_like_accelerate",
+    "index_name",
     "model_file",
     "object_stem",
     "parse_checkpoint_name",
     "random_states_stem",
+    "shard_names",
+    "weights_pattern",
 ]
+
 
 CHECKPOINTS_DIRNAME = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint_"
@@ -64,22 +80,93 @@ TENSORS_SUFFIX = ".safetensors"
 TORCH_SUFFIX = ".pt"
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)$")
-_STATE_FILE_RE = re.compile(
-    r"^(?:"
-    r"model(?:_\d+)?\.safetensors"
-    r"|model(?:_\d+)?-\d{5}-of-\d{5}\.safetensors"
-    r"|model(?:_\d+)?\.safetensors\.index\.json"
-    r"|(?:optimizer|scheduler)(?:_\d+)?\.(?:json|safetensors|pt)"
-    r"|scaler\.(?:json|safetensors|pt)"
-    r"|(?:dataloader|custom_checkpoint|random_states)_\d+\.(?:json|safetensors|pt)"
-    r")$"
-)
 
-# Files only Hugging Face accelerate's save_state writes (accelkit never writes pickles).
+FIRST_BARE = "first_bare"
+"""Numbering of objects that are usually alone: ``optimizer``, ``optimizer_1``, ..."""
+ALWAYS = "always"
+"""Numbering of per-index or per-rank files: ``random_states_0``, ``random_states_1``, ..."""
+SINGLE = "single"
+"""At most one object of the kind: ``scaler``."""
+
+_STATE_SUFFIXES = (STRUCTURE_SUFFIX, TENSORS_SUFFIX, TORCH_SUFFIX)
+_SHARD = r"-\d{5}-of-\d{5}"
+
+
+@dataclass(frozen=True)
+class ObjectKind:
+    """One kind of object in a checkpoint, and how the files of the ``i``-th one are named.
+
+    Attributes:
+        stem: the base of the file names (``optimizer``, ``random_states``).
+        suffixes: the endings its files may have (``.json``, ``.safetensors``, ``.pt``).
+        count: :data:`FIRST_BARE`, :data:`ALWAYS` or :data:`SINGLE` (see :meth:`name`).
+        sharded: the files may be split in shards (``model-00001-of-00003.safetensors``).
+    """
+
+    stem: str
+    suffixes: tuple[str, ...]
+    count: str = FIRST_BARE
+    sharded: bool = False
+
+    def name(self, index: int = 0) -> str:
+        """The stem of the ``index``-th object: ``optimizer``/``optimizer_1``,
+        ``random_states_0``, ``scaler``."""
+        if self.count == SINGLE:
+            if index != 0:
+                raise ValueError(f"There is only one {self.stem!r} per checkpoint, not {index}.")
+            return self.stem
+        if self.count == FIRST_BARE and index == 0:
+            return self.stem
+        return f"{self.stem}_{index}"
+
+    def pattern(self, suffixes: tuple[str, ...] | None = None, shards: bool = True) -> str:
+        """A regular expression (no anchors) matching the file names of this kind with one of
+        ``suffixes`` (default: all of them); group 1 is the index, if any."""
+        index = {FIRST_BARE: r"(?:_(\d+))?", ALWAYS: r"_(\d+)", SINGLE: ""}[self.count]
+        endings = []
+        for suffix in suffixes or self.suffixes:
+            shard = self.sharded and shards and suffix == self.suffixes[0]
+            endings.append((f"(?:{_SHARD})?" if shard else "") + re.escape(suffix))
+        return f"{re.escape(self.stem)}{index}(?:{'|'.join(endings)})"
+
+    def regex(
+        self, suffixes: tuple[str, ...] | None = None, shards: bool = True
+    ) -> re.Pattern[str]:
+        """:meth:`pattern`, anchored and compiled."""
+        return re.compile(f"^{self.pattern(suffixes, shards)}$")
+
+
+KINDS: Mapping[str, ObjectKind] = MappingProxyType(
+    {
+        "model": ObjectKind("model", (TENSORS_SUFFIX, ".safetensors.index.json"), sharded=True),
+        "optimizer": ObjectKind("optimizer", _STATE_SUFFIXES),
+        "scheduler": ObjectKind("scheduler", _STATE_SUFFIXES),
+        "scaler": ObjectKind("scaler", _STATE_SUFFIXES, SINGLE),
+        "dataloader": ObjectKind("dataloader", _STATE_SUFFIXES, ALWAYS),
+        "custom": ObjectKind("custom_checkpoint", _STATE_SUFFIXES, ALWAYS),
+        "random_states": ObjectKind("random_states", _STATE_SUFFIXES, ALWAYS),
+    }
+)
+"""Every kind of file ``save_state`` writes; every file-name pattern derives from it."""
+
+ACCELERATE_KINDS: Mapping[str, ObjectKind] = MappingProxyType(
+    {
+        "model": ObjectKind("pytorch_model", (".bin",)),
+        "optimizer": ObjectKind("optimizer", (".bin",)),
+        "scheduler": ObjectKind("scheduler", (".bin",)),
+        "sampler": ObjectKind("sampler", (".bin",)),
+        "dataloader": ObjectKind("dl_state_dict", (".bin",)),
+        "scaler": ObjectKind("scaler", (".pt",), SINGLE),
+        "random_states": ObjectKind("random_states", (".pkl",), ALWAYS),
+        "custom": ObjectKind("custom_checkpoint", (".pkl",), ALWAYS),
+    }
+)
+"""The files only Hugging Face accelerate's ``save_state`` writes (accelkit never writes
+pickles): how an accelerate checkpoint is recognised."""
+
+_STATE_FILE_RE = re.compile(f"^(?:{'|'.join(k.pattern() for k in KINDS.values())})$")
 _ACCELERATE_FILE_RE = re.compile(
-    r"^(?:(?:optimizer|scheduler|sampler|dl_state_dict)(?:_\d+)?\.bin"
-    r"|pytorch_model(?:_\d+)?\.bin|scaler\.pt"
-    r"|(?:random_states|custom_checkpoint)_\d+\.pkl)$"
+    f"^(?:{'|'.join(k.pattern() for k in ACCELERATE_KINDS.values())})$"
 )
 
 
@@ -103,27 +190,55 @@ def parse_checkpoint_name(name: str) -> int | None:
 
 def model_file(index: int) -> str:
     """File of the ``index``-th prepared model: ``model.safetensors``, ``model_1.safetensors``..."""
-    return "model.safetensors" if index == 0 else f"model_{index}.safetensors"
+    return KINDS["model"].name(index) + TENSORS_SUFFIX
+
+
+def shard_names(stem: str, count: int, suffix: str = TENSORS_SUFFIX) -> list[str]:
+    """File names of weights saved under ``stem`` in ``count`` shards: ``[stem + suffix]`` for
+    one, else ``stem-00001-of-0000N`` + ``suffix``, ... (Hugging Face's naming)."""
+    if count == 1:
+        return [f"{stem}{suffix}"]
+    return [f"{stem}-{i:05d}-of-{count:05d}{suffix}" for i in range(1, count + 1)]
+
+
+def index_name(stem: str, suffix: str = TENSORS_SUFFIX) -> str:
+    """The index of sharded weights: ``model.safetensors.index.json``."""
+    return f"{stem}{suffix}.index.json"
+
+
+def weights_pattern(stem: str, suffix: str = TENSORS_SUFFIX) -> str:
+    """A regular expression (no anchors) matching the weight files :func:`shard_names` and
+    :func:`index_name` give for ``stem`` and ``suffix``: the single file, its shards, its index."""
+    name = re.escape(stem + suffix)
+    return f"{re.escape(stem)}(?:{_SHARD})?{re.escape(suffix)}|{name}\\.index\\.json"
 
 
 def object_stem(kind: str, index: int = 0) -> str:
-    """Stem of a shared object's files: ``optimizer``, ``optimizer_1``, ``scheduler``, ..."""
-    return kind if index == 0 else f"{kind}_{index}"
+    """Stem of the ``index``-th object of ``kind`` (a key of :data:`KINDS`): ``optimizer``,
+    ``optimizer_1``, ``scheduler``, ``scaler``, ``dataloader_0``...
+
+    Raises:
+        ValueError: for a kind not in :data:`KINDS`.
+    """
+    found = KINDS.get(kind)
+    if found is None:
+        raise ValueError(f"Unknown object kind {kind!r}; expected one of {sorted(KINDS)}.")
+    return found.name(index)
 
 
 def dataloader_stem(index: int) -> str:
     """Stem of the ``index``-th prepared dataloader's position: ``dataloader_<index>``."""
-    return f"dataloader_{index}"
+    return KINDS["dataloader"].name(index)
 
 
 def custom_stem(index: int) -> str:
     """Stem of the ``index``-th object given to ``register_for_checkpointing``."""
-    return f"custom_checkpoint_{index}"
+    return KINDS["custom"].name(index)
 
 
 def random_states_stem(rank: int) -> str:
     """Stem of process ``rank``'s random generator states: ``random_states_<rank>``."""
-    return f"random_states_{rank}"
+    return KINDS["random_states"].name(rank)
 
 
 def is_state_file(name: str) -> bool:

@@ -28,11 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
+from accelkit.checkpointing.checksum import parse_checksum
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.layout import MANIFEST_NAME, check_relative_path
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
+from accelkit.checkpointing.verified import file_checksum
 
 __all__ = [
     "FORMAT_VERSION",
@@ -47,7 +48,6 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-_READ_CHUNK = 16 * 1024 * 1024
 
 
 class ManifestError(CorruptCheckpointError):
@@ -264,20 +264,6 @@ def write_manifest(storage: Storage, folder: str, manifest: Manifest) -> str:
     url = join(folder, MANIFEST_NAME)
     storage.write_bytes(url, manifest.to_json().encode("utf-8"), atomic=True)
     return url
-
-
-def file_checksum(storage: Storage, url: str, algorithm: str) -> tuple[int, str]:
-    """Stream the file at ``url`` and return ``(size, "algo:hex")``."""
-    hasher = new_hasher(algorithm)
-    size = 0
-    with storage.open_read(url) as f:
-        while True:
-            chunk = f.read(_READ_CHUNK)
-            if not chunk:
-                break
-            hasher.update(chunk)
-            size += len(chunk)
-    return size, format_checksum(algorithm, hasher.hexdigest())
 
 
 @dataclass(frozen=True)

@@ -25,19 +25,19 @@ from typing import Any
 
 import torch
 
-from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
 from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
 from accelkit.checkpointing.jsonio import load_json
-from accelkit.checkpointing.layout import check_relative_path
-from accelkit.checkpointing.safetensors_io import (
-    check_expected,
-    parse_size,
-    read_safetensors,
-    read_verified_bytes,
-    write_safetensors,
+from accelkit.checkpointing.layout import (
+    TENSORS_SUFFIX,
+    check_relative_path,
+    index_name,
+    shard_names,
+    weights_pattern,
 )
+from accelkit.checkpointing.safetensors_io import parse_size, read_safetensors, write_safetensors
 from accelkit.checkpointing.storage import Storage, WrittenFile, get_storage, join
+from accelkit.checkpointing.verified import read_verified_bytes
 
 __all__ = [
     "check_model_keys",
@@ -106,11 +106,10 @@ def _shard(tensors: Mapping[str, torch.Tensor], limit: int) -> list[list[str]]:
     return shards
 
 
-def model_file_names(stem: str, count: int, suffix: str = ".safetensors") -> list[str]:
-    """File names of a model saved under ``stem`` in ``count`` shards."""
-    if count == 1:
-        return [f"{stem}{suffix}"]
-    return [f"{stem}-{i:05d}-of-{count:05d}{suffix}" for i in range(1, count + 1)]
+def model_file_names(stem: str, count: int, suffix: str = TENSORS_SUFFIX) -> list[str]:
+    """File names of a model saved under ``stem`` in ``count`` shards (see
+    :func:`~accelkit.checkpointing.layout.shard_names`)."""
+    return shard_names(stem, count, suffix)
 
 
 def _write_pickled(storage: Storage, url: str, tensors: Mapping[str, torch.Tensor]) -> WrittenFile:
@@ -184,8 +183,8 @@ def write_model_files(
             "weight_map": {n: f for f, members in zip(names, shards) for n in members},
         }
         data = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
-        index_name = f"{stem}{suffix}.index.json"
-        written[index_name] = storage.write_bytes(join(folder, index_name), data)
+        index_file = index_name(stem, suffix)
+        written[index_file] = storage.write_bytes(join(folder, index_file), data)
     return written
 
 
@@ -228,16 +227,14 @@ def read_model_files(
         CorruptCheckpointError: for a missing shard, an unsafe index, or a damaged file.
     """
     expected = expected or {}
-    index_name = f"{stem}.safetensors.index.json"
-    single = f"{stem}.safetensors"
+    index = index_name(stem)
+    single = stem + TENSORS_SUFFIX
     if expected:
-        use_index = index_name in expected
+        use_index = index in expected
     else:
-        use_index = not storage.exists(join(folder, single)) and storage.exists(
-            join(folder, index_name)
-        )
+        use_index = not storage.exists(join(folder, single)) and storage.exists(join(folder, index))
     if use_index:
-        return _read_index(storage, folder, index_name, expected, zero_copy)
+        return _read_index(storage, folder, index, expected, zero_copy)
     tensors, meta = read_safetensors(storage, join(folder, single), expected.get(single), zero_copy)
     url = join(folder, single)
     _resolve_aliases(tensors, _parse_aliases(meta.get(ALIASES_KEY, "{}"), url), url)
@@ -252,20 +249,7 @@ def _read_index(
     zero_copy: bool = False,
 ) -> dict[str, torch.Tensor]:
     url = join(folder, index_name)
-    try:
-        raw = storage.read_bytes(url)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(
-            f"{url} is missing: restore it or load another checkpoint."
-        ) from None
-    except PermissionError as exc:  # a local symbolic link: never followed
-        raise CorruptCheckpointError(str(exc)) from None
-    entry = expected.get(index_name)
-    if entry is not None:
-        algorithm, _ = parse_checksum(entry.checksum)
-        hasher = new_hasher(algorithm)
-        hasher.update(raw)
-        check_expected(url, entry, len(raw), format_checksum(algorithm, hasher.hexdigest()))
+    raw = read_verified_bytes(storage, url, expected.get(index_name))
     index = load_json(raw, url)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
@@ -339,10 +323,8 @@ def save_model(
     written = write_model_files(
         storage, save_directory, model.state_dict(), stem, max_shard_size, safe_serialization
     )
-    stale = re.compile(
-        r"^(model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
-        r"|pytorch_model(-\d{5}-of-\d{5})?\.bin|pytorch_model\.bin\.index\.json)$"
-    )
+    earlier = (weights_pattern("model", TENSORS_SUFFIX), weights_pattern("pytorch_model", ".bin"))
+    stale = re.compile(f"^(?:{'|'.join(earlier)})$")
     for entry in storage.listdir(save_directory):
         if not entry.is_dir and stale.match(entry.name) and entry.name not in written:
             storage.remove(join(save_directory, entry.name))
@@ -447,9 +429,9 @@ def load_checkpoint_in_model(
         storage = confine(storage, checkpoint)  # no link inside the folder is followed
         folder, name = checkpoint, None
         for candidate in (
-            "model.safetensors.index.json",
-            "model.safetensors",
-            "pytorch_model.bin.index.json",
+            index_name("model"),
+            "model" + TENSORS_SUFFIX,
+            index_name("pytorch_model", ".bin"),
             "pytorch_model.bin",
         ):
             if storage.exists(join(checkpoint, candidate)):

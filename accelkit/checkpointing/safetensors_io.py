@@ -15,7 +15,8 @@ Public API:
   streamed once; with ``expected`` (a manifest :class:`~accelkit.checkpointing.manifest.
   FileEntry`) the size and checksum are verified in the same pass. Hostile headers (huge
   lengths, offsets past the end, overlapping tensors) are refused before any allocation.
-- :func:`check_expected` -- compare a size and checksum with a manifest entry.
+- :func:`check_expected`, :func:`read_verified_bytes` -- re-exported from
+  :mod:`~accelkit.checkpointing.verified`, the one verified-read primitive.
 - :func:`supports_dtype`, :func:`parse_size` (``"10GB"``/``"500MB"``/int -> bytes).
 
 To list tensors without reading them, see :mod:`accelkit.checkpointing.inspect`.
@@ -37,6 +38,12 @@ from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_c
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.safetensors_header import SafetensorsHeader, TensorInfo, parse_header
 from accelkit.checkpointing.storage import Storage, WrittenFile
+from accelkit.checkpointing.verified import (
+    VerifiedReader,
+    check_expected,
+    open_verified,
+    read_verified_bytes,
+)
 
 __all__ = [
     "check_expected",
@@ -204,29 +211,23 @@ def _torch_dtype(url: str, info: TensorInfo) -> torch.dtype:
 
 def _open_size(f: Any, storage: Storage, url: str) -> int:
     """Size of the open file ``f`` of ``url`` (no extra request where the file knows it)."""
-    if storage.is_local:
+    if storage.local_path(url) is not None:
         return os.fstat(f.fileno()).st_size
     size = getattr(f, "size", None)
     return size if isinstance(size, int) else storage.size(url)
 
 
-def _read_exact(f: Any, n: int, url: str, hasher: Any) -> torch.Tensor:
+def _read_exact(f: VerifiedReader, n: int, url: str) -> torch.Tensor:
     """Read exactly ``n`` bytes into a fresh uint8 tensor (uninitialised memory: no zeroing
-    pass), hashing them."""
+    pass); ``f`` hashes them."""
     buf = torch.empty(n, dtype=torch.uint8)
     view = buf.numpy().data.cast("B") if n else memoryview(b"")
     got = 0
     while got < n:
-        count = f.readinto(view[got:]) if hasattr(f, "readinto") else None
-        if count is None:
-            chunk = f.read(n - got)
-            count = len(chunk)
-            view[got : got + count] = chunk
+        count = f.readinto(view[got:])
         if not count:
             raise _corrupt(url, f"unexpected end of file ({got} of {n} bytes)")
         got += count
-    if hasher is not None and n:
-        hasher.update(view)
     return buf
 
 
@@ -253,57 +254,37 @@ def read_safetensors(
         CorruptCheckpointError: naming the file, for a bad header, truncation, or a size or
             checksum that disagrees with ``expected``.
     """
-    hasher = None
-    algorithm = ""
-    if expected is not None:
-        algorithm, _ = parse_checksum(expected.checksum)
-        hasher = new_hasher(algorithm)
     tensors: dict[str, torch.Tensor] = {}
-    try:
-        f = storage.open_read(url)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(
-            f"{url} is missing. Restore the file, or load another checkpoint."
-        ) from None
-    except PermissionError as exc:  # a local symbolic link: never followed
-        raise CorruptCheckpointError(str(exc)) from None
+    f = open_verified(storage, url, expected)
+    if zero_copy and storage.local_path(url) is not None:
+        with f.raw:  # verified on the map, not by a second read
+            return _read_mapped(f.raw.fileno(), url, expected)
     with f:
-        if zero_copy and storage.is_local:
-            return _read_mapped(f.fileno(), url, expected)
         # The file's real size bounds what a header may claim, so a hostile header (or a
         # manifest lying about the size) never makes us allocate more than the file holds.
-        file_size = _open_size(f, storage, url)
+        file_size = _open_size(f.raw, storage, url)
         if expected is not None and file_size != expected.size:
             check_expected(url, expected, file_size, "")
-        head = _read_exact(f, 8, url, hasher)
+        head = _read_exact(f, 8, url)
         (length,) = struct.unpack("<Q", head.numpy().tobytes())
         if length > min(_MAX_HEADER, file_size - 8):
             raise _corrupt(url, f"header length {length} is larger than the file allows")
-        raw = _read_exact(f, length, url, hasher).numpy().tobytes()
+        raw = _read_exact(f, length, url).numpy().tobytes()
         header = parse_header(url, raw, file_size)
         position = 0
         for info in sorted(header.tensors, key=lambda i: i.data_offsets[0]):
             start, end = info.data_offsets
             dtype = _torch_dtype(url, info)
             if start > position:
-                _read_exact(f, start - position, url, hasher)
+                _read_exact(f, start - position, url)
             if end == start:
                 tensors[info.name] = torch.empty(info.shape, dtype=dtype)
             else:
-                buf = _read_exact(f, end - start, url, hasher)
+                buf = _read_exact(f, end - start, url)
                 tensors[info.name] = buf.view(dtype).reshape(info.shape)
             position = end
-        total = 8 + length + position
-        while True:  # trailing bytes count for size and checksum
-            rest = f.read(_CHUNK)
-            if not rest:
-                break
-            total += len(rest)
-            if hasher is not None:
-                hasher.update(rest)
-    if expected is not None:
-        assert hasher is not None
-        check_expected(url, expected, total, format_checksum(algorithm, hasher.hexdigest()))
+        # Leaving the block reads the trailing bytes (they count for size and checksum) and
+        # checks the file against ``expected``.
     return tensors, header.metadata
 
 
@@ -347,41 +328,3 @@ def _read_mapped(
             raw = raw.clone()  # misaligned (another writer's layout): copy this one
         tensors[info.name] = raw.view(dtype).reshape(info.shape)
     return tensors, header.metadata
-
-
-def check_expected(url: str, expected: Any, size: int, checksum: str) -> None:
-    """Raise :class:`CorruptCheckpointError` if ``size``/``checksum`` differ from ``expected``."""
-    if size != expected.size:
-        raise CorruptCheckpointError(
-            f"{url}: size {size} bytes, but the manifest says {expected.size}. The file is "
-            "truncated or was replaced: load another checkpoint."
-        )
-    if checksum != expected.checksum:
-        raise CorruptCheckpointError(
-            f"{url}: checksum {checksum} does not match the manifest ({expected.checksum}). The "
-            "file is damaged: load another checkpoint, or, if you trust it, pass "
-            "verify=False to load_state (or ProjectConfiguration(verify_checksums=False))."
-        )
-
-
-def read_verified_bytes(storage: Storage, url: str, expected: Any) -> bytes:
-    """Read a whole checkpoint file, checking it against its manifest entry (if any).
-
-    Raises:
-        CorruptCheckpointError: the file is missing, a symbolic link, or disagrees with
-            ``expected`` (size or checksum).
-    """
-    try:
-        data = storage.read_bytes(url)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(
-            f"{url} is missing. Restore it, or load another checkpoint."
-        ) from None
-    except PermissionError as exc:  # a local symbolic link: never followed
-        raise CorruptCheckpointError(str(exc)) from None
-    if expected is not None:
-        algorithm, _ = parse_checksum(expected.checksum)
-        hasher = new_hasher(algorithm)
-        hasher.update(data)
-        check_expected(url, expected, len(data), format_checksum(algorithm, hasher.hexdigest()))
-    return data

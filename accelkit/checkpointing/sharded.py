@@ -54,6 +54,7 @@ from accelkit.checkpointing.layout import model_file, object_stem
 from accelkit.checkpointing.manifest import FileEntry, Manifest, file_checksum
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.fsdp import is_sharded
+from accelkit.wrapping import peel
 
 __all__ = [
     "DCP_METADATA_NAME",
@@ -126,7 +127,7 @@ class ShardedTargets:
 
 
 def _model_key(index: int) -> str:
-    return model_file(index).removesuffix(".safetensors")
+    return object_stem("model", index)
 
 
 def sharded_targets(models: Sequence[nn.Module], optimizers: Sequence[Any]) -> ShardedTargets:
@@ -142,8 +143,9 @@ def sharded_targets(models: Sequence[nn.Module], optimizers: Sequence[Any]) -> S
     targets = ShardedTargets()
     owners: dict[int, int] = {}
     for index, model in enumerate(models):
-        if is_sharded(getattr(model, "_orig_mod", model)):  # through torch.compile too
-            targets.models[index] = getattr(model, "_orig_mod", model)
+        inner = peel(model)[0]  # through torch.compile too
+        if is_sharded(inner):
+            targets.models[index] = inner
             owners.update({id(p): index for p in model.parameters()})
     for index, optimizer in enumerate(optimizers):
         inner = getattr(optimizer, "optimizer", optimizer)

@@ -42,11 +42,11 @@ from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.layout import STRUCTURE_SUFFIX, TENSORS_SUFFIX, TORCH_SUFFIX
 from accelkit.checkpointing.safetensors_io import (
     read_safetensors,
-    read_verified_bytes,
     supports_dtype,
     write_safetensors,
 )
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
+from accelkit.checkpointing.verified import read_verified_bytes
 
 __all__ = [
     "decode_state",

@@ -12,7 +12,13 @@ from typing_extensions import override
 
 from accelkit.checkpointing.catalog import CheckpointInfo, inspect_folder, list_checkpoints
 from accelkit.checkpointing.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME, parse_checkpoint_name
-from accelkit.checkpointing.storage import Storage, get_storage, join, protocol_of
+from accelkit.checkpointing.storage import (
+    Storage,
+    WrappedStorage,
+    get_storage,
+    join,
+    protocol_of,
+)
 
 __all__ = [
     "Fail",
@@ -166,11 +172,11 @@ def is_single_checkpoint(storage: Storage, path: str) -> bool:
     return parse_checkpoint_name(name) is not None or storage.exists(join(path, MANIFEST_NAME))
 
 
-class _CountingStorage(Storage):
+class _CountingStorage(WrappedStorage):
     """The same storage, ticking ``bar`` once per checkpoint folder the catalog reads."""
 
     def __init__(self, inner: Storage, bar: Any) -> None:
-        super().__init__(inner.fs, inner.protocol)
+        super().__init__(inner)
         self._bar = bar
 
     @override

@@ -1,99 +1,105 @@
-"""Storage conformance: the same contract on a local disk, ``memory://`` and a real S3 server."""
+"""Storage: accelkit's backends pass the shipped contract (:class:`accelkit.testing.
+StorageContract`) on a local disk, ``memory://`` and a real S3 server, also seen through a
+:class:`~accelkit.checkpointing.confined.ConfinedStorage`; then what is backend-specific."""
 
 from __future__ import annotations
 
 import os
+import uuid
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from accelkit.checkpointing.checksum import checksum_bytes
-from accelkit.checkpointing.storage import get_storage, join, protocol_of, sync_batch
+from accelkit.checkpointing.confined import ConfinedStorage, confine
+from accelkit.checkpointing.storage import (
+    LocalStorage,
+    Storage,
+    StorageProtocol,
+    get_storage,
+    join,
+    protocol_of,
+    register_storage,
+    sync_batch,
+)
+from accelkit.checkpointing.storage_fsspec import FsspecStorage, S3Storage
+from accelkit.testing import StorageContract
 from tests.checkpointing.conftest import Root
+from tests.fixtures.s3 import S3Server
 
 
-def test_write_read_roundtrip_and_queries(root: Root) -> None:
-    s = root.storage
-    url = join(root.url, "a", "b.bin")
-    written = s.write_bytes(url, b"hello world")
-    assert written.size == 11
-    assert written.checksum == checksum_bytes(b"hello world")
-    assert s.read_bytes(url) == b"hello world"
-    assert s.read_bytes(url, 6, 11) == b"world"
-    assert s.exists(url) and s.isfile(url) and not s.isdir(url)
-    assert s.isdir(join(root.url, "a")) and not s.isfile(join(root.url, "a"))
-    assert s.size(url) == 11
-    assert not s.exists(join(root.url, "missing"))
-    with pytest.raises(FileNotFoundError):
-        s.read_bytes(join(root.url, "missing"))
+def _memory_url() -> str:
+    return f"memory://accelkit-tests/{uuid.uuid4().hex[:12]}"
 
 
-def test_streaming_write_hashes_what_it_writes(root: Root) -> None:
-    s = root.storage
-    parts = [b"x" * 1000, bytearray(b"y" * 7), memoryview(b"z" * (3 << 20))]
-    url = join(root.url, "stream.bin")
-    with s.open_write(url) as w:
-        for part in parts:
-            w.write(part)
-    data = b"".join(bytes(p) for p in parts)
-    assert w.result is not None
-    assert w.result.size == len(data) == s.size(url)
-    assert w.result.checksum == checksum_bytes(data)
-    assert s.read_bytes(url) == data
+class TestLocalStorage(StorageContract):
+    @pytest.fixture
+    def storage_root(self, tmp_path: Path) -> tuple[Storage, str]:
+        return get_storage(str(tmp_path / "root")), str(tmp_path / "root")
 
 
-def test_failed_streaming_write_leaves_no_file(root: Root) -> None:
-    s = root.storage
-    url = join(root.url, "partial.bin")
-    with pytest.raises(RuntimeError, match="boom"), s.open_write(url) as w:
-        w.write(b"abc")
-        raise RuntimeError("boom")
-    assert not s.exists(url)
+class TestMemoryStorage(StorageContract):
+    @pytest.fixture
+    def storage_root(self) -> tuple[Storage, str]:
+        url = _memory_url()
+        return get_storage(url), url
 
 
-def test_listdir_and_walk(root: Root) -> None:
-    s = root.storage
-    s.write_bytes(join(root.url, "f1"), b"1")
-    s.write_bytes(join(root.url, "d", "f2"), b"22")
-    s.write_bytes(join(root.url, "d", "e", "f3"), b"333")
-    entries = s.listdir(root.url)
-    assert [(e.name, e.is_dir) for e in entries] == [("d", True), ("f1", False)]
-    assert entries[1].size == 1
-    assert s.walk_files(root.url) == {"d/e/f3": 3, "d/f2": 2, "f1": 1}
-    with pytest.raises(FileNotFoundError):
-        s.listdir(join(root.url, "nope"))
+class TestS3Storage(StorageContract):
+    @pytest.fixture
+    def storage_root(self, s3_server: S3Server) -> tuple[Storage, str]:
+        return get_storage(s3_server.url(), s3_server.storage_options), s3_server.new_prefix()
 
 
-def test_atomic_write_replaces_whole_and_leaves_no_temp(root: Root) -> None:
-    s = root.storage
-    url = join(root.url, "accelkit.json")
-    s.write_bytes(url, b"old", atomic=True)
-    written = s.write_bytes(url, b"new contents", atomic=True)
-    assert s.read_bytes(url) == b"new contents"
-    assert written.checksum == checksum_bytes(b"new contents")
-    assert s.walk_files(root.url) == {"accelkit.json": 12}
+class TestConfinedLocalStorage(StorageContract):
+    @pytest.fixture
+    def storage_root(self, tmp_path: Path) -> tuple[Storage, str]:
+        return confine(get_storage(str(tmp_path)), str(tmp_path)), str(tmp_path / "root")
 
 
-def test_remove_and_rmtree(root: Root) -> None:
-    s = root.storage
-    s.write_bytes(join(root.url, "keep", "x"), b"x")
-    s.write_bytes(join(root.url, "gone", "sub", "y"), b"y")
-    s.write_bytes(join(root.url, "gone", "z"), b"z")
-    s.remove(join(root.url, "keep", "x"))
-    s.remove(join(root.url, "keep", "x"))  # missing is fine
-    assert not s.exists(join(root.url, "keep", "x"))
-    s.rmtree(join(root.url, "gone"))
-    s.rmtree(join(root.url, "gone"))  # missing is fine
-    names = [e.name for e in s.listdir(root.url)] if s.exists(root.url) else []
-    assert "gone" not in names
-    assert not s.exists(join(root.url, "gone", "z"))
+class TestConfinedMemoryStorage(StorageContract):
+    @pytest.fixture
+    def storage_root(self) -> tuple[Storage, str]:
+        url = _memory_url()
+        return confine(get_storage(url), url), join(url, "root")
 
 
-def test_makedirs_is_idempotent(root: Root) -> None:
-    s = root.storage
-    s.makedirs(join(root.url, "m", "n"))
-    s.makedirs(join(root.url, "m", "n"))
-    s.write_bytes(join(root.url, "m", "n", "f"), b"f")
-    assert s.walk_files(join(root.url, "m")) == {"n/f": 1}
+class TestConfinedS3Storage(StorageContract):
+    @pytest.fixture
+    def storage_root(self, s3_server: S3Server) -> tuple[Storage, str]:
+        url = s3_server.new_prefix()
+        return confine(get_storage(url, s3_server.storage_options), url), join(url, "root")
+
+
+def test_get_storage_picks_the_class_of_the_protocol(tmp_path: Path, s3_server: S3Server) -> None:
+    assert type(get_storage(str(tmp_path))) is LocalStorage
+    assert get_storage("file:///x") is get_storage("local:///y") is get_storage("rel/z")
+    assert type(get_storage("memory://x")) is FsspecStorage
+    assert type(get_storage(s3_server.url(), s3_server.storage_options)) is S3Storage
+    view = confine(get_storage(str(tmp_path)), str(tmp_path))
+    assert isinstance(view, ConfinedStorage) and isinstance(view, StorageProtocol)
+
+
+def test_register_storage_serves_a_protocol_and_refuses_a_duplicate(tmp_path: Path) -> None:
+    class Recording(LocalStorage):
+        protocol = "recordingfile"
+
+    def factory(protocol: str, options: Any) -> Storage:
+        assert (protocol, dict(options)) == ("recordingfile", {"flag": 1})
+        return Recording()
+
+    register_storage("recordingfile", factory)
+    try:
+        storage = get_storage(f"recordingfile://{tmp_path}/x", {"flag": 1})
+        assert type(storage) is Recording
+        with pytest.raises(ValueError, match=r"'recordingfile' is already served.*overwrite"):
+            register_storage("recordingfile", factory)
+        register_storage("recordingfile", factory, overwrite=True)
+        assert get_storage(f"recordingfile://{tmp_path}/x", {"flag": 1}) is not storage
+    finally:
+        from accelkit.checkpointing import storage as storage_module
+
+        storage_module._FACTORIES.pop("recordingfile", None)
 
 
 def test_get_storage_protocols_and_errors(tmp_path: object) -> None:

@@ -1,120 +1,111 @@
-"""One contract, run against every built-in backend and a custom `GeneralTracker` subclass.
+"""Every built-in backend and two custom `GeneralTracker` subclasses (the tests' and the one
+in ``examples/custom_tracker.py``) pass the shipped contract
+(:class:`accelkit.testing.TrackerContract`).
 
 Each backend writes for real (TensorBoard event files, a sqlite MLflow store, an offline wandb
-run, an offline Comet archive, JSON lines, a custom CSV) and is read back with its own reader.
+run, an offline Comet archive, JSON lines, custom CSVs) and is read back with its own reader.
 """
 
 from __future__ import annotations
 
+import csv
+import importlib.util
 import shutil
-import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import numpy as np
 import pytest
-import torch
 
-from accelkit import Accelerator
-from accelkit.trackers import TrackerWarning, register_tracker
+from accelkit.testing import TrackerContract
+from accelkit.trackers import register_tracker
 from tests.trackers import readers
 from tests.trackers.custom import CSVTracker
 
-RUN = "conformance"
-STEPS = 5
-CONFIG: dict[str, Any] = {
-    "lr": 0.001,
-    "layers": [64, 32],
-    "optimizer": {"name": "adam", "betas": torch.tensor([0.5, 0.25])},
-    "scheduler": None,
-    "output": Path("/tmp/out"),
-    "epochs": torch.tensor(3),
-}
+
+class TestTensorBoard(TrackerContract):
+    log_with, files, unwrapped = "tensorboard", "conformance/events.out.tfevents.*", "SummaryWriter"
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_tensorboard(logging_dir, run)
 
 
-@dataclass(frozen=True)
-class Backend:
-    read: Callable[[str, str], tuple[readers.Scalars, dict[str, Any]]]
-    files: str  # a glob, relative to the logging dir, that the backend must have written
-    unwrapped: str  # the class name of ``get_tracker(name, unwrap=True)``
+class TestJSONL(TrackerContract):
+    log_with, files, unwrapped = "jsonl", "conformance/metrics.jsonl", "TextIOWrapper"
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_jsonl(logging_dir, run)
 
 
-def _read_mlflow(logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
-    return readers.read_mlflow(f"sqlite:///{logging_dir}/mlflow.db", run)
+class TestMLflow(TrackerContract):
+    log_with, files, unwrapped = "mlflow", "mlflow.db", "Run"
 
-
-BACKENDS = {
-    "tensorboard": Backend(
-        readers.read_tensorboard, f"{RUN}/events.out.tfevents.*", "SummaryWriter"
-    ),
-    "jsonl": Backend(readers.read_jsonl, f"{RUN}/metrics.jsonl", "TextIOWrapper"),
-    "mlflow": Backend(_read_mlflow, "mlflow.db", "Run"),
-    "wandb": Backend(readers.read_wandb, "wandb/offline-run-*/run-*.wandb", "Run"),
-    "comet_ml": Backend(readers.read_comet, "comet_ml/*.zip", "OfflineExperiment"),
-    "csv_custom": Backend(readers.read_csv_custom, f"{RUN}/custom.csv", "TextIOWrapper"),
-}
-
-
-def _values(step: int) -> dict[str, Any]:
-    return {
-        "loss": torch.tensor(1.0 / (step + 1)),
-        "lr": 0.1 * step,
-        "count": np.int64(step),
-        "note": "free text",
-        "blob": object(),
-    }
-
-
-@pytest.mark.parametrize("name", list(BACKENDS))
-def test_backend_contract(
-    name: str, tmp_path: Path, workdir: Path, mlflow_template_db: Path
-) -> None:
-    backend = BACKENDS[name]
-    logging_dir = tmp_path / "project"
-    if name == "csv_custom":
-        register_tracker(CSVTracker)
-    if name == "mlflow":
+    @pytest.fixture
+    def logging_dir(self, tmp_path: Path, mlflow_template_db: Path) -> Path:
         # The default store is sqlite under the logging dir; start from a migrated copy.
-        logging_dir.mkdir()
-        shutil.copy(mlflow_template_db, logging_dir / "mlflow.db")
+        project = tmp_path / "project"
+        project.mkdir()
+        shutil.copy(mlflow_template_db, project / "mlflow.db")
+        return project
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        accelerator = Accelerator(log_with=name, project_dir=str(logging_dir))
-        accelerator.init_trackers(RUN, config=CONFIG)
-        for step in range(STEPS):
-            accelerator.log(_values(step), step=step)
-        tracker = accelerator.get_tracker(name)
-        assert tracker.name == name
-        assert type(accelerator.get_tracker(name, unwrap=True)).__name__ == backend.unwrapped
-        accelerator.end_training()
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_mlflow(f"sqlite:///{logging_dir}/mlflow.db", run)
 
-    failures = [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
-    assert failures == [], failures
-    about_blob = [w for w in caught if "'blob'" in str(w.message)]
-    assert len(about_blob) <= 1, [str(w.message) for w in about_blob]
 
-    # Everything the backend wrote is under the logging dir; nothing in the working directory.
-    assert list(logging_dir.glob(backend.files)), f"{name} wrote no {backend.files}"
-    assert sorted(p.name for p in workdir.iterdir()) == []
+class TestWandbOffline(TrackerContract):
+    log_with, files, unwrapped = "wandb", "wandb/offline-run-*/run-*.wandb", "Run"
 
-    scalars, config = backend.read(str(logging_dir), RUN)
-    expected = {
-        "loss": [(s, 1.0 / (s + 1)) for s in range(STEPS)],
-        "lr": [(s, 0.1 * s) for s in range(STEPS)],
-        "count": [(s, float(s)) for s in range(STEPS)],
-    }
-    for key, points in expected.items():
-        assert [step for step, _ in scalars[key]] == list(range(STEPS)), (key, scalars[key])
-        assert [v for _, v in scalars[key]] == pytest.approx([v for _, v in points], rel=1e-6)
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_wandb(logging_dir, run)
 
-    config = {key.replace("|", "/"): value for key, value in config.items()}
-    assert float(config["lr"]) == pytest.approx(0.001)
-    assert config["optimizer/name"] == "adam"
-    assert str(config["output"]) == "/tmp/out"
-    assert int(float(config["epochs"])) == 3
-    assert "scheduler" in config
-    assert "64" in str(config["layers"]) and "32" in str(config["layers"])
-    assert "0.25" in str(config["optimizer/betas"])
+
+class TestCometOffline(TrackerContract):
+    log_with, files, unwrapped = "comet_ml", "comet_ml/*.zip", "OfflineExperiment"
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_comet(logging_dir, run)
+
+
+class TestCustomTracker(TrackerContract):
+    log_with, files, unwrapped = "csv_custom", "conformance/custom.csv", "TextIOWrapper"
+    register = CSVTracker
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_csv_custom(logging_dir, run)
+
+
+def _example(name: str) -> ModuleType:
+    """``examples/<name>.py`` as a module (examples are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"accelkit_example_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class TestExampleCustomTracker(TrackerContract):
+    log_with, files, unwrapped = "csv", "conformance/metrics.csv", "TextIOWrapper"
+    flattens_config = False  # it logs each top-level config key as a row
+
+    @pytest.fixture
+    def registered(self) -> Iterator[None]:
+        # Loading the example registers its tracker; the autouse clean_registry undoes it.
+        register_tracker(_example("custom_tracker").CSVTracker)
+        yield
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        scalars: readers.Scalars = {}
+        config: dict[str, Any] = {}
+        with open(Path(logging_dir, run, "metrics.csv"), encoding="utf-8") as file:
+            for row in csv.DictReader(file):
+                if row["name"].startswith("config/"):
+                    config[row["name"].removeprefix("config/")] = row["value"]
+                    continue
+                try:
+                    value = float(row["value"])
+                except ValueError:
+                    continue  # text and objects the example writes as they are
+                scalars.setdefault(row["name"], []).append((int(row["step"]), value))
+        return scalars, config

@@ -1,0 +1,216 @@
+"""Any fsspec filesystem as a checkpoint storage: :class:`FsspecStorage`, and :class:`S3Storage`
+for the quirks of S3 servers. The one module of accelkit that imports fsspec.
+
+An upload to an object store is visible only once complete, so a streamed write is already
+atomic there; listings may be cached by the filesystem, so every query forgets the cache of
+its path first (a checkpoint written by another process must be seen).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import IO, Any, BinaryIO
+
+import fsspec
+from typing_extensions import override
+
+from accelkit.checkpointing.checksum import checksum_bytes
+from accelkit.checkpointing.storage_base import Entry, Sink, Storage, WrittenFile
+
+__all__ = ["FsspecStorage", "S3Storage", "fsspec_storage"]
+
+# Big buffers are handed to the fsspec file in slices of this size: fewer calls into its
+# buffering than small slices, and a single huge write never needs a second copy.
+REMOTE_WRITE_CHUNK = 16 * 1024 * 1024
+
+
+class _FileSink:
+    """An fsspec file opened for writing, as a :class:`~accelkit.checkpointing.storage_base.
+    Sink`: the upload completes on close."""
+
+    chunk_size = REMOTE_WRITE_CHUNK
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+
+    def write(self, data: memoryview) -> int:
+        return self._file.write(data)
+
+    def commit(self, deferred: bool) -> None:
+        self._file.close()
+
+    def abort(self) -> None:
+        self._file.close()
+
+
+class FsspecStorage(Storage):
+    """One fsspec filesystem, addressed with full URLs.
+
+    Args:
+        fs: the fsspec filesystem.
+        protocol: its protocol as written in URLs.
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, protocol: str) -> None:
+        self.fs = fs
+        self.protocol = protocol
+
+    def _path(self, url: str) -> str:
+        path: str = self.fs._strip_protocol(url)
+        return path
+
+    @override
+    def invalidate(self, url: str | None = None) -> None:
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(None if url is None else self._path(url))
+
+    # ------------------------------------------------------------------ queries
+
+    @override
+    def exists(self, url: str) -> bool:
+        self.invalidate(url)
+        return bool(self.fs.exists(self._path(url)))
+
+    @override
+    def isdir(self, url: str) -> bool:
+        self.invalidate(url)
+        return bool(self.fs.isdir(self._path(url)))
+
+    @override
+    def isfile(self, url: str) -> bool:
+        self.invalidate(url)
+        return bool(self.fs.isfile(self._path(url)))
+
+    @override
+    def size(self, url: str) -> int:
+        return int(self.fs.size(self._path(url)))
+
+    @override
+    def listdir(self, url: str) -> list[Entry]:
+        self.invalidate(url)
+        path = self._path(url)
+        if not self.fs.isdir(path):
+            raise FileNotFoundError(f"No folder at {url!r}.")
+        entries = []
+        for info in self.fs.ls(path, detail=True):
+            name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
+            if not name or str(info["name"]).rstrip("/") == path.rstrip("/"):
+                continue
+            is_dir = info.get("type") == "directory"
+            entries.append(Entry(name, is_dir, 0 if is_dir else int(info.get("size") or 0)))
+        return sorted(entries, key=lambda e: e.name)
+
+    # ------------------------------------------------------------------ reading
+
+    @override
+    def open_read(self, url: str) -> BinaryIO:
+        stream: BinaryIO = self.fs.open(self._path(url), "rb")
+        return stream
+
+    # ------------------------------------------------------------------ writing
+
+    @override
+    def makedirs(self, url: str) -> None:
+        with contextlib.suppress(FileExistsError):
+            self.fs.makedirs(self._path(url), exist_ok=True)
+
+    @override
+    def open_sink(self, url: str) -> Sink:
+        return _FileSink(self.fs.open(self._path(url), "wb"))
+
+    @override
+    def write_bytes(
+        self, url: str, data: bytes | bytearray | memoryview, atomic: bool = False
+    ) -> WrittenFile:
+        """Write ``data`` to ``url``; ``atomic``: as a single PUT."""
+        if not atomic:
+            return super().write_bytes(url, data)
+        self.fs.pipe_file(self._path(url), bytes(data))
+        return WrittenFile(url, len(data), checksum_bytes(data))
+
+    @override
+    def create_exclusive(self, url: str, data: bytes) -> bool:
+        """Create ``url`` holding ``data`` only if it does not exist, with fsspec's
+        ``mode="create"``; a filesystem without that mode writes unconditionally (the caller
+        reads back)."""
+        try:
+            self.fs.pipe_file(self._path(url), bytes(data), mode="create")
+        except FileExistsError:
+            return False
+        except TypeError:  # an fsspec backend without the "create" mode
+            self.fs.pipe_file(self._path(url), bytes(data))
+        finally:
+            self.invalidate(url)
+        return True
+
+    # ------------------------------------------------------------------ deleting
+
+    @override
+    def remove(self, url: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._path(url))
+        self.invalidate(url)
+
+    @override
+    def rmtree(self, url: str) -> None:
+        path = self._path(url)
+        self.invalidate(url)
+        if self.fs.exists(path):
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(path, recursive=True)
+            self.invalidate(url)
+            self._after_rmtree(path)
+        self.invalidate(url)
+
+    def _after_rmtree(self, path: str) -> None:
+        """What a backend must clean up after a recursive delete of ``path`` (nothing here)."""
+
+
+class S3Storage(FsspecStorage):
+    """S3 and S3-compatible servers (AWS, SeaweedFS, MinIO) through s3fs.
+
+    Two quirks are handled here:
+
+    - :meth:`create_exclusive` is a conditional PUT (``If-None-Match: *``); a server that finds
+      the key already there answers 412 Precondition Failed, which s3fs raises as a plain
+      ``OSError``.
+    - some servers (SeaweedFS) keep an empty "folder" after its keys are deleted; it would be
+      listed as an empty incomplete checkpoint, so :meth:`rmtree` deletes such markers.
+    """
+
+    @override
+    def create_exclusive(self, url: str, data: bytes) -> bool:
+        try:
+            return super().create_exclusive(url, data)
+        except OSError as exc:
+            if "condition" not in str(exc).lower():  # 412 Precondition Failed: it exists
+                raise
+            return False
+
+    @override
+    def _after_rmtree(self, path: str) -> None:
+        # Bottom-up: a marker's children first.
+        try:
+            entries = self.fs.ls(path, detail=True, refresh=True)
+        except (FileNotFoundError, OSError):
+            entries = []
+        for info in entries:
+            child = str(info["name"]).rstrip("/")
+            if info.get("type") == "directory" and child != path.rstrip("/"):
+                self._after_rmtree(child)
+        with contextlib.suppress(Exception):
+            if self.fs.exists(path):
+                self.fs.rm_file(path.rstrip("/") + "/")
+
+
+def fsspec_storage(protocol: str, options: Mapping[str, Any]) -> FsspecStorage:
+    """The storage of fsspec's filesystem for ``protocol``: :class:`S3Storage` for S3,
+    :class:`FsspecStorage` otherwise.
+
+    Raises:
+        ImportError: if the filesystem's package is not installed.
+        ValueError: if fsspec knows no such protocol.
+    """
+    fs = fsspec.filesystem(protocol, **options)
+    return (S3Storage if protocol in ("s3", "s3a") else FsspecStorage)(fs, protocol)

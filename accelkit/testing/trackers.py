@@ -1,0 +1,163 @@
+"""The tracker contract as a pytest suite: :class:`TrackerContract`.
+
+Subclass it in a test module, name the tracker and say how to read back what it wrote; the
+test then trains nothing but drives the tracker through a real :class:`~accelkit.Accelerator`:
+``init_trackers`` with a nested configuration (tensors, paths, ``None``), five ``log`` calls
+mixing tensors, NumPy and Python scalars, text and an unloggable object, ``end_training``.
+See :mod:`accelkit.testing` for an example.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from accelkit.trackers import GeneralTracker, TrackerWarning
+from accelkit.trackers.registry import register_tracker, registered_trackers, unregister_tracker
+
+__all__ = ["RUN", "STEPS", "Scalars", "TrackerContract", "contract_config", "contract_values"]
+
+RUN = "conformance"
+"""The project (run) name the contract passes to ``init_trackers``."""
+STEPS = 5
+"""How many ``log`` calls the contract makes (steps ``0 .. STEPS-1``)."""
+
+Scalars = dict[str, list[tuple[int, float]]]
+"""What a reader returns for the scalars: key -> ``[(step, value), ...]`` in step order."""
+
+
+def contract_config() -> dict[str, Any]:
+    """The configuration the contract stores (a fresh copy each call)."""
+    import torch
+
+    return {
+        "lr": 0.001,
+        "layers": [64, 32],
+        "optimizer": {"name": "adam", "betas": torch.tensor([0.5, 0.25])},
+        "scheduler": None,
+        "output": Path("/tmp/out"),
+        "epochs": torch.tensor(3),
+    }
+
+
+def contract_values(step: int) -> dict[str, Any]:
+    """What the contract logs at ``step``: three scalars a tracker must keep, a string and an
+    object it may skip (with at most one warning about it)."""
+    import numpy as np
+    import torch
+
+    return {
+        "loss": torch.tensor(1.0 / (step + 1)),
+        "lr": 0.1 * step,
+        "count": np.int64(step),
+        "note": "free text",
+        "blob": object(),
+    }
+
+
+class TrackerContract:
+    """What accelkit expects of a tracker, as a pytest test.
+
+    Class attributes of a subclass:
+        log_with: the tracker's name, as given to ``Accelerator(log_with=...)``.
+        files: a glob, relative to the logging dir, that the tracker must have written.
+        unwrapped: the class name of ``get_tracker(log_with, unwrap=True)`` (``None``: not
+            checked).
+        register: a :class:`~accelkit.trackers.GeneralTracker` subclass to register for the
+            test (and unregister after), for a tracker not registered otherwise.
+        flattens_config: the tracker stores a nested configuration under flat keys
+            (``optimizer/name``); ``False``: it keeps the top-level keys, nested values as text.
+
+    Methods a subclass provides:
+        read_back(logging_dir, run): ``(scalars, config)`` as the tracker stored them, read
+            with the backend's own reader; config keys may be flattened with ``/`` or ``|``.
+
+    Fixtures a subclass may override:
+        logging_dir: the project dir given to the ``Accelerator`` (default: a fresh
+            ``project`` folder, not created).
+    """
+
+    log_with: ClassVar[str]
+    files: ClassVar[str]
+    unwrapped: ClassVar[str | None] = None
+    register: ClassVar[type[GeneralTracker] | None] = None
+    flattens_config: ClassVar[bool] = True
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+        """Override: read what the tracker wrote under ``logging_dir`` for ``run``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must define read_back(logging_dir, run) -> (scalars, config)"
+        )
+
+    @pytest.fixture
+    def logging_dir(self, tmp_path: Path) -> Path:
+        """The project dir of the run (override to prepare it)."""
+        return tmp_path / "project"
+
+    @pytest.fixture
+    def registered(self) -> Any:
+        """Registers :attr:`register` for the test, if set, and removes it afterwards."""
+        before = set(registered_trackers())
+        if self.register is not None:
+            register_tracker(self.register)
+        yield
+        for name in set(registered_trackers()) - before:
+            unregister_tracker(name)
+
+    def test_tracker_contract(
+        self,
+        logging_dir: Path,
+        registered: Any,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        from accelkit import Accelerator
+
+        workdir = tmp_path / "cwd"  # a backend writing outside the logging dir shows up here
+        workdir.mkdir()
+        monkeypatch.chdir(workdir)
+        name = self.log_with
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            accelerator = Accelerator(log_with=name, project_dir=str(logging_dir))
+            accelerator.init_trackers(RUN, config=contract_config())
+            for step in range(STEPS):
+                accelerator.log(contract_values(step), step=step)
+            assert accelerator.get_tracker(name).name == name
+            if self.unwrapped is not None:
+                unwrapped = accelerator.get_tracker(name, unwrap=True)
+                assert type(unwrapped).__name__ == self.unwrapped
+            accelerator.end_training()
+
+        failures = [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
+        assert failures == [], failures
+        about_blob = [str(w.message) for w in caught if "'blob'" in str(w.message)]
+        assert len(about_blob) <= 1, about_blob
+
+        assert list(logging_dir.glob(self.files)), f"{name} wrote no {self.files}"
+        assert sorted(p.name for p in workdir.iterdir()) == [], "written outside logging_dir"
+
+        scalars, config = self.read_back(str(logging_dir), RUN)
+        expected = {
+            "loss": [1.0 / (s + 1) for s in range(STEPS)],
+            "lr": [0.1 * s for s in range(STEPS)],
+            "count": [float(s) for s in range(STEPS)],
+        }
+        for key, values in expected.items():
+            assert [step for step, _ in scalars[key]] == list(range(STEPS)), (key, scalars[key])
+            assert [v for _, v in scalars[key]] == pytest.approx(values, rel=1e-6)
+
+        config = {key.replace("|", "/"): value for key, value in config.items()}
+        assert float(config["lr"]) == pytest.approx(0.001)
+        assert str(config["output"]) == "/tmp/out"
+        assert int(float(config["epochs"])) == 3
+        assert "scheduler" in config
+        assert "64" in str(config["layers"]) and "32" in str(config["layers"])
+        if self.flattens_config:
+            assert config["optimizer/name"] == "adam"
+            assert "0.25" in str(config["optimizer/betas"])
+        else:
+            assert "adam" in str(config["optimizer"]) and "0.25" in str(config["optimizer"])

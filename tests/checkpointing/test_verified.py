@@ -1,0 +1,67 @@
+"""The verified-read primitive: every way a file can disagree with its manifest entry ends in a
+CorruptCheckpointError naming the file; a matching file reads back whole."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from accelkit.checkpointing.checksum import DEFAULT_ALGORITHM, checksum_bytes
+from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.manifest import FileEntry
+from accelkit.checkpointing.storage import join
+from accelkit.checkpointing.verified import file_checksum, open_verified, read_verified_bytes
+from tests.checkpointing.conftest import Root
+
+DATA = b"0123456789" * 1000
+
+
+def _entry(data: bytes) -> FileEntry:
+    return FileEntry("f.bin", len(data), checksum_bytes(data))
+
+
+def test_matching_file_reads_back_and_hashes_like_the_writer(root: Root) -> None:
+    url = join(root.url, "f.bin")
+    written = root.storage.write_bytes(url, DATA)
+    assert read_verified_bytes(root.storage, url, _entry(DATA)) == DATA
+    assert read_verified_bytes(root.storage, url, None) == DATA
+    assert file_checksum(root.storage, url, DEFAULT_ALGORITHM) == (written.size, written.checksum)
+    with open_verified(root.storage, url, _entry(DATA)) as reader:
+        assert reader.read(10) == DATA[:10]  # the rest is read (and hashed) on leaving
+
+
+@pytest.mark.parametrize(
+    ("on_disk", "message"),
+    [
+        (DATA[:-1], "size 9999 bytes, but the manifest says 10000"),
+        (DATA + b"x", "size 10001 bytes, but the manifest says 10000"),
+        (b"X" + DATA[1:], "does not match the manifest"),
+    ],
+    ids=["truncated", "trailing", "flipped"],
+)
+def test_disagreeing_file_is_refused_naming_it(root: Root, on_disk: bytes, message: str) -> None:
+    url = join(root.url, "f.bin")
+    root.storage.write_bytes(url, on_disk)
+    with pytest.raises(CorruptCheckpointError, match=message) as info:
+        read_verified_bytes(root.storage, url, _entry(DATA))
+    assert url in str(info.value)
+    # Also after a partial read: leaving the block reads the rest and checks.
+    with (
+        pytest.raises(CorruptCheckpointError, match=message),
+        open_verified(root.storage, url, _entry(DATA)) as reader,
+    ):
+        reader.read(3)
+
+
+def test_missing_file_and_symlink_are_corrupt(root: Root) -> None:
+    missing = join(root.url, "gone.bin")
+    with pytest.raises(CorruptCheckpointError, match=r"gone\.bin is missing"):
+        read_verified_bytes(root.storage, missing, _entry(DATA))
+    if root.storage.local_path(root.url) is None:
+        return  # object stores have no links
+    target = join(root.url, "real.bin")
+    root.storage.write_bytes(target, DATA)
+    os.symlink(target, join(root.url, "link.bin"))
+    with pytest.raises(CorruptCheckpointError, match="symbolic link"):
+        read_verified_bytes(root.storage, join(root.url, "link.bin"), _entry(DATA))

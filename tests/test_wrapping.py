@@ -1,0 +1,22 @@
+"""One unwrap: the checkpoint code and Accelerator.unwrap_model reach the same module through
+DataParallel and torch.compile, in any nesting."""
+
+from __future__ import annotations
+
+import torch
+
+from accelkit.checkpointing.contents import unwrap_model as checkpoint_unwrap
+from accelkit.training import unwrap_model
+from accelkit.wrapping import peel
+
+
+def test_peel_reaches_the_module_through_every_wrapper() -> None:
+    net = torch.nn.Linear(2, 2)
+    compiled = torch.compile(net)
+    wrapped = torch.nn.DataParallel(compiled)
+    assert peel(net) == (net, None)
+    assert peel(wrapped) == (net, compiled)
+    assert checkpoint_unwrap(wrapped) is net
+    assert unwrap_model(wrapped) is compiled  # Accelerate's default keeps torch.compile
+    assert unwrap_model(wrapped, keep_torch_compile=False) is net
+    assert list(checkpoint_unwrap(wrapped).state_dict()) == ["weight", "bias"]
