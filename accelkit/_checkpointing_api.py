@@ -199,20 +199,18 @@ class CheckpointingAPI:
         """Write the model's weights once: safetensors (``pytorch_model.bin`` pickles with
         ``safe_serialization=False``), sharded above ``max_shard_size``; weight files of an
         earlier save that this one does not use are removed."""
-        if _fsdp.is_sharded(self.unwrap_model(model)):  # every process: gathered to main
-            _fsdp.save_model(
-                self.unwrap_model(model),
-                save_directory,
-                max_shard_size,
-                safe_serialization,
-                self.project_configuration.storage_options,
-            )
-            return
-        if self._checkpoints.should_save_object():
+        unwrapped = self.unwrap_model(model)
+        sharded = _fsdp.is_sharded(unwrapped)
+        # A sharded model's full tensors are gathered to the main process (every process
+        # takes part), which writes them like any other model's.
+        target = _fsdp.gather_full_model(unwrapped) if sharded else unwrapped
+        if target is not None and (sharded or self._checkpoints.should_save_object()):
             _ckpt_model_io.save_model(
-                self.unwrap_model(model),
+                target,
                 save_directory,
                 max_shard_size,
                 safe_serialization,
                 self.project_configuration.storage_options,
             )
+        if sharded:
+            self._checkpoints.state.wait_for_everyone()

@@ -53,7 +53,7 @@ __all__ = [
     "no_sync",
     "plugin_from_env_or",
     "repoint_optimizer",
-    "save_model",
+    "gather_full_model",
     "set_optimizer_state_dict",
     "set_state_dict",
     "shard_model",
@@ -316,33 +316,17 @@ class _StateDictView(nn.Module):
         return self._tensors
 
 
-def save_model(
-    model: nn.Module,
-    save_directory: str,
-    max_shard_size: int | str = "10GB",
-    safe_serialization: bool = True,
-    storage_options: dict[str, Any] | None = None,
-) -> list[str]:
-    """Write a sharded model as the same consolidated safetensors as an unsharded one.
+def gather_full_model(model: nn.Module) -> nn.Module | None:
+    """The full (unsharded) tensors of a sharded model, gathered in CPU memory on the main
+    process, as a module whose ``state_dict()`` returns them (``None`` on other processes).
 
-    A collective: call it on every process. The full tensors are gathered to the main process
-    (in CPU memory), which writes ``model.safetensors`` (or HF-style shards of at most
-    ``max_shard_size`` plus ``model.safetensors.index.json``) through
-    :func:`accelkit.checkpointing.model_io.save_model`.
-
-    Returns:
-        The file names written (on the main process; ``[]`` on the others).
+    A collective: call it on every process. Writing them is the caller's business (the
+    checkpointing layer), so this module never imports it.
     """
-    from accelkit.checkpointing.model_io import save_model as write
-
     state = get_state_dict(model, full_state_dict=True, cpu_offload=True)
-    written: list[str] = []
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        view = _StateDictView(state)
-        written = write(view, save_directory, max_shard_size, safe_serialization, storage_options)
-    if dist.is_initialized():
-        dist.barrier()
-    return written
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    return _StateDictView(state)
 
 
 @contextlib.contextmanager
