@@ -12,17 +12,28 @@ Modules, from the bottom up:
 - :mod:`~accelkit.checkpointing.confined` -- a read view of any storage that never follows a
   link inside a checkpoint.
 - :mod:`~accelkit.checkpointing.checksum` -- streaming checksums (XXH3-128, SHA-256).
+- :mod:`~accelkit.checkpointing.verified` -- the one verified read: size and checksum checked
+  against a manifest entry while a file streams in.
+- :mod:`~accelkit.checkpointing.jsonio` -- the one reader of JSON from a checkpoint (depth,
+  numbers, errors naming the file).
 - :mod:`~accelkit.checkpointing.layout` -- names of checkpoints and of their files.
 - :mod:`~accelkit.checkpointing.manifest` -- ``accelkit.json``, the commit marker.
 - :mod:`~accelkit.checkpointing.catalog` -- list checkpoints and tell their state.
 - :mod:`~accelkit.checkpointing.retention` -- pure policy: which checkpoints to delete.
+- :mod:`~accelkit.checkpointing.safetensors_header` -- the one safetensors header parser
+  (no torch import).
 - :mod:`~accelkit.checkpointing.safetensors_io` -- the safetensors format, streamed.
+- :mod:`~accelkit.checkpointing.dcp_metadata` -- DCP's ``.metadata`` read with an exact
+  allow-list, every field checked.
 - :mod:`~accelkit.checkpointing.inspect` -- safetensors headers without loading tensors.
 - :mod:`~accelkit.checkpointing.model_io` -- model weights, sharded; ``save_model`` and
   ``load_checkpoint_in_model``.
 - :mod:`~accelkit.checkpointing.state_io` -- state dicts without pickle.
 - :mod:`~accelkit.checkpointing.rng` -- random generator states.
+- :mod:`~accelkit.checkpointing.sharded` -- sharded (FSDP2) state through DCP.
 - :mod:`~accelkit.checkpointing.contents` -- what a training checkpoint holds.
+- :mod:`~accelkit.checkpointing.loading` -- what ``load_state`` checks before restoring, and
+  what it says when it cannot.
 - :mod:`~accelkit.checkpointing.lock` -- the project's save lock (saves and prunes).
 - :mod:`~accelkit.checkpointing.deletion` -- un-commit, then remove (retention and prune).
 - :mod:`~accelkit.checkpointing.payload` -- what a save writes, taken from the live objects.

@@ -1,0 +1,47 @@
+"""The module maps people read stay true: ``accelkit/checkpointing/__init__.py``'s list of
+modules and the README's "Project layout" block name every module that exists, and only those.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import accelkit.checkpointing
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "accelkit"
+
+
+def _public_modules(folder: Path) -> set[str]:
+    names = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
+    names |= {
+        p.name + "/" for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    }
+    return names
+
+
+def test_checkpointing_docstring_lists_every_module() -> None:
+    doc = accelkit.checkpointing.__doc__ or ""
+    listed = set(re.findall(r":mod:`~accelkit\.checkpointing\.(\w+)`", doc))
+    present = _public_modules(PACKAGE / "checkpointing")
+    assert listed == present, (
+        f"accelkit/checkpointing/__init__.py's module list is out of date: missing "
+        f"{sorted(present - listed)}, no longer there {sorted(listed - present)}"
+    )
+
+
+def _layout_block() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Project layout", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_readme_project_layout_names_every_top_level_module() -> None:
+    block = _layout_block()
+    named = set(re.findall(r"\b([a-z][a-z0-9_]*)(?:\.py\b|/)", block))
+    present = {name.rstrip("/") for name in _public_modules(PACKAGE)}
+    top_level = {"accelkit", "examples", "tests", "benchmarks"}
+    assert present <= named, f"README's Project layout misses {sorted(present - named)}"
+    stale = named - present - top_level
+    assert not stale, f"README's Project layout names modules that do not exist: {sorted(stale)}"
