@@ -47,7 +47,7 @@ import io
 import logging
 import re
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,9 +80,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_numpy_reconstruct = np._core.multiarray._reconstruct if hasattr(np, "_core") else None
-if _numpy_reconstruct is None:  # pragma: no cover - NumPy 1.x
-    _numpy_reconstruct = np.core.multiarray._reconstruct
+
+def _numpy_reconstruct() -> Any:
+    core = getattr(np, "_core", None) or np.core  # NumPy 2, else NumPy 1
+    return core.multiarray._reconstruct
+
 
 #: The globals, beyond torch's weights-only set, that an Accelerate pickle may name: exactly
 #: what NumPy's ``get_state()`` tuple pickles to (under NumPy 2 and NumPy 1 module names).
@@ -92,8 +94,8 @@ ALLOWED_GLOBALS: dict[str, Any] = {
     # What numpy.dtype("u4") is an instance of (NumPy >= 1.25): the pickle's BUILD of the
     # dtype needs it. Only uint32: the generator's key words.
     "numpy.dtypes.UInt32DType": np.dtypes.UInt32DType,
-    "numpy._core.multiarray._reconstruct": _numpy_reconstruct,
-    "numpy.core.multiarray._reconstruct": _numpy_reconstruct,
+    "numpy._core.multiarray._reconstruct": _numpy_reconstruct(),
+    "numpy.core.multiarray._reconstruct": _numpy_reconstruct(),
 }
 
 _RNG_FILE = re.compile(r"^random_states_(\d+)\.pkl$")
@@ -151,7 +153,9 @@ def load_pickle(storage: Storage, url: str) -> Any:
     unknown = sorted(set(wanted) - set(ALLOWED_GLOBALS))
     if unknown:
         raise _refused(url, f"it wants the global {unknown[0]!r}" + _more(unknown))
-    allowed = [(obj, name) for name, obj in ALLOWED_GLOBALS.items()]
+    allowed: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
+        (obj, name) for name, obj in ALLOWED_GLOBALS.items()
+    ]
     try:
         with torch.serialization.safe_globals(allowed):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

@@ -1,6 +1,7 @@
 """One training run for the Accelerate-import tests, started by ``torch.distributed.run``.
 
-``python -m torch.distributed.run --nproc_per_node N accelerate_run.py MODE OUT PRECISION FOLDER...``
+``python -m torch.distributed.run --nproc_per_node N accelerate_run.py MODE OUT PRECISION
+FOLDER...`` (one process: plain ``python accelerate_run.py ...``)
 
 - ``MODE=accelerate``: train with Hugging Face accelerate's ``Accelerator`` for ``SAVE_AT``
   steps, ``save_state(FOLDER)``, train ``AFTER`` more steps; write each step's loss.
