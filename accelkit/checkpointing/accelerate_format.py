@@ -260,6 +260,32 @@ def _state_dict(value: Any, url: str, what: str) -> dict[Any, Any]:
     return value
 
 
+def dataloader_from_accelerate(value: Any, url: str) -> dict[str, Any]:
+    """Convert a ``dl_state_dict[_i].bin`` (a ``StatefulDataLoader`` state Accelerate saved with
+    ``use_stateful_dataloader``) to a prepared accelkit dataloader's position.
+
+    The position in the epoch is the batches already yielded (``_num_yielded``); the whole
+    state goes on to a stateful accelkit loader's ``StatefulDataLoader``. Accelerate does not
+    save the epoch number, so the epoch counts from 0 (as it does in Accelerate's own resume).
+
+    Raises:
+        CorruptCheckpointError: naming the file, if ``_num_yielded`` is missing or not a count.
+    """
+    state = _state_dict(value, url, "dataloader")
+    yielded = state.get("_num_yielded")
+    if type(yielded) is not int or yielded < 0:
+        raise CorruptCheckpointError(
+            f"{url}: '_num_yielded' is {yielded!r}, not a count of batches; the file is damaged."
+        )
+    return {
+        "epoch": 0,
+        "batches_yielded": yielded,
+        "seed": None,
+        "stateful_dataloader": state,
+        "sampler_offset": 0,
+    }
+
+
 def _weights(value: Any, url: str) -> dict[str, torch.Tensor]:
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
@@ -279,7 +305,8 @@ class AccelerateCheckpoint:
         folder: its path or URL.
         models: weights per model index (``model.safetensors`` is index 0).
         optimizers / schedulers / custom: ``state_dict()`` per index.
-        dataloaders: stateful dataloader states by index (``dl_state_dict[_i].bin``).
+        dataloaders: dataloader positions by index, from ``dl_state_dict[_i].bin``, in the
+            format of a prepared accelkit dataloader's ``state_dict()``.
         scaler: the grad scaler's state, if saved.
         rng: accelkit random states by rank (only the ranks asked for).
         world_size: number of ``random_states_<rank>.pkl`` files (processes that saved it).
@@ -359,7 +386,7 @@ def read_accelerate(
             target.append(_state_dict(value, url, kind) if kind != "custom" else value)
     for index, name in _indexed(names, "dataloader").items():
         url = join(folder, name)
-        out.dataloaders[index] = _state_dict(load_pickle(storage, url), url, "dataloader")
+        out.dataloaders[index] = dataloader_from_accelerate(load_pickle(storage, url), url)
     samplers = sorted(_indexed(names, "sampler").values())
     if samplers:
         logger.warning(

@@ -26,6 +26,7 @@ import sys
 import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 SAVE_AT = 3
 AFTER = 3
@@ -52,17 +53,17 @@ def build() -> tuple[nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.
     return model, optimizer, scheduler
 
 
-def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(step: int, rank: int, extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     fixed = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(8, 6, generator=fixed)
+    x = torch.randn(8, 6, generator=fixed) + 0.01 * extra.sum()
     y = x.sum(dim=1, keepdim=True)
     # Noise from the three global generators: each must be restored for the same losses.
     scale = random.random() * float(np.random.rand())
     return x + scale * torch.randn(8, 6), y
 
 
-def train_step(accelerator, model, optimizer, scheduler, counter, step: int) -> float:  # type: ignore[no-untyped-def]
-    x, y = batch(step, accelerator.process_index)
+def train_step(accelerator, model, optimizer, scheduler, counter, step, extra) -> float:  # type: ignore[no-untyped-def]
+    x, y = batch(step, accelerator.process_index, extra)
     with accelerator.autocast():
         out = model(x)
     loss = nn.functional.mse_loss(out.float(), y)
@@ -77,31 +78,49 @@ def train_step(accelerator, model, optimizer, scheduler, counter, step: int) -> 
 def run(mode: str, folder: str, precision: str) -> tuple[int, dict[str, object]]:
     if mode == "accelerate":
         from accelerate import Accelerator
-        from accelerate.utils import set_seed
+        from accelerate.utils import DataLoaderConfiguration, set_seed
     else:
         from accelkit import Accelerator, set_seed  # type: ignore[no-redef]
-    accelerator = Accelerator(cpu=True, mixed_precision=precision)
+        from accelkit.utils import DataLoaderConfiguration  # type: ignore[no-redef]
+    accelerator = Accelerator(
+        cpu=True,
+        mixed_precision=precision,
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+    )
     set_seed(1234 + accelerator.process_index)
     model, optimizer, scheduler = build()
-    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    # Not shuffled: Accelerate saves the position in the epoch, not the epoch's permutation.
+    loader = DataLoader(TensorDataset(torch.arange(96.0).view(48, 2)), batch_size=2)
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
     counter = Counter()
     accelerator.register_for_checkpointing(counter)
     model.train()
+    losses, batches = [], []
     if mode == "accelerate":
-        for step in range(SAVE_AT):
-            train_step(accelerator, model, optimizer, scheduler, counter, step)
-        accelerator.save_state(folder)
+        for step, (extra,) in enumerate(loader):
+            if step >= SAVE_AT + AFTER:
+                break
+            loss = train_step(accelerator, model, optimizer, scheduler, counter, step, extra)
+            if step == SAVE_AT - 1:
+                accelerator.save_state(folder)
+            elif step >= SAVE_AT:
+                losses.append(loss)
+                batches.append(extra.tolist())
     else:
         # Scramble every generator: only a restore brings the continuation back.
         set_seed(99)
         accelerator.load_state(folder)
-    losses = [
-        train_step(accelerator, model, optimizer, scheduler, counter, step)
-        for step in range(SAVE_AT, SAVE_AT + AFTER)
-    ]
+        for step, (extra,) in enumerate(loader, start=SAVE_AT):
+            if step >= SAVE_AT + AFTER:
+                break
+            losses.append(
+                train_step(accelerator, model, optimizer, scheduler, counter, step, extra)
+            )
+            batches.append(extra.tolist())
     accelerator.wait_for_everyone()
     return accelerator.process_index, {
         "losses": losses,
+        "batches": batches,
         "seen": counter.seen,
         "lr": scheduler.get_last_lr(),
     }
@@ -116,6 +135,9 @@ def main() -> None:
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"losses_{rank}.json"), "w") as f:
         json.dump(results, f)
+    if torch.distributed.is_initialized():  # leave together: no peer sees a closed socket
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

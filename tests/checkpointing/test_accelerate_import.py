@@ -5,7 +5,8 @@ or bf16 autocast; dropout, AdamW, a LambdaLR warm-up, a registered object, and i
 Python's, NumPy's and torch's global generators), saves with its ``save_state`` and continues
 3 steps. accelkit then, in fresh processes whose generators are first scrambled, continues from
 (a) the same folder through ``load_state(path)`` and (b) what ``accelkit ckpt import`` made of
-it: every loss, the learning rate and the registered counter must be exactly accelerate's.
+it: every loss, the learning rate, the registered counter and the batches the stateful
+dataloader yields after the save must be exactly accelerate's.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def test_continuation_matches_accelerate(tmp_path: Path, nproc: int, precision: 
     reference = run_script("accelerate", [source], tmp_path / "ref", nproc, precision)
     assert sorted(p.name for p in source.iterdir()) == sorted(
         ["model.safetensors", "optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pkl"]
+        + ["dl_state_dict.bin"]
         + [f"random_states_{r}.pkl" for r in range(nproc)]
     )
     before = _digest(source)
@@ -49,6 +51,7 @@ def test_continuation_matches_accelerate(tmp_path: Path, nproc: int, precision: 
         expected = reference[rank]["checkpoint_0"]
         assert len(expected["losses"]) == 3
         assert expected["seen"] == 6  # 3 steps before the save, 3 after
+        assert expected["batches"][0][0][0] == 4 * (3 * nproc + rank)  # the batch after the save
         assert ours[rank]["checkpoint_0"] == expected, f"load_state(path), rank {rank}"
         assert ours[rank]["checkpoint_1"] == expected, f"load_state(import), rank {rank}"
     if nproc == 2:  # each process got its own generator states back
