@@ -53,7 +53,9 @@ def run_script(
     proc = subprocess.run(
         [*launcher, *args], capture_output=True, text=True, env=env, timeout=300, check=False
     )
-    assert proc.returncode == 0, f"{mode} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-12000:]}"
+    assert proc.returncode == 0, (
+        f"{mode} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-12000:]}"
+    )
     results = []
     for rank in range(nproc):
         data = json.loads((out / f"losses_{rank}.json").read_text())
