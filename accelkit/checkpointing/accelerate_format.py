@@ -364,8 +364,17 @@ def read_accelerate(
 
     Raises:
         CorruptCheckpointError: naming the file (and the global or key) that is refused.
+        CheckpointMismatchError: a sharded (FSDP) save, which is not read.
     """
-    names = sorted(n for n in storage.walk_files(folder) if "/" not in n)
+    listing = storage.walk_files(folder)
+    nested = sorted({n.split("/")[0] for n in listing if "/" in n})
+    if nested:
+        raise CheckpointMismatchError(
+            f"{folder} holds the folder(s) {nested}: a sharded (FSDP) save by Hugging Face "
+            "accelerate, which accelkit does not read. Save it again in accelerate with a full "
+            "state dict (fsdp_state_dict_type FULL_STATE_DICT) to move it over."
+        )
+    names = sorted(listing)
     out = AccelerateCheckpoint(folder, files=names)
     rng_files = {int(m.group(1)): n for n in names if (m := _RNG_FILE.match(n))}
     out.world_size = len(_contiguous(folder, rng_files, "random_states_<rank>.pkl"))

@@ -75,8 +75,9 @@ FOREIGN = "foreign"
 NOT_OURS = (ACCELERATE, FOREIGN)
 _NOT_OURS_DETAIL = {
     ACCELERATE: (
-        "not an accelkit checkpoint; it looks like one written by Hugging Face accelerate "
-        "(its files are accelerate's: {files})"
+        "not an accelkit checkpoint but one written by Hugging Face accelerate (its files are "
+        "accelerate's: {files}); load_state reads it as it is, `accelkit ckpt import` "
+        "converts it"
     ),
     FOREIGN: (
         "a foreign folder, not an accelkit checkpoint: it has no accelkit.json and no "

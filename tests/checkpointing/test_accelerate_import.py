@@ -112,3 +112,20 @@ def test_mismatched_objects_are_refused_before_anything_changes(
         accelerator.load_state(str(accelerate_folder))
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, before[name]), f"{name} changed by a refused load"
+
+
+def test_sharded_fsdp_save_is_refused_with_the_fix(tmp_path: Path, accelerate_folder: Path) -> None:
+    from tests.checkpointing.accelerate_run import Counter, build
+
+    folder = tmp_path / "checkpoint_0"
+    shutil.copytree(accelerate_folder, folder)
+    (folder / "model.safetensors").unlink()
+    (folder / "pytorch_model_fsdp_0").mkdir()  # what accelerate writes for a sharded FSDP model
+    (folder / "pytorch_model_fsdp_0" / "__0_0.distcp").write_bytes(b"x")
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, scheduler = build()
+    accelerator.prepare(model, optimizer, scheduler)
+    accelerator.register_for_checkpointing(Counter())
+    with pytest.raises(CheckpointMismatchError, match="FULL_STATE_DICT") as info:
+        accelerator.load_state(str(folder))
+    assert "pytorch_model_fsdp_0" in str(info.value)
