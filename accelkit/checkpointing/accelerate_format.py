@@ -43,7 +43,6 @@ Public API:
 
 from __future__ import annotations
 
-import io
 import logging
 import re
 import zipfile
@@ -137,30 +136,37 @@ def load_pickle(storage: Storage, url: str) -> Any:
             ``torch.load(weights_only=True)``.
     """
     try:
-        data = storage.read_bytes(url)
+        f = storage.open_read(url)
     except FileNotFoundError:
         raise CorruptCheckpointError(
             f"{url} is missing. Restore it, or load another checkpoint."
         ) from None
     except PermissionError as exc:  # a local symbolic link: never followed
         raise CorruptCheckpointError(str(exc)) from None
-    if not zipfile.is_zipfile(io.BytesIO(data)):
-        raise _refused(url, "not a torch.save archive (a zip file holding data.pkl)")
-    try:
-        wanted = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
-    except Exception as exc:  # a damaged archive or pickle stream
-        raise _refused(url, f"its pickle cannot be scanned ({type(exc).__name__}: {exc})") from None
-    unknown = sorted(set(wanted) - set(ALLOWED_GLOBALS))
-    if unknown:
-        raise _refused(url, f"it wants the global {unknown[0]!r}" + _more(unknown))
-    allowed: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
-        (obj, name) for name, obj in ALLOWED_GLOBALS.items()
-    ]
-    try:
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise _refused(url, f"torch.load(weights_only=True) refused it ({exc})") from None
+    # Streamed from the open file: tensors are read once, into their own memory (a whole-file
+    # buffer first would cost twice an optimizer's size).
+    with f:
+        if not zipfile.is_zipfile(f):
+            raise _refused(url, "not a torch.save archive (a zip file holding data.pkl)")
+        try:
+            f.seek(0)
+            wanted = torch.serialization.get_unsafe_globals_in_checkpoint(f)
+        except Exception as exc:  # a damaged archive or pickle stream
+            raise _refused(
+                url, f"its pickle cannot be scanned ({type(exc).__name__}: {exc})"
+            ) from None
+        unknown = sorted(set(wanted) - set(ALLOWED_GLOBALS))
+        if unknown:
+            raise _refused(url, f"it wants the global {unknown[0]!r}" + _more(unknown))
+        allowed: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
+            (obj, name) for name, obj in ALLOWED_GLOBALS.items()
+        ]
+        try:
+            f.seek(0)
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise _refused(url, f"torch.load(weights_only=True) refused it ({exc})") from None
 
 
 def _more(names: Sequence[str]) -> str:

@@ -17,7 +17,9 @@ import ctypes
 import io
 import os
 import pickle
+import pickletools
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -224,3 +226,38 @@ def test_a_link_inside_is_never_followed(
         folder, capsys, "scheduler.bin", "symbolic link", listed_corrupt=True
     )
     assert not problems
+
+
+def _claim_huge_storage(path: Path) -> None:
+    """Rewrite the archive so that the first tensor's storage claims 2**40 bytes (the data
+    record keeps its real size)."""
+    archive = zipfile.ZipFile(io.BytesIO(path.read_bytes()))
+    names = archive.namelist()
+    pkl_name = next(n for n in names if n.endswith("/data.pkl"))
+    pkl = archive.read(pkl_name)
+    ops = list(pickletools.genops(pkl))
+    # The persistent id ('storage', <class>, key, 'cpu', numel): numel follows 'cpu' (and a
+    # memo opcode).
+    at = next(i for i, (op, arg, _) in enumerate(ops) if arg == "cpu")
+    op, numel, pos = next(
+        (o, a, p) for o, a, p in ops[at + 1 :] if o.name in ("BININT1", "BININT2", "BININT")
+    )
+    width = {"BININT1": 1, "BININT2": 2, "BININT": 4}[op.name]
+    assert pos is not None and numel > 0
+    huge = b"\x8a\x06" + (2**40).to_bytes(6, "little")  # LONG1
+    pkl = pkl[:pos] + huge + pkl[pos + 1 + width :]
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as rewritten:
+        for name in names:
+            rewritten.writestr(name, pkl if name == pkl_name else archive.read(name))
+    path.write_bytes(out.getvalue())
+
+
+def test_storage_claiming_a_terabyte_is_refused(
+    tmp_path: Path, accelerate_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tensor whose storage claims 1 TiB in a file of a few KiB: refused naming the file,
+    never a MemoryError or an attempt to allocate it."""
+    folder = _project(tmp_path, accelerate_folder)
+    _claim_huge_storage(folder / "random_states_0.pkl")
+    assert not _refused_everywhere(folder, capsys, "random_states_0.pkl")
