@@ -169,3 +169,28 @@ def test_prune_keeps_accelerate_folders(project: Path, capsys: pytest.CaptureFix
     left = sorted(p.name for p in (project / "checkpoints").iterdir())
     assert left == ["checkpoint_0", "checkpoint_2"]
     assert _digest(src) == before
+
+
+def test_pickled_weights_and_grad_scaler_are_imported(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``save_state(safe_serialization=False)`` writes ``pytorch_model.bin`` (``torch.save`` of
+    the state dict); fp16 runs write ``scaler.pt`` (``torch.save`` of the scaler's state)."""
+    from safetensors.torch import load_file
+
+    src = project / "checkpoints" / "checkpoint_0"
+    weights = load_file(str(src / "model.safetensors"))
+    (src / "model.safetensors").unlink()
+    torch.save(weights, src / "pytorch_model.bin")
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    torch.save(scaler.state_dict(), src / "scaler.pt")
+    code, out, err = _cli(capsys, "ckpt", "import", str(src), "--json")
+    assert code == 0, err
+    dst = Path(json.loads(out)["destination"])
+    storage = get_storage(str(dst))
+    imported, _ = read_safetensors(storage, str(dst / "model.safetensors"))
+    assert imported.keys() == weights.keys()
+    assert all(torch.equal(imported[k], weights[k]) for k in weights)
+    assert read_state(storage, str(dst), "scaler") == scaler.state_dict()
+    position = read_state(storage, str(dst), "dataloader_0")
+    assert position["batches_yielded"] == 3  # saved after 3 of this process's batches
