@@ -17,6 +17,7 @@ Public API: :func:`import_accelerate` -> :class:`ImportResult`; :func:`default_d
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from accelkit.checkpointing.accelerate_format import read_accelerate
+from accelkit.checkpointing.accelerate_format import AccelerateCheckpoint, read_accelerate
 from accelkit.checkpointing.catalog import ACCELERATE, inspect_folder, list_checkpoints
 from accelkit.checkpointing.catalog import next_iteration as _next_free
 from accelkit.checkpointing.confined import confine
@@ -45,6 +46,8 @@ from accelkit.checkpointing.manifest import FileEntry, Manifest, verify_files, w
 from accelkit.checkpointing.storage import Storage, get_storage, join, sync_batch
 
 __all__ = ["ImportResult", "default_destination", "import_accelerate"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def default_destination(storage: Storage, source: str) -> str:
     return join(parent, checkpoint_name(_next_free(list_checkpoints(storage, parent))))
 
 
-def _snapshot(source: str, storage: Storage) -> tuple[Snapshot, Any]:
+def _snapshot(source: str, storage: Storage) -> tuple[Snapshot, AccelerateCheckpoint]:
     checkpoint = read_accelerate(confine(storage, source), source)
     snap = Snapshot()
     snap.models = [(object_stem("model", i), sd) for i, sd in enumerate(checkpoint.models)]
@@ -133,6 +136,30 @@ def import_accelerate(
         )
     snapshot, checkpoint = _snapshot(source, src_storage)
     dst_storage.makedirs(destination)
+    try:
+        manifest = _write_and_commit(dst_storage, destination, source, snapshot, checkpoint)
+    except BaseException:
+        # The folder is ours (created above, holding our marker) and uncommitted: remove it
+        # so that a retry can use the same name.
+        try:
+            dst_storage.rmtree(destination)
+        except Exception as exc:
+            logger.warning(
+                "Could not remove the unfinished import %s (%s); `accelkit ckpt prune` removes it.",
+                destination,
+                exc,
+            )
+        raise
+    return ImportResult(source, destination, manifest)
+
+
+def _write_and_commit(
+    dst_storage: Storage,
+    destination: str,
+    source: str,
+    snapshot: Snapshot,
+    checkpoint: AccelerateCheckpoint,
+) -> Manifest:
     marker = {
         "format": "accelkit-save",
         "started": time.time(),
@@ -169,7 +196,7 @@ def import_accelerate(
             f"{'; '.join(str(p) for p in problems)}. The storage may be failing; import again "
             "into a new folder."
         )
-    return ImportResult(source, destination, manifest)
+    return manifest
 
 
 def _path(entry: FileEntry) -> str:
