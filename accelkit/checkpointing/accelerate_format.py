@@ -20,15 +20,12 @@ file                                holds
 ==================================  ================================================================
 
 Every pickle is read by :func:`load_pickle`: ``torch.load(weights_only=True)`` with an exact
-allow-list of the globals NumPy's generator state needs (:data:`ALLOWED_GLOBALS`:
-``numpy.ndarray``, ``numpy.dtype``, ``numpy.dtypes.UInt32DType`` and NumPy's ``_reconstruct``)
-on top of torch's own
-weights-only set. Before torch sees a file, its pickle is scanned for the globals it names;
-one outside both sets is refused with a
-:class:`~accelkit.checkpointing.errors.CorruptCheckpointError` naming the file and the global
-(a hostile file never reaches an unpickler that would import it). Every file is read through
-:func:`~accelkit.checkpointing.confined.confine` (no link followed). Each value is then checked
-for the shape Accelerate gives it before any live object changes.
+allow-list of the globals NumPy's generator state needs (:data:`ALLOWED_GLOBALS`) on top of
+torch's own weights-only set. Before torch sees a file, its pickle is scanned for the globals
+it names; one outside both sets is refused with a ``CorruptCheckpointError`` naming the file
+and the global. Every file is read through :func:`~accelkit.checkpointing.confined.confine`
+(no link followed). Each value is checked for the shape Accelerate gives it before any live
+object changes.
 
 Public API:
 
@@ -157,7 +154,7 @@ def load_pickle(storage: Storage, url: str) -> Any:
             ) from None
         unknown = sorted(set(wanted) - set(ALLOWED_GLOBALS))
         if unknown:
-            raise _refused(url, f"it wants the global {unknown[0]!r}" + _more(unknown))
+            raise _refused(url, f"it wants the global(s) {', '.join(map(repr, unknown))}")
         allowed: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
             (obj, name) for name, obj in ALLOWED_GLOBALS.items()
         ]
@@ -167,10 +164,6 @@ def load_pickle(storage: Storage, url: str) -> Any:
                 return torch.load(f, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise _refused(url, f"torch.load(weights_only=True) refused it ({exc})") from None
-
-
-def _more(names: Sequence[str]) -> str:
-    return f" (and {', '.join(repr(n) for n in names[1:])})" if len(names) > 1 else ""
 
 
 # --------------------------------------------------------------------------- checking values
