@@ -15,9 +15,7 @@ PACKAGE = ROOT / "accelkit"
 
 def _public_modules(folder: Path) -> set[str]:
     names = {p.stem for p in folder.glob("*.py") if not p.stem.startswith("_")}
-    names |= {
-        p.name + "/" for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()
-    }
+    names |= {p.name + "/" for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     return names
 
 

@@ -41,6 +41,10 @@ Modules, from the bottom up:
 - :mod:`~accelkit.checkpointing.protocol` -- the one commit sequence every save runs.
 - :mod:`~accelkit.checkpointing.async_save` -- the background driver of that sequence.
 - :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest; the run's counter.
+- :mod:`~accelkit.checkpointing.accelerate_format` -- Hugging Face accelerate's checkpoint
+  folders, read safely (an exact allow-list for their pickles).
+- :mod:`~accelkit.checkpointing.accelerate_import` -- convert such a folder into a committed
+  accelkit checkpoint (``accelkit ckpt import``).
 - :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
 - :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
 """

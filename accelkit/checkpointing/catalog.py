@@ -22,6 +22,9 @@ Public API:
   ``root``, oldest first (an empty list if ``root`` does not exist).
 - :func:`committed_automatic(infos) <committed_automatic>` -- the committed
   ``checkpoint_<n>`` ones: what training retention and ``load_state()`` consider.
+- :func:`loadable_automatic(infos) <loadable_automatic>` -- the committed and the
+  ``accelerate`` ``checkpoint_<n>`` ones: what ``load_state()`` with no argument considers
+  (newest by number, as Accelerate does; an Accelerate folder is read safely, never pruned).
 - :func:`latest_checkpoint(storage, root) <latest_checkpoint>` -- the newest committed
   ``checkpoint_<n>``, or ``None``.
 - :func:`next_iteration(infos) <next_iteration>` -- 1 + the highest ``checkpoint_<n>`` number
@@ -58,6 +61,7 @@ __all__ = [
     "inspect_folder",
     "latest_checkpoint",
     "list_checkpoints",
+    "loadable_automatic",
     "next_iteration",
     "resolve_checkpoints_root",
     "unmanifested_state",
@@ -71,8 +75,9 @@ FOREIGN = "foreign"
 NOT_OURS = (ACCELERATE, FOREIGN)
 _NOT_OURS_DETAIL = {
     ACCELERATE: (
-        "not an accelkit checkpoint; it looks like one written by Hugging Face accelerate "
-        "(its files are accelerate's: {files})"
+        "not an accelkit checkpoint but one written by Hugging Face accelerate (its files are "
+        "accelerate's: {files}); load_state reads it as it is, `accelkit ckpt import` "
+        "converts it"
     ),
     FOREIGN: (
         "a foreign folder, not an accelkit checkpoint: it has no accelkit.json and no "
@@ -207,6 +212,14 @@ def list_checkpoints(storage: Storage, root: str) -> list[CheckpointInfo]:
 def committed_automatic(infos: Iterable[CheckpointInfo]) -> list[CheckpointInfo]:
     """The committed ``checkpoint_<n>`` checkpoints, oldest first."""
     return sorted((i for i in infos if i.state == COMMITTED and i.is_automatic), key=_sort_key)
+
+
+def loadable_automatic(infos: Iterable[CheckpointInfo]) -> list[CheckpointInfo]:
+    """The ``checkpoint_<n>`` checkpoints ``load_state()`` may restore, oldest first:
+    committed ones and those Hugging Face accelerate wrote (state ``accelerate``)."""
+    return sorted(
+        (i for i in infos if i.state in (COMMITTED, ACCELERATE) and i.is_automatic), key=_sort_key
+    )
 
 
 def latest_checkpoint(storage: Storage, root: str) -> CheckpointInfo | None:

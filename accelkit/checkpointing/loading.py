@@ -6,7 +6,9 @@
   else raises a :class:`~accelkit.checkpointing.errors.CheckpointError` that says what the path
   is and the likely fix: a typo (with the names that do exist), a file instead of a folder, a
   project or ``checkpoints`` folder (with its committed checkpoints), a save that did not
-  finish, a folder written by Hugging Face accelerate or by somebody else, a damaged one.
+  finish, a folder written by somebody else, a damaged one. A folder written by Hugging Face
+  accelerate's ``save_state`` passes (state ``accelerate``): it is read by
+  :mod:`~accelkit.checkpointing.accelerate_format`.
 - :func:`agree_on_load` -- every process learns whether any process failed to read its part,
   so all of them raise (the same kind of error) or none does.
 
@@ -19,13 +21,14 @@ import difflib
 
 from accelkit import ops
 from accelkit.checkpointing.catalog import (
+    ACCELERATE,
     COMMITTED,
     CORRUPT,
     INCOMPLETE,
     CheckpointInfo,
-    committed_automatic,
     inspect_folder,
     list_checkpoints,
+    loadable_automatic,
 )
 from accelkit.checkpointing.confined import ConfinedStorage
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
@@ -63,7 +66,7 @@ def _project_or_root(storage: Storage, path: str) -> CheckpointError | None:
     infos = list_checkpoints(storage, root)
     if not infos:
         return None
-    committed = committed_automatic(infos)
+    committed = loadable_automatic(infos)
     kind = "project folder" if root != path else "folder of checkpoints"
     if committed:
         newest = committed[-1].path
@@ -88,7 +91,8 @@ def check_loadable(storage: Storage, path: str) -> CheckpointInfo:
         path: what the user passed to ``load_state`` (or the newest committed checkpoint).
 
     Returns:
-        Its :class:`~accelkit.checkpointing.catalog.CheckpointInfo`, state ``committed``.
+        Its :class:`~accelkit.checkpointing.catalog.CheckpointInfo`, state ``committed`` or
+        ``accelerate`` (a folder Hugging Face accelerate's ``save_state`` wrote).
 
     Raises:
         CorruptCheckpointError: a damaged checkpoint (bad manifest, a listed file missing or
@@ -109,14 +113,14 @@ def check_loadable(storage: Storage, path: str) -> CheckpointInfo:
         if error is not None:
             raise error
     info = inspect_folder(storage, path)
-    if info.state == COMMITTED:
+    if info.state in (COMMITTED, ACCELERATE):
         return info
     if info.state == CORRUPT:
         raise CorruptCheckpointError(
             f"{path} cannot be loaded: {info.error}. Nothing was restored; load another "
             "checkpoint (`accelkit ckpt verify` checks them)."
         )
-    if info.state != INCOMPLETE:  # accelerate / foreign
+    if info.state != INCOMPLETE:  # foreign
         raise CheckpointError(
             f"{path} is {info.error}. accelkit loads only checkpoints it committed "
             f"(with an {MANIFEST_NAME}); nothing was restored."

@@ -33,13 +33,15 @@ from typing import Any, Protocol
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from accelkit.checkpointing.accelerate_format import load_accelerate
 from accelkit.checkpointing.async_save import AsyncCheckpoint, AsyncSaver
 from accelkit.checkpointing.catalog import (
+    ACCELERATE,
     CORRUPT,
     CheckpointInfo,
-    committed_automatic,
     latest_checkpoint,
     list_checkpoints,
+    loadable_automatic,
     next_iteration,
 )
 from accelkit.checkpointing.config import ProjectConfiguration
@@ -333,7 +335,7 @@ class CheckpointManager:
         root = self.checkpoints_root()
         storage = self.storage(root)
         infos = list_checkpoints(storage, root)
-        committed = committed_automatic(infos)
+        committed = loadable_automatic(infos)  # Accelerate's checkpoint_<n> folders count too
         if not committed:
             # A run killed inside its first save left checkpoint_<n> folders: the next
             # automatic save must not collide with them.
@@ -391,6 +393,8 @@ class CheckpointManager:
     def _load_from(self, path: str, objects: TrainingObjects, verify: bool | None) -> LoadResult:
         storage = confine(self.storage(path), path)
         info = check_loadable(storage, path)
+        if info.state == ACCELERATE:  # written by Hugging Face accelerate: read safely
+            return self._load_accelerate(storage, path, objects, info)
         manifest = info.manifest
         assert manifest is not None
         targets = sharded_targets(objects.models, objects.optimizers)
@@ -428,6 +432,18 @@ class CheckpointManager:
         self.counter.set(self._next_iteration(info))
         # Every process lists the folder before any of them can start the next save (whose
         # new folder would otherwise push one process's numbering past the others').
+        self.state.wait_for_everyone()
+        return LoadResult(path, manifest)
+
+    def _load_accelerate(
+        self, storage: Storage, path: str, objects: TrainingObjects, info: CheckpointInfo
+    ) -> LoadResult:
+        models = list(objects.models)
+        for hook in list(self._load_hooks.values()):
+            hook(models, path)
+        objects = dataclasses.replace(objects, models=models)
+        manifest = load_accelerate(storage, path, objects, self.state)
+        self.config.iteration = self._next_iteration(info)
         self.state.wait_for_everyone()
         return LoadResult(path, manifest)
 

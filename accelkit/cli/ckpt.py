@@ -42,6 +42,7 @@ from accelkit.checkpointing.retention import (
     select_for_deletion,
 )
 from accelkit.checkpointing.storage import Storage
+from accelkit.cli import ckpt_import
 from accelkit.cli._ckpt_common import (
     Fail,
     add_common,
@@ -179,6 +180,7 @@ def register(subparsers: Any) -> None:
     add_common(inspect, "a checkpoint, a save_model folder, an index JSON or a .safetensors")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(func=command("inspect", _run_inspect))
+    ckpt_import.register(actions)
 
 
 # --------------------------------------------------------------------------- ls

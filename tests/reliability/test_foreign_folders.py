@@ -5,8 +5,9 @@ the save starts (kept, and listed in the manifest, once committed). ``accelkit c
 ``committed``, ``incomplete`` (an accelkit save that did not finish: the marker without a
 manifest, or an empty ``checkpoint_<n>``), ``corrupt``, ``accelerate`` (a Hugging Face
 accelerate checkpoint: no manifest, no marker, accelerate's files) and ``foreign`` (anything
-else). ``ckpt prune`` deletes old committed and old incomplete ones only; loading refuses an
-accelerate checkpoint as "not an accelkit checkpoint" and ``load_state()`` ignores it.
+else). ``ckpt prune`` deletes old committed and old incomplete ones only; loading reads an
+accelerate checkpoint safely (issue 18: it refuses one that does not fit the objects, naming
+it as accelerate's) and ``load_state()`` takes it only when it is the newest by number.
 
 Beyond the listed contract (holes found while attacking; see README):
 
@@ -131,14 +132,15 @@ def test_prune_never_deletes_what_accelkit_did_not_write(
     if states != want:
         problems.append(f"ckpt ls states: {states}, expected {want}")
 
-    # Loading: the accelerate checkpoint is named for what it is; load_state() ignores it.
+    # Loading: the accelerate checkpoint (no registered object) does not fit these objects
+    # (one registered counter): refused, named as accelerate's; load_state() takes the newest.
     accelerator, _, counter = _accelkit(project)
     try:
         accelerator.load_state(str(hf))
-        problems.append("load_state(<accelerate checkpoint>) loaded it")
+        problems.append("load_state(<accelerate checkpoint>) loaded it into other objects")
     except CheckpointError as exc:
         text = str(exc)
-        if "not an accelkit checkpoint" not in text or "Hugging Face accelerate" not in text:
+        if "registered object" not in text or "Hugging Face accelerate" not in text:
             problems.append(f"load_state(<accelerate checkpoint>): {text}")
         if "a save that did not finish" in text:
             problems.append(f"load_state(<accelerate checkpoint>) calls it unfinished: {text}")

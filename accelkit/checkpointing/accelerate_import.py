@@ -1,0 +1,203 @@
+"""Convert a Hugging Face accelerate checkpoint folder into a committed accelkit checkpoint.
+
+What ``accelkit ckpt import SRC [DST]`` runs. ``SRC`` is read exactly as ``load_state`` reads
+it (:func:`~accelkit.checkpointing.accelerate_format.read_accelerate`: confined, pickles through
+``torch.load(weights_only=True)`` and an exact allow-list) and never written to. ``DST`` gets
+accelkit's files: weights in safetensors, every state in JSON + safetensors, one
+``random_states_<rank>`` per process that saved ``SRC``; then the manifest (the commit), then
+every file is read back and checked against it.
+
+The protocol is a one-process copy of the save's: the save marker first (so an interrupted
+import is an ``incomplete`` folder that ``accelkit ckpt prune`` may remove), the data files
+flushed, the manifest last and atomic. ``DST`` must not exist.
+
+Public API: :func:`import_accelerate` -> :class:`ImportResult`; :func:`default_destination`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accelkit.checkpointing.accelerate_format import AccelerateCheckpoint, read_accelerate
+from accelkit.checkpointing.catalog import ACCELERATE, inspect_folder, list_checkpoints
+from accelkit.checkpointing.catalog import next_iteration as _next_free
+from accelkit.checkpointing.confined import confine
+from accelkit.checkpointing.contents import Snapshot, write_snapshot
+from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
+from accelkit.checkpointing.layout import (
+    SAVE_MARKER_NAME,
+    checkpoint_name,
+    custom_stem,
+    dataloader_stem,
+    object_stem,
+    parse_checkpoint_name,
+    random_states_stem,
+)
+from accelkit.checkpointing.manifest import FileEntry, Manifest, verify_files, write_manifest
+from accelkit.checkpointing.storage import Storage, get_storage, join, sync_batch
+
+__all__ = ["ImportResult", "default_destination", "import_accelerate"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What :func:`import_accelerate` wrote.
+
+    Attributes:
+        source: the Accelerate folder.
+        destination: the new accelkit checkpoint.
+        manifest: its manifest (``step`` is Accelerate's ``step``; ``metadata.imported_from``
+            names the source).
+    """
+
+    source: str
+    destination: str
+    manifest: Manifest
+
+
+def _parent(path: str) -> str:
+    stripped = path.rstrip("/")
+    return stripped.rpartition("/")[0] or "."
+
+
+def default_destination(storage: Storage, source: str) -> str:
+    """``checkpoint_<n>`` beside ``source``, ``n`` the next number no folder there uses."""
+    parent = _parent(source)
+    return join(parent, checkpoint_name(_next_free(list_checkpoints(storage, parent))))
+
+
+def _snapshot(source: str, storage: Storage) -> tuple[Snapshot, AccelerateCheckpoint]:
+    checkpoint = read_accelerate(confine(storage, source), source)
+    snap = Snapshot()
+    snap.models = [(object_stem("model", i), sd) for i, sd in enumerate(checkpoint.models)]
+    for kind, items in (("optimizer", checkpoint.optimizers), ("scheduler", checkpoint.schedulers)):
+        snap.states += [(object_stem(kind, i), state) for i, state in enumerate(items)]
+    if checkpoint.scaler is not None:
+        snap.states.append(("scaler", checkpoint.scaler))
+    snap.states += [(dataloader_stem(i), s) for i, s in sorted(checkpoint.dataloaders.items())]
+    snap.states += [(custom_stem(i), state) for i, state in enumerate(checkpoint.custom)]
+    snap.states += [(random_states_stem(r), s) for r, s in sorted(checkpoint.rng.items())]
+    return snap, checkpoint
+
+
+def import_accelerate(
+    source: str,
+    destination: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> ImportResult:
+    """Convert the Accelerate checkpoint folder ``source`` into a committed, verified accelkit
+    checkpoint at ``destination``; ``source`` is only read.
+
+    Args:
+        source: a folder written by Hugging Face accelerate's ``save_state`` (path or URL).
+        destination: where to write (path or URL); default :func:`default_destination`.
+        storage_options: fsspec options for both.
+
+    Returns:
+        An :class:`ImportResult`.
+
+    Raises:
+        FileExistsError: ``destination`` exists.
+        CheckpointError: ``source`` is not an Accelerate checkpoint (the message says what it
+            is).
+        CorruptCheckpointError: a file of ``source`` is refused (naming it and the global it
+            wanted), or the written checkpoint does not verify.
+    """
+    src_storage = get_storage(source, storage_options)
+    if not src_storage.isdir(source):
+        raise FileNotFoundError(
+            f"{source!r} is not a folder: give the Accelerate checkpoint folder."
+        )
+    info = inspect_folder(src_storage, source)
+    if info.state != ACCELERATE:
+        raise CheckpointError(
+            f"{source} is not a checkpoint written by Hugging Face accelerate (state "
+            f"{info.state!r}{': ' + info.error if info.error else ''}). Give a folder that "
+            "save_state of accelerate wrote (optimizer.bin, random_states_0.pkl, ...)."
+        )
+    if destination is None:
+        destination = default_destination(src_storage, source)
+    dst_storage = get_storage(destination, storage_options)
+    if dst_storage.exists(destination):
+        raise FileExistsError(
+            f"{destination!r} already exists; accelkit never imports over a folder. Give a new "
+            "DST, or omit it to use the next free checkpoint_<n> beside the source."
+        )
+    snapshot, checkpoint = _snapshot(source, src_storage)
+    dst_storage.makedirs(destination)
+    try:
+        manifest = _write_and_commit(dst_storage, destination, source, snapshot, checkpoint)
+    except BaseException:
+        # The folder is ours (created above, holding our marker) and uncommitted: remove it
+        # so that a retry can use the same name.
+        try:
+            dst_storage.rmtree(destination)
+        except Exception as exc:
+            logger.warning(
+                "Could not remove the unfinished import %s (%s); `accelkit ckpt prune` removes it.",
+                destination,
+                exc,
+            )
+        raise
+    return ImportResult(source, destination, manifest)
+
+
+def _write_and_commit(
+    dst_storage: Storage,
+    destination: str,
+    source: str,
+    snapshot: Snapshot,
+    checkpoint: AccelerateCheckpoint,
+) -> Manifest:
+    marker = {
+        "format": "accelkit-save",
+        "started": time.time(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "imported_from": source,
+    }
+    files = {
+        SAVE_MARKER_NAME: dst_storage.write_bytes(
+            join(destination, SAVE_MARKER_NAME), json.dumps(marker).encode()
+        )
+    }
+    with sync_batch():  # fsync each file while the next one is written
+        files.update(write_snapshot(dst_storage, destination, snapshot))
+    import accelkit
+
+    manifest = Manifest(
+        iteration=parse_checkpoint_name(destination),
+        step=checkpoint.step,
+        world_size=checkpoint.world_size,
+        files=sorted((FileEntry.from_written(w, n) for n, w in files.items()), key=_path),
+        metadata={"imported_from": source, "imported_format": "accelerate"},
+        accelkit_version=accelkit.__version__,
+        torch_version=torch.__version__,
+    )
+    write_manifest(dst_storage, destination, manifest)
+    parent = _parent(destination)
+    if parent:
+        dst_storage.fsync_dir(parent)
+    problems = verify_files(confine(dst_storage, destination), destination, manifest)
+    if problems:
+        raise CorruptCheckpointError(
+            f"{destination}: the imported checkpoint does not verify: "
+            f"{'; '.join(str(p) for p in problems)}. The storage may be failing; import again "
+            "into a new folder."
+        )
+    return manifest
+
+
+def _path(entry: FileEntry) -> str:
+    return entry.path

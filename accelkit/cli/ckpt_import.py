@@ -1,0 +1,83 @@
+"""``accelkit ckpt import SRC [DST]``: an Accelerate checkpoint folder to an accelkit one.
+
+Registered by :func:`accelkit.cli.ckpt.register` through :func:`register`. Exit codes as the
+other ``ckpt`` actions: 0 imported and verified, 1 SRC is not an Accelerate checkpoint or one
+of its files is refused, 2 bad usage (SRC missing, DST exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from accelkit.checkpointing.accelerate_import import import_accelerate
+from accelkit.checkpointing.errors import CheckpointError
+from accelkit.cli._ckpt_common import Fail, add_common, command, open_storage, usage
+from accelkit.cli._table import format_size
+
+__all__ = ["register"]
+
+_DESCRIPTION = (
+    "Convert a checkpoint folder written by Hugging Face accelerate's save_state "
+    "(checkpoints/checkpoint_<n>/ with model.safetensors or pytorch_model.bin, optimizer.bin, "
+    "scheduler.bin, scaler.pt, random_states_<rank>.pkl, custom_checkpoint_<i>.pkl) into a "
+    "committed, verified accelkit checkpoint. SRC is only read. Its pickles are read with "
+    "torch.load(weights_only=True) and an exact allow-list of what accelerate writes; a file "
+    "that wants anything else is refused, naming the file and the global. DST defaults to "
+    "checkpoint_<n> beside SRC, n the next free number. Exits 0 when imported and verified, "
+    "1 if SRC is not an accelerate checkpoint or a file is refused, 2 on bad usage (SRC "
+    "missing, DST exists)."
+)
+
+
+def register(actions: Any) -> None:
+    """Add the ``import`` action to ``accelkit ckpt``'s sub-parsers."""
+    parser = actions.add_parser(
+        "import",
+        help="convert a Hugging Face accelerate checkpoint folder into an accelkit checkpoint",
+        description=_DESCRIPTION,
+    )
+    add_common(parser, "SRC: the accelerate checkpoint folder (local path or fsspec URL)")
+    parser.add_argument(
+        "destination",
+        metavar="DST",
+        nargs="?",
+        help="the new checkpoint folder (must not exist); default: the next free "
+        "checkpoint_<n> beside SRC",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.set_defaults(func=command("import", _run_import))
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    open_storage(args)  # SRC must exist (usage error otherwise)
+    try:
+        result = import_accelerate(args.path, args.destination, dict(args.storage_options))
+    except FileExistsError as exc:
+        raise usage(str(exc)) from None
+    except FileNotFoundError as exc:
+        raise usage(str(exc)) from None
+    except CheckpointError as exc:
+        raise Fail(str(exc), 1) from None
+    manifest = result.manifest
+    if args.json:
+        doc = {
+            "source": result.source,
+            "destination": result.destination,
+            "iteration": manifest.iteration,
+            "step": manifest.step,
+            "world_size": manifest.world_size,
+            "files": len(manifest.files),
+            "size_bytes": manifest.total_size,
+            "state": "committed",
+            "verified": True,
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print(
+            f"Imported {result.source} -> {result.destination}: {len(manifest.files)} files, "
+            f"{format_size(manifest.total_size)}, {manifest.world_size} process(es), step "
+            f"{manifest.step}; committed and verified."
+        )
+    return 0

@@ -1,0 +1,63 @@
+"""Run ``accelerate_run.py`` in fresh processes: Hugging Face accelerate's own save and
+continuation, and accelkit's continuation from the same folder (see that script).
+
+accelerate runs in a subprocess (``torch.distributed.run`` for 2 processes) so its process-wide
+state never enters the test process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.distributed import free_port
+
+__all__ = ["RUN_SCRIPT", "run_script"]
+
+RUN_SCRIPT = Path(__file__).with_name("accelerate_run.py")
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(
+    mode: str, folders: list[Path], out: Path, nproc: int, precision: str = "no"
+) -> list[dict[str, Any]]:
+    """Run the script with ``nproc`` processes; return each rank's results by folder name.
+
+    Raises:
+        AssertionError: with the output of the run, if it failed.
+    """
+    args = [str(RUN_SCRIPT), mode, str(out), precision, *map(str, folders)]
+    if nproc > 1:
+        launcher = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(nproc),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+        ]
+    else:
+        launcher = [sys.executable]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(_ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [*launcher, *args], capture_output=True, text=True, env=env, timeout=300, check=False
+    )
+    assert proc.returncode == 0, (
+        f"{mode} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-12000:]}"
+    )
+    results = []
+    for rank in range(nproc):
+        data = json.loads((out / f"losses_{rank}.json").read_text())
+        results.append({Path(k).name: v for k, v in data.items()})
+    return results
