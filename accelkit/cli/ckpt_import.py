@@ -11,7 +11,6 @@ import argparse
 import json
 from typing import Any
 
-from accelkit.checkpointing.accelerate_import import import_accelerate
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.cli._ckpt_common import Fail, add_common, command, open_storage, usage
 from accelkit.cli._table import format_size
@@ -53,6 +52,9 @@ def register(actions: Any) -> None:
 def _run_import(args: argparse.Namespace) -> int:
     open_storage(args)  # SRC must exist (usage error otherwise)
     try:
+        # Imported here: it needs torch, and `accelkit --help` must not pay for it.
+        from accelkit.checkpointing.accelerate_import import import_accelerate
+
         result = import_accelerate(args.path, args.destination, dict(args.storage_options))
     except FileExistsError as exc:
         raise usage(str(exc)) from None
