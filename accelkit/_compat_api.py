@@ -32,9 +32,7 @@ class Settings:
         dataloader_config: the accelerator's dataloader configuration (shared: ``even_batches``
             writes to it).
         kwargs_handlers: the handlers given to ``Accelerator(kwargs_handlers=...)``.
-        mixed_precision: the resolved mode (``"no"``, ``"fp16"``, ``"bf16"``).
         log_with: ``Accelerator(log_with=...)`` as given.
-        sharded: whether ``prepare`` shards models with FSDP.
     """
 
     def __init__(
@@ -42,16 +40,13 @@ class Settings:
         state: AcceleratorState,
         dataloader_config: DataLoaderConfiguration,
         kwargs_handlers: list[KwargsHandler],
-        mixed_precision: str,
         log_with: Any,
-        sharded: bool,
     ) -> None:
         self.state = state
         self.dataloader_config = dataloader_config
         self.kwargs_handlers = kwargs_handlers
-        self.mixed_precision = mixed_precision
+        self.mixed_precision = state.mixed_precision
         self.requested_log_with = log_with
-        self.sharded = sharded
 
     @property
     def split_batches(self) -> bool:
@@ -104,11 +99,6 @@ class Settings:
     def use_fp16(self) -> bool:
         """Whether ``mixed_precision`` is ``"fp16"``."""
         return self.mixed_precision == "fp16"
-
-    @property
-    def is_fsdp2(self) -> bool:
-        """True when models are sharded with FSDP (always FSDP2 in accelkit)."""
-        return self.sharded or self.state.distributed_type == DistributedType.FSDP
 
     @property
     def multi_device(self) -> bool:

@@ -16,14 +16,16 @@ import torch
 from accelkit import data as _data
 from accelkit import dynamo as _dynamo
 from accelkit import fsdp as _fsdp
+from accelkit import kwargs_handlers as _kwargs
 from accelkit import optim as _optim
+from accelkit import precision as _precision
 from accelkit import training as _training
 
 if TYPE_CHECKING:
     from accelkit._prepared_objects import PreparedObjects
     from accelkit._process_api import Processes
     from accelkit.data import DataLoaderConfiguration
-    from accelkit.kwargs_handlers import DistributedDataParallelKwargs
+    from accelkit.kwargs_handlers import KwargsHandler
 
 __all__ = ["Training"]
 
@@ -37,12 +39,11 @@ class Training:
         prepared: where prepared objects are registered (its ``scaler`` scales fp16 losses).
         gradient_state: the accumulation state shared with optimizers and dataloaders.
         dataloader_config: how dataloaders are sharded.
-        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
+        kwargs_handlers: the handlers given to the accelerator (``DistributedDataParallelKwargs``
+            configure the DDP wrap).
         device_placement: move models and batches to the device unless told otherwise.
         step_scheduler_with_optimizer: step prepared schedulers with the optimizer.
         fsdp: the FSDP runtime when models are sharded, else None.
-        ddp_kwargs: ``DistributedDataParallel`` keyword arguments.
-        ddp_handler: the ``DistributedDataParallelKwargs`` handler (its communication hook).
         dynamo_plugin: how prepared models are compiled.
     """
 
@@ -52,25 +53,26 @@ class Training:
         prepared: PreparedObjects,
         gradient_state: _optim.GradientState,
         dataloader_config: DataLoaderConfiguration,
+        kwargs_handlers: list[KwargsHandler],
         *,
-        mixed_precision: str,
         device_placement: bool,
         step_scheduler_with_optimizer: bool,
         fsdp: _fsdp.FSDPRuntime | None,
-        ddp_kwargs: dict[str, Any],
-        ddp_handler: DistributedDataParallelKwargs | None,
         dynamo_plugin: _dynamo.TorchDynamoPlugin,
     ) -> None:
         self.processes = processes
         self.prepared = prepared
         self.gradient_state = gradient_state
         self.dataloader_config = dataloader_config
-        self.mixed_precision = mixed_precision
+        self.mixed_precision = processes.state.mixed_precision
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.fsdp = fsdp
-        self.ddp_kwargs = ddp_kwargs
-        self.ddp_handler = ddp_handler
+        ddp = _kwargs.DistributedDataParallelKwargs
+        self.ddp_kwargs = _kwargs.collect(kwargs_handlers, ddp)
+        self.ddp_handler: _kwargs.DistributedDataParallelKwargs | None = _kwargs.find(
+            kwargs_handlers, ddp
+        )
         self.dynamo_plugin = dynamo_plugin
 
     def _device(self, placement: bool | None) -> torch.device | None:
@@ -203,6 +205,54 @@ class Training:
             for model in models:
                 stack.enter_context(_training.no_sync(model))
             yield
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Skip DDP's gradient all-reduce inside the block (a null context without DDP)."""
+        return _training.no_sync(model)
+
+    def trigger_sync_in_backward(
+        self, model: torch.nn.Module
+    ) -> contextlib.AbstractContextManager[None]:
+        """Make the next backward all-reduce although it runs after forwards under no_sync."""
+        return _training.trigger_sync_in_backward(model)
+
+    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
+        """Autocast the block to the mixed-precision dtype (a null context for ``"no"``).
+
+        Args:
+            autocast_handler: an object with ``to_kwargs()`` (or a dict) of ``torch.autocast``
+                overrides, e.g. ``{"enabled": False}`` to return to fp32 inside the block.
+        """
+        kwargs = _training.handler_kwargs(autocast_handler)
+        return _precision.autocast_context(
+            self.mixed_precision, self.processes.state.device, **kwargs
+        )
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather from all processes, dropping the samples padding added to the last batch."""
+        return _training.gather_for_metrics(input_data, self.gradient_state, use_gather_object)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader leaving out the first ``num_batches`` batches (see :mod:`accelkit.data`)."""
+        return _data.skip_first_batches(dataloader, num_batches)
+
+    def unwrap_model(
+        self,
+        model: torch.nn.Module,
+        keep_fp32_wrapper: bool = True,
+        keep_torch_compile: bool = True,
+    ) -> torch.nn.Module:
+        """The model without the DDP (and optionally autocast/compile) wrappers of prepare."""
+        return _training.unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
+        """The model's state dict (without the ``module.`` prefix of DDP when ``unwrap``)."""
+        # A sharded (FSDP) model: a collective; full tensors on the main process, {} elsewhere.
+        return _fsdp.get_state_dict(self.unwrap_model(model) if unwrap else model)
+
+    def clear(self, *objects: Any) -> Any:
+        """Alias of :meth:`free_memory`."""
+        return self.free_memory(*objects)
 
     def unscale_gradients(self, optimizer: Any = None) -> None:
         """Divide fp16 gradients by the loss scale (once per step; a no-op otherwise)."""

@@ -12,13 +12,9 @@ are registered in one :class:`~accelkit._prepared_objects.PreparedObjects` the p
 
 from __future__ import annotations
 
-import contextlib
-import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
-from typing_extensions import ParamSpec
 
 from accelkit import dynamo as _dynamo
 from accelkit import fsdp as _fsdp
@@ -29,14 +25,15 @@ from accelkit import preflight as _preflight
 from accelkit import training as _training
 from accelkit._checkpointing_api import Checkpointing
 from accelkit._compat_api import Settings
+from accelkit._delegation import documented_by, forward
 from accelkit._prepared_objects import PreparedObjects
 from accelkit._process_api import Processes
 from accelkit._training_api import Training
 from accelkit.checkpointing import config as _ckpt_config
 from accelkit.checkpointing import manager as _ckpt_manager
-from accelkit.data import DataLoaderConfiguration, resolve_config, skip_first_batches
+from accelkit.data import DataLoaderConfiguration, resolve_config
 from accelkit.optim import GradientAccumulationPlugin
-from accelkit.state import AcceleratorState, refuse_out_of_scope_plugins
+from accelkit.state import AcceleratorState, DistributedType, refuse_out_of_scope_plugins
 from accelkit.trackers import GeneralTracker, TrackerHub
 
 if TYPE_CHECKING:
@@ -47,7 +44,7 @@ if TYPE_CHECKING:
     from accelkit.dynamo import DynamoBackend, TorchDynamoPlugin
     from accelkit.fsdp_plugin import FullyShardedDataParallelPlugin
     from accelkit.kwargs_handlers import KwargsHandler
-    from accelkit.state import DistributedType, PrecisionType
+    from accelkit.state import PrecisionType
     from accelkit.trackers import LoggerType
 
     _Tracker = str | LoggerType | GeneralTracker
@@ -55,40 +52,6 @@ if TYPE_CHECKING:
 # DataLoaderConfiguration and GradientAccumulationPlugin are importable from here, as in the
 # reference (``from accelerate.accelerator import Accelerator, DataLoaderConfiguration``).
 __all__ = ["Accelerator", "DataLoaderConfiguration", "GradientAccumulationPlugin"]
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-_Part = TypeVar("_Part")
-
-
-def _forward(
-    method: Callable[Concatenate[_Part, _P], _R], part: Callable[[Accelerator], _Part]
-) -> Callable[Concatenate[Accelerator, _P], _R]:
-    """An ``Accelerator`` method that calls ``method`` on the accelerator's ``part``.
-
-    The method keeps the part's name, signature and docstring (``functools.wraps``): the public
-    documentation of a delegated member lives with the code that implements it.
-    """
-
-    @functools.wraps(method)
-    def delegate(self: Accelerator, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        return method(part(self), *args, **kwargs)
-
-    return delegate
-
-
-_Function = TypeVar("_Function", bound=Callable[..., Any])
-
-
-def _documented_by(source: Callable[..., Any]) -> Callable[[_Function], _Function]:
-    """Give the decorated method the docstring of the part method it delegates to."""
-
-    def document(method: _Function) -> _Function:
-        method.__doc__ = source.__doc__
-        return method
-
-    return document
 
 
 def _processes_part(accelerator: Accelerator) -> Processes:
@@ -209,29 +172,20 @@ class Accelerator:
         fsdp = _fsdp.FSDPRuntime.create(fsdp_plugin, self.state.device, self.mixed_precision)
         self._processes = Processes(self.state, sharded=fsdp is not None)
         self._settings = Settings(
-            self.state,
-            self.dataloader_config,
-            self.kwargs_handlers,
-            self.mixed_precision,
-            log_with,
-            sharded=fsdp is not None,
-        )
-        self._ddp_kwargs = _kwargs.collect(
-            self.kwargs_handlers, _kwargs.DistributedDataParallelKwargs
+            self.state, self.dataloader_config, self.kwargs_handlers, log_with
         )
         self._training = Training(
             self._processes,
             self._prepared,
             self.gradient_state,
             self.dataloader_config,
-            mixed_precision=self.mixed_precision,
+            self.kwargs_handlers,
             device_placement=device_placement,
             step_scheduler_with_optimizer=step_scheduler_with_optimizer,
             fsdp=fsdp,
-            ddp_kwargs=self._ddp_kwargs,
-            ddp_handler=_kwargs.find(self.kwargs_handlers, _kwargs.DistributedDataParallelKwargs),
             dynamo_plugin=self.dynamo_plugin,
         )
+        self._ddp_kwargs = self._training.ddp_kwargs
         self.project_configuration = _ckpt_config.resolve_project_configuration(
             project_config, project_dir, logging_dir
         )
@@ -301,31 +255,31 @@ class Accelerator:
         """Whether more than one process takes part."""
         return self.state.use_distributed
 
-    print = _forward(Processes.print, _processes_part)
-    wait_for_everyone = _forward(Processes.wait_for_everyone, _processes_part)
-    main_process_first = _forward(Processes.main_process_first, _processes_part)
-    local_main_process_first = _forward(Processes.local_main_process_first, _processes_part)
-    on_main_process = _forward(Processes.on_main_process, _processes_part)
-    on_local_main_process = _forward(Processes.on_local_main_process, _processes_part)
-    on_last_process = _forward(Processes.on_last_process, _processes_part)
-    on_process = _forward(Processes.on_process, _processes_part)
-    on_local_process = _forward(Processes.on_local_process, _processes_part)
-    split_between_processes = _forward(Processes.split_between_processes, _processes_part)
-    set_trigger = _forward(Processes.set_trigger, _processes_part)
-    check_trigger = _forward(Processes.check_trigger, _processes_part)
-    gather = _forward(Processes.gather, _processes_part)
-    reduce = _forward(Processes.reduce, _processes_part)
-    pad_across_processes = _forward(Processes.pad_across_processes, _processes_part)
+    print = forward(Processes.print, _processes_part)
+    wait_for_everyone = forward(Processes.wait_for_everyone, _processes_part)
+    main_process_first = forward(Processes.main_process_first, _processes_part)
+    local_main_process_first = forward(Processes.local_main_process_first, _processes_part)
+    on_main_process = forward(Processes.on_main_process, _processes_part)
+    on_local_main_process = forward(Processes.on_local_main_process, _processes_part)
+    on_last_process = forward(Processes.on_last_process, _processes_part)
+    on_process = forward(Processes.on_process, _processes_part)
+    on_local_process = forward(Processes.on_local_process, _processes_part)
+    split_between_processes = forward(Processes.split_between_processes, _processes_part)
+    set_trigger = forward(Processes.set_trigger, _processes_part)
+    check_trigger = forward(Processes.check_trigger, _processes_part)
+    gather = forward(Processes.gather, _processes_part)
+    reduce = forward(Processes.reduce, _processes_part)
+    pad_across_processes = forward(Processes.pad_across_processes, _processes_part)
 
     # Preparing objects and the step (Training). What each kind becomes is documented in
     # accelkit.training/data/optim.
 
-    prepare = _forward(Training.prepare, _training_part)
-    prepare_model = _forward(Training.prepare_model, _training_part)
-    prepare_optimizer = _forward(Training.prepare_optimizer, _training_part)
-    prepare_scheduler = _forward(Training.prepare_scheduler, _training_part)
-    prepare_data_loader = _forward(Training.prepare_data_loader, _training_part)
-    backward = _forward(Training.backward, _training_part)
+    prepare = forward(Training.prepare, _training_part)
+    prepare_model = forward(Training.prepare_model, _training_part)
+    prepare_optimizer = forward(Training.prepare_optimizer, _training_part)
+    prepare_scheduler = forward(Training.prepare_scheduler, _training_part)
+    prepare_data_loader = forward(Training.prepare_data_loader, _training_part)
+    backward = forward(Training.backward, _training_part)
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
@@ -368,62 +322,25 @@ class Accelerator:
         """Whether the last optimizer step was skipped for inf/NaN fp16 gradients."""
         return any(opt.step_was_skipped for opt in self._prepared.optimizers)
 
-    accumulate = _forward(Training.accumulate, _training_part)
+    accumulate = forward(Training.accumulate, _training_part)
 
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Skip DDP's gradient all-reduce inside the block (a null context without DDP)."""
-        return _training.no_sync(model)
-
-    def trigger_sync_in_backward(
-        self, model: torch.nn.Module
-    ) -> contextlib.AbstractContextManager[None]:
-        """Make the next backward all-reduce although it runs after forwards under no_sync."""
-        return _training.trigger_sync_in_backward(model)
-
-    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
-        """Autocast the block to the mixed-precision dtype (a null context for ``"no"``).
-
-        Args:
-            autocast_handler: an object with ``to_kwargs()`` (or a dict) of ``torch.autocast``
-                overrides, e.g. ``{"enabled": False}`` to return to fp32 inside the block.
-        """
-        kwargs = _training.handler_kwargs(autocast_handler)
-        return _precision.autocast_context(self.mixed_precision, self.device, **kwargs)
-
-    unscale_gradients = _forward(Training.unscale_gradients, _training_part)
-    clip_grad_norm_ = _forward(Training.clip_grad_norm_, _training_part)
-    clip_grad_value_ = _forward(Training.clip_grad_value_, _training_part)
+    no_sync = forward(Training.no_sync, _training_part)
+    trigger_sync_in_backward = forward(Training.trigger_sync_in_backward, _training_part)
+    autocast = forward(Training.autocast, _training_part)
+    unscale_gradients = forward(Training.unscale_gradients, _training_part)
+    clip_grad_norm_ = forward(Training.clip_grad_norm_, _training_part)
+    clip_grad_value_ = forward(Training.clip_grad_value_, _training_part)
 
     # Evaluation, resuming, cleanup.
 
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather from all processes, dropping the samples padding added to the last batch."""
-        return _training.gather_for_metrics(input_data, self.gradient_state, use_gather_object)
+    gather_for_metrics = forward(Training.gather_for_metrics, _training_part)
+    skip_first_batches = forward(Training.skip_first_batches, _training_part)
+    unwrap_model = forward(Training.unwrap_model, _training_part)
+    get_state_dict = forward(Training.get_state_dict, _training_part)
+    join_uneven_inputs = forward(Training.join_uneven_inputs, _training_part)
+    free_memory = forward(Training.free_memory, _training_part)
 
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """A loader leaving out the first ``num_batches`` batches (see :mod:`accelkit.data`)."""
-        return skip_first_batches(dataloader, num_batches)
-
-    def unwrap_model(
-        self,
-        model: torch.nn.Module,
-        keep_fp32_wrapper: bool = True,
-        keep_torch_compile: bool = True,
-    ) -> torch.nn.Module:
-        """The model without the DDP (and optionally autocast/compile) wrappers of prepare."""
-        return _training.unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
-
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The model's state dict (without the ``module.`` prefix of DDP when ``unwrap``)."""
-        # A sharded (FSDP) model: a collective; full tensors on the main process, {} elsewhere.
-        return _fsdp.get_state_dict(self.unwrap_model(model) if unwrap else model)
-
-    join_uneven_inputs = _forward(Training.join_uneven_inputs, _training_part)
-    free_memory = _forward(Training.free_memory, _training_part)
-
-    def clear(self, *objects: Any) -> Any:
-        """Alias of :meth:`free_memory`."""
-        return self.free_memory(*objects)
+    clear = forward(Training.clear, _training_part)
 
     # Saving and loading (Checkpointing).
 
@@ -472,7 +389,7 @@ class Accelerator:
         **kwargs: Any,
     ) -> Any: ...
 
-    @_documented_by(Checkpointing.save_state)
+    @documented_by(Checkpointing.save_state)
     def save_state(
         self,
         output_dir: str | None = None,
@@ -485,22 +402,22 @@ class Accelerator:
             output_dir, safe_serialization, async_save=async_save, **kwargs
         )
 
-    wait_for_checkpoints = _forward(Checkpointing.wait_for_checkpoints, _checkpointing_part)
-    load_state = _forward(Checkpointing.load_state, _checkpointing_part)
-    register_for_checkpointing = _forward(
+    wait_for_checkpoints = forward(Checkpointing.wait_for_checkpoints, _checkpointing_part)
+    load_state = forward(Checkpointing.load_state, _checkpointing_part)
+    register_for_checkpointing = forward(
         Checkpointing.register_for_checkpointing, _checkpointing_part
     )
 
-    register_save_state_pre_hook = _forward(
+    register_save_state_pre_hook = forward(
         Checkpointing.register_save_state_pre_hook, _checkpointing_part
     )
 
-    register_load_state_pre_hook = _forward(
+    register_load_state_pre_hook = forward(
         Checkpointing.register_load_state_pre_hook, _checkpointing_part
     )
 
-    save = _forward(Checkpointing.save, _checkpointing_part)
-    save_model = _forward(Checkpointing.save_model, _checkpointing_part)
+    save = forward(Checkpointing.save, _checkpointing_part)
+    save_model = forward(Checkpointing.save_model, _checkpointing_part)
 
     # Experiment tracking (TrackerHub).
 
@@ -615,14 +532,14 @@ class Accelerator:
     @property
     def is_fsdp2(self) -> bool:
         """True when models are sharded with FSDP (always FSDP2 in accelkit)."""
-        return self._settings.is_fsdp2
+        return self.distributed_type == DistributedType.FSDP
 
     @property
     def multi_device(self) -> bool:
         """Whether several GPUs take part (``MULTI_GPU``)."""
         return self._settings.multi_device
 
-    profile = _forward(Settings.profile, _settings_part)
+    profile = forward(Settings.profile, _settings_part)
 
     @property
     def deepspeed_plugin(self) -> None:
