@@ -152,9 +152,7 @@ class Accelerator:
             **_kwargs.collect(self.kwargs_handlers, _kwargs.InitProcessGroupKwargs),
         )
         self.mixed_precision: str = self.state.mixed_precision
-        self.device_placement = device_placement
         self.rng_types = rng_types
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.dataloader_config = resolve_config(dataloader_config, split_batches)
         self.gradient_state = _optim.GradientState(
             _optim.resolve_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
@@ -280,6 +278,24 @@ class Accelerator:
     prepare_scheduler = forward(Training.prepare_scheduler, _training_part)
     prepare_data_loader = forward(Training.prepare_data_loader, _training_part)
     backward = forward(Training.backward, _training_part)
+
+    @property
+    def device_placement(self) -> bool:
+        """Whether ``prepare`` moves models and batches to :attr:`device` by default."""
+        return self._training.device_placement
+
+    @device_placement.setter
+    def device_placement(self, value: bool) -> None:
+        self._training.device_placement = value
+
+    @property
+    def step_scheduler_with_optimizer(self) -> bool:
+        """Whether schedulers prepared from now on step together with the optimizer."""
+        return self._training.step_scheduler_with_optimizer
+
+    @step_scheduler_with_optimizer.setter
+    def step_scheduler_with_optimizer(self, value: bool) -> None:
+        self._training.step_scheduler_with_optimizer = value
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:

@@ -40,6 +40,8 @@ PUBLIC_SURFACE = {
     "clip_grad_value_": "(self, parameters, clip_value)",
     "deepspeed_plugin": "property",
     "device": "property",
+    # Instance attributes before the parts existed; now properties over the Training part.
+    "device_placement": "property+setter",
     "dispatch_batches": "property",
     "distributed_type": "property",
     "end_training": "(self)",
@@ -102,6 +104,7 @@ PUBLIC_SURFACE = {
     "split_batches": "property",
     "split_between_processes": "(self, inputs, apply_padding=False)",
     "step": "property+setter",
+    "step_scheduler_with_optimizer": "property+setter",
     "sync_gradients": "property+setter",
     "torch_device_mesh": "property",
     "trackers": "property",
@@ -124,9 +127,7 @@ INSTANCE_ATTRIBUTES = [
     "project_configuration",
     "kwargs_handlers",
     "mixed_precision",
-    "device_placement",
     "rng_types",
-    "step_scheduler_with_optimizer",
     "dynamo_plugin",
     "_models",
     "_optimizers",
@@ -190,6 +191,13 @@ def test_instance_state_scripts_read_is_there_and_pickles() -> None:
     assert acc._models == [model] and acc._optimizers == [optimizer]
     acc.free_memory()
     assert acc._models == [] and acc._optimizers == []
+    # Settings scripts change after construction reach the part that uses them.
+    acc.step_scheduler_with_optimizer = False
+    sgd = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    _, scheduler = acc.prepare(sgd, torch.optim.lr_scheduler.StepLR(sgd, step_size=1))
+    assert scheduler.step_with_optimizer is False
+    acc.scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    assert acc._prepared.scaler is acc.scaler
     copy = pickle.loads(pickle.dumps(acc))
     assert copy.num_processes == acc.num_processes and copy.device == acc.device
 
