@@ -339,7 +339,6 @@ class Accelerator:
         return any(opt.step_was_skipped for opt in self._prepared.optimizers)
 
     accumulate = forward(Training.accumulate, _training_part)
-
     no_sync = forward(Training.no_sync, _training_part)
     trigger_sync_in_backward = forward(Training.trigger_sync_in_backward, _training_part)
     autocast = forward(Training.autocast, _training_part)
@@ -355,7 +354,6 @@ class Accelerator:
     get_state_dict = forward(Training.get_state_dict, _training_part)
     join_uneven_inputs = forward(Training.join_uneven_inputs, _training_part)
     free_memory = forward(Training.free_memory, _training_part)
-
     clear = forward(Training.clear, _training_part)
 
     # Saving and loading (Checkpointing).
@@ -423,15 +421,12 @@ class Accelerator:
     register_for_checkpointing = forward(
         Checkpointing.register_for_checkpointing, _checkpointing_part
     )
-
     register_save_state_pre_hook = forward(
         Checkpointing.register_save_state_pre_hook, _checkpointing_part
     )
-
     register_load_state_pre_hook = forward(
         Checkpointing.register_load_state_pre_hook, _checkpointing_part
     )
-
     save = forward(Checkpointing.save, _checkpointing_part)
     save_model = forward(Checkpointing.save_model, _checkpointing_part)
 
