@@ -1,43 +1,55 @@
-"""The saving and loading half of the :class:`~accelkit.Accelerator` facade.
+"""The saving and loading part of the :class:`~accelkit.Accelerator`.
 
 Split from ``accelerator.py`` along the seam between running a training loop and persisting it:
 each method hands the work to :mod:`accelkit.checkpointing` (the commit protocol, the layout,
-storage) and reads only the objects ``prepare`` registered on the accelerator.
+storage) and reads only the objects ``prepare`` registered in the
+:class:`~accelkit._prepared_objects.PreparedObjects` it was built with.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from accelkit import fsdp as _fsdp
-from accelkit import optim as _optim
-from accelkit.checkpointing import async_save as _ckpt_async
-from accelkit.checkpointing import config as _ckpt_config
 from accelkit.checkpointing import manager as _ckpt_manager
 from accelkit.checkpointing import model_io as _ckpt_model_io
 
-__all__ = ["CheckpointingAPI"]
+if TYPE_CHECKING:
+    from accelkit._prepared_objects import PreparedObjects
+    from accelkit.checkpointing.config import ProjectConfiguration
+    from accelkit.optim import GradientState
+
+__all__ = ["Checkpointing"]
 
 
-class CheckpointingAPI:
-    """``save_state``/``load_state`` and friends; mixed into :class:`~accelkit.Accelerator`."""
+class Checkpointing:
+    """``save_state``/``load_state`` and friends (see the ``Accelerator`` methods of the same
+    names, whose documentation is this class's).
 
-    # Set by Accelerator.__init__ (training and checkpointing parts).
-    project_configuration: _ckpt_config.ProjectConfiguration
-    gradient_state: _optim.GradientState
-    scaler: Any
-    _checkpoints: _ckpt_manager.CheckpointManager
-    _models: list[torch.nn.Module]
-    _optimizers: list[_optim.AcceleratedOptimizer]
-    _schedulers: list[_optim.AcceleratedScheduler]
-    _dataloaders: list[Any]
+    Args:
+        manager: the checkpoint manager (commit protocol, retention, background saves).
+        prepared: the objects ``prepare`` registered; read at each save and load.
+        gradient_state: the accumulation state; its step is saved and restored.
+        project_configuration: where checkpoints go and how model files are written.
+        unwrap_model: peels what ``prepare`` put around a model (for :meth:`save_model`).
+    """
 
-    if TYPE_CHECKING:  # provided by Accelerator
-
-        def unwrap_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def __init__(
+        self,
+        manager: _ckpt_manager.CheckpointManager,
+        prepared: PreparedObjects,
+        gradient_state: GradientState,
+        project_configuration: ProjectConfiguration,
+        unwrap_model: Callable[[torch.nn.Module], torch.nn.Module],
+    ) -> None:
+        self.manager = manager
+        self.prepared = prepared
+        self.gradient_state = gradient_state
+        self.project_configuration = project_configuration
+        self.unwrap_model = unwrap_model
 
     @property
     def project_dir(self) -> str | None:
@@ -52,47 +64,18 @@ class CheckpointingAPI:
     @property
     def save_iteration(self) -> int:
         """Number of the next automatically named checkpoint."""
-        return self._checkpoints.counter.value
+        return self.manager.counter.value
 
-    def _checkpoint_objects(self) -> _ckpt_manager.TrainingObjects:
+    def training_objects(self) -> _ckpt_manager.TrainingObjects:
+        """A snapshot of what a checkpoint holds: the prepared and the registered objects."""
         return _ckpt_manager.TrainingObjects(
-            models=list(self._models),
-            optimizers=list(self._optimizers),
-            schedulers=list(self._schedulers),
-            dataloaders=list(self._dataloaders),
-            scaler=self.scaler,
-            custom=self._checkpoints.custom,
+            models=list(self.prepared.models),
+            optimizers=list(self.prepared.optimizers),
+            schedulers=list(self.prepared.schedulers),
+            dataloaders=list(self.prepared.dataloaders),
+            scaler=self.prepared.scaler,
+            custom=self.manager.custom,
         )
-
-    @overload
-    def save_state(
-        self,
-        output_dir: str | None = ...,
-        safe_serialization: bool = ...,
-        *,
-        async_save: Literal[True],
-        **kwargs: Any,
-    ) -> _ckpt_async.AsyncCheckpoint: ...
-
-    @overload
-    def save_state(
-        self,
-        output_dir: str | None = ...,
-        safe_serialization: bool = ...,
-        *,
-        async_save: Literal[False],
-        **kwargs: Any,
-    ) -> str: ...
-
-    @overload
-    def save_state(
-        self,
-        output_dir: str | None = ...,
-        safe_serialization: bool = ...,
-        *,
-        async_save: None = ...,
-        **kwargs: Any,
-    ) -> Any: ...
 
     def save_state(
         self,
@@ -131,8 +114,8 @@ class CheckpointingAPI:
             The checkpoint's path or URL; with ``async_save``, the handle of the save.
         """
         step = self.gradient_state.optimizer_steps
-        objects = self._checkpoint_objects()
-        return self._checkpoints.save(output_dir, objects, step, async_save=async_save, **kwargs)
+        objects = self.training_objects()
+        return self.manager.save(output_dir, objects, step, async_save=async_save, **kwargs)
 
     def wait_for_checkpoints(self) -> None:
         """Block until the asynchronous save in flight (if any) has committed.
@@ -140,7 +123,7 @@ class CheckpointingAPI:
         Raises:
             CheckpointError: a background save failed (raised once; it was not committed).
         """
-        self._checkpoints.wait()
+        self.manager.wait()
 
     def load_state(
         self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kwargs: Any
@@ -159,7 +142,7 @@ class CheckpointingAPI:
         Returns:
             The path or URL that was loaded.
         """
-        result = self._checkpoints.load(input_dir, self._checkpoint_objects(), **kwargs)
+        result = self.manager.load(input_dir, self.training_objects(), **kwargs)
         # The manifest's step counts optimizer steps. Gradients are not saved, so accumulation
         # restarts at a boundary: a partial accumulation from before the save cannot be resumed.
         self.gradient_state.optimizer_steps = result.manifest.step
@@ -168,26 +151,26 @@ class CheckpointingAPI:
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) too."""
-        self._checkpoints.register(*objects)
+        self.manager.register(*objects)
 
     def register_save_state_pre_hook(
         self, hook: Callable[..., None]
     ) -> torch.utils.hooks.RemovableHandle:
         """``hook(models, weights, output_dir)`` runs in :meth:`save_state` before writing;
         removing an entry of ``weights`` skips saving that model."""
-        return self._checkpoints.register_save_pre_hook(hook)
+        return self.manager.register_save_pre_hook(hook)
 
     def register_load_state_pre_hook(
         self, hook: Callable[..., None]
     ) -> torch.utils.hooks.RemovableHandle:
         """``hook(models, input_dir)`` runs in :meth:`load_state` before loading; removing an
         entry of ``models`` skips loading that model."""
-        return self._checkpoints.register_load_pre_hook(hook)
+        return self.manager.register_load_pre_hook(hook)
 
     def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
         """``torch.save`` once (or once per machine with ``save_on_each_node``); ``f`` may be a
         path, an fsspec URL or a binary file."""
-        self._checkpoints.save_object(obj, f, safe_serialization)
+        self.manager.save_object(obj, f, safe_serialization)
 
     def save_model(
         self,
@@ -204,7 +187,7 @@ class CheckpointingAPI:
         # A sharded model's full tensors are gathered to the main process (every process
         # takes part), which writes them like any other model's.
         target = _fsdp.gather_full_model(unwrapped) if sharded else unwrapped
-        if target is not None and (sharded or self._checkpoints.should_save_object()):
+        if target is not None and (sharded or self.manager.should_save_object()):
             _ckpt_model_io.save_model(
                 target,
                 save_directory,
@@ -213,4 +196,4 @@ class CheckpointingAPI:
                 self.project_configuration.storage_options,
             )
         if sharded:
-            self._checkpoints.state.wait_for_everyone()
+            self.manager.state.wait_for_everyone()

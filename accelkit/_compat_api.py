@@ -1,35 +1,52 @@
 """Read-only settings of the :class:`~accelkit.Accelerator` that scripts written for the reference
-read (``accelerator.split_batches``, ``accelerator.log_with``, ...), and :meth:`profile`.
+read (``accelerator.split_batches``, ``accelerator.log_with``, ...), and :meth:`Settings.profile`.
 
-Split from ``accelerator.py``: each property reads a configuration object the accelerator
-already holds; none of them changes behaviour.
+Each property reads a configuration object the accelerator was built with; none of them changes
+behaviour.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from accelkit import profiling as _profiling
-from accelkit.dynamo import TorchDynamoPlugin
 from accelkit.kwargs_handlers import find as _find_handler
-from accelkit.state import AcceleratorState, DistributedType
+from accelkit.state import DistributedType
 
-__all__ = ["CompatAPI"]
+if TYPE_CHECKING:
+    import torch
+
+    from accelkit.data import DataLoaderConfiguration
+    from accelkit.kwargs_handlers import KwargsHandler
+    from accelkit.state import AcceleratorState
+
+__all__ = ["Settings"]
 
 
-class CompatAPI:
-    """Settings views of the reference; mixed into the ``Accelerator``."""
+class Settings:
+    """The reference's settings views (see the ``Accelerator`` properties of the same names).
 
-    # Set by Accelerator.__init__.
-    state: AcceleratorState
-    dataloader_config: Any
-    kwargs_handlers: list[Any]
-    mixed_precision: str
-    dynamo_plugin: TorchDynamoPlugin
-    _log_with: Any
+    Args:
+        state: the process state.
+        dataloader_config: the accelerator's dataloader configuration (shared: ``even_batches``
+            writes to it).
+        kwargs_handlers: the handlers given to ``Accelerator(kwargs_handlers=...)``.
+        log_with: ``Accelerator(log_with=...)`` as given.
+    """
+
+    def __init__(
+        self,
+        state: AcceleratorState,
+        dataloader_config: DataLoaderConfiguration,
+        kwargs_handlers: list[KwargsHandler],
+        log_with: Any,
+    ) -> None:
+        self.state = state
+        self.dataloader_config = dataloader_config
+        self.kwargs_handlers = kwargs_handlers
+        self.mixed_precision = state.mixed_precision
+        self.requested_log_with = log_with
 
     @property
     def split_batches(self) -> bool:
@@ -68,7 +85,7 @@ class CompatAPI:
     @property
     def log_with(self) -> list[Any]:
         """The trackers asked for in ``Accelerator(log_with=...)``, as a list."""
-        value = self._log_with
+        value = self.requested_log_with
         if value is None:
             return []
         return list(value) if isinstance(value, (list, tuple)) else [value]
@@ -84,45 +101,11 @@ class CompatAPI:
         return self.mixed_precision == "fp16"
 
     @property
-    def deepspeed_plugin(self) -> None:
-        """Always None: DeepSpeed is out of accelkit's scope."""
-        return None
-
-    @property
-    def is_fsdp2(self) -> bool:
-        """True when models are sharded with FSDP (always FSDP2 in accelkit)."""
-        return bool(self.state.distributed_type == DistributedType.FSDP) or (
-            getattr(self, "_fsdp", None) is not None
-        )
-
-    @property
     def multi_device(self) -> bool:
         """Whether several GPUs take part (``MULTI_GPU``)."""
-        return self.state.use_distributed and self.state.distributed_type in (
-            DistributedType.MULTI_GPU,
+        return bool(
+            self.state.use_distributed and self.state.distributed_type == DistributedType.MULTI_GPU
         )
-
-    @property
-    def should_save_model(self) -> bool:
-        """Whether this process writes model files (always True: saves are collective and the
-        checkpoint layer picks the writer)."""
-        return True
-
-    @property
-    def torch_device_mesh(self) -> None:
-        """Always None: no ``ParallelismConfig`` device mesh (tensor/context parallelism is out
-        of scope; FSDP builds its own mesh)."""
-        return None
-
-    @property
-    def parallelism_config(self) -> None:
-        """Always None: ``ParallelismConfig`` is out of accelkit's scope."""
-        return None
-
-    @property
-    def fp8_backend(self) -> None:
-        """Always None: FP8 training is out of accelkit's scope."""
-        return None
 
     def profile(
         self, profile_handler: _profiling.ProfileKwargs | None = None

@@ -1,8 +1,8 @@
-"""The process half of the :class:`~accelkit.Accelerator` facade: who this process is, how it
-waits for the others, and the collectives.
+"""The process part of the :class:`~accelkit.Accelerator`: who this process is, how it waits for
+the others, and the collectives.
 
 Split from ``accelerator.py`` along the seam between the process and the training loop: every
-member reads :attr:`state` (an :class:`~accelkit.state.AcceleratorState`) or calls
+member reads the :class:`~accelkit.state.AcceleratorState` it was built with or calls
 :mod:`accelkit.ops`, and nothing here knows about models, optimizers or checkpoints.
 """
 
@@ -17,71 +17,45 @@ import torch
 from accelkit import ops
 from accelkit.state import AcceleratorState, DistributedType
 
-__all__ = ["ProcessAPI"]
+__all__ = ["Processes"]
 
 
-class ProcessAPI:
-    """Process identity, process control and collectives; mixed into the ``Accelerator``."""
+class Processes:
+    """Process control and collectives: the implementation of the ``Accelerator`` methods of the
+    same names (their documentation is this class's), and what the process state alone cannot
+    answer (the distributed type once FSDP is on, the cross-process trigger flag).
 
-    # Set by Accelerator.__init__.
-    state: AcceleratorState
-    _trigger: torch.Tensor
-    _fsdp: Any
+    Args:
+        state: the process state.
+        sharded: whether ``prepare`` shards models with FSDP (the distributed type is then
+            ``FSDP`` whatever the launcher said).
+    """
 
-    # ================================================================= process state
-
-    @property
-    def device(self) -> torch.device:
-        """The device this process computes on."""
-        return self.state.device
+    def __init__(self, state: AcceleratorState, sharded: bool) -> None:
+        self.state = state
+        self.sharded = sharded
+        self._trigger = torch.tensor(0, device=state.device)
 
     @property
     def distributed_type(self) -> DistributedType:
         """How processes are connected (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``)."""
-        if getattr(self, "_fsdp", None) is not None:
-            return DistributedType.FSDP
-        return self.state.distributed_type
+        return DistributedType.FSDP if self.sharded else self.state.distributed_type
 
     @property
-    def _joined_by_ddp(self) -> bool:
+    def joined_by_ddp(self) -> bool:
+        """Whether prepared models are wrapped in ``DistributedDataParallel``."""
         return self.distributed_type in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
 
-    @property
-    def num_processes(self) -> int:
-        """Total number of processes in the run."""
-        return self.state.num_processes
+    def set_trigger(self) -> None:
+        """Raise a flag on this process; :meth:`check_trigger` sees it on every process."""
+        self._trigger.fill_(1)
 
-    @property
-    def process_index(self) -> int:
-        """Global index of this process."""
-        return self.state.process_index
-
-    @property
-    def local_process_index(self) -> int:
-        """Index of this process on its machine."""
-        return self.state.local_process_index
-
-    @property
-    def is_main_process(self) -> bool:
-        """True once across all machines."""
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """True once per machine."""
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        """True on the process of the highest index."""
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        """Whether more than one process takes part."""
-        return self.state.use_distributed
-
-    # ============================================================== process control
+    def check_trigger(self) -> bool:
+        """True on every process if any process called :meth:`set_trigger`; then resets it."""
+        if ops.reduce(self._trigger, reduction="sum").item() > 0:
+            self._trigger.fill_(0)
+            return True
+        return False
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` once per machine."""
@@ -128,19 +102,6 @@ class ProcessAPI:
     ) -> contextlib.AbstractContextManager[Any]:
         """Context manager yielding this process's share of ``inputs``."""
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def set_trigger(self) -> None:
-        """Raise a flag on this process; :meth:`check_trigger` sees it on every process."""
-        self._trigger.fill_(1)
-
-    def check_trigger(self) -> bool:
-        """True on every process if any process called :meth:`set_trigger`; then resets it."""
-        if ops.reduce(self._trigger, reduction="sum").item() > 0:
-            self._trigger.fill_(0)
-            return True
-        return False
-
-    # ================================================================== collectives
 
     def gather(self, tensor: Any) -> Any:
         """Concatenate ``tensor`` (or a nested structure of tensors) from all processes."""

@@ -1,20 +1,21 @@
 """The `Accelerator`: one object a training loop talks to.
 
-This module is a facade. Each method is a few lines that hand the work to the module that owns
-it: :mod:`accelkit.state` (who this process is), :mod:`accelkit.ops` (collectives),
-:mod:`accelkit.data` and :mod:`accelkit.optim` (the training loop), :mod:`accelkit.trackers`
-(experiment tracking) and :mod:`accelkit.checkpointing` (saving and loading).
+This module is a facade. Each member is a short delegation to the part that owns the work,
+built in ``__init__`` with its dependencies passed explicitly:
+:class:`~accelkit._process_api.Processes` (who this process is, the trigger flag),
+:class:`~accelkit._training_api.Training` (``prepare`` and the step),
+:class:`~accelkit._checkpointing_api.Checkpointing` (saving and loading),
+:class:`~accelkit._compat_api.Settings` (the reference's settings views) and
+:class:`~accelkit.trackers.TrackerHub` (experiment tracking). The objects ``prepare`` returns
+are registered in one :class:`~accelkit._prepared_objects.PreparedObjects` the parts share.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
-from accelkit import data as _data
 from accelkit import dynamo as _dynamo
 from accelkit import fsdp as _fsdp
 from accelkit import kwargs_handlers as _kwargs
@@ -22,22 +23,54 @@ from accelkit import optim as _optim
 from accelkit import precision as _precision
 from accelkit import preflight as _preflight
 from accelkit import training as _training
-from accelkit._checkpointing_api import CheckpointingAPI
-from accelkit._compat_api import CompatAPI
-from accelkit._process_api import ProcessAPI
+from accelkit._checkpointing_api import Checkpointing
+from accelkit._compat_api import Settings
+from accelkit._delegation import documented_by, forward
+from accelkit._prepared_objects import PreparedObjects
+from accelkit._process_api import Processes
+from accelkit._training_api import Training
 from accelkit.checkpointing import config as _ckpt_config
 from accelkit.checkpointing import manager as _ckpt_manager
-from accelkit.data import DataLoaderConfiguration
+from accelkit.data import DataLoaderConfiguration, resolve_config
 from accelkit.optim import GradientAccumulationPlugin
-from accelkit.state import AcceleratorState, PrecisionType, refuse_out_of_scope_plugins
+from accelkit.state import AcceleratorState, DistributedType, refuse_out_of_scope_plugins
 from accelkit.trackers import GeneralTracker, TrackerHub
+
+if TYPE_CHECKING:
+    import os
+
+    from accelkit.checkpointing.async_save import AsyncCheckpoint
+    from accelkit.checkpointing.config import ProjectConfiguration
+    from accelkit.dynamo import DynamoBackend, TorchDynamoPlugin
+    from accelkit.fsdp_plugin import FullyShardedDataParallelPlugin
+    from accelkit.kwargs_handlers import KwargsHandler
+    from accelkit.state import PrecisionType
+    from accelkit.trackers import LoggerType
+
+    _Tracker = str | LoggerType | GeneralTracker
 
 # DataLoaderConfiguration and GradientAccumulationPlugin are importable from here, as in the
 # reference (``from accelerate.accelerator import Accelerator, DataLoaderConfiguration``).
 __all__ = ["Accelerator", "DataLoaderConfiguration", "GradientAccumulationPlugin"]
 
 
-class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
+def _processes_part(accelerator: Accelerator) -> Processes:
+    return accelerator._processes
+
+
+def _training_part(accelerator: Accelerator) -> Training:
+    return accelerator._training
+
+
+def _checkpointing_part(accelerator: Accelerator) -> Checkpointing:
+    return accelerator._checkpointing
+
+
+def _settings_part(accelerator: Accelerator) -> Settings:
+    return accelerator._settings
+
+
+class Accelerator:
     """Run the same training loop on 1 CPU, 1 GPU, N processes or N machines.
 
     Args:
@@ -83,23 +116,23 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
         mixed_precision: str | PrecisionType | None = None,
         gradient_accumulation_steps: int = 1,
         cpu: bool = False,
-        dataloader_config: Any = None,
-        deepspeed_plugin: Any = None,
-        fsdp_plugin: Any = None,
-        torch_tp_plugin: Any = None,
-        megatron_lm_plugin: Any = None,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: object = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        torch_tp_plugin: object = None,
+        megatron_lm_plugin: object = None,
         rng_types: list[str] | None = None,
-        log_with: Any = None,
-        project_dir: str | None = None,
-        project_config: Any = None,
-        gradient_accumulation_plugin: _optim.GradientAccumulationPlugin | None = None,
+        log_with: _Tracker | list[_Tracker] | None = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
-        kwargs_handlers: list[Any] | None = None,
-        dynamo_backend: Any = None,
-        dynamo_plugin: _dynamo.TorchDynamoPlugin | None = None,
-        deepspeed_plugins: Any = None,
-        parallelism_config: Any = None,
-        logging_dir: str | None = None,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend: DynamoBackend | str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugins: object = None,
+        parallelism_config: object = None,
+        logging_dir: str | os.PathLike[str] | None = None,
         tracker_errors: str = "warn",
     ) -> None:
         refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
@@ -119,40 +152,49 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
             **_kwargs.collect(self.kwargs_handlers, _kwargs.InitProcessGroupKwargs),
         )
         self.mixed_precision: str = self.state.mixed_precision
-        self._log_with = log_with
-        self.device_placement = device_placement
         self.rng_types = rng_types
-        self._trigger = torch.tensor(0, device=self.state.device)
-        # ===== training: init =====
-        self.dataloader_config = _data.resolve_config(dataloader_config, split_batches)
+        self.dataloader_config = resolve_config(dataloader_config, split_batches)
         self.gradient_state = _optim.GradientState(
             _optim.resolve_plugin(gradient_accumulation_plugin, gradient_accumulation_steps)
         )
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.scaler = _precision.make_grad_scaler(
-            self.mixed_precision,
-            self.device,
-            **_kwargs.collect(self.kwargs_handlers, _kwargs.GradScalerKwargs),
+        scaler_kwargs = _kwargs.collect(self.kwargs_handlers, _kwargs.GradScalerKwargs)
+        scaler = _precision.make_grad_scaler(
+            self.mixed_precision, self.state.device, **scaler_kwargs
         )
-        self._ddp_kwargs = _kwargs.collect(
-            self.kwargs_handlers, _kwargs.DistributedDataParallelKwargs
+        self._prepared = PreparedObjects(scaler)
+        # The reference's registry lists, under the reference's names (the same list objects).
+        self._models = self._prepared.models
+        self._optimizers = self._prepared.optimizers
+        self._schedulers = self._prepared.schedulers
+        self._dataloaders = self._prepared.dataloaders
+        fsdp = _fsdp.FSDPRuntime.create(fsdp_plugin, self.state.device, self.mixed_precision)
+        self._processes = Processes(self.state, sharded=fsdp is not None)
+        self._settings = Settings(
+            self.state, self.dataloader_config, self.kwargs_handlers, log_with
         )
-        self._ddp_handler = _kwargs.find(
-            self.kwargs_handlers, _kwargs.DistributedDataParallelKwargs
+        self._training = Training(
+            self._processes,
+            self._prepared,
+            self.gradient_state,
+            self.dataloader_config,
+            self.kwargs_handlers,
+            device_placement=device_placement,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            fsdp=fsdp,
+            dynamo_plugin=self.dynamo_plugin,
         )
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[_optim.AcceleratedOptimizer] = []
-        self._schedulers: list[_optim.AcceleratedScheduler] = []
-        self._dataloaders: list[Any] = []
-        self._fsdp = _fsdp.FSDPRuntime.create(fsdp_plugin, self.device, self.mixed_precision)
-        # ===== end training: init =====
-        # ===== checkpointing: init =====
+        self._ddp_kwargs = self._training.ddp_kwargs
         self.project_configuration = _ckpt_config.resolve_project_configuration(
             project_config, project_dir, logging_dir
         )
         self._checkpoints = _ckpt_manager.CheckpointManager(self.project_configuration, self.state)
-        # ===== end checkpointing: init =====
-        # ===== tracking: init =====
+        self._checkpointing = Checkpointing(
+            self._checkpoints,
+            self._prepared,
+            self.gradient_state,
+            self.project_configuration,
+            _training.unwrap_model,
+        )
         self._trackers = TrackerHub.create(
             log_with,
             logging_dir=self.project_configuration.logging_dir,
@@ -163,131 +205,106 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
         _preflight.check_run(
             self.project_configuration, bool(self._trackers.requested_names), self.state
         )
-        # ===== end tracking: init =====
 
-    # Process state, process control, collectives: see accelkit/_process_api.py (ProcessAPI).
+    # Who this process is (AcceleratorState), process control, collectives (accelkit.ops).
 
-    # ===== training: methods =====
-    # Preparing objects. What each kind becomes is documented in accelkit.training/data/optim.
+    @property
+    def device(self) -> torch.device:
+        """The device this process computes on."""
+        return self.state.device
 
-    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
-        """Prepare models, optimizers, schedulers and dataloaders; return them in the same order.
+    @property
+    def distributed_type(self) -> DistributedType:
+        """How processes are connected (``NO``, ``MULTI_CPU``, ``MULTI_GPU``, ``FSDP``)."""
+        return self._processes.distributed_type
 
-        Models go to :attr:`device` (wrapped in ``DistributedDataParallel`` on several processes,
-        forward under autocast with mixed precision); optimizers and schedulers are wrapped to
-        follow gradient accumulation and the fp16 scaler; dataloaders are sharded across
-        processes. Other objects are returned unchanged, as in the reference, except objects that
-        are almost surely a mistake (a ``Dataset``/``Sampler``, a class, a list holding models
-        or optimizers), which raise ``TypeError`` naming their type and the fix.
+    @property
+    def num_processes(self) -> int:
+        """Total number of processes in the run."""
+        return self.state.num_processes
 
-        Args:
-            *args: the objects.
-            device_placement: one bool per object overriding ``Accelerator(device_placement=)``.
+    @property
+    def process_index(self) -> int:
+        """Global index of this process."""
+        return self.state.process_index
 
-        Returns:
-            The prepared object, or a tuple of them in the order given.
-        """
-        result = _training.prepare_all(args, device_placement, self._prepare_one)
-        return result[0] if len(result) == 1 else result
+    @property
+    def local_process_index(self) -> int:
+        """Index of this process on its machine."""
+        return self.state.local_process_index
 
-    def _prepare_one(self, obj: Any, placement: bool | None) -> Any:
-        if isinstance(obj, torch.utils.data.DataLoader):
-            return self.prepare_data_loader(obj, device_placement=placement)
-        if isinstance(obj, torch.nn.Module):
-            return self.prepare_model(obj, device_placement=placement)
-        if isinstance(obj, torch.optim.Optimizer):
-            return self.prepare_optimizer(obj, device_placement=placement)
-        if _training.is_scheduler(obj):
-            return self.prepare_scheduler(obj)
-        return obj
+    @property
+    def is_main_process(self) -> bool:
+        """True once across all machines."""
+        return self.state.is_main_process
 
-    def prepare_model(
-        self,
-        model: torch.nn.Module,
-        device_placement: bool | None = None,
-        evaluation_mode: bool = False,
-    ) -> torch.nn.Module:
-        """Prepare one model (see :meth:`prepare`); ``evaluation_mode`` skips the DDP wrap."""
-        if self._fsdp is not None:  # shard; re-point optimizers prepared before the model
-            model = self._fsdp.prepare_model(model, self._optimizers)
-            return _training.register(self._models, model)
-        place = self.device_placement if device_placement is None else device_placement
-        model = _training.prepare_model(
-            model,
-            device=self.device if place else None,
-            mixed_precision=self.mixed_precision,
-            distributed=self.use_distributed,
-            evaluation_mode=evaluation_mode,
-            ddp_kwargs=self._ddp_kwargs,
-        )
-        if self._ddp_handler is not None:
-            self._ddp_handler.register_comm_hook(model)
-        model = _dynamo.compile_model(model, self.dynamo_plugin)
-        return _training.register(self._models, model)
+    @property
+    def is_local_main_process(self) -> bool:
+        """True once per machine."""
+        return self.state.is_local_main_process
 
-    def prepare_optimizer(
-        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
-    ) -> _optim.AcceleratedOptimizer:
-        """Wrap one optimizer in an :class:`~accelkit.optim.AcceleratedOptimizer`."""
-        if self._fsdp is not None:
-            self._fsdp.prepare_optimizer(optimizer)
-        if not isinstance(optimizer, _optim.AcceleratedOptimizer):
-            place = self.device_placement if device_placement is None else device_placement
-            optimizer = _optim.AcceleratedOptimizer(
-                optimizer, self.gradient_state, self.scaler, self.device if place else None
-            )
-        return _training.register(self._optimizers, optimizer)
+    @property
+    def is_last_process(self) -> bool:
+        """True on the process of the highest index."""
+        return self.state.is_last_process
 
-    def prepare_scheduler(self, scheduler: Any) -> _optim.AcceleratedScheduler:
-        """Wrap one scheduler in an :class:`~accelkit.optim.AcceleratedScheduler`."""
-        if not isinstance(scheduler, _optim.AcceleratedScheduler):
-            scheduler = _optim.AcceleratedScheduler(
-                scheduler,
-                _training.optimizers_of(scheduler, self._optimizers),
-                self.gradient_state,
-                step_with_optimizer=self.step_scheduler_with_optimizer,
-                split_batches=self.dataloader_config.split_batches,
-                num_processes=self.num_processes,
-            )
-        return _training.register(self._schedulers, scheduler)
+    @property
+    def use_distributed(self) -> bool:
+        """Whether more than one process takes part."""
+        return self.state.use_distributed
 
-    def prepare_data_loader(
-        self,
-        data_loader: torch.utils.data.DataLoader[Any],
-        device_placement: bool | None = None,
-        slice_fn_for_dispatch: Any = None,
-    ) -> Any:
-        """Shard one dataloader for this process (see :mod:`accelkit.data`).
+    print = forward(Processes.print, _processes_part)
+    wait_for_everyone = forward(Processes.wait_for_everyone, _processes_part)
+    main_process_first = forward(Processes.main_process_first, _processes_part)
+    local_main_process_first = forward(Processes.local_main_process_first, _processes_part)
+    on_main_process = forward(Processes.on_main_process, _processes_part)
+    on_local_main_process = forward(Processes.on_local_main_process, _processes_part)
+    on_last_process = forward(Processes.on_last_process, _processes_part)
+    on_process = forward(Processes.on_process, _processes_part)
+    on_local_process = forward(Processes.on_local_process, _processes_part)
+    split_between_processes = forward(Processes.split_between_processes, _processes_part)
+    set_trigger = forward(Processes.set_trigger, _processes_part)
+    check_trigger = forward(Processes.check_trigger, _processes_part)
+    gather = forward(Processes.gather, _processes_part)
+    reduce = forward(Processes.reduce, _processes_part)
+    pad_across_processes = forward(Processes.pad_across_processes, _processes_part)
 
-        ``slice_fn_for_dispatch`` belongs to ``dispatch_batches=True``, which accelkit refuses;
-        it must stay None.
-        """
-        if slice_fn_for_dispatch is not None:
-            raise ValueError(
-                "slice_fn_for_dispatch is only used with dispatch_batches=True, which accelkit "
-                "does not support (each process reads its own share); remove the argument."
-            )
-        place = self.device_placement if device_placement is None else device_placement
-        loader = _data.prepare_data_loader(
-            data_loader,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
-            device=self.device if place else None,
-            config=self.dataloader_config,
-            gradient_state=self.gradient_state,
-        )
-        return _training.register(self._dataloaders, loader)
+    # Preparing objects and the step (Training). What each kind becomes is documented in
+    # accelkit.training/data/optim.
 
-    # The step: backward, accumulation, mixed precision.
+    prepare = forward(Training.prepare, _training_part)
+    prepare_model = forward(Training.prepare_model, _training_part)
+    prepare_optimizer = forward(Training.prepare_optimizer, _training_part)
+    prepare_scheduler = forward(Training.prepare_scheduler, _training_part)
+    prepare_data_loader = forward(Training.prepare_data_loader, _training_part)
+    backward = forward(Training.backward, _training_part)
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``loss.backward()``, divided by the accumulation steps and scaled in fp16."""
-        steps = self.gradient_state.num_steps
-        if steps > 1:
-            loss = loss / steps
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+    @property
+    def device_placement(self) -> bool:
+        """Whether ``prepare`` moves models and batches to :attr:`device` by default."""
+        return self._training.device_placement
+
+    @device_placement.setter
+    def device_placement(self, value: bool) -> None:
+        self._training.device_placement = value
+
+    @property
+    def step_scheduler_with_optimizer(self) -> bool:
+        """Whether schedulers prepared from now on step together with the optimizer."""
+        return self._training.step_scheduler_with_optimizer
+
+    @step_scheduler_with_optimizer.setter
+    def step_scheduler_with_optimizer(self, value: bool) -> None:
+        self._training.step_scheduler_with_optimizer = value
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The fp16 loss scaler (None otherwise); saved and restored with the checkpoint."""
+        return self._prepared.scaler
+
+    @scaler.setter
+    def scaler(self, value: torch.amp.GradScaler | None) -> None:
+        self._prepared.scaler = value
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -319,120 +336,102 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
     @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped for inf/NaN fp16 gradients."""
-        return any(opt.step_was_skipped for opt in self._optimizers)
+        return any(opt.step_was_skipped for opt in self._prepared.optimizers)
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
-        """Run one micro-step: gradients sync only on every ``gradient_accumulation_steps``-th
-        one and on the last batch of the dataloader (see :attr:`sync_gradients`)."""
-        state = self.gradient_state
-        if state.begin_micro_step() or state.plugin.sync_each_batch or not models:
-            yield
-            return
-        with contextlib.ExitStack() as stack:
-            for model in models:
-                stack.enter_context(_training.no_sync(model))
-            yield
-
-    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
-        """Skip DDP's gradient all-reduce inside the block (a null context without DDP)."""
-        return _training.no_sync(model)
-
-    def trigger_sync_in_backward(
-        self, model: torch.nn.Module
-    ) -> contextlib.AbstractContextManager[None]:
-        """Make the next backward all-reduce although it runs after forwards under no_sync."""
-        return _training.trigger_sync_in_backward(model)
-
-    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager[Any]:
-        """Autocast the block to the mixed-precision dtype (a null context for ``"no"``).
-
-        Args:
-            autocast_handler: an object with ``to_kwargs()`` (or a dict) of ``torch.autocast``
-                overrides, e.g. ``{"enabled": False}`` to return to fp32 inside the block.
-        """
-        kwargs = _training.handler_kwargs(autocast_handler)
-        return _precision.autocast_context(self.mixed_precision, self.device, **kwargs)
-
-    def unscale_gradients(self, optimizer: Any = None) -> None:
-        """Divide fp16 gradients by the loss scale (once per step; a no-op otherwise)."""
-        targets = self._optimizers if optimizer is None else _training.as_list(optimizer)
-        _training.unscale_gradients(targets, self._optimizers, self.gradient_state)
-
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
-        """``torch.nn.utils.clip_grad_norm_`` after unscaling; returns the total norm.
-
-        With fp16 on a micro-step that still accumulates, nothing is clipped and None is
-        returned (see :func:`accelkit.training.unscale_and_clip`).
-        """
-        return _training.unscale_and_clip(
-            lambda: _fsdp.clip_grad_norm_(parameters, max_norm, norm_type=norm_type),
-            self._optimizers,
-            self.gradient_state,
-            self.scaler,
-        )
-
-    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
-        """``torch.nn.utils.clip_grad_value_`` after unscaling."""
-        _training.unscale_and_clip(
-            lambda: torch.nn.utils.clip_grad_value_(parameters, clip_value),
-            self._optimizers,
-            self.gradient_state,
-            self.scaler,
-        )
+    accumulate = forward(Training.accumulate, _training_part)
+    no_sync = forward(Training.no_sync, _training_part)
+    trigger_sync_in_backward = forward(Training.trigger_sync_in_backward, _training_part)
+    autocast = forward(Training.autocast, _training_part)
+    unscale_gradients = forward(Training.unscale_gradients, _training_part)
+    clip_grad_norm_ = forward(Training.clip_grad_norm_, _training_part)
+    clip_grad_value_ = forward(Training.clip_grad_value_, _training_part)
 
     # Evaluation, resuming, cleanup.
 
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather from all processes, dropping the samples padding added to the last batch."""
-        return _training.gather_for_metrics(input_data, self.gradient_state, use_gather_object)
+    gather_for_metrics = forward(Training.gather_for_metrics, _training_part)
+    skip_first_batches = forward(Training.skip_first_batches, _training_part)
+    unwrap_model = forward(Training.unwrap_model, _training_part)
+    get_state_dict = forward(Training.get_state_dict, _training_part)
+    join_uneven_inputs = forward(Training.join_uneven_inputs, _training_part)
+    free_memory = forward(Training.free_memory, _training_part)
+    clear = forward(Training.clear, _training_part)
 
-    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """A loader leaving out the first ``num_batches`` batches (see :mod:`accelkit.data`)."""
-        return _data.skip_first_batches(dataloader, num_batches)
+    # Saving and loading (Checkpointing).
 
-    def unwrap_model(
+    @property
+    def project_dir(self) -> str | None:
+        """Root folder (or fsspec URL) for logs and checkpoints."""
+        return self._checkpointing.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """Folder for trackers' logs."""
+        return self._checkpointing.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """Number of the next automatically named checkpoint."""
+        return self._checkpointing.save_iteration
+
+    @overload
+    def save_state(
         self,
-        model: torch.nn.Module,
-        keep_fp32_wrapper: bool = True,
-        keep_torch_compile: bool = True,
-    ) -> torch.nn.Module:
-        """The model without the DDP (and optionally autocast/compile) wrappers of prepare."""
-        return _training.unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
+        output_dir: str | None = ...,
+        safe_serialization: bool = ...,
+        *,
+        async_save: Literal[True],
+        **kwargs: Any,
+    ) -> AsyncCheckpoint: ...
 
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, Any]:
-        """The model's state dict (without the ``module.`` prefix of DDP when ``unwrap``)."""
-        # A sharded (FSDP) model: a collective; full tensors on the main process, {} elsewhere.
-        return _fsdp.get_state_dict(self.unwrap_model(model) if unwrap else model)
+    @overload
+    def save_state(
+        self,
+        output_dir: str | None = ...,
+        safe_serialization: bool = ...,
+        *,
+        async_save: Literal[False],
+        **kwargs: Any,
+    ) -> str: ...
 
-    def join_uneven_inputs(
-        self, joinables: list[Any], even_batches: bool | None = None
-    ) -> contextlib.AbstractContextManager[None]:
-        """Train on processes with different batch counts (``torch.distributed`` ``Join``)."""
-        return _training.join_uneven_inputs(
-            joinables, self._dataloaders, even_batches, self._joined_by_ddp
+    @overload
+    def save_state(
+        self,
+        output_dir: str | None = ...,
+        safe_serialization: bool = ...,
+        *,
+        async_save: None = ...,
+        **kwargs: Any,
+    ) -> Any: ...
+
+    @documented_by(Checkpointing.save_state)
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        *,
+        async_save: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        return self._checkpointing.save_state(
+            output_dir, safe_serialization, async_save=async_save, **kwargs
         )
 
-    def free_memory(self, *objects: Any) -> Any:
-        """Forget every prepared object, reset :attr:`step`, and release cached memory.
+    wait_for_checkpoints = forward(Checkpointing.wait_for_checkpoints, _checkpointing_part)
+    load_state = forward(Checkpointing.load_state, _checkpointing_part)
+    register_for_checkpointing = forward(
+        Checkpointing.register_for_checkpointing, _checkpointing_part
+    )
+    register_save_state_pre_hook = forward(
+        Checkpointing.register_save_state_pre_hook, _checkpointing_part
+    )
+    register_load_state_pre_hook = forward(
+        Checkpointing.register_load_state_pre_hook, _checkpointing_part
+    )
+    save = forward(Checkpointing.save, _checkpointing_part)
+    save_model = forward(Checkpointing.save_model, _checkpointing_part)
 
-        Returns:
-            None for each object passed (assign them back to drop your references).
-        """
-        for registry in (self._models, self._optimizers, self._schedulers, self._dataloaders):
-            registry.clear()
-        self.gradient_state.reset()
-        return _training.release_memory(len(objects))
+    # Experiment tracking (TrackerHub).
 
-    def clear(self, *objects: Any) -> Any:
-        """Alias of :meth:`free_memory`."""
-        return self.free_memory(*objects)
-
-    # ===== end training: methods =====
-
-    # Saving and loading: see accelkit/_checkpointing_api.py (CheckpointingAPI).
-
-    # ===== tracking: methods =====
     @property
     def trackers(self) -> list[GeneralTracker]:
         """The started trackers of this process (none on other processes than the main one)."""
@@ -485,11 +484,97 @@ class Accelerator(ProcessAPI, CompatAPI, CheckpointingAPI):
         """
         return self._trackers.get(name, unwrap=unwrap)
 
-    # ===== end tracking: methods =====
-
     def end_training(self) -> None:
         """Finish every tracker and wait for pending saves; call once at the end of the script."""
-        # ===== end_training hooks =====
         self._trackers.finish()
         self._checkpoints.wait()
-        # ===== end end_training hooks =====
+
+    # The reference's settings views (Settings); constants for what accelkit leaves out.
+
+    @property
+    def split_batches(self) -> bool:
+        """Whether each batch is split across processes (``DataLoaderConfiguration``)."""
+        return self._settings.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether every process gets the same number of batches."""
+        return self._settings.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self._settings.even_batches = value
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """Whether the main process reads and dispatches batches (always off in accelkit)."""
+        return self._settings.dispatch_batches
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether prepared dataloaders are torchdata ``StatefulDataLoader`` s."""
+        return self._settings.use_stateful_dataloader
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """The ``DataLoaderConfiguration.use_seedable_sampler`` setting."""
+        return self._settings.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether batches are copied to the device asynchronously."""
+        return self._settings.non_blocking
+
+    @property
+    def log_with(self) -> list[Any]:
+        """The trackers asked for in ``Accelerator(log_with=...)``, as a list."""
+        return self._settings.log_with
+
+    @property
+    def native_amp(self) -> bool:
+        """Whether ``torch.autocast`` mixed precision is on."""
+        return self._settings.native_amp
+
+    @property
+    def use_fp16(self) -> bool:
+        """Whether ``mixed_precision`` is ``"fp16"``."""
+        return self._settings.use_fp16
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when models are sharded with FSDP (always FSDP2 in accelkit)."""
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def multi_device(self) -> bool:
+        """Whether several GPUs take part (``MULTI_GPU``)."""
+        return self._settings.multi_device
+
+    profile = forward(Settings.profile, _settings_part)
+
+    @property
+    def deepspeed_plugin(self) -> None:
+        """Always None: DeepSpeed is out of accelkit's scope."""
+        return None
+
+    @property
+    def should_save_model(self) -> bool:
+        """Whether this process writes model files (always True: saves are collective and the
+        checkpoint layer picks the writer)."""
+        return True
+
+    @property
+    def torch_device_mesh(self) -> None:
+        """Always None: no ``ParallelismConfig`` device mesh (tensor/context parallelism is out
+        of scope; FSDP builds its own mesh)."""
+        return None
+
+    @property
+    def parallelism_config(self) -> None:
+        """Always None: ``ParallelismConfig`` is out of accelkit's scope."""
+        return None
+
+    @property
+    def fp8_backend(self) -> None:
+        """Always None: FP8 training is out of accelkit's scope."""
+        return None
