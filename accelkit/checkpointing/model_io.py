@@ -400,14 +400,59 @@ def check_model_keys(
         )
 
 
+def _refuse_out_of_scope(**options: tuple[Any, Any]) -> None:
+    for name, (value, allowed) in options.items():
+        if value != allowed:
+            raise ValueError(
+                f"load_checkpoint_in_model({name}={value!r}) is not supported: big-model "
+                "inference (offloading, 8-bit loading, rank-0 broadcast, sharded state) is out of "
+                f"accelkit's scope. Leave {name}={allowed!r}; sharded (FSDP) state is restored "
+                "by accelerator.load_state."
+            )
+
+
+def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype; pass e.g. torch.bfloat16.")
+    return value
+
+
+def _convert_floats(model: torch.nn.Module, dtype: torch.dtype, keep_fp32: list[str]) -> None:
+    """Put the model's floating-point parameters and buffers in ``dtype`` (``float32`` under
+    the modules named in ``keep_fp32``), as the reference does before loading with ``dtype``."""
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        kept = any(k in parts or name == k or name.startswith(k + ".") for k in keep_fp32)
+        target = torch.float32 if kept else dtype
+        for tensors in (module._parameters, module._buffers):
+            for tensor in tensors.values():
+                if tensor is not None and tensor.is_floating_point() and tensor.dtype != target:
+                    tensor.data = tensor.data.to(target)
+
+
 def load_checkpoint_in_model(
     model: torch.nn.Module,
     checkpoint: str,
     device_map: Any = None,
+    offload_folder: str | None = None,
+    dtype: str | torch.dtype | None = None,
+    offload_state_dict: bool = False,
+    offload_buffers: bool = False,
+    keep_in_fp32_modules: list[str] | None = None,
+    offload_8bit_bnb: bool = False,
     strict: bool = True,
+    full_state_dict: bool = True,
+    broadcast_from_rank0: bool = False,
+    *,
     storage_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Load weights from a safetensors file, a folder, or a ``*.index.json`` into ``model``.
+
+    The parameters are Accelerate's, in its order. Unlike the reference, ``strict`` defaults
+    to ``True``: the reference silently keeps random weights for keys the checkpoint lacks.
 
     Args:
         model: the model to fill.
@@ -415,15 +460,38 @@ def load_checkpoint_in_model(
             index, or an index file; local or fsspec URL.
         device_map: ``None`` (keep each parameter's device), a device, or a mapping of module
             name prefixes to devices (``{"": "cuda:0"}``); modules are moved there first.
-        strict: refuse missing or unexpected keys (the reference silently keeps random
-            weights for missing ones).
+        offload_folder: offloading to disk is out of scope; must be ``None``.
+        dtype: convert the model's floating-point parameters and buffers to this dtype (a
+            ``torch.dtype`` or its name, ``"bfloat16"``) before loading into them.
+        offload_state_dict: out of scope; must be ``False``.
+        offload_buffers: out of scope; must be ``False``.
+        keep_in_fp32_modules: with ``dtype``, modules kept in ``float32``: a name matches a
+            module whose dotted path has it as a component (``"lm_head"``) or prefix.
+        offload_8bit_bnb: out of scope; must be ``False``.
+        strict: refuse missing or unexpected keys.
+        full_state_dict: the checkpoint holds full tensors (the only kind this loads); must be
+            ``True`` (sharded state is loaded by ``load_state``).
+        broadcast_from_rank0: out of scope (every process reads the file); must be ``False``.
         storage_options: fsspec options for a URL.
 
     Raises:
         CorruptCheckpointError: for missing shards, an index whose file names leave its
             folder, or damaged files.
-        CheckpointMismatchError: for keys or shapes that do not match (with ``strict``).
+        CheckpointMismatchError: for keys or shapes that do not match (with ``strict``), or a
+            stored tensor whose kind (float, int, bool) differs from the model's.
+        ValueError: for an out-of-scope option (offloading, 8-bit, broadcasting) or a bad
+            ``dtype``.
     """
+    _refuse_out_of_scope(
+        offload_folder=(offload_folder, None),
+        offload_state_dict=(offload_state_dict, False),
+        offload_buffers=(offload_buffers, False),
+        offload_8bit_bnb=(offload_8bit_bnb, False),
+        full_state_dict=(full_state_dict, True),
+        broadcast_from_rank0=(broadcast_from_rank0, False),
+    )
+    if dtype is not None:
+        _convert_floats(model, _as_dtype(dtype), keep_in_fp32_modules or [])
     storage = get_storage(checkpoint, storage_options)
     if storage.isdir(checkpoint):
         storage = confine(storage, checkpoint)  # no link inside the folder is followed

@@ -175,3 +175,32 @@ def test_index_through_a_symlinked_folder_is_refused(tmp_path: Any) -> None:
     index_path.write_text(json.dumps(index))
     with pytest.raises(CorruptCheckpointError, match="symbolic link"):
         load_checkpoint_in_model(_fresh(2), str(index_path))
+
+
+def test_load_checkpoint_in_model_takes_accelerates_dtype_and_refuses_offloading(
+    tmp_path: Any,
+) -> None:
+    torch.manual_seed(0)
+    source = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    save_model(source, str(tmp_path))
+    target = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    # Positionally, as Accelerate's signature has it: device_map, offload_folder, dtype.
+    load_checkpoint_in_model(
+        target, str(tmp_path), None, None, torch.bfloat16, keep_in_fp32_modules=["1"]
+    )
+    assert target[0].weight.dtype == torch.bfloat16
+    assert target[1].weight.dtype == torch.float32  # kept in float32
+    assert torch.equal(target[0].weight, source[0].weight.to(torch.bfloat16))
+    assert torch.equal(target[1].weight, source[1].weight)
+    for option in (
+        {"offload_folder": str(tmp_path / "off")},
+        {"offload_state_dict": True},
+        {"offload_8bit_bnb": True},
+        {"broadcast_from_rank0": True},
+        {"full_state_dict": False},
+    ):
+        name = next(iter(option))
+        with pytest.raises(ValueError, match=rf"{name}=.*out of accelkit's scope"):
+            load_checkpoint_in_model(target, str(tmp_path), **option)
+    with pytest.raises(ValueError, match="not a torch dtype"):
+        load_checkpoint_in_model(target, str(tmp_path), dtype="float99")

@@ -69,13 +69,6 @@ _FSDP1 = (
     "(sharding_strategy, backward_prefetch, use_orig_params, limit_all_gathers, ...) and its "
     "parameter order are absent"
 )
-_LOAD_CHECKPOINT = (
-    "checkpointing (accelkit/checkpointing/model_io.py): load_checkpoint_in_model lacks the "
-    "reference's parameters after device_map (offload_folder, dtype, offload_state_dict, "
-    "offload_buffers, keep_in_fp32_modules, offload_8bit_bnb, full_state_dict, "
-    "broadcast_from_rank0; the offload ones are out of scope and should be refused by name) and "
-    "its parameter order; the reference's default is strict=False"
-)
 _NOTEBOOK = (
     "launcher (accelkit/launch.py): notebook_launcher lacks node_rank, num_nodes, rdzv_backend, "
     "rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, "
@@ -108,8 +101,6 @@ KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
     ),
     ("accelerate", "FullyShardedDataParallelPlugin"): _FSDP1,
     ("accelerate.utils", "FullyShardedDataParallelPlugin"): _FSDP1,
-    ("accelerate", "load_checkpoint_in_model"): _LOAD_CHECKPOINT,
-    ("accelerate.utils", "load_checkpoint_in_model"): _LOAD_CHECKPOINT,
     ("accelerate", "notebook_launcher"): _NOTEBOOK,
 }
 
