@@ -221,6 +221,42 @@ def _check_optimizer(optimizer: Any, state: Any, source: str) -> None:
             f"current one has {current}. Build the optimizer over the same parameters as when "
             "it was saved."
         )
+    _check_state_tensors(optimizer, state, source)
+
+
+def _kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    return "float" if dtype.is_floating_point or dtype.is_complex else "int"
+
+
+def _check_state_tensors(optimizer: Any, state: Any, source: str) -> None:
+    """A stored per-parameter state tensor shaped like its parameter (Adam's moments, SGD's
+    momentum) must be of the parameter's kind: torch casts float to float on load, but integer
+    bytes relabelled from floats would be kept as integers and break the next step."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    params = [p for group in inner.param_groups for p in group["params"]]
+    ids = [i for group in state["param_groups"] for i in group["params"]]
+    by_id = dict(zip(ids, params))
+    stored = state.get("state")
+    if not isinstance(stored, dict):
+        return
+    for pid, values in stored.items():
+        param = by_id.get(pid)
+        if param is None or not isinstance(values, dict):
+            continue
+        for key, value in values.items():
+            if (
+                key != "step"
+                and isinstance(value, torch.Tensor)
+                and tuple(value.shape) == tuple(param.shape)
+                and _kind(value.dtype) != _kind(param.dtype)
+            ):
+                raise CheckpointMismatchError(
+                    f"{source}: state {key!r} of parameter {pid} is stored as {value.dtype} but "
+                    f"the parameter is {param.dtype}; the file was written for another model or "
+                    "was altered. Load a checkpoint saved from this model."
+                )
 
 
 def read_contents(

@@ -213,6 +213,18 @@ def test_a_relabelled_dtype_is_refused_naming_both(project: Path, tmp_path: Path
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_relabelled_optimizer_moment_is_refused_naming_both(project: Path) -> None:
+    folder = _copy(project, "relabelled-moment")
+    header, data = _split(folder / "optimizer.safetensors")
+    moments = [n for n, e in header.items() if n != "__metadata__" and len(e["shape"]) == 2]
+    assert moments, header  # AdamW's exp_avg/exp_avg_sq of the weight matrices
+    header[moments[0]]["dtype"] = "I32"  # same bytes, read as integers
+    (folder / "optimizer.safetensors").write_bytes(_join(header, data))
+    _resign(folder)
+    error = _refused(project, folder, "optimizer.json", "int32", "float32")
+    assert isinstance(error, CheckpointMismatchError), error
+
+
 _SHAPES = {"2e63-by-0": [2**63, 0], "2e62-4-0": [2**62, 4, 0], "minus-one": [-1], "2e64": [2**64]}
 
 
