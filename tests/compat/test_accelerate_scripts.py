@@ -44,15 +44,6 @@ LAST_HEADING = {
     "test_ddp_comm_hook.py": "Test DDP comm hook: DDPCommunicationHookType.BATCHED_POWER_SGD",
 }
 
-_DATA_LOADER = (
-    "data loading: `from accelkit.data_loader import SeedableRandomSampler, "
-    "prepare_data_loader` fails (no accelkit/data_loader.py). With a stand-in, training_check "
-    "fails: a prepared DataLoader(shuffle=True, generator=g) does not draw the user's generator's "
-    "order (1 process: a=1.7578 vs 1.7558 for the unprepared loader), "
-    "SeedableRandomSampler(generator=, data_source=, num_samples=) is refused (TypeError), and "
-    "central_dl_preparation_check needs prepare_data_loader(dl, device, num_processes, "
-    "process_index, put_on_device=, split_batches=, dispatch_batches=True)"
-)
 _NOTEBOOK = (
     "launcher: notebook_launcher (accelkit/launch.py) lacks the reference's rdzv_backend, "
     "max_restarts and monitor_interval keywords (TypeError in test_static_rdzv_backend); "
@@ -60,17 +51,16 @@ _NOTEBOOK = (
     "torch's ChildFailedError and stop the other workers"
 )
 KNOWN_FAILURES = {
-    ("test_script.py", 1): _DATA_LOADER,
-    ("test_script.py", 2): _DATA_LOADER,
     ("test_distributed_data_loop.py", 2): (
-        "test_pickle_accelerator: pickle.dumps(accelerator) fails on a prepared loader "
-        "(accelkit/data.py: local closure prepare_data_loader.<locals>.build_map) and on "
-        "TrackerHub's _thread.lock (accelkit/trackers/hub.py); test_data_loader with "
-        "DataLoader(sampler=BatchSampler(...), batch_size=None, num_workers=4) gives the two "
-        "ranks batches of different sizes, so gather_for_metrics aborts (gloo size mismatch); "
-        "_test_stateful_dataloader_save_state_resume saves into a different "
-        "tempfile.TemporaryDirectory on each rank and load_state on rank 1 raises CheckpointError "
-        "(no accelkit.json there: checkpointing)"
+        "trackers and checkpointing: test_pickle_accelerator: pickle.dumps(accelerator) raises "
+        "TypeError: cannot pickle '_thread.lock' object (TrackerHub's lock, "
+        "accelkit/trackers/hub.py; the prepared dataloaders pickle); "
+        "_test_stateful_dataloader_save_state_resume calls save_state/load_state with a "
+        "different tempfile.TemporaryDirectory on each rank: the main process commits one "
+        "accelkit.json listing every rank's files, so load_state raises CorruptCheckpointError "
+        "on rank 0 (random_states_1.json/.safetensors listed in the manifest, missing: rank 1 "
+        "wrote them into its own folder) and CheckpointError on rank 1 (a foreign folder: no "
+        "accelkit.json nor .accelkit-save.json)"
     ),
     ("test_notebook.py", 1): _NOTEBOOK,
     ("test_notebook.py", 2): _NOTEBOOK,
