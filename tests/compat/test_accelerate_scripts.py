@@ -44,11 +44,11 @@ LAST_HEADING = {
     "test_ddp_comm_hook.py": "Test DDP comm hook: DDPCommunicationHookType.BATCHED_POWER_SGD",
 }
 
-_NOTEBOOK = (
-    "launcher: notebook_launcher (accelkit/launch.py) lacks the reference's rdzv_backend, "
-    "max_restarts and monitor_interval keywords (TypeError in test_static_rdzv_backend); "
-    "test_fault_tolerant needs restarts and test_monitoring needs a worker failure to raise "
-    "torch's ChildFailedError and stop the other workers"
+_NOTEBOOK_ONE = (
+    "fails under Accelerate too: main() ignores the script's require_multi_process pytest mark, "
+    "so test_monitoring also runs on 1 process, where notebook_launcher calls the function in "
+    "this process (as the reference does) and its RuntimeError is not a ChildFailedError; "
+    "Accelerate's CI runs this script on multi-device machines only"
 )
 KNOWN_FAILURES = {
     ("test_distributed_data_loop.py", 2): (
@@ -62,8 +62,7 @@ KNOWN_FAILURES = {
         "wrote them into its own folder) and CheckpointError on rank 1 (a foreign folder: no "
         "accelkit.json nor .accelkit-save.json)"
     ),
-    ("test_notebook.py", 1): _NOTEBOOK,
-    ("test_notebook.py", 2): _NOTEBOOK,
+    ("test_notebook.py", 1): _NOTEBOOK_ONE,
 }
 
 CASES = [

@@ -76,12 +76,6 @@ _LOAD_CHECKPOINT = (
     "broadcast_from_rank0; the offload ones are out of scope and should be refused by name) and "
     "its parameter order; the reference's default is strict=False"
 )
-_NOTEBOOK = (
-    "launcher (accelkit/launch.py): notebook_launcher lacks node_rank, num_nodes, rdzv_backend, "
-    "rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, "
-    "log_line_prefix_template (and takes cpu/start_method in their positions)"
-)
-
 # (where, name) -> why it differs today; each is a strict xfail, so fixing it flips the test.
 KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
     **{
@@ -110,7 +104,6 @@ KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
     ("accelerate.utils", "FullyShardedDataParallelPlugin"): _FSDP1,
     ("accelerate", "load_checkpoint_in_model"): _LOAD_CHECKPOINT,
     ("accelerate.utils", "load_checkpoint_in_model"): _LOAD_CHECKPOINT,
-    ("accelerate", "notebook_launcher"): _NOTEBOOK,
 }
 
 
