@@ -59,11 +59,6 @@ NOT_PROVIDED: dict[str, str] = {
 }
 OUT_OF_SCOPE = {**REFUSED, **NOT_PROVIDED}
 
-_FSDP1 = (
-    "FSDP: accelkit's plugin is FSDP2-only (fully_shard); the reference's FSDP1 options "
-    "(sharding_strategy, backward_prefetch, use_orig_params, limit_all_gathers, ...) and its "
-    "parameter order are absent"
-)
 _LOAD_CHECKPOINT = (
     "checkpointing (accelkit/checkpointing/model_io.py): load_checkpoint_in_model lacks the "
     "reference's parameters after device_map (offload_folder, dtype, offload_state_dict, "
@@ -74,8 +69,6 @@ _LOAD_CHECKPOINT = (
 
 # (where, name) -> why it differs today; each is a strict xfail, so fixing it flips the test.
 KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
-    ("accelerate", "FullyShardedDataParallelPlugin"): _FSDP1,
-    ("accelerate.utils", "FullyShardedDataParallelPlugin"): _FSDP1,
     ("accelerate", "load_checkpoint_in_model"): _LOAD_CHECKPOINT,
     ("accelerate.utils", "load_checkpoint_in_model"): _LOAD_CHECKPOINT,
 }
