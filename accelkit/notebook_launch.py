@@ -116,7 +116,8 @@ def notebook_launcher(
         node_rank: this node's index.
         num_nodes: nodes in the run (start ``notebook_launcher`` on each).
         rdzv_backend: torch's rendezvous: ``"static"`` (node ranks given) or ``"c10d"``.
-        rdzv_endpoint: the rendezvous ``host:port`` (static default: ``master_addr:use_port``).
+        rdzv_endpoint: the rendezvous ``host:port`` (default: ``master_addr:use_port``, for
+            every backend; the reference leaves c10d's to torch, which picks port 29400).
         rdzv_conf: extra rendezvous settings (not modified).
         rdzv_id: the run's id, shared by its nodes.
         max_restarts: how many times the agent restarts all workers after a failure.
@@ -157,10 +158,11 @@ def notebook_launcher(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     configs = dict(rdzv_conf or {})
-    endpoint = rdzv_endpoint
     if rdzv_backend == "static":
         configs["rank"] = node_rank
-        endpoint = endpoint or f"{master_addr}:{port}"
+    # For every backend (the reference: static only; c10d then used torch's fixed
+    # localhost:29400), so that runs side by side on one machine do not collide.
+    endpoint = rdzv_endpoint or f"{master_addr}:{port}"
     config = LaunchConfig(
         min_nodes=num_nodes,
         max_nodes=num_nodes,

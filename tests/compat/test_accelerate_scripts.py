@@ -16,6 +16,7 @@ failures once fixed.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,10 +47,22 @@ LAST_HEADING = {
 
 _NOTEBOOK_ONE = (
     "fails under Accelerate too: main() ignores the script's require_multi_process pytest mark, "
-    "so test_monitoring also runs on 1 process, where notebook_launcher calls the function in "
-    "this process (as the reference does) and its RuntimeError is not a ChildFailedError; "
-    "Accelerate's CI runs this script on multi-device machines only"
+    "so test_fault_tolerant and test_monitoring also run on 1 process, where notebook_launcher "
+    "calls the function in this process (as the reference does): the functions' RuntimeErrors "
+    "are raised here, neither restarted nor a ChildFailedError. Accelerate's CI runs this "
+    "script on multi-device machines only"
 )
+# The reference's test_fault_tolerant races (Accelerate hangs there too, about 1 run in 3 on this
+# loaded machine): when one worker raises, the agent stops the other with SIGTERM, and if that
+# one is inside queue.get() the shared multiprocessing.Queue's lock stays held for good, so in the
+# next attempt one worker blocks on the queue while its peer waits for it in PartialState().
+# Restarts and monitoring are tested deterministically in tests/cli/test_launch.py.
+_FAULT_TOLERANT_RACE = (
+    "the reference's test_fault_tolerant hung on its known race (a worker stopped inside "
+    "queue.get() leaves the queue's lock held; the next attempt's workers wait on it and on "
+    "each other)"
+)
+TIMEOUT_S = {"test_notebook.py": 120}  # ~40 s when it passes
 KNOWN_FAILURES = {
     ("test_distributed_data_loop.py", 2): (
         "trackers and checkpointing: test_pickle_accelerator: pickle.dumps(accelerator) raises "
@@ -108,17 +121,50 @@ def _command(script: Path, processes: int) -> tuple[list[str], dict[str, str]]:
     return [*launch, str(processes), *device, str(script)], env
 
 
+def _run(
+    command: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> tuple[int | None, str, str]:
+    """Exit status (None on timeout), stdout and stderr; on timeout the whole process group
+    (launcher and workers) is killed, so no worker outlives the test."""
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, out, err
+    return proc.returncode, out, err
+
+
+def _last_heading(stdout: str) -> str:
+    headings = [line for line in stdout.splitlines() if line.startswith("Test ")]
+    return headings[-1] if headings else ""
+
+
 @pytest.mark.parametrize(("script", "processes"), [_param(*case) for case in CASES])
 def test_reference_script_runs_to_the_end(script: str, processes: int, tmp_path: Path) -> None:
     assert SCRIPTS is not None
     ported = port_script(SCRIPTS / script, tmp_path)
     command, env = _command(ported, processes)
-    result = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, f"{script} on {processes} process(es) failed:\n{output[-6000:]}"
-    assert LAST_HEADING[script] in result.stdout, f"{script} stopped early:\n{output[-6000:]}"
+    timeout = TIMEOUT_S.get(script, 280)
+    returncode, stdout, stderr = _run(command, tmp_path, env, timeout)
+    output = stdout + stderr
+    if returncode is None:
+        if script == "test_notebook.py" and _last_heading(stdout) == "Test fault tolerant":
+            pytest.xfail(_FAULT_TOLERANT_RACE)
+        pytest.fail(
+            f"{script} on {processes} process(es) timed out ({timeout} s):\n{output[-6000:]}"
+        )
+    assert returncode == 0, f"{script} on {processes} process(es) failed:\n{output[-6000:]}"
+    assert LAST_HEADING[script] in stdout, f"{script} stopped early:\n{output[-6000:]}"
 
 
 def test_porting_renames_imports_only(tmp_path: Path) -> None:
