@@ -30,7 +30,7 @@ _PUBLIC = {
     "FullyShardedDataParallelPlugin": "accelkit.fsdp",
     "DistributedType": "accelkit.state",
     "PrecisionType": "accelkit.state",
-    "notebook_launcher": "accelkit.launch",
+    "notebook_launcher": "accelkit.notebook_launch",
     "get_logger": "accelkit.logging",
     "ProjectConfiguration": "accelkit.checkpointing",
     "load_checkpoint_in_model": "accelkit.checkpointing",
@@ -104,8 +104,8 @@ if TYPE_CHECKING:
         GradScalerKwargs,
         InitProcessGroupKwargs,
     )
-    from accelkit.launch import notebook_launcher
     from accelkit.logging import get_logger
+    from accelkit.notebook_launch import notebook_launcher
     from accelkit.optim import GradientAccumulationPlugin
     from accelkit.profiling import ProfileKwargs
     from accelkit.random import set_seed, synchronize_rng_states

@@ -64,7 +64,7 @@ class Settings:
 
     @property
     def dispatch_batches(self) -> bool | None:
-        """Whether the main process reads and dispatches batches (always off in accelkit)."""
+        """Whether the main process reads and dispatches batches (None: for iterable datasets)."""
         return self.dataloader_config.dispatch_batches
 
     @property

@@ -166,14 +166,9 @@ class Training:
     ) -> Any:
         """Shard one dataloader for this process (see :mod:`accelkit.data`).
 
-        ``slice_fn_for_dispatch`` belongs to ``dispatch_batches=True``, which accelkit refuses;
-        it must stay None.
+        ``slice_fn_for_dispatch`` takes a process's part of a dispatched batch
+        (``dispatch_batches``; see :mod:`accelkit.dispatch`).
         """
-        if slice_fn_for_dispatch is not None:
-            raise ValueError(
-                "slice_fn_for_dispatch is only used with dispatch_batches=True, which accelkit "
-                "does not support (each process reads its own share); remove the argument."
-            )
         loader = _data.prepare_data_loader(
             data_loader,
             num_processes=self.processes.state.num_processes,
@@ -181,6 +176,7 @@ class Training:
             device=self._device(device_placement),
             config=self.dataloader_config,
             gradient_state=self.gradient_state,
+            slice_fn=slice_fn_for_dispatch,
         )
         return _training.register(self.prepared.dataloaders, loader)
 

@@ -15,6 +15,9 @@
 * moves each batch to the device;
 * looks one batch ahead so it knows, while the last batch is being used, that it is the last
   one (gradient accumulation synchronises there; ``gather_for_metrics`` drops the padding);
+* or, with ``dispatch_batches`` (by default for an ``IterableDataset`` placed on the device),
+  is read on the main process only, which sends every process its slice of each batch (see
+  :mod:`accelkit.dispatch`);
 * reports and restores its position with ``state_dict()``/``load_state_dict()``; a restored
   position applies to the next pass only, and :func:`skip_first_batches` replaces it rather
   than adding to it (see :mod:`accelkit.prepared`).
@@ -30,6 +33,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from accelkit import ops
+from accelkit.dispatch import Dispatch, SliceFn
 from accelkit.optim import GradientState
 from accelkit.prepared import PreparedDataLoader, Recipe, build, is_prepared, is_stateful
 from accelkit.sampling import (
@@ -61,8 +65,10 @@ class DataLoaderConfiguration:
         split_batches: split every batch across processes (the script's batch size is the
             global one and must divide by the number of processes) instead of giving each
             process batches of the script's size.
-        dispatch_batches: only ``None``/``False`` (every process reads its own share); fetching
-            on the main process and scattering is not supported.
+        dispatch_batches: True: the main process reads the dataloader and sends every process
+            its slice of each batch (see :mod:`accelkit.dispatch`); False: every process reads
+            its own share. None (the default, as in Accelerate): True for an
+            ``IterableDataset`` whose batches are placed on the device, else False.
         even_batches: give every process the same number of batches by completing the last
             round with samples from the start of the epoch. With False, processes may get
             different numbers of batches (use ``join_uneven_inputs`` when training).
@@ -79,9 +85,6 @@ class DataLoaderConfiguration:
             ``pin_memory=True``).
         use_stateful_dataloader: build on torchdata's ``StatefulDataLoader`` so that
             ``state_dict()`` also captures worker and dataset state.
-
-    Raises:
-        ValueError: for ``dispatch_batches=True``.
     """
 
     # Field order as in Accelerate, so positional arguments bind the same way.
@@ -92,13 +95,6 @@ class DataLoaderConfiguration:
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
-
-    def __post_init__(self) -> None:
-        if self.dispatch_batches:
-            raise ValueError(
-                "DataLoaderConfiguration(dispatch_batches=True) is not supported: every process "
-                "reads its own share of the data. Remove dispatch_batches (or set it to False)."
-            )
 
 
 def resolve_config(
@@ -195,6 +191,7 @@ def prepare_data_loader(
     device: torch.device | None = None,
     config: DataLoaderConfiguration | None = None,
     gradient_state: GradientState | None = None,
+    slice_fn: SliceFn | None = None,
 ) -> Any:
     """Shard ``dataloader`` for this process (see the module docstring).
 
@@ -205,13 +202,16 @@ def prepare_data_loader(
         device: where batches go (None: leave them where the collate function put them).
         config: sharding options.
         gradient_state: the accelerator's shared state (a private one if None).
+        slice_fn: with dispatching, ``slice_fn(batch, slice, process_index=, num_processes=)``
+            takes a process's part of a batch (default: slice every tensor).
 
     Returns:
         A :class:`PreparedDataLoader` (or its ``StatefulDataLoader`` variant).
 
     Raises:
         TypeError: if ``dataloader`` is not a ``DataLoader``.
-        ValueError: for ``split_batches`` with a batch size not divisible by ``num_processes``.
+        ValueError: for ``split_batches`` with a batch size not divisible by ``num_processes``;
+            for dispatching without a ``device`` or with ``use_stateful_dataloader``.
     """
     if is_prepared(dataloader):
         return dataloader
@@ -237,11 +237,88 @@ def prepare_data_loader(
         total_dataset_length=length,
         drop_last=dataloader.drop_last,
     )
-    if isinstance(dataset, IterableDataset):
+    if _dispatches(config, dataset, device, recipe.stateful):
+        recipe.dispatch = Dispatch(
+            num_processes,
+            process_index,
+            config.split_batches,
+            dataloader.drop_last,
+            device,
+            recipe.non_blocking,
+            slice_fn,
+        )
+        _dispatch_recipe(recipe, dataloader, config, num_processes)
+    elif isinstance(dataset, IterableDataset):
         _iterable_recipe(recipe, dataloader, config, num_processes, process_index)
     else:
         _map_recipe(recipe, dataloader, config, num_processes, process_index)
     return build(recipe)
+
+
+def _dispatches(
+    config: DataLoaderConfiguration, dataset: Any, device: torch.device | None, stateful: bool
+) -> bool:
+    """Whether the loader dispatches (``dispatch_batches``, resolving Accelerate's default).
+
+    Raises:
+        ValueError: for ``dispatch_batches=True`` without a device or with a stateful loader.
+    """
+    if config.dispatch_batches is None:
+        return device is not None and isinstance(dataset, IterableDataset) and not stateful
+    if not config.dispatch_batches:
+        return False
+    if device is None:
+        raise ValueError(
+            "dispatch_batches=True needs the batches placed on the device (the main process "
+            "broadcasts them there): use put_on_device=True / device_placement=True, or "
+            "dispatch_batches=False."
+        )
+    if stateful:
+        raise ValueError(
+            "dispatch_batches=True with a StatefulDataLoader (use_stateful_dataloader=True) is "
+            "not supported; use dispatch_batches=False, or a plain DataLoader."
+        )
+    return True
+
+
+def _dispatch_recipe(
+    recipe: Recipe,
+    dataloader: DataLoader[Any],
+    config: DataLoaderConfiguration,
+    num_processes: int,
+) -> None:
+    """The main process reads with the user's own batching (see :mod:`accelkit.dispatch`)."""
+    bs = dataloader.batch_size
+    batch_sampler: Any = dataloader.batch_sampler
+    if bs is None and batch_sampler is not None:
+        bs = getattr(batch_sampler, "batch_size", None)
+    if config.split_batches and bs is not None and bs > 1 and bs % num_processes:
+        raise ValueError(
+            f"split_batches=True needs a batch size divisible by the number of processes: "
+            f"got batch_size={bs} for {num_processes} processes. Use a batch size that is a "
+            f"multiple of {num_processes}."
+        )
+    if isinstance(recipe.dataset, IterableDataset):
+        recipe.dispatch_batching = {"batch_size": bs, "drop_last": dataloader.drop_last}
+    elif batch_sampler is None:  # batch_size=None: the sampler gives the items (or batches)
+        recipe.dispatch_batching = {"batch_size": None, "sampler": dataloader.sampler}
+    else:
+        sampler: Any = getattr(batch_sampler, "sampler", None)
+        if config.use_seedable_sampler and _is_plain_shuffle(batch_sampler, sampler):
+            seedable = SeedableRandomSampler(
+                sampler.data_source,
+                bool(getattr(sampler, "replacement", False)),
+                getattr(sampler, "_num_samples", None),
+                sampler.generator,
+                data_seed=_seedable_seed(config, num_processes > 1),
+            )
+            recipe.random_sampler = seedable
+            batch_sampler = BatchSampler(
+                seedable, batch_sampler.batch_size, batch_sampler.drop_last
+            )
+        recipe.dispatch_batching = {"batch_sampler": batch_sampler}
+    if bs is not None:
+        recipe.total_batch_size = bs if config.split_batches else bs * num_processes
 
 
 def _iterable_recipe(

@@ -6,8 +6,9 @@ same signatures. What differs:
 * :func:`prepare_data_loader` returns a prepared loader of :mod:`accelkit.prepared` (a
   ``DataLoader`` subclass); ``isinstance(loader, DataLoaderShard)`` is True for every prepared
   loader. ``rng_types`` is accepted and unused: processes shuffle alike through the sampler.
-* dispatching (``dispatch_batches=True``, :class:`DataLoaderDispatcher`) and device meshes
-  (``torch_device_mesh``) are not supported and are refused with the fix.
+* device meshes (``torch_device_mesh``) are not supported and are refused with the fix;
+  dispatching (``dispatch_batches=True``, :class:`DataLoaderDispatcher`) is supported (see
+  :mod:`accelkit.dispatch`) except with ``use_stateful_dataloader``.
 * a loader from :func:`skip_first_batches` skips on its first pass only (see
   :mod:`accelkit.prepared`).
 
@@ -81,9 +82,10 @@ def prepare_data_loader(
         split_batches: split each batch across processes.
         put_on_device: move batches to ``device``.
         rng_types: accepted for compatibility (processes shuffle alike through the sampler).
-        dispatch_batches: only ``None``/``False``.
+        dispatch_batches: read on the main process and send every process its slice (None:
+            for an ``IterableDataset`` with ``put_on_device``).
         even_batches: pad the last round so every process gets as many batches.
-        slice_fn_for_dispatch: accepted for compatibility (only used when dispatching).
+        slice_fn_for_dispatch: with dispatching, takes a process's part of a batch.
         use_seedable_sampler: shuffle with a :class:`SeedableRandomSampler`.
         data_seed: its seed.
         non_blocking: asynchronous copies to the device.
@@ -94,9 +96,14 @@ def prepare_data_loader(
         A prepared dataloader.
 
     Raises:
-        ValueError: for ``dispatch_batches=True`` or a device mesh.
+        ValueError: for ``dispatch_batches=True`` without ``put_on_device``, or a device mesh.
     """
     _refuse_mesh(torch_device_mesh)
+    if dispatch_batches and not put_on_device:
+        raise ValueError(
+            "dispatch_batches=True requires put_on_device=True (the main process broadcasts "
+            "the batches on the device); pass put_on_device=True or dispatch_batches=False."
+        )
     config = _data.DataLoaderConfiguration(
         split_batches=split_batches,
         dispatch_batches=dispatch_batches,
@@ -118,6 +125,7 @@ def prepare_data_loader(
         process_index=process_index,
         device=device if put_on_device else None,
         config=config,
+        slice_fn=slice_fn_for_dispatch,
     )
 
 
@@ -186,15 +194,19 @@ class DataLoaderShard(metaclass=_PreparedCheck):
 _BATCHING = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 
 
-class DataLoaderDispatcher:
-    """Not supported: every process reads its own share (Accelerate's signature).
+class DataLoaderDispatcher(metaclass=_PreparedCheck):
+    """A prepared loader over ``DataLoader(dataset, **kwargs)`` that the main process reads and
+    dispatches (Accelerate's signature; see :mod:`accelkit.dispatch`).
+
+    Constructing it returns a prepared loader (placed on the state's device). Like
+    :class:`DataLoaderShard`, every prepared loader is an instance.
 
     Raises:
-        ValueError: always, naming the fix.
+        ValueError: for ``skip_batches``, a stateful loader or a device mesh.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         dataset: Any,
         split_batches: bool = False,
         skip_batches: int = 0,
@@ -205,12 +217,32 @@ class DataLoaderDispatcher:
         torch_device_mesh: Any = None,
         iteration: int = 0,
         **kwargs: Any,
-    ) -> None:
-        raise ValueError(
-            "DataLoaderDispatcher (dispatch_batches=True) is not supported: in accelkit every "
-            "process reads its own share of the data. Use prepare_data_loader(...) or "
-            "Accelerator.prepare without dispatch_batches."
+    ) -> Any:
+        from accelkit.state import PartialState
+
+        _refuse_mesh(torch_device_mesh)
+        if skip_batches:
+            raise ValueError(
+                f"DataLoaderDispatcher(skip_batches={skip_batches}) is not supported; use "
+                "skip_first_batches(loader, n) on the prepared loader."
+            )
+        state = PartialState()
+        config = _data.DataLoaderConfiguration(
+            split_batches=split_batches,
+            dispatch_batches=True,
+            non_blocking=_non_blocking,
+            use_stateful_dataloader=use_stateful_dataloader,
         )
+        prepared = _data.prepare_data_loader(
+            DataLoader(dataset, **kwargs),
+            num_processes=state.num_processes,
+            process_index=state.process_index,
+            device=state.device,
+            config=config,
+            slice_fn=slice_fn,
+        )
+        prepared.set_epoch(iteration)
+        return prepared
 
 
 class IterableDatasetShard(_sampling.IterableDatasetShard):

@@ -16,6 +16,14 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from accelkit.fsdp1_options import (
+    check_fsdp1_options,
+    cpu_offload_flag,
+    reshard_from_strategy,
+    state_dict_type_name,
+    strategy_name_or_none,
+)
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -91,29 +99,53 @@ def fully_shard_function() -> Callable[..., Any]:
 class FullyShardedDataParallelPlugin:
     """Options for sharding models with FSDP2 (``Accelerator(fsdp_plugin=...)``).
 
+    The parameters are Accelerate's, in its order; its FSDP1 options are translated to FSDP2
+    where they have a meaning there, ignored with a warning where Accelerate's FSDP2 mode
+    ignores them, and refused by name otherwise (see :mod:`accelkit.fsdp1_options`).
+
     Args:
-        fsdp_version: only ``2`` (``fully_shard``); the wrapper-class FSDP1 is not offered.
+        fsdp_version: only ``2`` (``fully_shard``; None means 2); the wrapper-class FSDP1 is
+            not offered.
+        sharding_strategy: FSDP1's strategy as an FSDP2 setting: ``"FULL_SHARD"`` is
+            ``reshard_after_forward=True``, ``"SHARD_GRAD_OP"`` is ``False`` (names,
+            ``ShardingStrategy`` members or their numbers). ``NO_SHARD`` (DDP) and the hybrid
+            strategies are refused.
         reshard_after_forward: free the gathered parameters after forward (``True``, less
             memory), keep them until backward (``False``, less communication), or reshard to
-            an ``int`` smaller group.
+            an ``int`` smaller group. Default: True (or what ``sharding_strategy`` implies).
+        backward_prefetch: FSDP1-only; ignored with a warning (FSDP2 prefetches itself).
         mixed_precision_policy: a ``torch.distributed.fsdp.MixedPrecisionPolicy``, a dict of
             its fields (dtypes may be strings such as ``"bf16"``), or ``"bf16"``/``"fp16"``. When
             None, ``Accelerator(mixed_precision="bf16"|"fp16")`` gives parameters in that dtype
             and gradient reduction in float32.
         cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory
-            (``True`` or a ``CPUOffloadPolicy``). Only meaningful on an accelerator device; on a
-            CPU run it is ignored with a warning (everything is in CPU memory already).
+            (``True``, a ``CPUOffloadPolicy``, or FSDP1's ``CPUOffload``). Only meaningful on
+            an accelerator device; on a CPU run it is ignored with a warning (everything is in
+            CPU memory already).
         auto_wrap_policy: which sub-modules get their own ``fully_shard`` unit (the root always
             does): ``"transformer_based_wrap"`` (classes named in
             ``transformer_cls_names_to_wrap``), ``"size_based_wrap"`` (modules with at least
             ``min_num_params`` parameters of their own), ``"no_wrap"``, or a callable
             ``module -> bool``. Default: inferred from the two options below, else ``"no_wrap"``.
+        ignored_modules: only None (not supported).
+        state_dict_type: how ``save_state`` writes sharded models: only
+            ``"SHARDED_STATE_DICT"`` (every process writes its shards through
+            ``torch.distributed.checkpoint``); a consolidated model is written by
+            ``save_model``. Names, ``StateDictType`` members or their numbers.
+        state_dict_config: FSDP1-only; only None.
+        optim_state_dict_config: FSDP1-only; only None.
+        limit_all_gathers: FSDP1-only; False is ignored with a warning.
+        use_orig_params: FSDP1-only; False is ignored with a warning (FSDP2 always does).
+        param_init_fn: FSDP1-only; only None.
+        sync_module_states: FSDP1-only; True is ignored with a warning (build the model
+            identically on every process).
+        forward_prefetch: FSDP1-only; only None/False.
+        activation_checkpointing: only None/False (not supported).
+        activation_checkpointing_offload: only None/False (not supported).
+        cpu_ram_efficient_loading: only None/False (not supported).
         transformer_cls_names_to_wrap: class names of the blocks to shard separately, e.g.
             ``["TransformerBlock"]``.
         min_num_params: parameter-count threshold of ``"size_based_wrap"``.
-        state_dict_type: how ``save_state`` writes sharded models; ``"SHARDED_STATE_DICT"``
-            (every process writes its shards through ``torch.distributed.checkpoint``). A
-            consolidated model is written by ``save_model``.
         fully_shard_kwargs: further ``fully_shard`` keyword arguments, checked against this
             torch's signature.
 
@@ -128,22 +160,54 @@ class FullyShardedDataParallelPlugin:
         >>> accelerator = Accelerator(fsdp_plugin=plugin)
     """
 
-    fsdp_version: int = 2
-    reshard_after_forward: bool | int = True
+    # Accelerate's parameters in Accelerate's order (so positional arguments bind the same
+    # way), then accelkit's own.
+    fsdp_version: int | None = None
+    sharding_strategy: Any = None
+    reshard_after_forward: bool | int | str | None = None
+    backward_prefetch: Any = None
     mixed_precision_policy: Any = None
-    cpu_offload: Any = False
     auto_wrap_policy: str | Callable[[nn.Module], bool] | None = None
+    cpu_offload: Any = False
+    ignored_modules: Any = None
+    state_dict_type: Any = "SHARDED_STATE_DICT"
+    state_dict_config: Any = None
+    optim_state_dict_config: Any = None
+    limit_all_gathers: bool = True
+    use_orig_params: bool | None = None
+    param_init_fn: Callable[[nn.Module], None] | None = None
+    sync_module_states: bool | None = None
+    forward_prefetch: bool | None = None
+    activation_checkpointing: bool | None = None
+    activation_checkpointing_offload: bool | None = None
+    cpu_ram_efficient_loading: bool | None = None
     transformer_cls_names_to_wrap: Sequence[str] | None = None
     min_num_params: int | None = None
-    state_dict_type: str = "SHARDED_STATE_DICT"
     fully_shard_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.fsdp_version is None:
+            self.fsdp_version = 2
         if self.fsdp_version != 2:
             raise ValueError(
                 f"fsdp_version={self.fsdp_version!r} is not supported: accelkit shards with "
                 "FSDP2 (torch.distributed.fsdp.fully_shard). Use fsdp_version=2."
             )
+        check_fsdp1_options({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        strategy = strategy_name_or_none(self.reshard_after_forward)
+        if strategy is not None:  # the reference's FSDP1 spelling, e.g. "FULL_SHARD"
+            self.reshard_after_forward = reshard_from_strategy(strategy, None)
+        elif isinstance(self.reshard_after_forward, str):
+            self.reshard_after_forward = _parse_reshard(self.reshard_after_forward)
+        self.reshard_after_forward = reshard_from_strategy(
+            self.sharding_strategy, self.reshard_after_forward
+        )
+        if self.reshard_after_forward is None:
+            self.reshard_after_forward = True
+        self.cpu_offload = cpu_offload_flag(self.cpu_offload)
+        self.state_dict_type = state_dict_type_name(self.state_dict_type)
+        if isinstance(self.auto_wrap_policy, str):
+            self.auto_wrap_policy = self.auto_wrap_policy.lower()
         if isinstance(self.transformer_cls_names_to_wrap, str):
             self.transformer_cls_names_to_wrap = [
                 n.strip() for n in self.transformer_cls_names_to_wrap.split(",") if n.strip()
@@ -182,8 +246,6 @@ class FullyShardedDataParallelPlugin:
                 f"{STATE_DICT_TYPES[0]} (resumable on any process count). For one consolidated "
                 "model file use accelerator.save_model(model, folder)."
             )
-        if isinstance(self.reshard_after_forward, str):
-            self.reshard_after_forward = _parse_reshard(self.reshard_after_forward)
 
     # --------------------------------------------------------------- launcher
 

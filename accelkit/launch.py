@@ -2,7 +2,8 @@
 
 accelkit writes no process manager of its own. ``accelkit launch`` translates the flags users know
 from the reference tool into a ``torch.distributed.run`` (torchrun) invocation, and
-:func:`notebook_launcher` uses ``torch.multiprocessing.start_processes``.
+:func:`notebook_launcher` (in :mod:`accelkit.notebook_launch`, re-exported here) uses torch's
+elastic launcher.
 
 The flags live in :mod:`accelkit.launch_flags`, config files in :mod:`accelkit.launch_config`, and
 how a signal stops the job in :mod:`accelkit._launch_signals`; this module merges flags over the
@@ -15,7 +16,6 @@ import argparse
 import os
 import socket
 import sys
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ from accelkit.launch_flags import (
     refusal_for,
     settings_from_args,
 )
+from accelkit.notebook_launch import notebook_launcher
 
 __all__ = [
     "LaunchConfig",
@@ -364,94 +365,3 @@ def launch_command(config: LaunchConfig) -> int:
     cmd = [sys.executable, "-m", "accelkit._torchrun", *torchrun_args(config)]
     what = f"{config.nproc_per_node} worker(s) (through torchrun)"
     return run_child(cmd, env, what, via_torchrun=True)
-
-
-class _Worker:
-    """Picklable entry point for :func:`notebook_launcher` workers."""
-
-    def __init__(self, function: Callable[..., Any], world_size: int, env: dict[str, str]) -> None:
-        self.function = function
-        self.world_size = world_size
-        self.env = env
-
-    def __call__(self, rank: int, *args: Any) -> None:
-        os.environ.update(self.env)
-        os.environ.update(
-            {
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(self.world_size),
-                "LOCAL_WORLD_SIZE": str(self.world_size),
-            }
-        )
-        try:
-            self.function(*args)
-        finally:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
-
-
-def notebook_launcher(
-    function: Callable[..., Any],
-    args: Sequence[Any] = (),
-    num_processes: int | None = None,
-    mixed_precision: str = "no",
-    use_port: str | int | None = None,
-    master_addr: str = "127.0.0.1",
-    cpu: bool = False,
-    start_method: str = "fork",
-) -> None:
-    """Run ``function(*args)`` on ``num_processes`` processes from a notebook or Python session.
-
-    Args:
-        function: the training function (define CUDA objects inside it, not before).
-        args: positional arguments passed to every process.
-        num_processes: processes to start (default: GPUs, or 1 on a CPU-only machine).
-        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"`` for every worker's Accelerator.
-        use_port: the rendezvous port (default: a free one).
-        master_addr: the rendezvous address.
-        cpu: force CPU workers (gloo).
-        start_method: ``"fork"`` (works with functions defined in a notebook) or ``"spawn"``.
-
-    Raises:
-        ValueError: for ``num_processes < 1`` or an unknown precision.
-        torch.multiprocessing.ProcessRaisedException: with the failing worker's traceback.
-    """
-    import torch
-
-    precision = parse_mixed_precision(mixed_precision).value
-    if num_processes is None:
-        num_processes = max(1, 0 if cpu else torch.cuda.device_count())
-    if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1, got {num_processes}.")
-    env = {
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(use_port or _free_port()),
-        ENV_MIXED_PRECISION: precision,
-    }
-    if cpu or not torch.cuda.is_available():
-        env[ENV_USE_CPU] = "1"
-    if num_processes == 1:
-        saved = dict(os.environ)
-        try:
-            _Worker(function, 1, env)(0, *args)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        return
-    if start_method == "fork" and torch.cuda.is_available() and torch.cuda.is_initialized():
-        raise RuntimeError(
-            "CUDA was initialised in this process before notebook_launcher; forked workers "
-            "cannot use it. Move every CUDA call inside the launched function and restart the "
-            "kernel."
-        )
-    import torch.multiprocessing as tmp
-
-    tmp.start_processes(
-        _Worker(function, num_processes, env),
-        args=tuple(args),
-        nprocs=num_processes,
-        start_method=start_method,
-    )

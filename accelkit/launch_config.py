@@ -16,11 +16,19 @@ A key for a refused feature is refused with its reason unless its value asks for
 from __future__ import annotations
 
 import os
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
+from accelkit.environment import parse_mixed_precision
 from accelkit.launch_flags import Setting, refusal_for
 
-__all__ = ["default_config_path", "read_config_file", "write_config_file"]
+__all__ = [
+    "default_config_path",
+    "default_settings",
+    "read_config_file",
+    "write_basic_config",
+    "write_config_file",
+]
 
 # Top-level keys that map to a flag of another name; the other top-level keys are flag names.
 _RENAMED = {"use_cpu": "cpu"}
@@ -155,3 +163,61 @@ def write_config_file(path: str, settings: dict[str, Any]) -> None:
     os.makedirs(folder, exist_ok=True)
     with open(path, "x", encoding="utf-8") as f:
         yaml.safe_dump(settings, f, sort_keys=True)
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def default_settings(mixed_precision: str = "no", gpus: int | None = None) -> dict[str, Any]:
+    """The settings for this machine that ``accelkit config default`` and
+    :func:`write_basic_config` write: every GPU here, or one CPU process."""
+    gpus = _gpu_count() if gpus is None else gpus
+    return {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "MULTI_GPU" if gpus > 1 else "NO",
+        "mixed_precision": mixed_precision,
+        "num_processes": max(gpus, 1),
+        "num_machines": 1,
+        "machine_rank": 0,
+        "use_cpu": gpus == 0,
+        "debug": False,
+        "enable_cpu_affinity": False,
+        "rdzv_backend": "static",
+        "same_network": True,
+    }
+
+
+def write_basic_config(
+    mixed_precision: str = "no", save_location: str | None = None
+) -> Literal[False] | Path:
+    """Write the launch config file for this machine, as ``accelkit config default`` does
+    (Accelerate's ``write_basic_config``): every GPU here, or one CPU process.
+
+    An existing file is kept: a message says so and False is returned.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"`` or ``"bf16"``.
+        save_location: where to write (default: :func:`default_config_path`, where
+            ``accelkit launch`` and ``accelerate launch`` look); pass it to ``--config_file``
+            otherwise.
+
+    Returns:
+        The path written, or False when the file already existed.
+
+    Raises:
+        ValueError: for another ``mixed_precision`` (``"fp8"`` is out of scope).
+    """
+    precision = parse_mixed_precision(mixed_precision.lower()).value
+    path = Path(save_location or default_config_path())
+    try:
+        write_config_file(str(path), default_settings(precision))
+    except FileExistsError:
+        print(
+            f"Configuration already exists at {path}, will not override. Run `accelkit config` "
+            "or pass a different save_location."
+        )
+        return False
+    return path

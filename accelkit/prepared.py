@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from accelkit import ops
+from accelkit.dispatch import Dispatch, dispatched_batches
 from accelkit.optim import GradientState
 from accelkit.sampling import (
     BatchSamplerShard,
@@ -77,6 +78,9 @@ class Recipe:
     remainder: int = -1
     total_batch_size: int | None = None
     total_dataset_length: int | None = None
+    # dispatch_batches: how the main process reads (the user's own batching) and dispatches.
+    dispatch: Dispatch | None = None
+    dispatch_batching: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class _Position:
@@ -132,7 +136,9 @@ def build(recipe: Recipe, skip: int | None = None) -> Any:
     cls: type = _stateful_class() if recipe.stateful else PreparedDataLoader
     kwargs = dict(recipe.loader_kwargs)
     shard = copy.copy(recipe.shard)  # own copy: the per-pass skip is set on it
-    if recipe.iterable_shard is not None:
+    if recipe.dispatch is not None:
+        loader = cls(recipe.dataset, **recipe.dispatch_batching, **kwargs)
+    elif recipe.iterable_shard is not None:
         loader = cls(
             recipe.iterable_shard,
             batch_size=recipe.batch_size,
@@ -225,7 +231,10 @@ class PreparedLoaderMixin:
     def __len__(self) -> int:
         """Batches of a full pass; for a ``skip_first_batches`` loader, until its skipped pass
         is over, the batches left after the skip."""
-        return max(0, super().__len__() - self._len_skip)  # type: ignore[misc]
+        length: int = super().__len__()  # type: ignore[misc]
+        if self._recipe.dispatch is not None:
+            length = self._recipe.dispatch.length(length)
+        return max(0, length - self._len_skip)
 
     def _generators(self) -> list[torch.Generator]:
         """The generators whose states at the start of a pass decide its randomness."""
@@ -261,6 +270,8 @@ class PreparedLoaderMixin:
             self._random_sampler.set_epoch(pos.epoch)
         if self._iterable_shard is not None:
             self._iterable_shard.set_epoch(pos.epoch)
+        elif self._recipe.dispatch is not None and hasattr(self._recipe.dataset, "set_epoch"):
+            self._recipe.dataset.set_epoch(pos.epoch)
         restored, pending, inner, offset, randomness = pos.take_pending()
         resumed = restored and pending > 0
         self._restore_randomness(randomness, resumed)
@@ -314,6 +325,8 @@ class PreparedLoaderMixin:
         state.enter_loader(self)
         try:
             it = self._new_iterator(resumed)
+            if self._recipe.dispatch is not None:
+                it = self._dispatch(it)
             for _ in range(drop):
                 if next(it, _END) is _END:
                     break
@@ -342,6 +355,18 @@ class PreparedLoaderMixin:
             self._len_skip = 0
         finally:
             state.exit_loader(self)
+
+    def _dispatch(self, base: Iterator[Any]) -> Iterator[Any]:
+        """This process's slices of the batches the main process reads from ``base`` (made on
+        every process, as the reference does, so that every process draws the same seeds)."""
+        dispatch = self._recipe.dispatch
+        assert dispatch is not None
+
+        def on_round(size: int) -> None:
+            self.remainder = size
+
+        main = base if dispatch.process_index == 0 else None
+        return dispatched_batches(main, dispatch, on_round)
 
     def _mark_end(self) -> None:
         self._pos.end = True

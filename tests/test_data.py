@@ -346,11 +346,6 @@ def test_one_process_never_pads() -> None:
     assert _items(list(mapped)) == list(range(10))
 
 
-def test_dispatch_batches_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="dispatch_batches=True"):
-        DataLoaderConfiguration(dispatch_batches=True)
-
-
 def test_loaders_without_automatic_batching_are_sharded_by_item() -> None:
     items = [torch.full((3,), i) for i in range(5)]
     shards = [_prepare(DataLoader(items, batch_size=None), 2, r) for r in range(2)]

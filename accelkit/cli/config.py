@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from accelkit.launch_config import default_config_path, write_config_file
+from accelkit.launch_config import default_config_path, default_settings, write_config_file
 
 _PRECISIONS = ("no", "fp16", "bf16")
 _TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP")
@@ -54,30 +54,6 @@ def _add_path(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help=f"where to write (default: {default_config_path()})",
     )
-
-
-def _gpu_count() -> int:
-    import torch
-
-    return int(torch.cuda.device_count())
-
-
-def default_settings(mixed_precision: str = "no", gpus: int | None = None) -> dict[str, Any]:
-    """The settings ``accelkit config default`` writes: every GPU here, or one CPU process."""
-    gpus = _gpu_count() if gpus is None else gpus
-    return {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "MULTI_GPU" if gpus > 1 else "NO",
-        "mixed_precision": mixed_precision,
-        "num_processes": max(gpus, 1),
-        "num_machines": 1,
-        "machine_rank": 0,
-        "use_cpu": gpus == 0,
-        "debug": False,
-        "enable_cpu_affinity": False,
-        "rdzv_backend": "static",
-        "same_network": True,
-    }
 
 
 def _write(path: str | None, settings: dict[str, Any]) -> int:

@@ -14,6 +14,7 @@ from accelkit._lazy import lazy_getattr
 from accelkit.out_of_scope import OUT_OF_SCOPE
 
 _IMPORTS = "accelkit.utils.imports"
+_CONSTANTS = "accelkit.utils.constants"
 _OTHER = "accelkit.utils.other"
 
 _PUBLIC = {
@@ -68,6 +69,20 @@ _PUBLIC = {
     "find_executable_batch_size": "accelkit.utils.memory",
     "release_memory": "accelkit.utils.memory",
     "should_reduce_batch_size": "accelkit.utils.memory",
+    "write_basic_config": "accelkit.launch_config",
+    "MODEL_NAME": _CONSTANTS,
+    "OPTIMIZER_NAME": _CONSTANTS,
+    "RNG_STATE_NAME": _CONSTANTS,
+    "SAFE_MODEL_NAME": _CONSTANTS,
+    "SAFE_WEIGHTS_INDEX_NAME": _CONSTANTS,
+    "SAFE_WEIGHTS_NAME": _CONSTANTS,
+    "SAFE_WEIGHTS_PATTERN_NAME": _CONSTANTS,
+    "SAMPLER_NAME": _CONSTANTS,
+    "SCALER_NAME": _CONSTANTS,
+    "SCHEDULER_NAME": _CONSTANTS,
+    "WEIGHTS_INDEX_NAME": _CONSTANTS,
+    "WEIGHTS_NAME": _CONSTANTS,
+    "WEIGHTS_PATTERN_NAME": _CONSTANTS,
     "compare_versions": _IMPORTS,
     "is_torch_version": _IMPORTS,
     "is_bf16_available": _IMPORTS,
@@ -181,6 +196,7 @@ if TYPE_CHECKING:  # the names of _PUBLIC, for type checkers (__all__ is built f
         InitProcessGroupKwargs,
         KwargsHandler,
     )
+    from accelkit.launch_config import write_basic_config
     from accelkit.ops import (
         DistributedOperationException,
         broadcast,
@@ -199,6 +215,21 @@ if TYPE_CHECKING:  # the names of _PUBLIC, for type checkers (__all__ is built f
     from accelkit.random import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
     from accelkit.state import DistributedType, PrecisionType
     from accelkit.trackers import GeneralTracker, LoggerType, register_tracker
+    from accelkit.utils.constants import (
+        MODEL_NAME,
+        OPTIMIZER_NAME,
+        RNG_STATE_NAME,
+        SAFE_MODEL_NAME,
+        SAFE_WEIGHTS_INDEX_NAME,
+        SAFE_WEIGHTS_NAME,
+        SAFE_WEIGHTS_PATTERN_NAME,
+        SAMPLER_NAME,
+        SCALER_NAME,
+        SCHEDULER_NAME,
+        WEIGHTS_INDEX_NAME,
+        WEIGHTS_NAME,
+        WEIGHTS_PATTERN_NAME,
+    )
     from accelkit.utils.memory import (
         clear_device_cache,
         find_executable_batch_size,

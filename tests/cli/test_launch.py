@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from accelkit.launch import notebook_launcher
+from tests.helpers.distributed import free_port as _free_port
 
 # A script written for the reference documents, with only its imports renamed.
 SEED_SCRIPT = textwrap.dedent(
@@ -205,3 +206,66 @@ def test_notebook_launcher_starts_processes(tmp_path: Path) -> None:
 def test_notebook_launcher_rejects_zero_processes() -> None:
     with pytest.raises(ValueError, match="num_processes must be >= 1, got 0"):
         notebook_launcher(_notebook_fn, num_processes=0)
+    with pytest.raises(ValueError, match="node_rank=2 with num_nodes=2"):
+        notebook_launcher(_notebook_fn, num_processes=2, node_rank=2, num_nodes=2)
+    with pytest.raises(ValueError, match="Unknown rdzv_backend 'tcp'"):
+        notebook_launcher(_notebook_fn, num_processes=2, rdzv_backend="tcp")
+
+
+def _fail_once_then_write(out_dir: str) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from accelkit import PartialState
+
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        # The first attempt fails before any process group exists: a worker stopped while
+        # joining one leaves its stale address in the agent's store, and the next attempt's
+        # gloo then waits 30 s on it (torch's behaviour, under Accelerate's launcher too).
+        if os.environ["RANK"] == "0":
+            raise RuntimeError("first attempt fails")
+        time.sleep(60)  # stopped by the agent when rank 0 fails
+        return
+    state = PartialState()
+    ranks = torch.tensor([state.process_index + 1])
+    dist.all_reduce(ranks)  # both ranks of the restarted group take part
+    Path(out_dir, f"rank{state.process_index}.txt").write_text(f"restarted {int(ranks)}")
+
+
+def test_notebook_launcher_restarts_failed_workers(tmp_path: Path) -> None:
+    notebook_launcher(_fail_once_then_write, (str(tmp_path),), 2, max_restarts=1, cpu=True)
+    # Both ranks ran again after rank 0 failed: the agent restarted the whole group once.
+    assert (tmp_path / "rank0.txt").read_text() == "restarted 3"
+    assert (tmp_path / "rank1.txt").read_text() == "restarted 3"
+
+
+def _even_fails_odd_sleeps(seconds: float) -> None:
+    import time
+
+    from accelkit import PartialState
+
+    if PartialState().process_index % 2 == 0:
+        raise RuntimeError("even ranks fail")
+    time.sleep(seconds)
+
+
+def test_notebook_launcher_stops_the_others_when_a_worker_fails() -> None:
+    import time
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    started = time.monotonic()
+    with pytest.raises(ChildFailedError, match="even ranks fail"):
+        notebook_launcher(
+            _even_fails_odd_sleeps,
+            (120.0,),
+            num_processes=2,
+            monitor_interval=0.05,
+            rdzv_backend="c10d",
+            rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+            cpu=True,
+        )
+    # The sleeping rank was stopped, not waited for.
+    assert time.monotonic() - started < 60

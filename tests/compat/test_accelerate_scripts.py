@@ -16,6 +16,7 @@ failures once fixed.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,36 +45,37 @@ LAST_HEADING = {
     "test_ddp_comm_hook.py": "Test DDP comm hook: DDPCommunicationHookType.BATCHED_POWER_SGD",
 }
 
-_DATA_LOADER = (
-    "data loading: `from accelkit.data_loader import SeedableRandomSampler, "
-    "prepare_data_loader` fails (no accelkit/data_loader.py). With a stand-in, training_check "
-    "fails: a prepared DataLoader(shuffle=True, generator=g) does not draw the user's generator's "
-    "order (1 process: a=1.7578 vs 1.7558 for the unprepared loader), "
-    "SeedableRandomSampler(generator=, data_source=, num_samples=) is refused (TypeError), and "
-    "central_dl_preparation_check needs prepare_data_loader(dl, device, num_processes, "
-    "process_index, put_on_device=, split_batches=, dispatch_batches=True)"
+_NOTEBOOK_ONE = (
+    "fails under Accelerate too: main() ignores the script's require_multi_process pytest mark, "
+    "so test_fault_tolerant and test_monitoring also run on 1 process, where notebook_launcher "
+    "calls the function in this process (as the reference does): the functions' RuntimeErrors "
+    "are raised here, neither restarted nor a ChildFailedError. Accelerate's CI runs this "
+    "script on multi-device machines only"
 )
-_NOTEBOOK = (
-    "launcher: notebook_launcher (accelkit/launch.py) lacks the reference's rdzv_backend, "
-    "max_restarts and monitor_interval keywords (TypeError in test_static_rdzv_backend); "
-    "test_fault_tolerant needs restarts and test_monitoring needs a worker failure to raise "
-    "torch's ChildFailedError and stop the other workers"
+# The reference's test_fault_tolerant races (Accelerate hangs there too, about 1 run in 3 on this
+# loaded machine): when one worker raises, the agent stops the other with SIGTERM, and if that
+# one is inside queue.get() the shared multiprocessing.Queue's lock stays held for good, so in the
+# next attempt one worker blocks on the queue while its peer waits for it in PartialState().
+# Restarts and monitoring are tested deterministically in tests/cli/test_launch.py.
+_FAULT_TOLERANT_RACE = (
+    "the reference's test_fault_tolerant hung on its known race (a worker stopped inside "
+    "queue.get() leaves the queue's lock held; the next attempt's workers wait on it and on "
+    "each other)"
 )
+TIMEOUT_S = {"test_notebook.py": 120}  # ~40 s when it passes
 KNOWN_FAILURES = {
-    ("test_script.py", 1): _DATA_LOADER,
-    ("test_script.py", 2): _DATA_LOADER,
     ("test_distributed_data_loop.py", 2): (
-        "test_pickle_accelerator: pickle.dumps(accelerator) fails on a prepared loader "
-        "(accelkit/data.py: local closure prepare_data_loader.<locals>.build_map) and on "
-        "TrackerHub's _thread.lock (accelkit/trackers/hub.py); test_data_loader with "
-        "DataLoader(sampler=BatchSampler(...), batch_size=None, num_workers=4) gives the two "
-        "ranks batches of different sizes, so gather_for_metrics aborts (gloo size mismatch); "
-        "_test_stateful_dataloader_save_state_resume saves into a different "
-        "tempfile.TemporaryDirectory on each rank and load_state on rank 1 raises CheckpointError "
-        "(no accelkit.json there: checkpointing)"
+        "trackers and checkpointing: test_pickle_accelerator: pickle.dumps(accelerator) raises "
+        "TypeError: cannot pickle '_thread.lock' object (TrackerHub's lock, "
+        "accelkit/trackers/hub.py; the prepared dataloaders pickle); "
+        "_test_stateful_dataloader_save_state_resume calls save_state/load_state with a "
+        "different tempfile.TemporaryDirectory on each rank: the main process commits one "
+        "accelkit.json listing every rank's files, so load_state raises CorruptCheckpointError "
+        "on rank 0 (random_states_1.json/.safetensors listed in the manifest, missing: rank 1 "
+        "wrote them into its own folder) and CheckpointError on rank 1 (a foreign folder: no "
+        "accelkit.json nor .accelkit-save.json)"
     ),
-    ("test_notebook.py", 1): _NOTEBOOK,
-    ("test_notebook.py", 2): _NOTEBOOK,
+    ("test_notebook.py", 1): _NOTEBOOK_ONE,
 }
 
 CASES = [
@@ -119,17 +121,50 @@ def _command(script: Path, processes: int) -> tuple[list[str], dict[str, str]]:
     return [*launch, str(processes), *device, str(script)], env
 
 
+def _run(
+    command: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> tuple[int | None, str, str]:
+    """Exit status (None on timeout), stdout and stderr; on timeout the whole process group
+    (launcher and workers) is killed, so no worker outlives the test."""
+    proc = subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return None, out, err
+    return proc.returncode, out, err
+
+
+def _last_heading(stdout: str) -> str:
+    headings = [line for line in stdout.splitlines() if line.startswith("Test ")]
+    return headings[-1] if headings else ""
+
+
 @pytest.mark.parametrize(("script", "processes"), [_param(*case) for case in CASES])
 def test_reference_script_runs_to_the_end(script: str, processes: int, tmp_path: Path) -> None:
     assert SCRIPTS is not None
     ported = port_script(SCRIPTS / script, tmp_path)
     command, env = _command(ported, processes)
-    result = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, f"{script} on {processes} process(es) failed:\n{output[-6000:]}"
-    assert LAST_HEADING[script] in result.stdout, f"{script} stopped early:\n{output[-6000:]}"
+    timeout = TIMEOUT_S.get(script, 280)
+    returncode, stdout, stderr = _run(command, tmp_path, env, timeout)
+    output = stdout + stderr
+    if returncode is None:
+        if script == "test_notebook.py" and _last_heading(stdout) == "Test fault tolerant":
+            pytest.xfail(_FAULT_TOLERANT_RACE)
+        pytest.fail(
+            f"{script} on {processes} process(es) timed out ({timeout} s):\n{output[-6000:]}"
+        )
+    assert returncode == 0, f"{script} on {processes} process(es) failed:\n{output[-6000:]}"
+    assert LAST_HEADING[script] in stdout, f"{script} stopped early:\n{output[-6000:]}"
 
 
 def test_porting_renames_imports_only(tmp_path: Path) -> None:

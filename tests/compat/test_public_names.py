@@ -59,50 +59,8 @@ NOT_PROVIDED: dict[str, str] = {
 }
 OUT_OF_SCOPE = {**REFUSED, **NOT_PROVIDED}
 
-_CHECKPOINT_NAMES = (
-    "checkpointing: the reference's checkpoint file-name constants; accelkit's layout "
-    "(accelkit/checkpointing/layout.py) should export the ones it shares (model.safetensors, "
-    "the index) under these names"
-)
-_FSDP1 = (
-    "FSDP: accelkit's plugin is FSDP2-only (fully_shard); the reference's FSDP1 options "
-    "(sharding_strategy, backward_prefetch, use_orig_params, limit_all_gathers, ...) and its "
-    "parameter order are absent"
-)
-_NOTEBOOK = (
-    "launcher (accelkit/launch.py): notebook_launcher lacks node_rank, num_nodes, rdzv_backend, "
-    "rdzv_endpoint, rdzv_conf, rdzv_id, max_restarts, monitor_interval, "
-    "log_line_prefix_template (and takes cpu/start_method in their positions)"
-)
-
 # (where, name) -> why it differs today; each is a strict xfail, so fixing it flips the test.
-KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
-    **{
-        ("accelerate.utils", name): _CHECKPOINT_NAMES
-        for name in (
-            "MODEL_NAME",
-            "OPTIMIZER_NAME",
-            "RNG_STATE_NAME",
-            "SAFE_MODEL_NAME",
-            "SAFE_WEIGHTS_INDEX_NAME",
-            "SAFE_WEIGHTS_NAME",
-            "SAFE_WEIGHTS_PATTERN_NAME",
-            "SAMPLER_NAME",
-            "SCALER_NAME",
-            "SCHEDULER_NAME",
-            "WEIGHTS_INDEX_NAME",
-            "WEIGHTS_NAME",
-            "WEIGHTS_PATTERN_NAME",
-        )
-    },
-    ("accelerate.utils", "write_basic_config"): (
-        "launcher: write_basic_config (writing the default launch config file) belongs to the "
-        "launch config work"
-    ),
-    ("accelerate", "FullyShardedDataParallelPlugin"): _FSDP1,
-    ("accelerate.utils", "FullyShardedDataParallelPlugin"): _FSDP1,
-    ("accelerate", "notebook_launcher"): _NOTEBOOK,
-}
+KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {}
 
 
 def _public(module: types.ModuleType) -> list[str]:

@@ -60,3 +60,44 @@ def test_debug_launcher_runs_the_function_on_cpu_processes(tmp_path: Path) -> No
     debug_launcher(_record_rank, args=(str(tmp_path),), num_processes=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0-of-2", "1-of-2"]
     assert {p.read_text() for p in tmp_path.iterdir()} == {"cpu"}
+
+
+def test_write_basic_config_writes_a_file_both_launchers_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelkit.launch_config import read_config_file
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    written = utils.write_basic_config("BF16")
+    assert written == tmp_path / "hf" / "accelerate" / "default_config.yaml"
+    settings = read_config_file(str(written))
+    assert settings["mixed_precision"].value == "bf16"
+    assert settings["num_processes"].value == max(torch.cuda.device_count(), 1)
+    assert settings["cpu"].value is (torch.cuda.device_count() == 0)
+    # Accelerate reads it too, as its own ClusterConfig.
+    config_args = pytest.importorskip("accelerate.commands.config.config_args")
+    theirs = config_args.load_config_from_file(str(written))
+    assert theirs.mixed_precision == "bf16" and theirs.compute_environment.value == "LOCAL_MACHINE"
+    # An existing file is kept.
+    before = written.read_text()
+    assert utils.write_basic_config("no", str(written)) is False
+    assert written.read_text() == before
+    assert "already exists" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="fp8"):
+        utils.write_basic_config("fp8", str(tmp_path / "other.yaml"))
+    assert not (tmp_path / "other.yaml").exists()
+
+
+def test_checkpoint_file_names_are_the_references_and_two_are_accelkits_too() -> None:
+    from accelkit.checkpointing import layout
+
+    assert (utils.WEIGHTS_NAME, utils.SAFE_WEIGHTS_NAME) == (
+        "pytorch_model.bin",
+        "model.safetensors",
+    )
+    assert utils.SAFE_WEIGHTS_PATTERN_NAME.format(suffix="-00001-of-00002") == (
+        "model-00001-of-00002.safetensors"
+    )
+    # The docstring's claim: accelkit's model file and index have the reference's names.
+    assert layout.model_file(0) == utils.SAFE_WEIGHTS_NAME
+    assert layout.MODEL_INDEX_NAME == utils.SAFE_WEIGHTS_INDEX_NAME

@@ -336,6 +336,57 @@ def test_bad_options_name_the_value_and_fix(tmp_path: Path) -> None:
         sharded.read_sharded_metadata(storage, str(tmp_path / "fsdp" / "sharded"))
 
 
+def test_accelerates_fsdp1_options_translate_warn_or_are_refused_by_name() -> None:
+    import warnings
+
+    from torch.distributed.fsdp import CPUOffload, ShardingStrategy, StateDictType
+
+    plugin = FullyShardedDataParallelPlugin
+    cpu = torch.device("cpu")
+    # Positional arguments bind as in Accelerate: (fsdp_version, sharding_strategy, ...).
+    grad_op = plugin(2, "SHARD_GRAD_OP")
+    assert grad_op.reshard_after_forward is False
+    assert grad_op.fully_shard_kwargs_for(cpu, "no")["reshard_after_forward"] is False
+    assert plugin(sharding_strategy=ShardingStrategy.FULL_SHARD).reshard_after_forward is True
+    assert plugin(sharding_strategy=2).reshard_after_forward is False
+    assert plugin(reshard_after_forward="SHARD_GRAD_OP").reshard_after_forward is False
+    assert plugin().reshard_after_forward is True and plugin().fsdp_version == 2
+    with pytest.raises(ValueError, match=r"'FULL_SHARD' means reshard_after_forward=True"):
+        plugin(sharding_strategy="FULL_SHARD", reshard_after_forward=False)
+    with pytest.raises(ValueError, match=r"sharding_strategy='NO_SHARD'.*DDP"):
+        plugin(sharding_strategy="NO_SHARD")
+    with pytest.raises(ValueError, match=r"sharding_strategy='ZERO3' is unknown"):
+        plugin(sharding_strategy="ZERO3")
+    assert plugin(cpu_offload=CPUOffload(offload_params=True)).cpu_offload is True
+    assert plugin(cpu_offload=CPUOffload()).cpu_offload is False
+    for sharded in (StateDictType.SHARDED_STATE_DICT, 3, "sharded_state_dict"):
+        assert plugin(state_dict_type=sharded).state_dict_type == "SHARDED_STATE_DICT"
+    with pytest.raises(ValueError, match=r"LOCAL_STATE_DICT.*FSDP1-only"):
+        plugin(state_dict_type=StateDictType.LOCAL_STATE_DICT)
+    upper = plugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP", transformer_cls_names_to_wrap="B")
+    assert upper.auto_wrap_policy == "transformer_based_wrap"
+    # What Accelerate's FSDP2 mode ignores is ignored with a warning; its no-op values are quiet.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plugin(backward_prefetch="NO_PREFETCH", use_orig_params=True, limit_all_gathers=True)
+    with pytest.warns(UserWarning, match=r"backward_prefetch='BACKWARD_PRE'.*ignored"):
+        plugin(backward_prefetch="BACKWARD_PRE")
+    with pytest.warns(UserWarning, match=r"sync_module_states=True.*ignored"):
+        plugin(sync_module_states=True)
+    # What FSDP2 cannot honour is refused by name.
+    refused = {
+        "forward_prefetch": True,
+        "param_init_fn": lambda m: None,
+        "state_dict_config": object(),
+        "ignored_modules": [nn.Linear(1, 1)],
+        "activation_checkpointing": True,
+        "cpu_ram_efficient_loading": True,
+    }
+    for option, value in refused.items():
+        with pytest.raises(ValueError, match=rf"\({option}=.*is not supported.*Remove {option}"):
+            plugin(**{option: value})
+
+
 # ------------------------------------------------------------------ through the Accelerator
 
 
