@@ -65,6 +65,7 @@ from accelkit.checkpointing.model_io import check_model_keys
 from accelkit.checkpointing.rng import check_rng_state
 from accelkit.checkpointing.safetensors_io import read_safetensors
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.verified import open_checkpoint_file
 
 __all__ = [
     "ALLOWED_GLOBALS",
@@ -132,14 +133,7 @@ def load_pickle(storage: Storage, url: str) -> Any:
             :data:`ALLOWED_GLOBALS` and torch's weights-only set, or is otherwise refused by
             ``torch.load(weights_only=True)``.
     """
-    try:
-        f = storage.open_read(url)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(
-            f"{url} is missing. Restore it, or load another checkpoint."
-        ) from None
-    except PermissionError as exc:  # a local symbolic link: never followed
-        raise CorruptCheckpointError(str(exc)) from None
+    f = open_checkpoint_file(storage, url)
     # Streamed from the open file: tensors are read once, into their own memory (a whole-file
     # buffer first would cost twice an optimizer's size).
     with f:

@@ -20,6 +20,7 @@ from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage import Storage
 
 __all__ = [
+    "open_checkpoint_file",
     "ExpectedFile",
     "VerifiedReader",
     "check_expected",
@@ -156,15 +157,24 @@ def open_verified(
     Raises:
         CorruptCheckpointError: the file is missing or a symbolic link (never followed).
     """
+    return VerifiedReader(open_checkpoint_file(storage, url), url, expected, algorithm)
+
+
+def open_checkpoint_file(storage: Storage, url: str) -> BinaryIO:
+    """Open checkpoint file ``url`` for reading, a missing file or a link being a corrupt
+    checkpoint rather than an ``OSError``.
+
+    Raises:
+        CorruptCheckpointError: the file is missing or a symbolic link (never followed).
+    """
     try:
-        raw = storage.open_read(url)
+        return storage.open_read(url)
     except FileNotFoundError:
         raise CorruptCheckpointError(
             f"{url} is missing. Restore it, or load another checkpoint."
         ) from None
     except PermissionError as exc:  # a local symbolic link: never followed
         raise CorruptCheckpointError(str(exc)) from None
-    return VerifiedReader(raw, url, expected, algorithm)
 
 
 def read_verified_bytes(storage: Storage, url: str, expected: Any) -> bytes:
