@@ -26,6 +26,7 @@ from accelkit import training as _training
 from accelkit._checkpointing_api import Checkpointing
 from accelkit._compat_api import Settings
 from accelkit._delegation import documented_by, forward
+from accelkit._experiment import ExperimentLink
 from accelkit._prepared_objects import PreparedObjects
 from accelkit._process_api import Processes
 from accelkit._training_api import Training
@@ -200,6 +201,12 @@ class Accelerator:
             logging_dir=self.project_configuration.logging_dir,
             is_main_process=self.state.is_main_process,
             on_error=tracker_errors,
+            defer_start=self.project_configuration.continue_tracker_runs,
+        )
+        self._checkpoints.listener = ExperimentLink(
+            self._trackers,
+            continue_runs=self.project_configuration.continue_tracker_runs,
+            checkpoint_events=self.project_configuration.checkpoint_events,
         )
         # Unusable folders or storage fail here, not at the first log or save an epoch later.
         _preflight.check_run(

@@ -47,6 +47,16 @@ class ProjectConfiguration:
         async_save: ``save_state()`` copies the state to host memory and writes it in the
             background, returning a handle (see ``Accelerator.save_state``); costs one host
             copy of the saved tensors, reused across saves.
+        continue_tracker_runs: a job resumed with ``load_state`` continues the tracker runs
+            its checkpoint names (the same W&B run id, MLflow run, Comet experiment;
+            TensorBoard and jsonl in the same folder with the points logged after the
+            checkpoint dropped), whichever of ``init_trackers`` and ``load_state`` comes
+            first. For that, trackers open their runs at their first use (the first ``log``)
+            rather than in ``init_trackers``. ``False``: every job starts new runs, opened in
+            ``init_trackers`` (the reference's behaviour).
+        checkpoint_events: tell the trackers about every save and load
+            (``checkpoint/save_seconds``, ``checkpoint/bytes``, ... and the checkpoint's path;
+            see :mod:`accelkit.trackers.events`).
 
     Example:
         >>> config = ProjectConfiguration(
@@ -70,6 +80,8 @@ class ProjectConfiguration:
     best_mode: str = "min"
     verify_checksums: bool = True
     async_save: bool = False
+    continue_tracker_runs: bool = True
+    checkpoint_events: bool = True
 
     def __post_init__(self) -> None:
         self.project_dir = _as_location(self.project_dir)

@@ -25,6 +25,7 @@ import dataclasses
 import io
 import logging
 import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from accelkit.checkpointing.contents import TrainingObjects, apply_contents, rea
 from accelkit.checkpointing.deletion import apply_retention
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.layout import checkpoint_name, checkpoints_dir
+from accelkit.checkpointing.listener import CheckpointListener, CommitReport, LoadReport
 from accelkit.checkpointing.loading import agree_on_load, check_loadable
 from accelkit.checkpointing.lock import RunLock
 from accelkit.checkpointing.manifest import Manifest
@@ -155,6 +157,7 @@ class CheckpointManager:
         self._lock: RunLock | None = None
         self.counter = IterationCounter(config)
         self.background = AsyncSaver()
+        self.listener: CheckpointListener | None = None
 
     # ------------------------------------------------------------------ registration
 
@@ -260,10 +263,12 @@ class CheckpointManager:
             CheckpointError: the previous asynchronous save failed, the automatic folder
                 already exists, or any process failed; the checkpoint is then not committed.
         """
+        started = time.perf_counter()
         self.wait()
         if async_save is None:
             async_save = bool(self.config.async_save)
         target, automatic = self._output_dir(output_dir)
+        listener = self.listener if self.state.is_main_process else None
         request = SaveRequest(
             target=target,
             automatic=automatic,
@@ -272,6 +277,7 @@ class CheckpointManager:
             metrics={str(k): float(v) for k, v in (metrics or {}).items()},
             metadata=dict(metadata or {}),
             max_shard_size=max_shard_size,
+            experiment=_ask(listener, "checkpoint_record", {}) if listener else {},
         )
         if async_save:
             coordinator: Coordinator = self.background.coordinator(self.state)
@@ -284,6 +290,7 @@ class CheckpointManager:
             lock=self._run_lock() if automatic else None,
             retention=self._retain,
             label="Asynchronous save of" if async_save else "Saving",
+            on_commit=_reporter(listener, started, bool(async_save)) if listener else None,
         )
         sequence.prepare()
         # The number is spent whatever happens next: a failed automatic folder is removed,
@@ -374,14 +381,15 @@ class CheckpointManager:
             CorruptCheckpointError / CheckpointMismatchError: see :func:`~accelkit.
                 checkpointing.contents.read_contents`. Nothing is changed then.
         """
+        started = time.perf_counter()
         self.wait()
         if input_dir is not None:
-            return self._load_from(os.fspath(input_dir), objects, verify)
+            return self._loaded(self._load_from(os.fspath(input_dir), objects, verify), started)
         candidates = self._committed_newest_first()
         skipped: list[str] = []
         for info in candidates:
             try:
-                return self._load_from(info.path, objects, verify)
+                return self._loaded(self._load_from(info.path, objects, verify), started)
             except CorruptCheckpointError as exc:
                 skipped.append(f"{info.name}: {exc}")
                 _warn_damaged(info.path, str(exc))
@@ -389,6 +397,13 @@ class CheckpointManager:
             f"Every committed checkpoint under {self.checkpoints_root()} is damaged; nothing "
             f"was restored: {' | '.join(skipped)}"
         )
+
+    def _loaded(self, result: LoadResult, started: float) -> LoadResult:
+        if self.listener is not None:
+            seconds = time.perf_counter() - started
+            report = LoadReport(result.path, result.manifest, seconds)
+            _ask(self.listener, "checkpoint_loaded", None, report)
+        return result
 
     def _load_from(self, path: str, objects: TrainingObjects, verify: bool | None) -> LoadResult:
         storage = confine(self.storage(path), path)
@@ -497,3 +512,27 @@ class CheckpointManager:
             f.write(safetensors_save(obj, metadata={"format": "pt"}))
         else:
             torch.save(obj, f)
+
+
+def _ask(listener: CheckpointListener, method: str, default: Any, *args: Any) -> Any:
+    """Call a listener method; a failure is logged, never raised into a save or load."""
+    try:
+        return getattr(listener, method)(*args)
+    except Exception:
+        logger.warning("Checkpoint listener %s failed:", method, exc_info=True)
+        return default
+
+
+def _reporter(
+    listener: CheckpointListener, started: float, asynchronous: bool
+) -> Callable[[SaveSequence], None]:
+    """The ``on_commit`` of a save: report it to ``listener`` with its timings."""
+
+    def report(sequence: SaveSequence) -> None:
+        assert sequence.manifest is not None
+        seconds = time.perf_counter() - started
+        blocking = sequence.captured_at - started if asynchronous else seconds
+        commit = CommitReport(sequence.target, sequence.manifest, seconds, blocking, asynchronous)
+        _ask(listener, "checkpoint_committed", None, commit)
+
+    return report

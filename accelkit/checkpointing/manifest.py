@@ -87,6 +87,9 @@ class Manifest:
         created: UNIX time of the commit.
         metadata: free-form JSON values given by the user.
         metrics: numbers given at save time (used by ``keep_best`` retention).
+        experiment: the tracker runs the checkpoint belongs to: ``{"step": <the last logged
+            step, -1 if none>, "runs": {<tracker name>: <its run reference>}}``; empty when
+            the run had no trackers (see :mod:`accelkit.trackers.events`).
         accelkit_version / torch_version: versions that wrote it.
         format_version: the manifest format (:data:`FORMAT_VERSION`).
     """
@@ -98,6 +101,7 @@ class Manifest:
     created: float = field(default_factory=time.time)
     metadata: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    experiment: dict[str, Any] = field(default_factory=dict)
     accelkit_version: str = ""
     torch_version: str = ""
     format_version: int = FORMAT_VERSION
@@ -125,6 +129,7 @@ class Manifest:
             "torch_version": self.torch_version,
             "metadata": self.metadata,
             "metrics": self.metrics,
+            **({"experiment": self.experiment} if self.experiment else {}),
             "files": [{"path": e.path, "size": e.size, "checksum": e.checksum} for e in self.files],
         }
         return json.dumps(payload, indent=1, allow_nan=False) + "\n"
@@ -218,6 +223,7 @@ class Manifest:
             except ValueError as exc:
                 raise ManifestError(f"{where} ({path}): {exc}") from None
             files.append(FileEntry(path, size, checksum))
+        experiment = _experiment(get("experiment", dict, optional=True) or {}, source)
         accelkit_version = get("accelkit_version", str, optional=True) or ""
         torch_version = get("torch_version", str, optional=True) or ""
         try:
@@ -234,10 +240,28 @@ class Manifest:
             created=float(created),
             metadata=metadata,
             metrics=metrics,
+            experiment=experiment,
             accelkit_version=accelkit_version,
             torch_version=torch_version,
             format_version=version,
         )
+
+
+def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Check the shape of the ``experiment`` field (the references' contents are checked by
+    each tracker against its own configuration when it continues a run)."""
+    if not data:
+        return {}
+    step, runs = data.get("step", -1), data.get("runs", {})
+    if isinstance(step, bool) or not isinstance(step, int) or step < -1:
+        raise ManifestError(f"{source}: experiment.step must be an integer >= -1, got {step!r}.")
+    if not isinstance(runs, dict) or not all(
+        isinstance(name, str) and isinstance(reference, dict) for name, reference in runs.items()
+    ):
+        raise ManifestError(
+            f"{source}: experiment.runs must map tracker names to objects, got {str(runs)[:200]!r}."
+        )
+    return {"step": step, "runs": runs}
 
 
 def read_manifest(storage: Storage, folder: str) -> Manifest | None:

@@ -168,6 +168,8 @@ class SaveRequest:
         metrics: numbers for ``keep_best`` retention.
         metadata: JSON values stored in the manifest.
         max_shard_size: for model files.
+        experiment: the tracker runs the checkpoint belongs to (the manifest's
+            ``experiment``).
     """
 
     target: str
@@ -177,6 +179,7 @@ class SaveRequest:
     metrics: Mapping[str, float] = field(default_factory=dict)
     metadata: Mapping[str, Any] = field(default_factory=dict)
     max_shard_size: int | str = "10GB"
+    experiment: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _save_marker() -> bytes:
@@ -200,6 +203,12 @@ class SaveSequence:
         retention: run by the main process after the commit of an automatic checkpoint, with
             the committed folder's path; it must log its own failures.
         label: how messages name this save (``"Saving"``, ``"Asynchronous save of"``).
+        on_commit: run by the main process after the commit and the retention, with this
+            sequence (its :attr:`manifest`, :attr:`captured_at`); failures are logged.
+
+    Attributes:
+        manifest: the committed manifest (main process, after the commit).
+        captured_at: ``time.perf_counter()`` when this process's capture returned.
     """
 
     def __init__(
@@ -210,6 +219,7 @@ class SaveSequence:
         lock: RunLock | None = None,
         retention: Callable[[str], None] | None = None,
         label: str = "Saving",
+        on_commit: Callable[[SaveSequence], None] | None = None,
     ) -> None:
         self.coordinator = coordinator
         self.storage = storage
@@ -217,6 +227,9 @@ class SaveSequence:
         self.lock = lock
         self.retention = retention
         self.label = label
+        self.on_commit = on_commit
+        self.manifest: Manifest | None = None
+        self.captured_at = 0.0
         self.is_main = coordinator.rank == 0
         self._payload: Payload | None = None
         self._capture_error: BaseException | None = None
@@ -320,6 +333,7 @@ class SaveSequence:
         except BaseException:  # interrupted: this process will not reach the next phase
             self._abandon()
             raise
+        self.captured_at = time.perf_counter()
 
     def finish(self) -> None:
         """Phases 2 (agreement) to 6, on every process (in a writer thread for an asynchronous
@@ -336,6 +350,11 @@ class SaveSequence:
         except BaseException:
             self._abandon()
             raise
+        if self.is_main and self.on_commit is not None:
+            try:
+                self.on_commit(self)
+            except Exception:
+                logger.warning("After committing %s:", self.target, exc_info=True)
         self._release()
         self._exchange(DONE, None)
 
@@ -392,6 +411,7 @@ class SaveSequence:
             created=time.time(),
             metadata=dict(request.metadata),
             metrics=dict(request.metrics),
+            experiment=dict(request.experiment),
             accelkit_version=__version__,
             torch_version=torch.__version__,
         )
@@ -399,6 +419,7 @@ class SaveSequence:
         # (journaling filesystems commit the earlier entries of the folder with it), then the
         # checkpoint folder's own entry in its parent.
         write_manifest(storage, target, manifest)
+        self.manifest = manifest
         parent = target.rstrip("/").rpartition("/")[0]
         if parent:
             storage.fsync_dir(parent)

@@ -4,6 +4,7 @@ Importing this package imports no tracking SDK; each backend imports its SDK whe
 """
 
 from accelkit.trackers.base import GeneralTracker, on_main_process
+from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.hub import TrackerError, TrackerFailure, TrackerHub, TrackerWarning
 from accelkit.trackers.registry import (
     LoggerType,
@@ -17,6 +18,7 @@ from accelkit.trackers.registry import (
 )
 
 __all__ = [
+    "CheckpointEvent",
     "GeneralTracker",
     "LoggerType",
     "TrackerError",

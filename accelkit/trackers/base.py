@@ -6,6 +6,9 @@ A tracker class is constructed as Accelerate constructs it: ``cls(run_name, logg
 ``start()`` opens the backend's run (this is where the backend's SDK is imported, so importing
 accelkit never imports wandb, mlflow, comet_ml or tensorboard), ``store_init_configuration()``
 records the hyperparameters, ``log()`` records values at a step and ``finish()`` closes the run.
+Three optional methods connect a tracker to checkpoints: ``run_reference()`` (what a checkpoint
+records to continue the run), ``continue_run()`` (reopen that run on resume) and
+``on_checkpoint()`` (a checkpoint was saved or loaded).
 
 Custom trackers subclass `GeneralTracker`, set the class attributes ``name``,
 ``requires_logging_directory`` and ``main_process_only``, and implement ``log`` (and usually
@@ -20,7 +23,10 @@ import functools
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    from accelkit.trackers.events import CheckpointEvent
 
 __all__ = ["GeneralTracker", "on_main_process"]
 
@@ -142,6 +148,55 @@ class GeneralTracker:
 
     def finish(self) -> None:
         """Flush and close the backend's run. Called by ``Accelerator.end_training``."""
+
+    # Experiment continuity: optional, for trackers whose runs a resumed job can continue.
+
+    def run_reference(self) -> dict[str, Any] | None:
+        """What a checkpoint records so that a resumed job continues this tracker's run.
+
+        Called on the tracker's worker thread after :meth:`start` (and after a continued
+        start); the result is stored in every checkpoint's manifest (``experiment.runs``,
+        shown by ``accelkit ckpt ls``) and handed back to :meth:`continue_run` on resume.
+
+        Returns:
+            JSON values (for example ``{"run_id": ..., "project": ...}``), or ``None`` (the
+            default): nothing to record, a resumed job starts a new run.
+        """
+        return None
+
+    def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        """Prepare to continue a run when a job resumes from a checkpoint.
+
+        Called before :meth:`start` (on the worker thread) when ``Accelerator.load_state``
+        restores a checkpoint, whichever of ``init_trackers`` and ``load_state`` came first.
+        The next :meth:`start` should then reopen the run ``reference`` describes and, where
+        the backend can, forget the points logged after ``step`` (they belong to the timeline
+        the resumed job replaces); where it cannot, record the resume point (a tag or
+        parameter). The default does nothing: the tracker starts a new run.
+
+        A reference comes from a checkpoint file, so it is checked against this run's own
+        configuration: it may only continue a run in the place this tracker logs to now (the
+        same folder, server, project), never send values elsewhere. A run that no longer
+        exists on the backend is a warning and a new run, never a failure.
+
+        Args:
+            reference: what :meth:`run_reference` returned when the checkpoint was saved, or
+                ``None`` when the checkpoint recorded nothing for this tracker (a file-based
+                tracker still forgets the points after ``step`` in its own folder).
+            step: the last logging step the checkpoint covers; the resumed job logs after it.
+        """
+
+    def on_checkpoint(self, event: CheckpointEvent) -> None:
+        """Record that a checkpoint was saved or loaded (see :mod:`accelkit.trackers.events`).
+
+        Called on the tracker's worker thread. The default logs ``event.values`` at
+        ``event.step`` with :meth:`log`; backends override it to also keep a reference to the
+        checkpoint (its path as a tag, a text entry or a summary value).
+
+        Args:
+            event: what happened, when, and its numbers.
+        """
+        self.log(dict(event.values), step=event.step)
 
     def warn_skipped(self, key: str, value: Any, reason: str) -> None:
         """Warn once per key that a value was skipped or converted.

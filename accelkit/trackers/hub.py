@@ -28,6 +28,17 @@ TensorBoard and MLflow would put every point at step 0 and W&B would count on it
 ``commit=False`` (several calls filling one row) therefore needs the same explicit ``step`` on
 each of those calls.
 
+Continuing runs: when a job resumes from a checkpoint, :meth:`TrackerHub.resume` hands each
+tracker the reference its run left in the checkpoint (``continue_run`` before ``start``) and
+sets the step counter past the checkpoint's last logged step. That works whichever of
+``init_trackers`` and ``load_state`` comes first because, with ``defer_start`` (what
+``Accelerator`` uses unless ``ProjectConfiguration(continue_tracker_runs=False)``), ``init``
+only builds the trackers and their runs are opened at their first use: the first ``log``,
+``flush``, ``get``, ``trackers``, a checkpoint save, or ``finish``. A start failure is then
+reported at that use, like a failure in ``log``. :meth:`TrackerHub.references` gives the
+references for a new checkpoint and :meth:`TrackerHub.event` queues a checkpoint event
+(:mod:`accelkit.trackers.events`) for every tracker's worker.
+
 Pickling: a hub pickles (``Accelerator`` objects are pickled, by Accelerate's own tests among
 others) without its threads, locks, queues or started trackers, which belong to the process that
 started them. The copy is detached: ``log`` and ``flush`` do nothing, ``get`` returns a stand-in
@@ -38,144 +49,31 @@ of trackers writing the same run. See :meth:`TrackerHub.__getstate__`.
 from __future__ import annotations
 
 import atexit
-import collections
 import logging
 import os
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from accelkit.trackers._worker import EVENT, LOG, MARK, START, STOP, Resume, Worker
 from accelkit.trackers.base import GeneralTracker, NullTracker
+from accelkit.trackers.events import CheckpointEvent
+from accelkit.trackers.failures import TrackerError, TrackerFailure, TrackerWarning
 from accelkit.trackers.registry import constructor_arguments, resolve_log_with
-from accelkit.trackers.values import resolve, snapshot
+from accelkit.trackers.values import snapshot
 
 __all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning"]
 
 _POLICIES = ("warn", "raise")
-_LOG, _MARK, _STOP, _START = 0, 1, 2, 3
-_POLL_S = 0.05
 _WAKE_AT = 256
 # A tracker with this many values waiting while one backend call has run longer than the hub's
 # timeout is hung: it is reported and skipped rather than let its queue grow without bound.
 _MAX_PENDING = 50_000
+_MAX_EARLY_EVENTS = 16
 
 logger = logging.getLogger("accelkit.trackers")
-
-
-class TrackerWarning(UserWarning):
-    """A tracker failed and is skipped from now on (``on_error="warn"``)."""
-
-
-class TrackerError(RuntimeError):
-    """A tracker failed (``on_error="raise"``); ``failure`` says which and where."""
-
-    def __init__(self, failure: TrackerFailure) -> None:
-        super().__init__(failure.describe())
-        self.failure = failure
-
-
-@dataclass(frozen=True)
-class TrackerFailure:
-    """One tracker failure: which tracker, in which method, and the exception."""
-
-    name: str
-    method: str
-    error: BaseException
-
-    def describe(self) -> str:
-        """A one-line report naming the tracker and the error."""
-        return (
-            f"Tracker {self.name!r} failed in {self.method}(): {type(self.error).__name__}: "
-            f"{self.error}. It is skipped from now on; the other trackers continue."
-        )
-
-
-class _Worker:
-    """A tracker, its queue and the daemon thread that feeds it.
-
-    ``log`` only appends to a deque (no lock, no system call): waking a sleeping thread on
-    every call would cost the caller a futex wake-up, several microseconds on a busy machine.
-    The worker instead drains the deque every ``_POLL_S`` seconds, or at once when the queue
-    grows past ``_WAKE_AT`` items or a flush/finish asks for it.
-    """
-
-    def __init__(self, tracker: GeneralTracker, hub: TrackerHub) -> None:
-        self.tracker = tracker
-        self.name = tracker.name
-        self.failed = False
-        self._failed_lock = threading.Lock()
-        self.busy: str | None = None
-        self.busy_since = 0.0
-        self.items: collections.deque[tuple[Any, ...]] = collections.deque()
-        self.wake = threading.Event()
-        self._hub = weakref.ref(hub)
-        self.thread = threading.Thread(
-            target=self._run, name=f"accelkit-tracker-{self.name}", daemon=True
-        )
-        self.thread.start()
-
-    def _run(self) -> None:
-        items = self.items
-        while True:
-            self.wake.clear()
-            while items:
-                if self._handle(items.popleft()):
-                    return
-            self.wake.wait(_POLL_S)
-
-    def _handle(self, item: tuple[Any, ...]) -> bool:
-        """Process one queued item; True once the tracker is finished."""
-        kind = item[0]
-        if kind == _START:
-            _, event, config = item
-            started = not self.failed and self.call("start", self.tracker.start)
-            # Not failed again: a start() that returned after its time limit was reported.
-            if started and config is not None and not self.failed:
-                self.call("store_init_configuration", self.tracker.store_init_configuration, config)
-            event.set()
-            return False
-        if kind == _LOG:
-            if not self.failed:
-                _, values, step, kwargs, pending = item
-                values = resolve(values) if pending else dict(values)
-                self.call("log", self.tracker.log, values, step, **(kwargs or {}))
-            return False
-        if kind == _STOP and not self.failed:
-            self.call("finish", self.tracker.finish)
-        item[1].set()
-        return kind == _STOP
-
-    def call(self, method: str, function: Any, *args: Any, **kwargs: Any) -> bool:
-        """Run one tracker method; on an exception mark the tracker failed and report it."""
-        self.busy = method
-        self.busy_since = time.monotonic()
-        try:
-            function(*args, **kwargs)
-            return True
-        except Exception as error:
-            # A tracker already reported (timed out while in this call) is not reported twice.
-            hub = self._hub()
-            if self.mark_failed() and hub is not None:
-                hub._report(TrackerFailure(self.name, method, error))
-            return False
-        finally:
-            self.busy = None
-
-    def mark_failed(self) -> bool:
-        """Mark the tracker failed; True for the one caller that should report it."""
-        with self._failed_lock:
-            first, self.failed = not self.failed, True
-        return first
-
-    def signal(self, kind: int, *extra: Any) -> threading.Event:
-        event = threading.Event()
-        self.items.append((kind, event, *extra))
-        self.wake.set()
-        return event
 
 
 class TrackerHub:
@@ -190,6 +88,8 @@ class TrackerHub:
             never created elsewhere.
         on_error: ``"warn"`` or ``"raise"`` (see the module docstring).
         timeout: the most seconds ``flush``/``finish`` wait for a tracker.
+        defer_start: open the backends' runs at the first use after ``init`` rather than in
+            it (see "Continuing runs" in the module docstring).
     """
 
     def __init__(
@@ -200,6 +100,7 @@ class TrackerHub:
         is_main_process: bool,
         on_error: str = "warn",
         timeout: float = 60.0,
+        defer_start: bool = False,
     ) -> None:
         if on_error not in _POLICIES:
             raise ValueError(
@@ -212,8 +113,8 @@ class TrackerHub:
         self.max_pending = int(os.environ.get("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
         self.requested_names = [spec.name for spec in specs]
         self._specs = [s for s in specs if is_main_process or not s.main_process_only]
-        self._workers: list[_Worker] = []
-        self._live: list[_Worker] = []
+        self._workers: list[Worker] = []
+        self._live: list[Worker] = []
         self._failures: list[TrackerFailure] = []
         self._pending: TrackerFailure | None = None
         self._lock = threading.Lock()
@@ -223,6 +124,11 @@ class TrackerHub:
         self._run_start = 0  # index in _failures of this run's first failure
         self._next_step = 0  # the step of the next log() called without one
         self._detached = False  # an unpickled copy: no trackers of its own
+        self.defer_start = defer_start
+        self._unstarted: list[Worker] = []  # constructed, start() not queued yet (deferred)
+        self._config: Mapping[str, Any] | None = None  # stored again when a run is reopened
+        self._resume: tuple[Mapping[str, Any], int] | None = None  # a loaded checkpoint's runs
+        self._early_events: list[CheckpointEvent] = []  # events from before the runs opened
 
     @classmethod
     def create(
@@ -233,6 +139,7 @@ class TrackerHub:
         is_main_process: bool = True,
         on_error: str = "warn",
         timeout: float | None = None,
+        defer_start: bool = False,
     ) -> TrackerHub:
         """Check ``log_with`` and build the hub (nothing is started until :meth:`init`).
 
@@ -243,6 +150,7 @@ class TrackerHub:
             on_error: ``"warn"`` (default) or ``"raise"``.
             timeout: the most seconds ``flush``/``finish`` wait for the trackers; default
                 ``ACCELKIT_TRACKER_TIMEOUT`` or 60.
+            defer_start: open the backends' runs at their first use, not in ``init``.
 
         Returns:
             The hub.
@@ -269,6 +177,7 @@ class TrackerHub:
             is_main_process=is_main_process,
             on_error=on_error,
             timeout=timeout,
+            defer_start=defer_start,
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -280,10 +189,15 @@ class TrackerHub:
         names and the step counter, and is detached (see the module docstring).
         """
         state = self.__dict__.copy()
-        for key in ("_workers", "_live", "_specs", "_failures"):
+        for key in ("_workers", "_live", "_specs", "_failures", "_unstarted", "_early_events"):
             state[key] = []
         state.update(
-            _lock=None, _pending=None, _atexit_registered=False, _run_names=set(), _run_start=0
+            _lock=None,
+            _pending=None,
+            _atexit_registered=False,
+            _run_names=set(),
+            _run_start=0,
+            _config=None,
         )
         state["_detached"] = True
         return state
@@ -295,7 +209,9 @@ class TrackerHub:
 
     @property
     def trackers(self) -> list[GeneralTracker]:
-        """The started trackers of this process, failed ones included."""
+        """The started trackers of this process, failed ones included (their runs are opened
+        first if they were not yet)."""
+        self._open_runs(wait=True)
         return [worker.tracker for worker in self._workers]
 
     @property
@@ -303,11 +219,11 @@ class TrackerHub:
         """Every tracker failure reported so far."""
         return list(self._failures)
 
-    def _stuck(self, worker: _Worker) -> bool:
+    def _stuck(self, worker: Worker) -> bool:
         """Whether ``worker`` has been inside one backend call for longer than ``timeout``."""
         return worker.busy is not None and time.monotonic() - worker.busy_since > self.timeout
 
-    def _overflow(self, worker: _Worker) -> None:
+    def _overflow(self, worker: Worker) -> None:
         """Skip a tracker whose queue outgrew ``max_pending`` (its backend is hung)."""
         waiting = len(worker.items)
         if not worker.mark_failed():
@@ -368,7 +284,7 @@ class TrackerHub:
                 "starting new trackers."
             )
         init_kwargs = dict(init_kwargs or {})
-        self._next_step = 0
+        self._next_step = 0 if self._resume is None else self._resume[1] + 1
         self._run_start = len(self._failures)
         self._all_failed_reported = False
         self._run_names = {spec.name for spec in self._specs}
@@ -387,29 +303,54 @@ class TrackerHub:
                 kwargs = init_kwargs.get(spec.name, {})
                 arguments = constructor_arguments(spec, project_name, self.logging_dir, kwargs)
             calls.append((spec, arguments))
+        self._config = config
         for spec, arguments in calls:
             tracker = self._construct(spec, arguments)
             if tracker is None:
                 continue
-            worker = _Worker(tracker, self)
+            worker = Worker(tracker, self)
             self._workers.append(worker)
-            self._start(worker, config)
-            if not worker.failed:
-                self._live.append(worker)
+            self._unstarted.append(worker)
+        if not self.defer_start:
+            self._open_runs(wait=True)
         if self._workers and not self._atexit_registered:
-            # Registered after the trackers started, so this runs before the backends' own
+            # Registered after the trackers were made, so this runs before the backends' own
             # exit hooks (atexit is last-in, first-out) and their runs still accept values.
             # It also keeps the hub alive until exit, so a dropped Accelerator still flushes.
             atexit.register(self._drain_at_exit)
             self._atexit_registered = True
         self._raise_pending()
 
-    def _start(self, worker: _Worker, config: Mapping[str, Any] | None) -> None:
-        """Run ``start`` (and ``store_init_configuration``) on the worker, waiting at most
-        ``timeout`` seconds; a tracker that takes longer is reported and skipped."""
-        done = worker.signal(_START, config)
-        if done.wait(self.timeout):
-            return
+    def _open_runs(self, wait: bool) -> None:
+        """Queue ``start`` (after ``continue_run`` when a checkpoint was loaded) and
+        ``store_init_configuration`` for every tracker not started yet; with ``wait``, wait
+        at most ``timeout`` seconds for each (a tracker that takes longer is reported and
+        skipped)."""
+        with self._lock:
+            workers, self._unstarted = self._unstarted, []
+            if not workers:
+                return
+            opened = []
+            for worker in workers:
+                resume: Resume | None = None
+                if self._resume is not None:
+                    runs, step = self._resume
+                    reference = runs.get(worker.name)
+                    resume = (dict(reference) if isinstance(reference, Mapping) else None, step)
+                opened.append((worker, worker.signal(START, self._config, resume)))
+                worker.items.extend((EVENT, event) for event in self._early_events)
+            self._early_events = []
+            self._live = self._live + [worker for worker in workers if not worker.failed]
+        if wait:
+            for worker, done in opened:
+                self._wait_started(worker, done)
+
+    def _wait_started(self, worker: Worker, done: threading.Event) -> None:
+        if not done.wait(self.timeout):
+            self._start_timed_out(worker)
+
+    def _start_timed_out(self, worker: Worker) -> None:
+        """Report and skip a tracker whose run did not open within ``timeout`` seconds."""
         busy = worker.busy or "start"
         if not worker.mark_failed():
             return  # it failed (and was reported) just as the wait ended
@@ -482,16 +423,20 @@ class TrackerHub:
             ) from None
         live = self._live
         if not live:
-            if self._pending is not None:
-                self._raise_pending()
-            return
+            if self._unstarted:  # the run's first use: open the backends' runs now
+                self._open_runs(wait=False)
+                live = self._live
+            if not live:
+                if self._pending is not None:
+                    self._raise_pending()
+                return
         if self._pending is not None:
             self._raise_pending()
         copied, pending = snapshot(values)
         for worker in live:  # worker.put() inlined: this is the training loop's hot path
             kwargs = log_kwargs.get(worker.name) if log_kwargs else None
             items = worker.items
-            items.append((_LOG, copied, step, kwargs, pending))
+            items.append((LOG, copied, step, kwargs, pending))
             if len(items) >= _WAKE_AT:
                 worker.wake.set()
                 if len(items) > self.max_pending and self._stuck(worker):
@@ -510,11 +455,12 @@ class TrackerHub:
         Raises:
             TrackerError: a failure, with ``on_error="raise"``.
         """
-        done = self._wait(list(self._live), _MARK, timeout, "flush")
+        self._open_runs(wait=False)
+        done = self._wait(list(self._live), MARK, timeout, "flush")
         self._raise_pending()
         return done
 
-    def _wait(self, workers: list[_Worker], kind: int, timeout: float | None, what: str) -> bool:
+    def _wait(self, workers: list[Worker], kind: int, timeout: float | None, what: str) -> bool:
         limit = self.timeout if timeout is None else timeout
         # A tracker already reported failed while stuck in a backend call is not waited for
         # (nor reported a second time).
@@ -528,6 +474,9 @@ class TrackerHub:
         for worker, event in events:
             if not event.wait(max(0.0, deadline - time.monotonic())):
                 done = False
+                if not worker.opened.is_set():  # still opening its run: hung like in init
+                    self._start_timed_out(worker)
+                    continue
                 warnings.warn(
                     f"Tracker {worker.name!r} did not {what} within {limit:g} s ("
                     + (f"busy in {worker.busy}()" if worker.busy else "values still queued")
@@ -551,11 +500,13 @@ class TrackerHub:
         Raises:
             TrackerError: a failure, with ``on_error="raise"``.
         """
+        self._open_runs(wait=False)  # a run with only its configuration is still a run
         workers, self._workers, self._live = self._workers, [], []
+        self._resume = None
         if self._atexit_registered:
             atexit.unregister(self._drain_at_exit)
             self._atexit_registered = False
-        done = self._wait(workers, _STOP, timeout, "finish")
+        done = self._wait(workers, STOP, timeout, "finish")
         self._raise_pending()
         return done
 
@@ -575,9 +526,10 @@ class TrackerHub:
         Raises:
             ValueError: no tracker of this run has this name.
         """
+        self._open_runs(wait=False)
         for worker in self._workers:
             if worker.name == name:
-                self._wait([worker], _MARK, None, "flush")
+                self._wait([worker], MARK, None, "flush")
                 return worker.tracker.tracker if unwrap else worker.tracker
         if name in self.requested_names and (self._detached or not self.is_main_process):
             stand_in = NullTracker(name)
@@ -588,3 +540,65 @@ class TrackerHub:
             f"No tracker named {name!r} in this run; the trackers are {started or 'none'} "
             f"(log_with asked for {self.requested_names}).{hint}"
         )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    def last_step(self) -> int:
+        """The step of the last ``log()`` call of this run (``-1`` before the first)."""
+        return self._next_step - 1
+
+    def references(self) -> dict[str, dict[str, Any]]:
+        """Tracker name -> what its ``run_reference()`` returned, for a checkpoint's manifest.
+
+        Opens the runs not opened yet (a checkpoint saved before the first ``log()``) and
+        waits for them at most ``timeout`` seconds; failed trackers and those that record
+        nothing are left out.
+        """
+        self._open_runs(wait=True)
+        pending = [worker for worker in self._live if not worker.opened.is_set()]
+        deadline = time.monotonic() + self.timeout
+        for worker in pending:
+            worker.opened.wait(max(0.0, deadline - time.monotonic()))
+        return {
+            worker.name: worker.reference
+            for worker in self._live
+            if worker.reference is not None and not worker.failed
+        }
+
+    def resume(self, runs: Mapping[str, Any], step: int) -> bool:
+        """Continue the runs a loaded checkpoint names, after its last logged ``step``.
+
+        Sets the step counter to ``step + 1`` (so ``log()`` without a step continues the
+        numbering). Trackers whose runs are not open yet (``init`` has not been called, or
+        nothing used them since) get ``continue_run(reference, step)`` before their
+        ``start()``. Trackers already logging are left as they are: a checkpoint loaded in the
+        middle of a run (to evaluate the best one, or to roll back) must not rewrite the
+        curves logged so far.
+
+        Args:
+            runs: tracker name -> the reference the checkpoint recorded for it.
+            step: the checkpoint's last logging step (``-1``: nothing was logged before it).
+
+        Returns:
+            Whether the runs will be continued (``False``: the trackers were already logging).
+        """
+        if self._live or self._detached:
+            return False
+        self._resume = (dict(runs), int(step))
+        self._next_step = int(step) + 1
+        return True
+
+    def event(self, event: CheckpointEvent) -> None:
+        """Queue a checkpoint event for every live tracker (``on_checkpoint``) and return.
+
+        Safe to call from any thread (an asynchronous save's writer calls it after the commit).
+        An event before the runs are open (a ``load_state`` before ``init_trackers`` or before
+        the first ``log``) is kept and delivered right after they open.
+        """
+        with self._lock:
+            live = self._live
+            if not live and self._specs and len(self._early_events) < _MAX_EARLY_EVENTS:
+                self._early_events.append(event)
+        for worker in live:
+            worker.items.append((EVENT, event))

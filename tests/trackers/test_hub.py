@@ -14,7 +14,7 @@ import pytest
 import torch
 from typing_extensions import override
 
-from accelkit import Accelerator
+from accelkit import Accelerator, ProjectConfiguration
 from accelkit.trackers import GeneralTracker, TrackerError, TrackerHub, TrackerWarning
 from accelkit.trackers.base import NullTracker
 from accelkit.trackers.jsonl import read_jsonl
@@ -50,11 +50,24 @@ def test_a_failing_tracker_is_reported_once_and_the_others_go_on(
     assert broken.log_attempts == {"start": 0, "log": 1, "finish": 4}[method]
 
 
-def test_raise_policy_raises_at_init_for_start_failures() -> None:
+def test_raise_policy_raises_at_init_for_start_failures_when_runs_open_eagerly() -> None:
     broken = RecordingTracker("broken", fail_in="start")
-    accelerator = Accelerator(log_with=[broken], tracker_errors="raise")
+    config = ProjectConfiguration(continue_tracker_runs=False)
+    accelerator = Accelerator(log_with=[broken], tracker_errors="raise", project_config=config)
     with pytest.raises(TrackerError, match="'broken' failed in start"):
         accelerator.init_trackers("run")
+
+
+def test_raise_policy_raises_start_failures_at_the_first_use_when_runs_open_lazily() -> None:
+    # The default: runs open at their first use, so that a load_state() after
+    # init_trackers() can continue the checkpoint's runs.
+    broken = RecordingTracker("broken", fail_in="start")
+    accelerator = Accelerator(log_with=[broken], tracker_errors="raise")
+    accelerator.init_trackers("run")
+    assert broken.calls == []  # not started yet
+    accelerator.log({"x": 1}, step=0)
+    with pytest.raises(TrackerError, match="'broken' failed in start"):
+        accelerator.end_training()
 
 
 def test_raise_policy_raises_worker_failures_at_the_next_call() -> None:
@@ -267,19 +280,24 @@ class _HangsIn(GeneralTracker):
         self.logged.append((step, values))
 
 
+@pytest.mark.parametrize("lazily", [False, True], ids=["in_init", "at_first_use"])
 @pytest.mark.parametrize("method", ["start", "store_init_configuration"])
 def test_a_hung_start_is_bounded_reported_and_skipped(
-    method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    method: str, lazily: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ACCELKIT_TRACKER_TIMEOUT", "0.5")
     gate = threading.Event()
     hung = _HangsIn("hung", method, gate)
     try:
-        accelerator = Accelerator(log_with=[hung, "jsonl"], project_dir=str(tmp_path))
+        config = ProjectConfiguration(project_dir=str(tmp_path), continue_tracker_runs=lazily)
+        accelerator = Accelerator(log_with=[hung, "jsonl"], project_config=config)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             started = time.monotonic()
             accelerator.init_trackers("run", config={"lr": 0.1})
+            accelerator.log({"x": 1}, step=0)
+            # Lazily opened runs are waited for (and a hung one reported) at the next wait.
+            accelerator.end_training()
             waited = time.monotonic() - started
         reports = _tracker_warnings(caught)
         assert len(reports) == 1, reports
@@ -287,8 +305,6 @@ def test_a_hung_start_is_bounded_reported_and_skipped(
         assert "did not return within 0.5 s" in reports[0]
         assert "ACCELKIT_TRACKER_TIMEOUT" in reports[0]
         assert waited < 30  # bounded (generous: the machine is shared)
-        accelerator.log({"x": 1}, step=0)
-        assert accelerator.end_training() is None
         assert [r["values"] for r in read_jsonl(str(tmp_path / "run"))] == [{"x": 1}]
     finally:
         gate.set()

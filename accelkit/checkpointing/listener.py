@@ -1,0 +1,72 @@
+"""What the checkpoint manager tells the rest of a run: the listener interface and its reports.
+
+The manager knows nothing about experiment tracking; ``Accelerator`` connects the two by giving
+the manager a :class:`CheckpointListener` (``accelkit._experiment.ExperimentLink``). The
+manager asks it, on the main process, what to record in a new checkpoint's manifest
+(``experiment``), and tells it when a checkpoint was committed (on the main process, from the
+thread that committed it) and when one was loaded (on every process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from accelkit.checkpointing.manifest import Manifest
+
+__all__ = ["CheckpointListener", "CommitReport", "LoadReport"]
+
+
+@dataclass(frozen=True)
+class CommitReport:
+    """One committed save.
+
+    Attributes:
+        path: the checkpoint's folder or URL.
+        manifest: its manifest.
+        seconds: from the ``save`` call to the commit.
+        blocking_seconds: how long the ``save`` call blocked its caller (``seconds`` for a
+            synchronous save).
+        asynchronous: written in the background.
+    """
+
+    path: str
+    manifest: Manifest
+    seconds: float
+    blocking_seconds: float
+    asynchronous: bool
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """One restored checkpoint.
+
+    Attributes:
+        path: the checkpoint's folder or URL.
+        manifest: its manifest (Accelerate folders get one made up by the reader).
+        seconds: from the ``load`` call to the restored state.
+    """
+
+    path: str
+    manifest: Manifest
+    seconds: float
+
+
+@runtime_checkable
+class CheckpointListener(Protocol):
+    """Told about every save and load of a :class:`~accelkit.checkpointing.manager.
+    CheckpointManager`. Its methods must be quick (they run inside ``save``/``load``) and
+    must not raise (failures are logged and ignored)."""
+
+    def checkpoint_record(self) -> Mapping[str, Any]:
+        """On the main process, before a save: JSON values for the manifest's ``experiment``."""
+        ...
+
+    def checkpoint_committed(self, report: CommitReport) -> None:
+        """On the main process, after a commit (and its retention)."""
+        ...
+
+    def checkpoint_loaded(self, report: LoadReport) -> None:
+        """On every process, after a load restored the state."""
+        ...

@@ -1,0 +1,71 @@
+"""Checkpoint events: what a tracker is told when a checkpoint is saved or loaded.
+
+``Accelerator.save_state`` and ``load_state`` hand one :class:`CheckpointEvent` to every tracker
+of the run through the hub, so the backend call runs on the tracker's own worker thread, never
+on the training thread (for an asynchronous save the event is queued by the writer thread,
+after the commit). Each tracker receives it in :meth:`GeneralTracker.on_checkpoint
+<accelkit.trackers.base.GeneralTracker.on_checkpoint>`; the default logs :attr:`CheckpointEvent.
+values` at :attr:`CheckpointEvent.step` like any other values.
+
+The values (numbers), by event kind:
+
+========================== ==========================================================
+``checkpoint/save_seconds``   save: from the ``save_state`` call to the commit
+``checkpoint/blocking_seconds`` save: how long ``save_state`` blocked the training loop
+                              (the whole save when synchronous)
+``checkpoint/bytes``          save: total size of the checkpoint's files
+``checkpoint/iteration``      save and load: the checkpoint's number (``-1`` without one)
+``checkpoint/load_seconds``   load: from the ``load_state`` call to the restored state
+``checkpoint/resumed_step``   load: the logging step the run continues after
+========================== ==========================================================
+
+The step of an event is the run's logging step when the checkpoint was taken (the last step
+given to ``Accelerator.log``), so the points line up with the curves they belong to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "BLOCKING_SECONDS",
+    "BYTES",
+    "ITERATION",
+    "LOAD_SECONDS",
+    "RESUMED_STEP",
+    "SAVE_SECONDS",
+    "CheckpointEvent",
+]
+
+SAVE_SECONDS = "checkpoint/save_seconds"
+BLOCKING_SECONDS = "checkpoint/blocking_seconds"
+BYTES = "checkpoint/bytes"
+ITERATION = "checkpoint/iteration"
+LOAD_SECONDS = "checkpoint/load_seconds"
+RESUMED_STEP = "checkpoint/resumed_step"
+
+
+@dataclass(frozen=True)
+class CheckpointEvent:
+    """One checkpoint saved (committed) or loaded.
+
+    Attributes:
+        kind: ``"save"`` or ``"load"``.
+        step: the logging step the event belongs to (``0`` when nothing was logged yet).
+        path: the checkpoint's folder or URL.
+        iteration: the checkpoint's number, ``None`` for a folder named by the caller.
+        values: the numbers of the event, by the names in this module's table.
+    """
+
+    kind: Literal["save", "load"]
+    step: int
+    path: str
+    iteration: int | None = None
+    values: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The checkpoint's folder name (the last component of :attr:`path`)."""
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
