@@ -40,6 +40,8 @@ Modules, from the bottom up:
 - :mod:`~accelkit.checkpointing.snapshot` -- a reusable host-memory copy of the saved state.
 - :mod:`~accelkit.checkpointing.protocol` -- the one commit sequence every save runs.
 - :mod:`~accelkit.checkpointing.async_save` -- the background driver of that sequence.
+- :mod:`~accelkit.checkpointing.listener` -- what the manager tells the rest of the run
+  (``CheckpointListener``: the manifest's ``experiment`` record, commits, loads).
 - :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest; the run's counter.
 - :mod:`~accelkit.checkpointing.accelerate_format` -- Hugging Face accelerate's checkpoint
   folders, read safely (an exact allow-list for their pickles).
