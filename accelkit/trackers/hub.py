@@ -9,13 +9,15 @@ called, with the same steps.
 A tracker that raises in ``start``, ``store_init_configuration``, ``log`` or ``finish`` is
 reported once (a :class:`TrackerWarning` naming it and the error) and skipped from then on; the
 other trackers and the training run go on. With ``on_error="raise"`` the failure is raised as a
-:class:`TrackerError`: at once from ``init``, and from the next ``log``/``flush``/``finish`` call
-for failures that happen in a worker. When every tracker of the run has failed, one error-level
+:class:`TrackerError`: at once from ``init`` when the runs open there, and from the next
+``log``/``flush``/``finish`` call for failures that happen in a worker (a run opened at its
+first use included, see "Continuing runs"). When every tracker of the run has failed, one error-level
 log record (logger ``accelkit.trackers``) says so, naming each of them: training goes on, but
 nothing is being logged any more.
 
-No wait is unbounded. ``init`` runs ``start`` and ``store_init_configuration`` on the tracker's
-worker thread and waits at most ``timeout`` seconds for each tracker; ``finish()`` (called by
+No wait is unbounded. ``start`` and ``store_init_configuration`` run on the tracker's worker
+thread, and the hub waits at most ``timeout`` seconds for each tracker to open its run (in
+``init``, or at the first wait after a lazy opening); ``finish()`` (called by
 ``Accelerator.end_training``) and interpreter exit drain the queues within ``timeout`` seconds.
 A backend that does not return in time is reported like a failure and left behind (its worker
 is a daemon thread).
