@@ -13,6 +13,7 @@ import glob
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 import time
@@ -29,6 +30,8 @@ __all__ = ["JSONLTracker", "read_jsonl"]
 
 _TEMP_PREFIX = ".metrics.jsonl."
 _TEMP_SUFFIX = ".tmp"
+# How every row this tracker writes begins: the rewrite reads the step without parsing the row.
+_STEP_PREFIX = re.compile(r'\{"step": (-?\d+|null)[,}]')
 
 
 class JSONLTracker(GeneralTracker):
@@ -52,7 +55,10 @@ class JSONLTracker(GeneralTracker):
     step (``log()`` called directly without one) cannot be placed on the timeline and are
     kept; a last line cut short by a crash (not JSON) is dropped with a warning. The rewrite
     goes to a temporary file in the same folder, synced, then renamed over the old file: a
-    crash at any moment leaves either the old file or the new one, whole.
+    crash at any moment leaves either the old file or the new one, whole (a leftover temporary
+    file is removed by the next start). It streams the file on the tracker's worker thread,
+    reading each row's step from its beginning (about a second per 100 MB); a rewrite that
+    fails leaves the file as it was and fails the tracker's start, reported like any other.
 
     Args:
         run_name: the sub-folder of ``logging_dir``.
@@ -181,7 +187,7 @@ def _same_file(recorded: Any, path: str) -> bool:
 
 
 def _row_step(line: str) -> tuple[bool, int | None]:
-    """Whether ``line`` is a JSON object, and its step (``None`` without an integer one)."""
+    """Whether ``line`` is a JSON object, and its step (``None`` without a finite number)."""
     try:
         record = json.loads(line)
     except ValueError:
@@ -189,7 +195,7 @@ def _row_step(line: str) -> tuple[bool, int | None]:
     if not isinstance(record, dict):
         return False, None
     step = record.get("step")
-    if isinstance(step, bool) or not isinstance(step, (int, float)):
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
         return True, None
     return True, int(step)
 
@@ -213,10 +219,14 @@ def _rewrite_until(path: str, step: int) -> None:
                 text = line.rstrip("\n")
                 if not text.strip():
                     continue
-                is_json, row_step = _row_step(text)
-                if not is_json and not line.endswith("\n"):
-                    torn += 1  # the last line, cut short by a crash
-                    continue
+                match = _STEP_PREFIX.match(text)
+                if match and line.endswith("\n"):
+                    row_step = None if match[1] == "null" else int(match[1])
+                else:
+                    is_json, row_step = _row_step(text)
+                    if not is_json and not line.endswith("\n"):
+                        torn += 1  # the last line, cut short by a crash
+                        continue
                 if row_step is None or row_step <= step:
                     out.write(text + "\n")
             out.flush()

@@ -240,6 +240,27 @@ def test_jsonl_resume_keeps_rows_up_to_the_step_and_rows_without_one(tmp_path: P
     assert reference == {"path": str(tmp_path / "run" / "metrics.jsonl")}
 
 
+def test_jsonl_resume_reads_the_step_of_rows_written_by_hand(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir()
+    rows = [
+        '{"step": 1, "values": {}}',
+        '{"values": {"a": 1}, "step": 9}',  # step not first: read by parsing the row
+        '{"step": 2.0, "values": {}}',
+        '{"step": 7.5, "values": {}}',
+        '{"step": Infinity, "values": {}}',  # no finite step: kept like a row without one
+        '{"step": "3", "values": {}}',
+        "[1, 2]",
+        '{"step": -4, "values": {}}',
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    tracker = JSONLTracker("run", str(tmp_path))
+    tracker.continue_run(None, 2)
+    tracker.start()
+    tracker.finish()
+    assert path.read_text().splitlines() == [rows[i] for i in (0, 2, 4, 5, 6, 7)]
+
+
 def test_jsonl_drops_a_torn_last_line_with_a_warning(tmp_path: Path) -> None:
     _jsonl_run(tmp_path, range(3)).finish()
     path = tmp_path / "run" / "metrics.jsonl"
