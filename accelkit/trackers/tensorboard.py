@@ -30,7 +30,8 @@ class TensorBoardTracker(GeneralTracker):
     Checkpoints: each save (once committed) and each load writes the event's numbers
     (``checkpoint/save_seconds``, ... see :mod:`accelkit.trackers.events`) as scalars at the
     step the checkpoint belongs to, in their own ``checkpoint/`` charts, and the checkpoint's
-    path as a text entry: ``checkpoint/path`` for a save, ``checkpoint/loaded_path`` for a load.
+    path as a text entry: ``checkpoint/path`` for a save, ``checkpoint/loaded_path`` for a load
+    (stored by ``add_text`` under the tags ``checkpoint/path/text_summary``, ...).
 
     Resume: :meth:`run_reference` is ``{"log_dir": <the run folder>}`` (shown by
     ``accelkit ckpt ls``; never used to choose a folder). After :meth:`continue_run`, the next
