@@ -76,8 +76,7 @@ class ExperimentLink:
         values = {
             events.LOAD_SECONDS: report.seconds,
             events.RESUMED_STEP: float(step),
-            events.ITERATION: float(-1 if manifest.iteration is None else manifest.iteration),
-        }
+        }  # no ITERATION: the save's event already put that point at this step
         self.hub.event(
             events.CheckpointEvent("load", max(0, step), report.path, manifest.iteration, values)
         )

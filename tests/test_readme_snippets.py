@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from accelkit.trackers.jsonl import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -168,8 +170,12 @@ def test_usage_snippet_commits_checkpoints_and_logs_increasing_steps(tmp_path: P
     events.Reload()
     steps = [event.step for event in events.Scalars("loss")]
     assert steps == list(range(1, 49))
-    records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    records = read_jsonl(str(logs / "metrics.jsonl"), metrics_only=True)
     assert [r["step"] for r in records] == steps
+    # Each checkpoint reached the trackers too, at its save's step (jsonl: an event row).
+    saves = [r for r in read_jsonl(str(logs / "metrics.jsonl")) if r.get("event")]
+    assert [r["event"] for r in saves] == ["checkpoint_save"] * 3
+    assert [r["path"].rsplit("/", 1)[-1] for r in saves] == [f"checkpoint_{i}" for i in range(3)]
 
 
 def _assert_ls_matches(listing: str, shown: list[str], project: Path) -> None:

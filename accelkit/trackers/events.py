@@ -14,7 +14,7 @@ The values (numbers), by event kind:
 ``checkpoint/blocking_seconds`` save: how long ``save_state`` blocked the training loop
                               (the whole save when synchronous)
 ``checkpoint/bytes``          save: total size of the checkpoint's files
-``checkpoint/iteration``      save and load: the checkpoint's number (``-1`` without one)
+``checkpoint/iteration``      save: the checkpoint's number (``-1`` without one)
 ``checkpoint/load_seconds``   load: from the ``load_state`` call to the restored state
 ``checkpoint/resumed_step``   load: the logging step the run continues after
 ========================== ==========================================================

@@ -11,9 +11,9 @@ reported once (a :class:`TrackerWarning` naming it and the error) and skipped fr
 other trackers and the training run go on. With ``on_error="raise"`` the failure is raised as a
 :class:`TrackerError`: at once from ``init`` when the runs open there, and from the next
 ``log``/``flush``/``finish`` call for failures that happen in a worker (a run opened at its
-first use included, see "Continuing runs"). When every tracker of the run has failed, one error-level
-log record (logger ``accelkit.trackers``) says so, naming each of them: training goes on, but
-nothing is being logged any more.
+first use included, see "Continuing runs"). When every tracker of the run has failed, one
+error-level log record (logger ``accelkit.trackers``) says so, naming each of them: training
+goes on, but nothing is being logged any more.
 
 No wait is unbounded. ``start`` and ``store_init_configuration`` run on the tracker's worker
 thread, and the hub waits at most ``timeout`` seconds for each tracker to open its run (in
