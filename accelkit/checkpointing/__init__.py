@@ -1,19 +1,25 @@
 """Checkpoints: named, rotated, sharded, verified, on any fsspec storage, never half-written.
 
-Modules, from the bottom up:
+Three layers, bottom up; each imports only from the layers below it (and from
+:mod:`~accelkit.checkpointing.errors`, a leaf every layer may raise from).
 
-- :mod:`~accelkit.checkpointing.storage_base` -- the storage contract (``StorageProtocol``),
-  the ``Storage`` base class, ``HashingWriter``.
-- :mod:`~accelkit.checkpointing.storage_local` -- the local disk (``O_DIRECT``, fsync, rename).
-- :mod:`~accelkit.checkpointing.storage_fsspec` -- any fsspec filesystem, S3 quirks apart; the
-  only module that imports fsspec.
+**Storage** -- bytes in and out of any location; knows nothing of checkpoints:
+
 - :mod:`~accelkit.checkpointing.storage` -- ``get_storage``: the storage class of a URL's
   protocol; the public storage names.
-- :mod:`~accelkit.checkpointing.confined` -- a read view of any storage that never follows a
-  link inside a checkpoint.
-- :mod:`~accelkit.checkpointing.checksum` -- streaming checksums (XXH3-128, SHA-256).
-- :mod:`~accelkit.checkpointing.verified` -- the one verified read: size and checksum checked
-  against a manifest entry while a file streams in.
+- :mod:`~accelkit.checkpointing.storage.checksum` -- streaming checksums (XXH3-128, SHA-256).
+- :mod:`~accelkit.checkpointing.storage.base` -- the storage contract (``StorageProtocol``),
+  the ``Storage`` base class, ``HashingWriter``.
+- :mod:`~accelkit.checkpointing.storage.local` -- the local disk (``O_DIRECT``, fsync, rename).
+- :mod:`~accelkit.checkpointing.storage.fsspec` -- any fsspec filesystem, S3 quirks apart; the
+  only module that imports fsspec.
+- :mod:`~accelkit.checkpointing.storage.confined` -- a read view of any storage that never
+  follows a link inside a checkpoint.
+- :mod:`~accelkit.checkpointing.storage.verified` -- the one verified read: size and checksum
+  checked against an expected entry while a file streams in.
+
+**The rest** (to be layered), bottom up:
+
 - :mod:`~accelkit.checkpointing.jsonio` -- the one reader of JSON from a checkpoint (depth,
   numbers, errors naming the file).
 - :mod:`~accelkit.checkpointing.layout` -- names of checkpoints and of their files.
@@ -47,6 +53,9 @@ Modules, from the bottom up:
   accelkit checkpoint (``accelkit ckpt import``).
 - :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
 - :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
+
+Kept so old imports work (each re-exports the module it moved to):
+:mod:`~accelkit.checkpointing.checksum`.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Every pickle is read by :func:`load_pickle`: ``torch.load(weights_only=True)`` w
 allow-list of the globals NumPy's generator state needs (:data:`ALLOWED_GLOBALS`) on top of
 torch's own weights-only set. Before torch sees a file, its pickle is scanned for the globals
 it names; one outside both sets is refused with a ``CorruptCheckpointError`` naming the file
-and the global. Every file is read through :func:`~accelkit.checkpointing.confined.confine`
+and the global. Every file is read through :func:`~accelkit.checkpointing.storage.confined.confine`
 (no link followed). Each value is checked for the shape Accelerate gives it before any live
 object changes.
 
@@ -65,7 +65,7 @@ from accelkit.checkpointing.model_io import check_model_keys
 from accelkit.checkpointing.rng import check_rng_state
 from accelkit.checkpointing.safetensors_io import read_safetensors
 from accelkit.checkpointing.storage import Storage, join
-from accelkit.checkpointing.verified import open_checkpoint_file
+from accelkit.checkpointing.storage.verified import open_checkpoint_file
 
 __all__ = [
     "ALLOWED_GLOBALS",

@@ -30,7 +30,6 @@ import torch
 from accelkit.checkpointing.accelerate_format import AccelerateCheckpoint, read_accelerate
 from accelkit.checkpointing.catalog import ACCELERATE, inspect_folder, list_checkpoints
 from accelkit.checkpointing.catalog import next_iteration as _next_free
-from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.contents import Snapshot, write_snapshot
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.layout import (
@@ -44,6 +43,7 @@ from accelkit.checkpointing.layout import (
 )
 from accelkit.checkpointing.manifest import FileEntry, Manifest, verify_files, write_manifest
 from accelkit.checkpointing.storage import Storage, get_storage, join, sync_batch
+from accelkit.checkpointing.storage.confined import confine
 
 __all__ = ["ImportResult", "default_destination", "import_accelerate"]
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.layout import (
     CHECKPOINTS_DIRNAME,
@@ -49,6 +48,7 @@ from accelkit.checkpointing.layout import (
 )
 from accelkit.checkpointing.manifest import Manifest, ManifestError, read_manifest, verify_files
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.confined import confine
 
 __all__ = [
     "ACCELERATE",

@@ -45,7 +45,6 @@ from accelkit.checkpointing.catalog import (
     next_iteration,
 )
 from accelkit.checkpointing.config import ProjectConfiguration
-from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.contents import TrainingObjects, apply_contents, read_contents
 from accelkit.checkpointing.deletion import apply_retention
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
@@ -63,6 +62,7 @@ from accelkit.checkpointing.protocol import (
 from accelkit.checkpointing.safetensors_io import write_safetensors
 from accelkit.checkpointing.sharded import check_load_compatible, load_sharded, sharded_targets
 from accelkit.checkpointing.storage import Storage, get_storage, join
+from accelkit.checkpointing.storage.confined import confine
 
 __all__ = [
     "CheckpointManager",

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
 from accelkit.checkpointing.jsonio import load_json
 from accelkit.checkpointing.layout import (
@@ -37,7 +36,8 @@ from accelkit.checkpointing.layout import (
 )
 from accelkit.checkpointing.safetensors_io import parse_size, read_safetensors, write_safetensors
 from accelkit.checkpointing.storage import Storage, WrittenFile, get_storage, join
-from accelkit.checkpointing.verified import read_verified_bytes
+from accelkit.checkpointing.storage.confined import confine
+from accelkit.checkpointing.storage.verified import read_verified_bytes
 
 __all__ = [
     "check_model_keys",

@@ -16,7 +16,7 @@ Public API:
   FileEntry`) the size and checksum are verified in the same pass. Hostile headers (huge
   lengths, offsets past the end, overlapping tensors) are refused before any allocation.
 - :func:`check_expected`, :func:`read_verified_bytes` -- re-exported from
-  :mod:`~accelkit.checkpointing.verified`, the one verified-read primitive.
+  :mod:`~accelkit.checkpointing.storage.verified`, the one verified-read primitive.
 - :func:`supports_dtype`, :func:`parse_size` (``"10GB"``/``"500MB"``/int -> bytes).
 
 To list tensors without reading them, see :mod:`accelkit.checkpointing.inspect`.
@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.safetensors_header import SafetensorsHeader, TensorInfo, parse_header
 from accelkit.checkpointing.storage import Storage, WrittenFile
-from accelkit.checkpointing.verified import (
+from accelkit.checkpointing.storage.checksum import format_checksum, new_hasher, parse_checksum
+from accelkit.checkpointing.storage.verified import (
     VerifiedReader,
     check_expected,
     open_verified,

@@ -37,7 +37,6 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from accelkit.checkpointing.checksum import parse_checksum
 from accelkit.checkpointing.dcp_metadata import (
     DCP_METADATA_NAME,
     SHARDED_DIRNAME,
@@ -53,6 +52,7 @@ from accelkit.checkpointing.errors import (
 from accelkit.checkpointing.layout import model_file, object_stem
 from accelkit.checkpointing.manifest import FileEntry, Manifest, file_checksum
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.checksum import parse_checksum
 from accelkit.fsdp import is_sharded
 from accelkit.wrapping import peel
 

@@ -41,12 +41,12 @@ from typing import Any
 import torch
 
 from accelkit.checkpointing import state_io
-from accelkit.checkpointing._pools import thread_pool
 from accelkit.checkpointing.contents import Snapshot
 from accelkit.checkpointing.manifest import FileEntry
 from accelkit.checkpointing.model_io import write_model_files
 from accelkit.checkpointing.sharded import write_sharded
 from accelkit.checkpointing.storage import Storage, WrittenFile
+from accelkit.checkpointing.storage._pools import thread_pool
 
 __all__ = ["FrozenSnapshot", "HostSnapshot"]
 

@@ -46,7 +46,7 @@ from accelkit.checkpointing.safetensors_io import (
     write_safetensors,
 )
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
-from accelkit.checkpointing.verified import read_verified_bytes
+from accelkit.checkpointing.storage.verified import read_verified_bytes
 
 __all__ = [
     "decode_state",

@@ -28,7 +28,6 @@ from accelkit.checkpointing.catalog import (
     CheckpointInfo,
     committed_automatic,
 )
-from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.layout import MANIFEST_NAME
@@ -42,6 +41,7 @@ from accelkit.checkpointing.retention import (
     select_for_deletion,
 )
 from accelkit.checkpointing.storage import Storage
+from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli import ckpt_import
 from accelkit.cli._ckpt_common import (
     Fail,

@@ -13,11 +13,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from accelkit.checkpointing.checksum import checksum_bytes
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.manifest import FileEntry
 from accelkit.checkpointing.safetensors_io import parse_size, read_safetensors, write_safetensors
 from accelkit.checkpointing.storage import get_storage
+from accelkit.checkpointing.storage.checksum import checksum_bytes
 from tests.checkpointing.conftest import Root
 
 
