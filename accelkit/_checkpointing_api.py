@@ -15,7 +15,7 @@ import torch
 
 from accelkit import fsdp as _fsdp
 from accelkit.checkpointing import manager as _ckpt_manager
-from accelkit.checkpointing import model_io as _ckpt_model_io
+from accelkit.checkpointing.formats import model_io as _ckpt_model_io
 
 if TYPE_CHECKING:
     from accelkit._prepared_objects import PreparedObjects

@@ -58,12 +58,12 @@ from accelkit.checkpointing.contents import (
     unwrap_model,
 )
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
-from accelkit.checkpointing.layout import parse_checkpoint_name
+from accelkit.checkpointing.formats.layout import parse_checkpoint_name
+from accelkit.checkpointing.formats.model_io import check_model_keys
+from accelkit.checkpointing.formats.safetensors_io import read_safetensors
 from accelkit.checkpointing.loading import agree_on_load
 from accelkit.checkpointing.manifest import Manifest
-from accelkit.checkpointing.model_io import check_model_keys
 from accelkit.checkpointing.rng import check_rng_state
-from accelkit.checkpointing.safetensors_io import read_safetensors
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.verified import open_checkpoint_file
 

@@ -32,7 +32,7 @@ from accelkit.checkpointing.catalog import ACCELERATE, inspect_folder, list_chec
 from accelkit.checkpointing.catalog import next_iteration as _next_free
 from accelkit.checkpointing.contents import Snapshot, write_snapshot
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-from accelkit.checkpointing.layout import (
+from accelkit.checkpointing.formats.layout import (
     SAVE_MARKER_NAME,
     checkpoint_name,
     custom_stem,

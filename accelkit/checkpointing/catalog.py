@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.layout import (
+from accelkit.checkpointing.formats.layout import (
     CHECKPOINTS_DIRNAME,
     MANIFEST_NAME,
     SAVE_MARKER_NAME,

@@ -31,7 +31,7 @@ from accelkit.checkpointing.catalog import (
     loadable_automatic,
 )
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-from accelkit.checkpointing.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME
+from accelkit.checkpointing.formats.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import ConfinedStorage
 

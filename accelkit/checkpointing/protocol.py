@@ -55,7 +55,7 @@ from accelkit import ops
 from accelkit._version import __version__
 from accelkit.checkpointing.deletion import remove_folder
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.layout import MANIFEST_NAME, SAVE_MARKER_NAME, is_state_file
+from accelkit.checkpointing.formats.layout import MANIFEST_NAME, SAVE_MARKER_NAME, is_state_file
 from accelkit.checkpointing.lock import RunLock
 from accelkit.checkpointing.manifest import (
     FileEntry,

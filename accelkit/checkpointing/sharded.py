@@ -5,7 +5,7 @@ lives in one DCP checkpoint in the subfolder ``sharded/``: one file per process
 (``__<rank>_0.distcp``, written by that process, in parallel) and DCP's index ``.metadata``
 (written by the main process). DCP reshards on load, so a checkpoint saved by 4 processes
 resumes on 2. Keys are ``model.<param>``, ``model_1.<param>``, ``optimizer.<...>`` following
-:mod:`~accelkit.checkpointing.layout`'s stems.
+:mod:`~accelkit.checkpointing.formats.layout`'s stems.
 
 Everything goes through :mod:`~accelkit.checkpointing.storage` (a DCP ``FileSystemBase`` over
 our :class:`~accelkit.checkpointing.storage.Storage`, in the lazily imported
@@ -37,19 +37,19 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from accelkit.checkpointing.dcp_metadata import (
+from accelkit.checkpointing.errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    CorruptCheckpointError,
+)
+from accelkit.checkpointing.formats.dcp_metadata import (
     DCP_METADATA_NAME,
     SHARDED_DIRNAME,
     has_sharded_state,
     read_sharded_metadata,
     sharded_tensor_infos,
 )
-from accelkit.checkpointing.errors import (
-    CheckpointError,
-    CheckpointMismatchError,
-    CorruptCheckpointError,
-)
-from accelkit.checkpointing.layout import model_file, object_stem
+from accelkit.checkpointing.formats.layout import model_file, object_stem
 from accelkit.checkpointing.manifest import FileEntry, Manifest, file_checksum
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.checksum import parse_checksum

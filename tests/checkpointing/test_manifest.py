@@ -15,7 +15,7 @@ from accelkit.checkpointing.catalog import (
     next_iteration,
     resolve_checkpoints_root,
 )
-from accelkit.checkpointing.layout import (
+from accelkit.checkpointing.formats.layout import (
     SAVE_MARKER_NAME,
     check_relative_path,
     checkpoint_name,
