@@ -35,7 +35,11 @@ Layers, bottom up; each imports only from the layers below it (and from
 
 **Sharded state** -- FSDP2 state through DCP:
 
-- :mod:`~accelkit.checkpointing.sharded` -- save, load and check sharded state.
+- :mod:`~accelkit.checkpointing.sharded` -- its public names (``save_sharded``,
+  ``load_sharded``...).
+- :mod:`~accelkit.checkpointing.sharded.state` -- save, load and check sharded state; it also
+  takes :class:`~accelkit.checkpointing.manifest.FileEntry` and ``Manifest`` from the top level
+  (the manifest's format belongs with the formats).
 
 **Checkpoints** (this package's top level) -- the commit protocol on top, bottom up:
 

@@ -9,9 +9,9 @@ resumes on 2. Keys are ``model.<param>``, ``model_1.<param>``, ``optimizer.<...>
 
 Everything goes through :mod:`~accelkit.checkpointing.storage` (a DCP ``FileSystemBase`` over
 our :class:`~accelkit.checkpointing.storage.Storage`, in the lazily imported
-:mod:`~accelkit.checkpointing._dcp_storage`: DCP takes seconds to import, and runs without FSDP
-never pay for it), so every storage works (local, ``s3://``,
-``memory://`` in one process), files are durable before the commit, and each file's size and
+:mod:`~accelkit.checkpointing.sharded._dcp_storage`: DCP takes seconds to import, and runs
+without FSDP never pay for it), so every storage works (local, ``s3://``, ``memory://`` in one
+process), files are durable before the commit, and each file's size and
 checksum are computed while it streams out. :func:`save_sharded` returns the
 :class:`~accelkit.checkpointing.manifest.FileEntry` of every process's files (gathered), ready
 for the manifest the main process writes after the barrier.
@@ -50,9 +50,10 @@ from accelkit.checkpointing.formats.dcp_metadata import (
     sharded_tensor_infos,
 )
 from accelkit.checkpointing.formats.layout import model_file, object_stem
-from accelkit.checkpointing.manifest import FileEntry, Manifest, file_checksum
+from accelkit.checkpointing.manifest import FileEntry, Manifest
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.checksum import parse_checksum
+from accelkit.checkpointing.storage.verified import file_checksum
 from accelkit.fsdp import is_sharded
 from accelkit.wrapping import peel
 
@@ -225,7 +226,7 @@ def write_sharded(
     url = join(folder, SHARDED_DIRNAME)
     import torch.distributed.checkpoint as dcp
 
-    from accelkit.checkpointing import _dcp_storage
+    from accelkit.checkpointing.sharded import _dcp_storage
 
     writer = _dcp_storage.Writer(storage, url)
     try:
@@ -391,7 +392,7 @@ def load_sharded(
     _check_keys(url, metadata, state)
     import torch.distributed.checkpoint as dcp
 
-    from accelkit.checkpointing import _dcp_storage
+    from accelkit.checkpointing.sharded import _dcp_storage
 
     reader = _dcp_storage.Reader(storage, url)
     try:
