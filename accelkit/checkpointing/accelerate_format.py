@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from accelkit._version import __version__
 from accelkit.checkpointing.contents import (
     LoadedContents,
     TrainingObjects,
@@ -413,8 +414,6 @@ def read_accelerate(
 
 def stand_in_manifest(folder: str, checkpoint: AccelerateCheckpoint) -> Manifest:
     """A manifest describing an Accelerate folder for ``load_state``'s caller (no files)."""
-    import accelkit
-
     return Manifest(
         iteration=parse_checkpoint_name(folder),
         step=checkpoint.step,
@@ -422,7 +421,7 @@ def stand_in_manifest(folder: str, checkpoint: AccelerateCheckpoint) -> Manifest
         files=[],
         created=0.0,
         metadata={"format": "accelerate"},
-        accelkit_version=accelkit.__version__,
+        accelkit_version=__version__,
         torch_version=torch.__version__,
     )
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from accelkit._version import __version__
 from accelkit.checkpointing.accelerate_format import AccelerateCheckpoint, read_accelerate
 from accelkit.checkpointing.catalog import ACCELERATE, inspect_folder, list_checkpoints
 from accelkit.checkpointing.catalog import next_iteration as _next_free
@@ -174,15 +175,13 @@ def _write_and_commit(
     }
     with sync_batch():  # fsync each file while the next one is written
         files.update(write_snapshot(dst_storage, destination, snapshot))
-    import accelkit
-
     manifest = Manifest(
         iteration=parse_checkpoint_name(destination),
         step=checkpoint.step,
         world_size=checkpoint.world_size,
         files=sorted((FileEntry.from_written(w, n) for n, w in files.items()), key=_path),
         metadata={"imported_from": source, "imported_format": "accelerate"},
-        accelkit_version=accelkit.__version__,
+        accelkit_version=__version__,
         torch_version=torch.__version__,
     )
     write_manifest(dst_storage, destination, manifest)
