@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accelkit import fsdp as _fsdp
-from accelkit.checkpointing import manager as _ckpt_manager
-from accelkit.checkpointing import model_io as _ckpt_model_io
+import accelkit.checkpointing.formats.model_io as _ckpt_model_io
+import accelkit.checkpointing.manager as _ckpt_manager
+import accelkit.fsdp as _fsdp
 
 if TYPE_CHECKING:
     from accelkit._prepared_objects import PreparedObjects

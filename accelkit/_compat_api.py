@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from accelkit import profiling as _profiling
+import accelkit.profiling as _profiling
 from accelkit.kwargs_handlers import find as _find_handler
 from accelkit.state import DistributedType
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from accelkit import ops
+import accelkit.ops as ops
 from accelkit.state import AcceleratorState, DistributedType
 
 __all__ = ["Processes"]

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accelkit import data as _data
-from accelkit import dynamo as _dynamo
-from accelkit import fsdp as _fsdp
-from accelkit import kwargs_handlers as _kwargs
-from accelkit import optim as _optim
-from accelkit import precision as _precision
-from accelkit import training as _training
+import accelkit.data as _data
+import accelkit.dynamo as _dynamo
+import accelkit.fsdp as _fsdp
+import accelkit.kwargs_handlers as _kwargs
+import accelkit.optim as _optim
+import accelkit.precision as _precision
+import accelkit.training as _training
 
 if TYPE_CHECKING:
     from accelkit._prepared_objects import PreparedObjects

@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
-from accelkit import dynamo as _dynamo
-from accelkit import fsdp as _fsdp
-from accelkit import kwargs_handlers as _kwargs
-from accelkit import optim as _optim
-from accelkit import precision as _precision
-from accelkit import preflight as _preflight
-from accelkit import training as _training
+import accelkit.checkpointing.config as _ckpt_config
+import accelkit.checkpointing.manager as _ckpt_manager
+import accelkit.dynamo as _dynamo
+import accelkit.fsdp as _fsdp
+import accelkit.kwargs_handlers as _kwargs
+import accelkit.optim as _optim
+import accelkit.precision as _precision
+import accelkit.preflight as _preflight
+import accelkit.training as _training
 from accelkit._checkpointing_api import Checkpointing
 from accelkit._compat_api import Settings
 from accelkit._delegation import documented_by, forward
@@ -30,8 +32,6 @@ from accelkit._experiment import ExperimentLink
 from accelkit._prepared_objects import PreparedObjects
 from accelkit._process_api import Processes
 from accelkit._training_api import Training
-from accelkit.checkpointing import config as _ckpt_config
-from accelkit.checkpointing import manager as _ckpt_manager
 from accelkit.data import DataLoaderConfiguration, resolve_config
 from accelkit.optim import GradientAccumulationPlugin
 from accelkit.state import AcceleratorState, DistributedType, refuse_out_of_scope_plugins

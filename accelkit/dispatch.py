@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from accelkit import ops
-from accelkit.utils.operations import get_data_structure, initialize_tensors, slice_tensors
-from accelkit.utils.other import find_batch_size
+from accelkit._batches import find_batch_size, get_data_structure, initialize_tensors, slice_tensors
 
 __all__ = ["Dispatch", "dispatched_batches"]
 

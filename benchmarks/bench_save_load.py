@@ -258,7 +258,7 @@ def explain_save(result: dict[str, Any]) -> str:
 def _checksum_cost(tensors: list[torch.Tensor]) -> dict[str, Any]:
     """Seconds to hash the state's bytes with accelkit's default checksum (for the diagnosis)."""
     try:
-        from accelkit.checkpointing.checksum import DEFAULT_ALGORITHM, new_hasher
+        from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, new_hasher
     except ImportError:
         return {}
     views = _views(tensors)

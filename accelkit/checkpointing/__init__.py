@@ -1,41 +1,60 @@
 """Checkpoints: named, rotated, sharded, verified, on any fsspec storage, never half-written.
 
-Modules, from the bottom up:
+Layers, bottom up; each imports only from the layers below it (and from
+:mod:`~accelkit.checkpointing.errors`, a leaf every layer may raise from).
 
-- :mod:`~accelkit.checkpointing.storage_base` -- the storage contract (``StorageProtocol``),
-  the ``Storage`` base class, ``HashingWriter``.
-- :mod:`~accelkit.checkpointing.storage_local` -- the local disk (``O_DIRECT``, fsync, rename).
-- :mod:`~accelkit.checkpointing.storage_fsspec` -- any fsspec filesystem, S3 quirks apart; the
-  only module that imports fsspec.
+**Storage** -- bytes in and out of any location; knows nothing of checkpoints:
+
 - :mod:`~accelkit.checkpointing.storage` -- ``get_storage``: the storage class of a URL's
   protocol; the public storage names.
-- :mod:`~accelkit.checkpointing.confined` -- a read view of any storage that never follows a
-  link inside a checkpoint.
-- :mod:`~accelkit.checkpointing.checksum` -- streaming checksums (XXH3-128, SHA-256).
-- :mod:`~accelkit.checkpointing.verified` -- the one verified read: size and checksum checked
-  against a manifest entry while a file streams in.
-- :mod:`~accelkit.checkpointing.jsonio` -- the one reader of JSON from a checkpoint (depth,
-  numbers, errors naming the file).
-- :mod:`~accelkit.checkpointing.layout` -- names of checkpoints and of their files.
+- :mod:`~accelkit.checkpointing.storage.checksum` -- streaming checksums (XXH3-128, SHA-256).
+- :mod:`~accelkit.checkpointing.storage.base` -- the storage contract (``StorageProtocol``),
+  the ``Storage`` base class, ``HashingWriter``.
+- :mod:`~accelkit.checkpointing.storage.local` -- the local disk (``O_DIRECT``, fsync, rename).
+- :mod:`~accelkit.checkpointing.storage.fsspec` -- any fsspec filesystem, S3 quirks apart; the
+  only module that imports fsspec.
+- :mod:`~accelkit.checkpointing.storage.confined` -- a read view of any storage that never
+  follows a link inside a checkpoint.
+- :mod:`~accelkit.checkpointing.storage.verified` -- the one verified read: size and checksum
+  checked against an expected entry while a file streams in.
+
+**Formats** -- what the files of a checkpoint are called and what they hold:
+
+- :mod:`~accelkit.checkpointing.formats` -- the layer's face (no names of its own).
+- :mod:`~accelkit.checkpointing.formats.layout` -- names of checkpoints and of their files.
+- :mod:`~accelkit.checkpointing.formats.jsonio` -- the one reader of JSON from a checkpoint
+  (depth, numbers, errors naming the file).
+- :mod:`~accelkit.checkpointing.formats.safetensors_header` -- the one safetensors header
+  parser (no torch import).
+- :mod:`~accelkit.checkpointing.formats.safetensors_io` -- the safetensors format, streamed.
+- :mod:`~accelkit.checkpointing.formats.dcp_metadata` -- DCP's ``.metadata`` read with an exact
+  allow-list, every field checked.
+- :mod:`~accelkit.checkpointing.formats.state_io` -- state dicts without pickle.
+- :mod:`~accelkit.checkpointing.formats.model_io` -- model weights, sharded; ``save_model`` and
+  ``load_checkpoint_in_model``.
+
+**Sharded state** -- FSDP2 state through DCP:
+
+- :mod:`~accelkit.checkpointing.sharded` -- its public names (``save_sharded``,
+  ``load_sharded``...).
+- :mod:`~accelkit.checkpointing.sharded.state` -- save, load and check sharded state; it also
+  takes :class:`~accelkit.checkpointing.manifest.FileEntry` and ``Manifest`` from the top level
+  (the manifest's format belongs with the formats).
+
+**Checkpoints** (this package's top level) -- the commit protocol on top, bottom up:
+
+- :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
+- :mod:`~accelkit.checkpointing.retention` -- pure policy: which checkpoints to delete.
+- :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
+- :mod:`~accelkit.checkpointing.rng` -- random generator states.
 - :mod:`~accelkit.checkpointing.manifest` -- ``accelkit.json``, the commit marker.
 - :mod:`~accelkit.checkpointing.catalog` -- list checkpoints and tell their state.
-- :mod:`~accelkit.checkpointing.retention` -- pure policy: which checkpoints to delete.
-- :mod:`~accelkit.checkpointing.safetensors_header` -- the one safetensors header parser
-  (no torch import).
-- :mod:`~accelkit.checkpointing.safetensors_io` -- the safetensors format, streamed.
-- :mod:`~accelkit.checkpointing.dcp_metadata` -- DCP's ``.metadata`` read with an exact
-  allow-list, every field checked.
 - :mod:`~accelkit.checkpointing.inspect` -- safetensors headers without loading tensors.
-- :mod:`~accelkit.checkpointing.model_io` -- model weights, sharded; ``save_model`` and
-  ``load_checkpoint_in_model``.
-- :mod:`~accelkit.checkpointing.state_io` -- state dicts without pickle.
-- :mod:`~accelkit.checkpointing.rng` -- random generator states.
-- :mod:`~accelkit.checkpointing.sharded` -- sharded (FSDP2) state through DCP.
+- :mod:`~accelkit.checkpointing.lock` -- the project's save lock (saves and prunes).
+- :mod:`~accelkit.checkpointing.deletion` -- un-commit, then remove (retention and prune).
 - :mod:`~accelkit.checkpointing.contents` -- what a training checkpoint holds.
 - :mod:`~accelkit.checkpointing.loading` -- what ``load_state`` checks before restoring, and
   what it says when it cannot.
-- :mod:`~accelkit.checkpointing.lock` -- the project's save lock (saves and prunes).
-- :mod:`~accelkit.checkpointing.deletion` -- un-commit, then remove (retention and prune).
 - :mod:`~accelkit.checkpointing.payload` -- what a save writes, taken from the live objects.
 - :mod:`~accelkit.checkpointing.snapshot` -- a reusable host-memory copy of the saved state.
 - :mod:`~accelkit.checkpointing.protocol` -- the one commit sequence every save runs.
@@ -47,8 +66,11 @@ Modules, from the bottom up:
   folders, read safely (an exact allow-list for their pickles).
 - :mod:`~accelkit.checkpointing.accelerate_import` -- convert such a folder into a committed
   accelkit checkpoint (``accelkit ckpt import``).
-- :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
-- :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
+
+Kept so old imports work (each re-exports the module it moved to):
+:mod:`~accelkit.checkpointing.checksum`, :mod:`~accelkit.checkpointing.layout`,
+:mod:`~accelkit.checkpointing.safetensors_io`, :mod:`~accelkit.checkpointing.state_io`,
+:mod:`~accelkit.checkpointing.model_io`.
 """
 
 from __future__ import annotations
@@ -73,14 +95,14 @@ _LAZY = {
     "CheckpointManager": "accelkit.checkpointing.manager",
     "CheckpointError": "accelkit.checkpointing.errors",
     "RetentionPolicy": "accelkit.checkpointing.retention",
-    "load_checkpoint_in_model": "accelkit.checkpointing.model_io",
-    "save_model": "accelkit.checkpointing.model_io",
+    "load_checkpoint_in_model": "accelkit.checkpointing.formats.model_io",
+    "save_model": "accelkit.checkpointing.formats.model_io",
 }
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
 if TYPE_CHECKING:
     from accelkit.checkpointing.async_save import AsyncCheckpoint
     from accelkit.checkpointing.errors import CheckpointError
+    from accelkit.checkpointing.formats.model_io import load_checkpoint_in_model, save_model
     from accelkit.checkpointing.manager import CheckpointManager
-    from accelkit.checkpointing.model_io import load_checkpoint_in_model, save_model
     from accelkit.checkpointing.retention import RetentionPolicy

@@ -23,7 +23,7 @@ Every pickle is read by :func:`load_pickle`: ``torch.load(weights_only=True)`` w
 allow-list of the globals NumPy's generator state needs (:data:`ALLOWED_GLOBALS`) on top of
 torch's own weights-only set. Before torch sees a file, its pickle is scanned for the globals
 it names; one outside both sets is refused with a ``CorruptCheckpointError`` naming the file
-and the global. Every file is read through :func:`~accelkit.checkpointing.confined.confine`
+and the global. Every file is read through :func:`~accelkit.checkpointing.storage.confined.confine`
 (no link followed). Each value is checked for the shape Accelerate gives it before any live
 object changes.
 
@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from accelkit._version import __version__
 from accelkit.checkpointing.contents import (
     LoadedContents,
     TrainingObjects,
@@ -58,14 +59,14 @@ from accelkit.checkpointing.contents import (
     unwrap_model,
 )
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
-from accelkit.checkpointing.layout import parse_checkpoint_name
+from accelkit.checkpointing.formats.layout import parse_checkpoint_name
+from accelkit.checkpointing.formats.model_io import check_model_keys
+from accelkit.checkpointing.formats.safetensors_io import read_safetensors
 from accelkit.checkpointing.loading import agree_on_load
 from accelkit.checkpointing.manifest import Manifest
-from accelkit.checkpointing.model_io import check_model_keys
 from accelkit.checkpointing.rng import check_rng_state
-from accelkit.checkpointing.safetensors_io import read_safetensors
 from accelkit.checkpointing.storage import Storage, join
-from accelkit.checkpointing.verified import open_checkpoint_file
+from accelkit.checkpointing.storage.verified import open_checkpoint_file
 
 __all__ = [
     "ALLOWED_GLOBALS",
@@ -413,8 +414,6 @@ def read_accelerate(
 
 def stand_in_manifest(folder: str, checkpoint: AccelerateCheckpoint) -> Manifest:
     """A manifest describing an Accelerate folder for ``load_state``'s caller (no files)."""
-    import accelkit
-
     return Manifest(
         iteration=parse_checkpoint_name(folder),
         step=checkpoint.step,
@@ -422,7 +421,7 @@ def stand_in_manifest(folder: str, checkpoint: AccelerateCheckpoint) -> Manifest
         files=[],
         created=0.0,
         metadata={"format": "accelerate"},
-        accelkit_version=accelkit.__version__,
+        accelkit_version=__version__,
         torch_version=torch.__version__,
     )
 

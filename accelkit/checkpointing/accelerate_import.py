@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
+from accelkit._version import __version__
 from accelkit.checkpointing.accelerate_format import AccelerateCheckpoint, read_accelerate
 from accelkit.checkpointing.catalog import ACCELERATE, inspect_folder, list_checkpoints
 from accelkit.checkpointing.catalog import next_iteration as _next_free
-from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.contents import Snapshot, write_snapshot
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-from accelkit.checkpointing.layout import (
+from accelkit.checkpointing.formats.layout import (
     SAVE_MARKER_NAME,
     checkpoint_name,
     custom_stem,
@@ -44,6 +44,7 @@ from accelkit.checkpointing.layout import (
 )
 from accelkit.checkpointing.manifest import FileEntry, Manifest, verify_files, write_manifest
 from accelkit.checkpointing.storage import Storage, get_storage, join, sync_batch
+from accelkit.checkpointing.storage.confined import confine
 
 __all__ = ["ImportResult", "default_destination", "import_accelerate"]
 
@@ -174,15 +175,13 @@ def _write_and_commit(
     }
     with sync_batch():  # fsync each file while the next one is written
         files.update(write_snapshot(dst_storage, destination, snapshot))
-    import accelkit
-
     manifest = Manifest(
         iteration=parse_checkpoint_name(destination),
         step=checkpoint.step,
         world_size=checkpoint.world_size,
         files=sorted((FileEntry.from_written(w, n) for n, w in files.items()), key=_path),
         metadata={"imported_from": source, "imported_format": "accelerate"},
-        accelkit_version=accelkit.__version__,
+        accelkit_version=__version__,
         torch_version=torch.__version__,
     )
     write_manifest(dst_storage, destination, manifest)

@@ -10,7 +10,7 @@ marker: a folder accelkit did not write). Checksums are not read here (see
 :func:`~accelkit.checkpointing.manifest.verify_files`). A folder that is neither named
 ``checkpoint_<n>`` nor holds a manifest (for example ``checkpoints/best`` made by the user) is
 not a checkpoint and is never listed. Every folder is read through
-:func:`~accelkit.checkpointing.confined.confine`: no link inside it is followed.
+:func:`~accelkit.checkpointing.storage.confined.confine`: no link inside it is followed.
 
 Public API:
 
@@ -38,9 +38,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.layout import (
+from accelkit.checkpointing.formats.layout import (
     CHECKPOINTS_DIRNAME,
     MANIFEST_NAME,
     SAVE_MARKER_NAME,
@@ -49,6 +48,7 @@ from accelkit.checkpointing.layout import (
 )
 from accelkit.checkpointing.manifest import Manifest, ManifestError, read_manifest, verify_files
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.confined import confine
 
 __all__ = [
     "ACCELERATE",

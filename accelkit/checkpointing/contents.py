@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
-from accelkit.checkpointing.layout import (
+from accelkit.checkpointing.formats.layout import (
     KINDS,
     STRUCTURE_SUFFIX,
     custom_stem,
@@ -46,10 +46,14 @@ from accelkit.checkpointing.layout import (
     object_stem,
     random_states_stem,
 )
+from accelkit.checkpointing.formats.model_io import (
+    check_model_keys,
+    read_model_files,
+    write_model_files,
+)
+from accelkit.checkpointing.formats.state_io import read_state, write_state
 from accelkit.checkpointing.manifest import FileEntry, Manifest
-from accelkit.checkpointing.model_io import check_model_keys, read_model_files, write_model_files
 from accelkit.checkpointing.rng import capture_rng_state, check_rng_state, restore_rng_state
-from accelkit.checkpointing.state_io import read_state, write_state
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 from accelkit.random import set_seed
 from accelkit.wrapping import peel

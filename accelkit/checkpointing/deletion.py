@@ -33,7 +33,11 @@ from accelkit.checkpointing.catalog import (
     list_checkpoints,
 )
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME, SAVE_MARKER_NAME
+from accelkit.checkpointing.formats.layout import (
+    CHECKPOINTS_DIRNAME,
+    MANIFEST_NAME,
+    SAVE_MARKER_NAME,
+)
 from accelkit.checkpointing.lock import PRUNE, RunLock
 from accelkit.checkpointing.retention import RetentionPolicy, select_for_deletion
 from accelkit.checkpointing.storage import Storage, join

@@ -25,15 +25,19 @@ import json
 from typing import Any
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.jsonio import load_json
-from accelkit.checkpointing.layout import MANIFEST_NAME, STRUCTURE_SUFFIX, check_relative_path
-from accelkit.checkpointing.manifest import read_manifest
-from accelkit.checkpointing.safetensors_header import (
+from accelkit.checkpointing.formats.jsonio import load_json
+from accelkit.checkpointing.formats.layout import (
+    MANIFEST_NAME,
+    STRUCTURE_SUFFIX,
+    check_relative_path,
+)
+from accelkit.checkpointing.formats.safetensors_header import (
     MAX_HEADER_BYTES,
     SafetensorsHeader,
     TensorInfo,
     read_header,
 )
+from accelkit.checkpointing.manifest import read_manifest
 from accelkit.checkpointing.storage import Storage, join
 
 __all__ = [
@@ -61,8 +65,9 @@ def read_safetensors_header(
         max_header_bytes: refuse a header longer than this.
 
     Returns:
-        The parsed header (see :func:`~accelkit.checkpointing.safetensors_header.parse_header`
-        for what is checked).
+        The parsed header (see
+        :func:`~accelkit.checkpointing.formats.safetensors_header.parse_header` for what is
+        checked).
 
     Raises:
         CorruptCheckpointError: a truncated file, an absurd header length, bad JSON or an

@@ -30,10 +30,10 @@ from accelkit.checkpointing.catalog import (
     list_checkpoints,
     loadable_automatic,
 )
-from accelkit.checkpointing.confined import ConfinedStorage
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-from accelkit.checkpointing.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME
+from accelkit.checkpointing.formats.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.confined import ConfinedStorage
 
 __all__ = ["agree_on_load", "check_loadable"]
 

@@ -39,7 +39,7 @@ import uuid
 from typing import Any
 
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-from accelkit.checkpointing.jsonio import load_json
+from accelkit.checkpointing.formats.jsonio import load_json
 from accelkit.checkpointing.storage import Storage, join
 
 __all__ = ["LOCK_NAME", "PRUNE", "PRUNE_WAIT_S", "SAVE", "STALE_AFTER_S", "RunLock"]

@@ -46,11 +46,11 @@ from accelkit.checkpointing.catalog import (
     next_iteration,
 )
 from accelkit.checkpointing.config import ProjectConfiguration
-from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.contents import TrainingObjects, apply_contents, read_contents
 from accelkit.checkpointing.deletion import apply_retention
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-from accelkit.checkpointing.layout import checkpoint_name, checkpoints_dir
+from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
+from accelkit.checkpointing.formats.safetensors_io import write_safetensors
 from accelkit.checkpointing.listener import CheckpointListener, CommitReport, LoadReport
 from accelkit.checkpointing.loading import agree_on_load, check_loadable
 from accelkit.checkpointing.lock import RunLock
@@ -62,9 +62,9 @@ from accelkit.checkpointing.protocol import (
     SaveRequest,
     SaveSequence,
 )
-from accelkit.checkpointing.safetensors_io import write_safetensors
 from accelkit.checkpointing.sharded import check_load_compatible, load_sharded, sharded_targets
 from accelkit.checkpointing.storage import Storage, get_storage, join
+from accelkit.checkpointing.storage.confined import confine
 
 __all__ = [
     "CheckpointManager",

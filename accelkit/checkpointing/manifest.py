@@ -28,12 +28,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelkit.checkpointing.checksum import parse_checksum
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.jsonio import load_json
-from accelkit.checkpointing.layout import MANIFEST_NAME, check_relative_path
+from accelkit.checkpointing.formats.jsonio import load_json
+from accelkit.checkpointing.formats.layout import MANIFEST_NAME, check_relative_path
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
-from accelkit.checkpointing.verified import file_checksum
+from accelkit.checkpointing.storage.checksum import parse_checksum
+from accelkit.checkpointing.storage.verified import file_checksum
 
 __all__ = [
     "FORMAT_VERSION",

@@ -53,10 +53,9 @@ import torch
 
 from accelkit import ops
 from accelkit._version import __version__
-from accelkit.checkpointing.checksum import DEFAULT_ALGORITHM
 from accelkit.checkpointing.deletion import remove_folder
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.layout import MANIFEST_NAME, SAVE_MARKER_NAME, is_state_file
+from accelkit.checkpointing.formats.layout import MANIFEST_NAME, SAVE_MARKER_NAME, is_state_file
 from accelkit.checkpointing.lock import RunLock
 from accelkit.checkpointing.manifest import (
     FileEntry,
@@ -67,6 +66,7 @@ from accelkit.checkpointing.manifest import (
 from accelkit.checkpointing.payload import Payload
 from accelkit.checkpointing.sharded import clear_sharded
 from accelkit.checkpointing.storage import Storage, join, sync_batch
+from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM
 
 __all__ = [
     "PHASES",

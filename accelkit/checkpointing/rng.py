@@ -1,6 +1,6 @@
 """Random generator states of one process: Python, NumPy, torch (CPU) and CUDA.
 
-Stored through :mod:`~accelkit.checkpointing.state_io` (tensors in safetensors, the rest in
+Stored through :mod:`~accelkit.checkpointing.formats.state_io` (tensors in safetensors, the rest in
 JSON), never pickled.
 
 Public API:

@@ -40,13 +40,13 @@ from typing import Any
 
 import torch
 
-from accelkit.checkpointing import state_io
-from accelkit.checkpointing._pools import thread_pool
 from accelkit.checkpointing.contents import Snapshot
+from accelkit.checkpointing.formats import state_io
+from accelkit.checkpointing.formats.model_io import write_model_files
 from accelkit.checkpointing.manifest import FileEntry
-from accelkit.checkpointing.model_io import write_model_files
 from accelkit.checkpointing.sharded import write_sharded
 from accelkit.checkpointing.storage import Storage, WrittenFile
+from accelkit.checkpointing.storage._pools import thread_pool
 
 __all__ = ["FrozenSnapshot", "HostSnapshot"]
 
@@ -62,7 +62,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 @dataclass
 class _EncodedState:
-    """One object state, split by :func:`~accelkit.checkpointing.state_io.encode_state`:
+    """One object state, split by :func:`~accelkit.checkpointing.formats.state_io.encode_state`:
     a JSON tree (already a fresh structure), its tensors (host copies) and torch-only extras."""
 
     stem: str

@@ -11,7 +11,11 @@ from typing import Any
 from typing_extensions import override
 
 from accelkit.checkpointing.catalog import CheckpointInfo, inspect_folder, list_checkpoints
-from accelkit.checkpointing.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME, parse_checkpoint_name
+from accelkit.checkpointing.formats.layout import (
+    CHECKPOINTS_DIRNAME,
+    MANIFEST_NAME,
+    parse_checkpoint_name,
+)
 from accelkit.checkpointing.storage import (
     Storage,
     WrappedStorage,

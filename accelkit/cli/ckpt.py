@@ -28,10 +28,9 @@ from accelkit.checkpointing.catalog import (
     CheckpointInfo,
     committed_automatic,
 )
-from accelkit.checkpointing.confined import confine
 from accelkit.checkpointing.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.layout import MANIFEST_NAME
+from accelkit.checkpointing.formats.layout import MANIFEST_NAME
 from accelkit.checkpointing.manifest import verify_files
 from accelkit.checkpointing.retention import (
     KeepBest,
@@ -42,6 +41,7 @@ from accelkit.checkpointing.retention import (
     select_for_deletion,
 )
 from accelkit.checkpointing.storage import Storage
+from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli import ckpt_import
 from accelkit.cli._ckpt_common import (
     Fail,
@@ -508,7 +508,7 @@ def _state_names(
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from accelkit.checkpointing.dcp_metadata import has_sharded_state, sharded_tensor_infos
+    from accelkit.checkpointing.formats.dcp_metadata import has_sharded_state, sharded_tensor_infos
     from accelkit.checkpointing.inspect import read_safetensors_header, safetensors_files
 
     storage = open_storage(args)

@@ -13,7 +13,7 @@ Testing your own storage
 The checkpoint code calls the methods of
 :class:`accelkit.checkpointing.storage.StorageProtocol`. Subclass
 :class:`accelkit.checkpointing.storage.Storage` (it implements the derived methods on a few
-primitives), or ``FsspecStorage`` from :mod:`accelkit.checkpointing.storage_fsspec` to adjust
+primitives), or ``FsspecStorage`` from :mod:`accelkit.checkpointing.storage.fsspec` to adjust
 an fsspec filesystem, and serve your URLs with it::
 
     register_storage("myproto", lambda protocol, options: MyStorage(**options))

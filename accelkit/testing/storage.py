@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from accelkit.checkpointing.checksum import checksum_bytes
 from accelkit.checkpointing.storage import StorageProtocol, join
+from accelkit.checkpointing.storage.checksum import checksum_bytes
 
 __all__ = ["StorageContract"]
 

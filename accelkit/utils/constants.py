@@ -4,8 +4,8 @@ They name the files *Accelerate* writes (``pytorch_model.bin``, ``optimizer.bin`
 ``random_states_0.pkl``...), for scripts that look for them, e.g. to read a checkpoint that
 Accelerate saved. accelkit's own checkpoints use other names (tensors in ``.safetensors`` files,
 structure in ``.json`` files, a manifest ``accelkit.json``; see
-:mod:`accelkit.checkpointing.layout`): only the model's file and index, ``model.safetensors``
-(:data:`SAFE_WEIGHTS_NAME`) and ``model.safetensors.index.json``
+:mod:`accelkit.checkpointing.formats.layout`): only the model's file and index,
+``model.safetensors`` (:data:`SAFE_WEIGHTS_NAME`) and ``model.safetensors.index.json``
 (:data:`SAFE_WEIGHTS_INDEX_NAME`), are the same in both.
 """
 

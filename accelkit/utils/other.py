@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from accelkit._batches import find_batch_size
 from accelkit.ops import recursively_apply
 
 __all__ = [
@@ -139,24 +140,6 @@ def honor_type(obj: Any, generator: Iterator[Any]) -> Any:
     if is_namedtuple(obj):
         return type(obj)(*list(generator))
     return type(obj)(generator)
-
-
-def find_batch_size(data: Any) -> int:
-    """The first dimension of the first tensor in a nested structure.
-
-    Raises:
-        ValueError: when the structure holds no tensor.
-    """
-    if isinstance(data, torch.Tensor):
-        return int(data.shape[0])
-    values = data.values() if isinstance(data, Mapping) else data
-    if isinstance(values, (list, tuple)) or isinstance(data, Mapping):
-        for item in values:
-            try:
-                return find_batch_size(item)
-            except ValueError:
-                continue
-    raise ValueError(f"Cannot find the batch size of {type(data).__name__}: it holds no tensor.")
 
 
 def ignorant_find_batch_size(data: Any) -> int | None:

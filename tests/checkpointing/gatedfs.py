@@ -17,7 +17,7 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from accelkit.checkpointing.layout import SAVE_MARKER_NAME
+from accelkit.checkpointing.formats.layout import SAVE_MARKER_NAME
 
 __all__ = ["PROTOCOL", "GatedFileSystem", "gated_url", "reset"]
 

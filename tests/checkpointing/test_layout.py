@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from accelkit.checkpointing.layout import (
+from accelkit.checkpointing.formats.layout import (
     KINDS,
     STRUCTURE_SUFFIX,
     TENSORS_SUFFIX,

@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from accelkit.checkpointing import _localfile
-from accelkit.checkpointing._localfile import ALIGN, STAGE_BYTES, LocalFile, direct_io_enabled
+from accelkit.checkpointing.storage import _localfile
+from accelkit.checkpointing.storage._localfile import (
+    ALIGN,
+    STAGE_BYTES,
+    LocalFile,
+    direct_io_enabled,
+)
 
 SIZES = [0, 1, ALIGN - 1, ALIGN, ALIGN + 1, STAGE_BYTES - 1, STAGE_BYTES, 3 * STAGE_BYTES + 123]
 

@@ -17,7 +17,7 @@ from accelkit.checkpointing.errors import (
     CheckpointMismatchError,
     CorruptCheckpointError,
 )
-from accelkit.checkpointing.layout import SAVE_MARKER_NAME
+from accelkit.checkpointing.formats.layout import SAVE_MARKER_NAME
 from accelkit.checkpointing.storage import join
 from tests.checkpointing.conftest import Root
 
@@ -338,7 +338,7 @@ def test_accelerator_save_paths_urls_and_safetensors(tmp_path: Any) -> None:
     loaded = torch.load(str(tmp_path / "sub" / "obj.pt"), weights_only=True)
     assert loaded == {"a": [1, 2]}
     acc.save({"w": torch.ones(2)}, "memory://accelkit-tests/save/w.safetensors", True)
-    from accelkit.checkpointing.safetensors_io import read_safetensors
+    from accelkit.checkpointing.formats.safetensors_io import read_safetensors
     from accelkit.checkpointing.storage import get_storage
 
     url = "memory://accelkit-tests/save/w.safetensors"

@@ -15,8 +15,7 @@ from accelkit.checkpointing.catalog import (
     next_iteration,
     resolve_checkpoints_root,
 )
-from accelkit.checkpointing.checksum import checksum_bytes, parse_checksum
-from accelkit.checkpointing.layout import (
+from accelkit.checkpointing.formats.layout import (
     SAVE_MARKER_NAME,
     check_relative_path,
     checkpoint_name,
@@ -32,6 +31,7 @@ from accelkit.checkpointing.manifest import (
     write_manifest,
 )
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.checksum import checksum_bytes, parse_checksum
 from tests.checkpointing.conftest import Root
 
 

@@ -13,11 +13,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from accelkit.checkpointing.checksum import checksum_bytes
 from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.formats.safetensors_io import (
+    parse_size,
+    read_safetensors,
+    write_safetensors,
+)
 from accelkit.checkpointing.manifest import FileEntry
-from accelkit.checkpointing.safetensors_io import parse_size, read_safetensors, write_safetensors
 from accelkit.checkpointing.storage import get_storage
+from accelkit.checkpointing.storage.checksum import checksum_bytes
 from tests.checkpointing.conftest import Root
 
 
@@ -147,7 +151,7 @@ def test_parse_size() -> None:
 _MEMORY_PROBE = textwrap.dedent(
     """
     import resource, sys, torch
-    from accelkit.checkpointing.safetensors_io import write_safetensors
+    from accelkit.checkpointing.formats.safetensors_io import write_safetensors
     from accelkit.checkpointing.storage import get_storage
     tensors = {f"t{i}": torch.randn(8 * 1024 * 1024) for i in range(6)}  # 6 x 32 MiB
     total = sum(t.numel() * t.element_size() for t in tensors.values())

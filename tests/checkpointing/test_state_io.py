@@ -14,8 +14,13 @@ import pytest
 import torch
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.formats.state_io import (
+    decode_state,
+    encode_state,
+    read_state,
+    write_state,
+)
 from accelkit.checkpointing.rng import capture_rng_state, restore_rng_state
-from accelkit.checkpointing.state_io import decode_state, encode_state, read_state, write_state
 from accelkit.checkpointing.storage import get_storage
 from tests.checkpointing.conftest import Root
 

@@ -1,6 +1,6 @@
 """Storage: accelkit's backends pass the shipped contract (:class:`accelkit.testing.
 StorageContract`) on a local disk, ``memory://`` and a real S3 server, also seen through a
-:class:`~accelkit.checkpointing.confined.ConfinedStorage`; then what is backend-specific."""
+:class:`~accelkit.checkpointing.storage.confined.ConfinedStorage`; then what is backend-specific."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from accelkit.checkpointing.confined import ConfinedStorage, confine
 from accelkit.checkpointing.storage import (
     LocalStorage,
     Storage,
@@ -22,7 +21,8 @@ from accelkit.checkpointing.storage import (
     register_storage,
     sync_batch,
 )
-from accelkit.checkpointing.storage_fsspec import FsspecStorage, S3Storage
+from accelkit.checkpointing.storage.confined import ConfinedStorage, confine
+from accelkit.checkpointing.storage.fsspec import FsspecStorage, S3Storage
 from accelkit.testing import StorageContract
 from tests.checkpointing.conftest import Root
 from tests.fixtures.s3 import S3Server

@@ -7,11 +7,15 @@ import os
 
 import pytest
 
-from accelkit.checkpointing.checksum import DEFAULT_ALGORITHM, checksum_bytes
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.manifest import FileEntry
 from accelkit.checkpointing.storage import join
-from accelkit.checkpointing.verified import file_checksum, open_verified, read_verified_bytes
+from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, checksum_bytes
+from accelkit.checkpointing.storage.verified import (
+    file_checksum,
+    open_verified,
+    read_verified_bytes,
+)
 from tests.checkpointing.conftest import Root
 
 DATA = b"0123456789" * 1000

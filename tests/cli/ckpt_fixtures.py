@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.checkpointing.layout import MANIFEST_NAME
+from accelkit.checkpointing.formats.layout import MANIFEST_NAME
 from accelkit.checkpointing.storage import get_storage, join
 
 __all__ = ["build_run", "model_state", "save_on_two_ranks"]

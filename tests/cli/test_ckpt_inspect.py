@@ -173,8 +173,8 @@ def test_optimizer_tensors_are_named_by_their_place_in_the_state(
 
 
 def test_a_tensor_stored_once_for_two_places_names_both(mem: tuple[Storage, str]) -> None:
+    from accelkit.checkpointing.formats.state_io import write_state
     from accelkit.checkpointing.inspect import state_tensor_names
-    from accelkit.checkpointing.state_io import write_state
 
     storage, root = mem
     shared = torch.ones(3)

@@ -89,7 +89,7 @@ def test_write_basic_config_writes_a_file_both_launchers_read(
 
 
 def test_checkpoint_file_names_are_the_references_and_two_are_accelkits_too() -> None:
-    from accelkit.checkpointing import layout
+    from accelkit.checkpointing.formats import layout
 
     assert (utils.WEIGHTS_NAME, utils.SAFE_WEIGHTS_NAME) == (
         "pytorch_model.bin",

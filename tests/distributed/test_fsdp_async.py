@@ -25,8 +25,9 @@ def _job_async_sharded(project_dir: str) -> dict[str, Any]:
     import threading
 
     from accelkit import Accelerator, ProjectConfiguration
-    from accelkit.checkpointing import _dcp_storage, snapshot
+    from accelkit.checkpointing import snapshot
     from accelkit.checkpointing.errors import CheckpointError
+    from accelkit.checkpointing.sharded import _dcp_storage
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     gate = threading.Event()

@@ -18,7 +18,7 @@ import csv, json, os
 import pytest
 
 from accelkit.checkpointing.storage import get_storage
-from accelkit.checkpointing.storage_local import LocalStorage
+from accelkit.checkpointing.storage.local import LocalStorage
 from accelkit.testing import StorageContract, TrackerContract
 from accelkit.trackers import GeneralTracker
 

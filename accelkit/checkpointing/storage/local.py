@@ -1,9 +1,9 @@
 """The local disk as a checkpoint storage: :class:`LocalStorage`.
 
-Files are written by :class:`~accelkit.checkpointing._localfile.LocalFile`: with ``O_DIRECT``
-through reused aligned buffers where the file system allows it (half the CPU of buffered
-writes, and the page cache is left to the training data; ``ACCELKIT_DIRECT_IO=0`` turns it
-off), buffered with early write-back otherwise.
+Files are written by :class:`~accelkit.checkpointing.storage._localfile.LocalFile`: with
+``O_DIRECT`` through reused aligned buffers where the file system allows it (half the CPU of
+buffered writes, and the page cache is left to the training data; ``ACCELKIT_DIRECT_IO=0``
+turns it off), buffered with early write-back otherwise.
 
 Durability: every file written through :meth:`~LocalStorage.open_write` or
 :meth:`~LocalStorage.write_bytes` is ``fsync``-ed before it is reported written, and an atomic
@@ -13,7 +13,7 @@ in place: writing replaces it by a new file, so a reader that maps the old one (
 
 Links: :meth:`~LocalStorage.open_read` refuses a symbolic link as the last component
 (``O_NOFOLLOW``); :meth:`~LocalStorage.rmtree` removes a linked folder as a link. The complete
-protection against links inside a checkpoint is :mod:`~accelkit.checkpointing.confined`.
+protection against links inside a checkpoint is :mod:`~accelkit.checkpointing.storage.confined`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import BinaryIO
 
 from typing_extensions import override
 
-from accelkit.checkpointing._localfile import LocalFile
-from accelkit.checkpointing.storage_base import Entry, HashingWriter, Sink, Storage, WrittenFile
+from accelkit.checkpointing.storage._localfile import LocalFile
+from accelkit.checkpointing.storage.base import Entry, HashingWriter, Sink, Storage, WrittenFile
 
 __all__ = ["LocalStorage"]
 

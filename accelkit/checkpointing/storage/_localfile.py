@@ -24,7 +24,7 @@ prepared.
 Durability: :func:`finish_local` ``fsync``-s a finished file, at once or, inside
 :func:`sync_batch`, in a background thread while the next file is written.
 
-Public API (for :mod:`~accelkit.checkpointing.storage_local`; :mod:`~accelkit.checkpointing.storage`
+Public API (for :mod:`~accelkit.checkpointing.storage.local`; :mod:`~accelkit.checkpointing.storage`
 re-exports :func:`sync_batch`):
 :class:`LocalFile`, :func:`direct_io_enabled`, :func:`finish_local`, :func:`sync_batch`.
 """
@@ -40,8 +40,8 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 
-from accelkit.checkpointing._pools import thread_pool
-from accelkit.checkpointing._writeback import start_writeback
+from accelkit.checkpointing.storage._pools import thread_pool
+from accelkit.checkpointing.storage._writeback import start_writeback
 
 __all__ = [
     "ALIGN",
@@ -123,7 +123,7 @@ class LocalFile:
 
     chunk_size = 1024 * 1024
     """The slice a writer hashes then hands over: still in the CPU cache when it is copied to
-    the stage (:class:`~accelkit.checkpointing.storage_base.Sink`)."""
+    the stage (:class:`~accelkit.checkpointing.storage.base.Sink`)."""
 
     def fileno(self) -> int:
         """The file descriptor (for ``os.fsync``)."""

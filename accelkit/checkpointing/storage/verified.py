@@ -15,9 +15,9 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any, BinaryIO, Protocol
 
-from accelkit.checkpointing.checksum import format_checksum, new_hasher, parse_checksum
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.storage import Storage
+from accelkit.checkpointing.storage.base import Storage
+from accelkit.checkpointing.storage.checksum import format_checksum, new_hasher, parse_checksum
 
 __all__ = [
     "open_checkpoint_file",

@@ -15,8 +15,8 @@ from typing import IO, Any, BinaryIO
 import fsspec
 from typing_extensions import override
 
-from accelkit.checkpointing.checksum import checksum_bytes
-from accelkit.checkpointing.storage_base import Entry, Sink, Storage, WrittenFile
+from accelkit.checkpointing.storage.base import Entry, Sink, Storage, WrittenFile
+from accelkit.checkpointing.storage.checksum import checksum_bytes
 
 __all__ = ["FsspecStorage", "S3Storage", "fsspec_storage"]
 
@@ -26,7 +26,7 @@ REMOTE_WRITE_CHUNK = 16 * 1024 * 1024
 
 
 class _FileSink:
-    """An fsspec file opened for writing, as a :class:`~accelkit.checkpointing.storage_base.
+    """An fsspec file opened for writing, as a :class:`~accelkit.checkpointing.storage.base.
     Sink`: the upload completes on close."""
 
     chunk_size = REMOTE_WRITE_CHUNK

@@ -38,7 +38,7 @@ from typing import BinaryIO
 from typing_extensions import override
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.storage import Entry, Storage, WrappedStorage
+from accelkit.checkpointing.storage.base import Entry, Storage, WrappedStorage
 
 __all__ = [
     "ConfinedStorage",

@@ -8,9 +8,9 @@ Public API:
 
 - :func:`get_storage(url, storage_options=None) <get_storage>` -- the :class:`Storage` that
   serves ``url``, of the class registered for its protocol (as fsspec's registry does):
-  :class:`~accelkit.checkpointing.storage_local.LocalStorage` for local paths,
-  :class:`~accelkit.checkpointing.storage_fsspec.S3Storage` for ``s3://``, and
-  :class:`~accelkit.checkpointing.storage_fsspec.FsspecStorage` for every other fsspec
+  :class:`~accelkit.checkpointing.storage.local.LocalStorage` for local paths,
+  :class:`~accelkit.checkpointing.storage.fsspec.S3Storage` for ``s3://``, and
+  :class:`~accelkit.checkpointing.storage.fsspec.FsspecStorage` for every other fsspec
   protocol. ``storage_options`` go to fsspec (e.g. ``{"endpoint_url": ..., "key": ...,
   "secret": ...}`` for S3); fsspec's own configuration (``FSSPEC_S3_ENDPOINT_URL`` and
   friends) and the backend's environment variables work too.
@@ -19,7 +19,7 @@ Public API:
 - :func:`join(base, *names) <join>` and :func:`protocol_of`.
 - :class:`Storage` (the base class), :class:`StorageProtocol` (the narrow contract the
   checkpoint code relies on), :class:`WrappedStorage`, :class:`HashingWriter`,
-  :class:`Entry`, :class:`WrittenFile`: see :mod:`~accelkit.checkpointing.storage_base`.
+  :class:`Entry`, :class:`WrittenFile`: see :mod:`~accelkit.checkpointing.storage.base`.
 - :func:`sync_batch` -- a context manager: local files written inside it are ``fsync``-ed in
   background threads, overlapping the next writes; leaving it waits for all of them.
 
@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from accelkit.checkpointing._localfile import sync_batch
-from accelkit.checkpointing.storage_base import (
+from accelkit.checkpointing.storage._localfile import sync_batch
+from accelkit.checkpointing.storage.base import (
     Entry,
     HashingWriter,
     Storage,
@@ -44,7 +44,7 @@ from accelkit.checkpointing.storage_base import (
     join,
     protocol_of,
 )
-from accelkit.checkpointing.storage_local import LocalStorage
+from accelkit.checkpointing.storage.local import LocalStorage
 
 __all__ = [
     "Entry",
@@ -73,7 +73,7 @@ def _local(protocol: str, options: Mapping[str, Any]) -> Storage:
 
 
 def _fsspec(protocol: str, options: Mapping[str, Any]) -> Storage:
-    from accelkit.checkpointing.storage_fsspec import fsspec_storage
+    from accelkit.checkpointing.storage.fsspec import fsspec_storage
 
     return fsspec_storage(protocol, options)
 

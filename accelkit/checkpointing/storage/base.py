@@ -8,11 +8,11 @@
   :meth:`~Storage.open_write`, a streamed :meth:`~Storage.write_bytes`) on top of a few
   primitives a backend provides, and gives harmless defaults to the optional ones
   (``invalidate``, ``fsync_dir``, ``local_path``, ``is_symlink``, ``links_out``). The backends
-  are :class:`~accelkit.checkpointing.storage_local.LocalStorage` and
-  :class:`~accelkit.checkpointing.storage_fsspec.FsspecStorage` (S3 quirks in its subclass
-  :class:`~accelkit.checkpointing.storage_fsspec.S3Storage`).
+  are :class:`~accelkit.checkpointing.storage.local.LocalStorage` and
+  :class:`~accelkit.checkpointing.storage.fsspec.FsspecStorage` (S3 quirks in its subclass
+  :class:`~accelkit.checkpointing.storage.fsspec.S3Storage`).
 - :class:`WrappedStorage` -- a storage that forwards every primitive to another one; views such
-  as :class:`~accelkit.checkpointing.confined.ConfinedStorage` override what they change.
+  as :class:`~accelkit.checkpointing.storage.confined.ConfinedStorage` override what they change.
 - :class:`HashingWriter` -- the stream a file is written through: hashes and counts the bytes
   on the way, makes the file durable on close, removes it when the block fails.
 - :class:`Sink` -- what a backend opens for :class:`HashingWriter` to write into.
@@ -35,7 +35,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 
 from typing_extensions import override
 
-from accelkit.checkpointing.checksum import DEFAULT_ALGORITHM, format_checksum, new_hasher
+from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, format_checksum, new_hasher
 
 __all__ = [
     "Entry",

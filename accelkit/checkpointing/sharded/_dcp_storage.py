@@ -6,8 +6,9 @@ Imported only when sharded state is saved or loaded (DCP takes seconds to import
   :class:`~accelkit.checkpointing.storage.Storage` (every storage, durable writes, size and
   checksum of each file computed as it streams out, in ``written``).
 - :class:`Writer` / :class:`Reader` -- DCP's file-system writer/reader over it; the reader
-  reads ``.metadata`` through :func:`accelkit.checkpointing.dcp_metadata.read_sharded_metadata`
-  (an exact allow-list of DCP's metadata classes, then every field checked).
+  reads ``.metadata`` through
+  :func:`accelkit.checkpointing.formats.dcp_metadata.read_sharded_metadata` (an exact
+  allow-list of DCP's metadata classes, then every field checked).
 - :class:`SafeLoadPlanner` -- DCP's planner with ``torch.load(weights_only=True)`` for
   non-tensor values (the stock one uses ``weights_only=False``).
 """
@@ -29,7 +30,7 @@ from torch.distributed.checkpoint.filesystem import (
 )
 from typing_extensions import override
 
-from accelkit.checkpointing.dcp_metadata import read_sharded_metadata
+from accelkit.checkpointing.formats.dcp_metadata import read_sharded_metadata
 from accelkit.checkpointing.storage import HashingWriter, Storage, WrittenFile, join
 
 __all__ = [

@@ -37,8 +37,8 @@ from typing import Any
 from typing_extensions import override
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.layout import check_relative_path
-from accelkit.checkpointing.safetensors_header import TensorInfo
+from accelkit.checkpointing.formats.layout import check_relative_path
+from accelkit.checkpointing.formats.safetensors_header import TensorInfo
 from accelkit.checkpointing.storage import Storage, join
 
 __all__ = [
@@ -261,7 +261,7 @@ def sharded_tensor_infos(storage: Storage, folder: str) -> list[TensorInfo]:
     """
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from accelkit.checkpointing.safetensors_io import dtype_code
+    from accelkit.checkpointing.formats.safetensors_io import dtype_code
 
     metadata = read_sharded_metadata(storage, join(folder, SHARDED_DIRNAME))
     out = []

@@ -5,13 +5,13 @@ lives in one DCP checkpoint in the subfolder ``sharded/``: one file per process
 (``__<rank>_0.distcp``, written by that process, in parallel) and DCP's index ``.metadata``
 (written by the main process). DCP reshards on load, so a checkpoint saved by 4 processes
 resumes on 2. Keys are ``model.<param>``, ``model_1.<param>``, ``optimizer.<...>`` following
-:mod:`~accelkit.checkpointing.layout`'s stems.
+:mod:`~accelkit.checkpointing.formats.layout`'s stems.
 
 Everything goes through :mod:`~accelkit.checkpointing.storage` (a DCP ``FileSystemBase`` over
 our :class:`~accelkit.checkpointing.storage.Storage`, in the lazily imported
-:mod:`~accelkit.checkpointing._dcp_storage`: DCP takes seconds to import, and runs without FSDP
-never pay for it), so every storage works (local, ``s3://``,
-``memory://`` in one process), files are durable before the commit, and each file's size and
+:mod:`~accelkit.checkpointing.sharded._dcp_storage`: DCP takes seconds to import, and runs
+without FSDP never pay for it), so every storage works (local, ``s3://``, ``memory://`` in one
+process), files are durable before the commit, and each file's size and
 checksum are computed while it streams out. :func:`save_sharded` returns the
 :class:`~accelkit.checkpointing.manifest.FileEntry` of every process's files (gathered), ready
 for the manifest the main process writes after the barrier.
@@ -37,22 +37,23 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
-from accelkit.checkpointing.checksum import parse_checksum
-from accelkit.checkpointing.dcp_metadata import (
+from accelkit.checkpointing.errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    CorruptCheckpointError,
+)
+from accelkit.checkpointing.formats.dcp_metadata import (
     DCP_METADATA_NAME,
     SHARDED_DIRNAME,
     has_sharded_state,
     read_sharded_metadata,
     sharded_tensor_infos,
 )
-from accelkit.checkpointing.errors import (
-    CheckpointError,
-    CheckpointMismatchError,
-    CorruptCheckpointError,
-)
-from accelkit.checkpointing.layout import model_file, object_stem
-from accelkit.checkpointing.manifest import FileEntry, Manifest, file_checksum
+from accelkit.checkpointing.formats.layout import model_file, object_stem
+from accelkit.checkpointing.manifest import FileEntry, Manifest
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.checksum import parse_checksum
+from accelkit.checkpointing.storage.verified import file_checksum
 from accelkit.fsdp import is_sharded
 from accelkit.wrapping import peel
 
@@ -225,7 +226,7 @@ def write_sharded(
     url = join(folder, SHARDED_DIRNAME)
     import torch.distributed.checkpoint as dcp
 
-    from accelkit.checkpointing import _dcp_storage
+    from accelkit.checkpointing.sharded import _dcp_storage
 
     writer = _dcp_storage.Writer(storage, url)
     try:
@@ -391,7 +392,7 @@ def load_sharded(
     _check_keys(url, metadata, state)
     import torch.distributed.checkpoint as dcp
 
-    from accelkit.checkpointing import _dcp_storage
+    from accelkit.checkpointing.sharded import _dcp_storage
 
     reader = _dcp_storage.Reader(storage, url)
     try:

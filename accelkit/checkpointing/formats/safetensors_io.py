@@ -1,0 +1,334 @@
+"""The safetensors format, written as a stream and read with checks.
+
+The format is an 8-byte little-endian header length, a JSON header (per tensor: ``dtype``,
+``shape``, ``data_offsets`` relative to the end of the header; optional ``__metadata__`` of
+strings), then the raw little-endian bytes. Writing it ourselves lets a save stream each tensor
+straight to storage while hashing it, so the extra memory of a save is one chunk, not the whole
+file (``safetensors.torch.save_file`` builds the whole buffer first).
+
+Public API:
+
+- :func:`write_safetensors(storage, url, tensors, metadata) <write_safetensors>` -- stream a
+  ``name -> tensor`` mapping to one file; returns the :class:`~accelkit.checkpointing.storage.
+  WrittenFile` (size and checksum).
+- :func:`read_safetensors(storage, url, expected=None) <read_safetensors>` -- every tensor,
+  streamed once; with ``expected`` (a manifest :class:`~accelkit.checkpointing.manifest.
+  FileEntry`) the size and checksum are verified in the same pass. Hostile headers (huge
+  lengths, offsets past the end, overlapping tensors) are refused before any allocation.
+- :func:`check_expected`, :func:`read_verified_bytes` -- re-exported from
+  :mod:`~accelkit.checkpointing.storage.verified`, the one verified-read primitive.
+- :func:`supports_dtype`, :func:`parse_size` (``"10GB"``/``"500MB"``/int -> bytes).
+
+To list tensors without reading them, see :mod:`accelkit.checkpointing.inspect`.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.formats.safetensors_header import (
+    SafetensorsHeader,
+    TensorInfo,
+    parse_header,
+)
+from accelkit.checkpointing.storage import Storage, WrittenFile
+from accelkit.checkpointing.storage.checksum import format_checksum, new_hasher, parse_checksum
+from accelkit.checkpointing.storage.verified import (
+    VerifiedReader,
+    check_expected,
+    open_verified,
+    read_verified_bytes,
+)
+
+__all__ = [
+    "check_expected",
+    "dtype_code",
+    "parse_size",
+    "read_safetensors",
+    "read_verified_bytes",
+    "supports_dtype",
+    "write_safetensors",
+]
+
+_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+for _name, _code in (
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _code
+_CODES = {code: dtype for dtype, code in _DTYPES.items()}
+
+
+def dtype_code(dtype: torch.dtype) -> str:
+    """The safetensors name of ``dtype`` (``"F32"``, ``"BF16"``, ...), or torch's own name for a
+    dtype safetensors cannot store."""
+    return _DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+_CHUNK = 64 * 1024 * 1024
+_MAX_HEADER = 100 * 1024 * 1024
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*$", re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+
+
+def supports_dtype(dtype: torch.dtype) -> bool:
+    """Whether safetensors can hold tensors of ``dtype``."""
+    return dtype in _DTYPES
+
+
+def parse_size(size: int | str) -> int:
+    """``"10GB"`` -> 10_000_000_000 (``KB/MB/GB/TB`` are powers of 10, ``KiB``... of 2).
+
+    Raises:
+        ValueError: for anything else than a positive int or such a string.
+    """
+    if isinstance(size, int) and not isinstance(size, bool):
+        if size <= 0:
+            raise ValueError(f"max_shard_size must be > 0, got {size}.")
+        return size
+    match = _SIZE_RE.match(str(size))
+    if not match:
+        raise ValueError(
+            f"Invalid max_shard_size {size!r}: expected an int (bytes) or a string like "
+            "'10GB', '500MB', '2GiB'."
+        )
+    value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    if value <= 0:
+        raise ValueError(f"max_shard_size must be > 0, got {size!r}.")
+    return value
+
+
+# ---------------------------------------------------------------------------------- writing
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _write_tensor(writer: Any, tensor: torch.Tensor) -> None:
+    t = tensor.detach()
+    if t.numel() == 0:
+        return
+    if not t.is_contiguous():
+        t = t.contiguous()
+    flat = t.reshape(-1).view(torch.uint8)
+    if flat.device.type == "cpu":
+        writer.write(flat.numpy().data)
+        return
+    # Device tensors travel through host memory one chunk at a time.
+    for start in range(0, flat.numel(), _CHUNK):
+        writer.write(flat[start : start + _CHUNK].cpu().numpy().data)
+
+
+def _dtype_code(name: str, tensor: torch.Tensor) -> str:
+    code = _DTYPES.get(tensor.dtype)
+    if code is None:
+        raise TypeError(f"Tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot hold.")
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        raise TypeError(f"Tensor {name!r} is not a dense tensor ({tensor.layout}).")
+    return code
+
+
+def write_safetensors(
+    storage: Storage,
+    url: str,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+) -> WrittenFile:
+    """Stream ``tensors`` to a safetensors file at ``url``.
+
+    Tensors are laid out largest element size first, so every tensor is aligned. Each one is
+    written from its own memory (a non-contiguous one is copied first; a device tensor goes
+    through host memory in 64 MB chunks).
+
+    Raises:
+        TypeError: for a dtype safetensors cannot hold, naming the tensor.
+    """
+    order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
+    header: dict[str, Any] = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        end = offset + _nbytes(t)
+        header[name] = {
+            "dtype": _dtype_code(name, t),
+            "shape": list(t.shape),
+            "data_offsets": [offset, end],
+        }
+        offset = end
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    with storage.open_write(url) as writer:
+        writer.write(struct.pack("<Q", len(raw)) + raw)
+        for name in order:
+            _write_tensor(writer, tensors[name])
+    assert writer.result is not None
+    return writer.result
+
+
+# ---------------------------------------------------------------------------------- reading
+
+
+def _corrupt(url: str, why: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{url}: {why}. The file is truncated or damaged: load another checkpoint, or save it "
+        "again."
+    )
+
+
+def _torch_dtype(url: str, info: TensorInfo) -> torch.dtype:
+    dtype = _CODES.get(info.dtype)
+    if dtype is None:
+        raise CorruptCheckpointError(
+            f"{url}: tensor {info.name!r} has dtype {info.dtype}, which this version of torch "
+            "cannot load. Load it with a torch that has that dtype, or save it in another one."
+        )
+    return dtype
+
+
+def _open_size(f: Any, storage: Storage, url: str) -> int:
+    """Size of the open file ``f`` of ``url`` (no extra request where the file knows it)."""
+    if storage.local_path(url) is not None:
+        return os.fstat(f.fileno()).st_size
+    size = getattr(f, "size", None)
+    return size if isinstance(size, int) else storage.size(url)
+
+
+def _read_exact(f: VerifiedReader, n: int, url: str) -> torch.Tensor:
+    """Read exactly ``n`` bytes into a fresh uint8 tensor (uninitialised memory: no zeroing
+    pass); ``f`` hashes them."""
+    buf = torch.empty(n, dtype=torch.uint8)
+    view = buf.numpy().data.cast("B") if n else memoryview(b"")
+    got = 0
+    while got < n:
+        count = f.readinto(view[got:])
+        if not count:
+            raise _corrupt(url, f"unexpected end of file ({got} of {n} bytes)")
+        got += count
+    return buf
+
+
+def read_safetensors(
+    storage: Storage,
+    url: str,
+    expected: Any = None,
+    zero_copy: bool = False,
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Read every tensor of ``url`` in one sequential pass.
+
+    Args:
+        storage: its storage.
+        url: the file.
+        expected: a manifest entry (``size``, ``checksum``) to verify against, or ``None``.
+        zero_copy: on a local disk, return tensors that view a private memory map of the file
+            instead of fresh memory (one copy less). Only for tensors that are copied right
+            away (e.g. into a model's parameters): they must not outlive a rewrite of the file.
+
+    Returns:
+        ``(tensors, metadata)``; tensors are on the CPU.
+
+    Raises:
+        CorruptCheckpointError: naming the file, for a bad header, truncation, or a size or
+            checksum that disagrees with ``expected``.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    f = open_verified(storage, url, expected)
+    if zero_copy and storage.local_path(url) is not None:
+        with f.raw:  # verified on the map, not by a second read
+            return _read_mapped(f.raw.fileno(), url, expected)
+    with f:
+        # The file's real size bounds what a header may claim, so a hostile header (or a
+        # manifest lying about the size) never makes us allocate more than the file holds.
+        file_size = _open_size(f.raw, storage, url)
+        if expected is not None and file_size != expected.size:
+            check_expected(url, expected, file_size, "")
+        head = _read_exact(f, 8, url)
+        (length,) = struct.unpack("<Q", head.numpy().tobytes())
+        if length > min(_MAX_HEADER, file_size - 8):
+            raise _corrupt(url, f"header length {length} is larger than the file allows")
+        raw = _read_exact(f, length, url).numpy().tobytes()
+        header = parse_header(url, raw, file_size)
+        position = 0
+        for info in sorted(header.tensors, key=lambda i: i.data_offsets[0]):
+            start, end = info.data_offsets
+            dtype = _torch_dtype(url, info)
+            if start > position:
+                _read_exact(f, start - position, url)
+            if end == start:
+                tensors[info.name] = torch.empty(info.shape, dtype=dtype)
+            else:
+                buf = _read_exact(f, end - start, url)
+                tensors[info.name] = buf.view(dtype).reshape(info.shape)
+            position = end
+        # Leaving the block reads the trailing bytes (they count for size and checksum) and
+        # checks the file against ``expected``.
+    return tensors, header.metadata
+
+
+def _check_mapped(view: memoryview, size: int, url: str, expected: Any) -> SafetensorsHeader:
+    (length,) = struct.unpack("<Q", view[:8])
+    if length > min(_MAX_HEADER, size - 8):
+        raise _corrupt(url, f"header length {length} is larger than the file allows")
+    header = parse_header(url, bytes(view[8 : 8 + length]), size)
+    if expected is not None:
+        algorithm, _ = parse_checksum(expected.checksum)
+        hasher = new_hasher(algorithm)
+        for start in range(0, size, _CHUNK):
+            hasher.update(view[start : start + _CHUNK])
+        check_expected(url, expected, size, format_checksum(algorithm, hasher.hexdigest()))
+    return header
+
+
+def _read_mapped(
+    fd: int, url: str, expected: Any
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    size = os.fstat(fd).st_size
+    if size < 8:
+        raise _corrupt(url, "shorter than a safetensors header")
+    mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    view = memoryview(mapped)
+    try:
+        header = _check_mapped(view, size, url, expected)
+        dtypes = {info.name: _torch_dtype(url, info) for info in header.tensors}
+    except BaseException:
+        view.release()
+        mapped.close()
+        raise
+    view.release()
+    base = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the map alive; no copy
+    tensors: dict[str, torch.Tensor] = {}
+    for info in header.tensors:
+        dtype = dtypes[info.name]
+        start, end = (header.data_start + o for o in info.data_offsets)
+        raw = base[start:end]
+        if start % dtype.itemsize:
+            raw = raw.clone()  # misaligned (another writer's layout): copy this one
+        tensors[info.name] = raw.view(dtype).reshape(info.shape)
+    return tensors, header.metadata
