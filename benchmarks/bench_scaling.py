@@ -141,7 +141,7 @@ class _Ops:
         rmtree(self.hf_dir)
 
     def read_manifest(self) -> None:
-        from accelkit.checkpointing.manifest import read_manifest
+        from accelkit.checkpointing.formats.manifest import read_manifest
 
         read_manifest(self.storage, self.kit_dir)
 

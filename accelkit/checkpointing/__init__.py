@@ -32,14 +32,14 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.formats.state_io` -- state dicts without pickle.
 - :mod:`~accelkit.checkpointing.formats.model_io` -- model weights, sharded; ``save_model`` and
   ``load_checkpoint_in_model``.
+- :mod:`~accelkit.checkpointing.formats.manifest` -- ``accelkit.json``, the commit marker and
+  table of contents.
 
 **Sharded state** -- FSDP2 state through DCP:
 
 - :mod:`~accelkit.checkpointing.sharded` -- its public names (``save_sharded``,
   ``load_sharded``...).
-- :mod:`~accelkit.checkpointing.sharded.state` -- save, load and check sharded state; it also
-  takes :class:`~accelkit.checkpointing.manifest.FileEntry` and ``Manifest`` from the top level
-  (the manifest's format belongs with the formats).
+- :mod:`~accelkit.checkpointing.sharded.state` -- save, load and check sharded state.
 
 **Checkpoints** (this package's top level) -- the commit protocol on top, bottom up:
 
@@ -47,7 +47,6 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.retention` -- pure policy: which checkpoints to delete.
 - :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
 - :mod:`~accelkit.checkpointing.rng` -- random generator states.
-- :mod:`~accelkit.checkpointing.manifest` -- ``accelkit.json``, the commit marker.
 - :mod:`~accelkit.checkpointing.catalog` -- list checkpoints and tell their state.
 - :mod:`~accelkit.checkpointing.inspect` -- safetensors headers without loading tensors.
 - :mod:`~accelkit.checkpointing.lock` -- the project's save lock (saves and prunes).
@@ -70,7 +69,7 @@ Layers, bottom up; each imports only from the layers below it (and from
 Kept so old imports work (each re-exports the module it moved to):
 :mod:`~accelkit.checkpointing.checksum`, :mod:`~accelkit.checkpointing.layout`,
 :mod:`~accelkit.checkpointing.safetensors_io`, :mod:`~accelkit.checkpointing.state_io`,
-:mod:`~accelkit.checkpointing.model_io`.
+:mod:`~accelkit.checkpointing.model_io`, :mod:`~accelkit.checkpointing.manifest`.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ Public API:
   states as :func:`~accelkit.checkpointing.rng.capture_rng_state` returns them).
 - :func:`load_accelerate(storage, folder, objects, rank) <load_accelerate>` -- what
   ``load_state`` does with such a folder; returns a stand-in
-  :class:`~accelkit.checkpointing.manifest.Manifest` (no files; ``step`` is Accelerate's).
+  :class:`~accelkit.checkpointing.formats.manifest.Manifest` (no files; ``step`` is Accelerate's).
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ from accelkit.checkpointing.contents import (
 )
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
 from accelkit.checkpointing.formats.layout import parse_checkpoint_name
+from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.formats.model_io import check_model_keys
 from accelkit.checkpointing.formats.safetensors_io import read_safetensors
 from accelkit.checkpointing.loading import agree_on_load
-from accelkit.checkpointing.manifest import Manifest
 from accelkit.checkpointing.rng import check_rng_state
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.verified import open_checkpoint_file

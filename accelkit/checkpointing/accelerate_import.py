@@ -42,7 +42,12 @@ from accelkit.checkpointing.formats.layout import (
     parse_checkpoint_name,
     random_states_stem,
 )
-from accelkit.checkpointing.manifest import FileEntry, Manifest, verify_files, write_manifest
+from accelkit.checkpointing.formats.manifest import (
+    FileEntry,
+    Manifest,
+    verify_files,
+    write_manifest,
+)
 from accelkit.checkpointing.storage import Storage, get_storage, join, sync_batch
 from accelkit.checkpointing.storage.confined import confine
 

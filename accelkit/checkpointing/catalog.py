@@ -7,7 +7,7 @@ that accelkit ever deletes), ``corrupt`` (a manifest that does not parse, a list
 or of the wrong size, or a symbolic link anywhere inside), ``accelerate`` (no manifest and no
 marker, but the files of a Hugging Face accelerate checkpoint) and ``foreign`` (no manifest, no
 marker: a folder accelkit did not write). Checksums are not read here (see
-:func:`~accelkit.checkpointing.manifest.verify_files`). A folder that is neither named
+:func:`~accelkit.checkpointing.formats.manifest.verify_files`). A folder that is neither named
 ``checkpoint_<n>`` nor holds a manifest (for example ``checkpoints/best`` made by the user) is
 not a checkpoint and is never listed. Every folder is read through
 :func:`~accelkit.checkpointing.storage.confined.confine`: no link inside it is followed.
@@ -46,7 +46,12 @@ from accelkit.checkpointing.formats.layout import (
     looks_like_accelerate,
     parse_checkpoint_name,
 )
-from accelkit.checkpointing.manifest import Manifest, ManifestError, read_manifest, verify_files
+from accelkit.checkpointing.formats.manifest import (
+    Manifest,
+    ManifestError,
+    read_manifest,
+    verify_files,
+)
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import confine
 

@@ -46,13 +46,13 @@ from accelkit.checkpointing.formats.layout import (
     object_stem,
     random_states_stem,
 )
+from accelkit.checkpointing.formats.manifest import FileEntry, Manifest
 from accelkit.checkpointing.formats.model_io import (
     check_model_keys,
     read_model_files,
     write_model_files,
 )
 from accelkit.checkpointing.formats.state_io import read_state, write_state
-from accelkit.checkpointing.manifest import FileEntry, Manifest
 from accelkit.checkpointing.rng import capture_rng_state, check_rng_state, restore_rng_state
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 from accelkit.random import set_seed

@@ -31,13 +31,13 @@ from accelkit.checkpointing.formats.layout import (
     STRUCTURE_SUFFIX,
     check_relative_path,
 )
+from accelkit.checkpointing.formats.manifest import read_manifest
 from accelkit.checkpointing.formats.safetensors_header import (
     MAX_HEADER_BYTES,
     SafetensorsHeader,
     TensorInfo,
     read_header,
 )
-from accelkit.checkpointing.manifest import read_manifest
 from accelkit.checkpointing.storage import Storage, join
 
 __all__ = [

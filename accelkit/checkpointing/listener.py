@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from accelkit.checkpointing.manifest import Manifest
+from accelkit.checkpointing.formats.manifest import Manifest
 
 __all__ = ["CheckpointListener", "CommitReport", "LoadReport"]
 

@@ -50,11 +50,11 @@ from accelkit.checkpointing.contents import TrainingObjects, apply_contents, rea
 from accelkit.checkpointing.deletion import apply_retention
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
+from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.formats.safetensors_io import write_safetensors
 from accelkit.checkpointing.listener import CheckpointListener, CommitReport, LoadReport
 from accelkit.checkpointing.loading import agree_on_load, check_loadable
 from accelkit.checkpointing.lock import RunLock
-from accelkit.checkpointing.manifest import Manifest
 from accelkit.checkpointing.payload import LivePayload, capture_live
 from accelkit.checkpointing.protocol import (
     Coordinator,

@@ -25,7 +25,7 @@ from accelkit.checkpointing.contents import (
     unwrap_model,
     write_snapshot,
 )
-from accelkit.checkpointing.manifest import FileEntry
+from accelkit.checkpointing.formats.manifest import FileEntry
 from accelkit.checkpointing.sharded import sharded_targets, write_sharded
 from accelkit.checkpointing.storage import Storage, WrittenFile
 

@@ -56,13 +56,13 @@ from accelkit._version import __version__
 from accelkit.checkpointing.deletion import remove_folder
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.layout import MANIFEST_NAME, SAVE_MARKER_NAME, is_state_file
-from accelkit.checkpointing.lock import RunLock
-from accelkit.checkpointing.manifest import (
+from accelkit.checkpointing.formats.manifest import (
     FileEntry,
     Manifest,
     file_checksum,
     write_manifest,
 )
+from accelkit.checkpointing.lock import RunLock
 from accelkit.checkpointing.payload import Payload
 from accelkit.checkpointing.sharded import clear_sharded
 from accelkit.checkpointing.storage import Storage, join, sync_batch

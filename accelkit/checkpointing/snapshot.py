@@ -42,8 +42,8 @@ import torch
 
 from accelkit.checkpointing.contents import Snapshot
 from accelkit.checkpointing.formats import state_io
+from accelkit.checkpointing.formats.manifest import FileEntry
 from accelkit.checkpointing.formats.model_io import write_model_files
-from accelkit.checkpointing.manifest import FileEntry
 from accelkit.checkpointing.sharded import write_sharded
 from accelkit.checkpointing.storage import Storage, WrittenFile
 from accelkit.checkpointing.storage._pools import thread_pool

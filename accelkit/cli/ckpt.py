@@ -31,7 +31,7 @@ from accelkit.checkpointing.catalog import (
 from accelkit.checkpointing.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.layout import MANIFEST_NAME
-from accelkit.checkpointing.manifest import verify_files
+from accelkit.checkpointing.formats.manifest import verify_files
 from accelkit.checkpointing.retention import (
     KeepBest,
     KeepEvery,

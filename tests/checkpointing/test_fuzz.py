@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.formats.manifest import Manifest, ManifestError
 from accelkit.checkpointing.formats.model_io import read_model_files
 from accelkit.checkpointing.formats.safetensors_header import parse_header
 from accelkit.checkpointing.formats.state_io import decode_state
-from accelkit.checkpointing.manifest import Manifest, ManifestError
 from accelkit.checkpointing.storage import get_storage
 
 FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))

@@ -22,7 +22,7 @@ from accelkit.checkpointing.formats.layout import (
     is_state_file,
     parse_checkpoint_name,
 )
-from accelkit.checkpointing.manifest import (
+from accelkit.checkpointing.formats.manifest import (
     FileEntry,
     Manifest,
     ManifestError,

@@ -17,8 +17,8 @@ import torch
 
 from accelkit.checkpointing.contents import Snapshot
 from accelkit.checkpointing.errors import CheckpointError
+from accelkit.checkpointing.formats.manifest import FileEntry, file_checksum
 from accelkit.checkpointing.lock import LOCK_NAME, RunLock
-from accelkit.checkpointing.manifest import FileEntry, file_checksum
 from accelkit.checkpointing.payload import LivePayload
 from accelkit.checkpointing.protocol import PHASES, SaveRequest, SaveSequence
 from accelkit.checkpointing.storage import Storage, get_storage, join

@@ -14,12 +14,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.formats.manifest import FileEntry
 from accelkit.checkpointing.formats.safetensors_io import (
     parse_size,
     read_safetensors,
     write_safetensors,
 )
-from accelkit.checkpointing.manifest import FileEntry
 from accelkit.checkpointing.storage import get_storage
 from accelkit.checkpointing.storage.checksum import checksum_bytes
 from tests.checkpointing.conftest import Root

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.manifest import FileEntry
+from accelkit.checkpointing.formats.manifest import FileEntry
 from accelkit.checkpointing.storage import join
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, checksum_bytes
 from accelkit.checkpointing.storage.verified import (

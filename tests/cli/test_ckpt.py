@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from accelkit.checkpointing.manifest import read_manifest
+from accelkit.checkpointing.formats.manifest import read_manifest
 from accelkit.checkpointing.storage import Storage, get_storage, join
 from accelkit.cli._table import format_size
 from accelkit.cli.main import main

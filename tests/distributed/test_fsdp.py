@@ -199,7 +199,7 @@ def _job_resume_on_two(folder: str, broken: str, damaged: str, world_saved: int)
 
     from accelkit import fsdp
     from accelkit.checkpointing import sharded
-    from accelkit.checkpointing.manifest import FileEntry, Manifest
+    from accelkit.checkpointing.formats.manifest import FileEntry, Manifest
     from accelkit.state import PartialState
 
     state = PartialState()
@@ -243,7 +243,7 @@ def _job_resume_on_two(folder: str, broken: str, damaged: str, world_saved: int)
 
 
 def storage_entries(storage: Any, folder: str) -> list[tuple[str, int, str]]:
-    from accelkit.checkpointing.manifest import file_checksum
+    from accelkit.checkpointing.formats.manifest import file_checksum
 
     out = []
     for rel, size in storage.walk_files(folder).items():
@@ -441,7 +441,7 @@ def _job_facade(project_dir: str) -> dict[str, Any]:
 
 def test_accelerator_fsdp_prepare_save_state_resume_save_model(tmp_path: Path) -> None:
     from accelkit.checkpointing import load_checkpoint_in_model
-    from accelkit.checkpointing.manifest import read_manifest
+    from accelkit.checkpointing.formats.manifest import read_manifest
 
     project = str(tmp_path / "run")
     r0, r1 = run_distributed(_job_facade, project, world_size=2, timeout=240)

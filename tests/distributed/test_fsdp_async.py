@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from accelkit.checkpointing.manifest import read_manifest
+from accelkit.checkpointing.formats.manifest import read_manifest
 from accelkit.checkpointing.storage import get_storage
 from tests.distributed.test_fsdp import STEPS, VOCAB, TinyLM, _data, _full_params, _plugin
 from tests.helpers.distributed import run_distributed

@@ -26,7 +26,7 @@ from torch import nn
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing import load_checkpoint_in_model, save_model
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-from accelkit.checkpointing.manifest import FileEntry, file_checksum, read_manifest
+from accelkit.checkpointing.formats.manifest import FileEntry, file_checksum, read_manifest
 from accelkit.checkpointing.storage import get_storage
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM
 from accelkit.cli.main import main as cli

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.checkpointing.manifest import Manifest, ManifestError
+from accelkit.checkpointing.formats.manifest import Manifest, ManifestError
 from accelkit.trackers import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
 from tests.helpers.distributed import run_distributed

@@ -12,7 +12,7 @@ Public API:
   ``name -> tensor`` mapping to one file; returns the :class:`~accelkit.checkpointing.storage.
   WrittenFile` (size and checksum).
 - :func:`read_safetensors(storage, url, expected=None) <read_safetensors>` -- every tensor,
-  streamed once; with ``expected`` (a manifest :class:`~accelkit.checkpointing.manifest.
+  streamed once; with ``expected`` (a manifest :class:`~accelkit.checkpointing.formats.manifest.
   FileEntry`) the size and checksum are verified in the same pass. Hostile headers (huge
   lengths, offsets past the end, overlapping tensors) are refused before any allocation.
 - :func:`check_expected`, :func:`read_verified_bytes` -- re-exported from

@@ -13,8 +13,8 @@ our :class:`~accelkit.checkpointing.storage.Storage`, in the lazily imported
 without FSDP never pay for it), so every storage works (local, ``s3://``, ``memory://`` in one
 process), files are durable before the commit, and each file's size and
 checksum are computed while it streams out. :func:`save_sharded` returns the
-:class:`~accelkit.checkpointing.manifest.FileEntry` of every process's files (gathered), ready
-for the manifest the main process writes after the barrier.
+:class:`~accelkit.checkpointing.formats.manifest.FileEntry` of every process's files
+(gathered), ready for the manifest the main process writes after the barrier.
 
 Loading never runs an unrestricted unpickler: DCP's ``.metadata`` is read with an allow-list of
 DCP's own metadata classes, and non-tensor values with ``torch.load(weights_only=True)``.
@@ -50,7 +50,7 @@ from accelkit.checkpointing.formats.dcp_metadata import (
     sharded_tensor_infos,
 )
 from accelkit.checkpointing.formats.layout import model_file, object_stem
-from accelkit.checkpointing.manifest import FileEntry, Manifest
+from accelkit.checkpointing.formats.manifest import FileEntry, Manifest
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.checksum import parse_checksum
 from accelkit.checkpointing.storage.verified import file_checksum

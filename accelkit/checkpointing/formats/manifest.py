@@ -1,0 +1,352 @@
+"""The manifest ``accelkit.json``: a checkpoint's commit marker and table of contents.
+
+A checkpoint exists if and only if its manifest exists: it is written last, by the main process,
+after every process finished writing. It records the format version, iteration, step, world
+size, creation time, accelkit/torch versions, user metadata and metrics, and for every file its
+relative path, size and checksum.
+
+Public API:
+
+- :class:`FileEntry` (``path``, ``size``, ``checksum``) and :class:`Manifest`
+  (``to_json()``, ``Manifest.from_json(text, source)``, ``file_map()``, ``total_size``).
+- :class:`ManifestError` -- a manifest that cannot be trusted (bad JSON, a missing or mistyped
+  field, an unsafe path, an unknown format version); the message names the source and field.
+- :func:`read_manifest(storage, folder) <read_manifest>` -- the parsed manifest, ``None`` if
+  there is none (the folder is then *incomplete*), :class:`ManifestError` if it is corrupt.
+- :func:`write_manifest(storage, folder, manifest) <write_manifest>` -- the atomic commit.
+- :func:`verify_files(storage, folder, manifest, checksums=True) <verify_files>` -- the list
+  of :class:`FileProblem` (missing file, size or checksum mismatch); empty when all is well.
+- :func:`file_checksum(storage, url, algorithm) <file_checksum>` -- stream a file and hash it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.formats.jsonio import load_json
+from accelkit.checkpointing.formats.layout import MANIFEST_NAME, check_relative_path
+from accelkit.checkpointing.storage import Storage, WrittenFile, join
+from accelkit.checkpointing.storage.checksum import parse_checksum
+from accelkit.checkpointing.storage.verified import file_checksum
+
+__all__ = [
+    "FORMAT_VERSION",
+    "FileEntry",
+    "FileProblem",
+    "Manifest",
+    "ManifestError",
+    "file_checksum",
+    "read_manifest",
+    "verify_files",
+    "write_manifest",
+]
+
+FORMAT_VERSION = 1
+
+
+class ManifestError(CorruptCheckpointError):
+    """A manifest (``accelkit.json``) that is unreadable, malformed or unsafe."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a checkpoint, as recorded in its manifest.
+
+    Attributes:
+        path: POSIX path relative to the checkpoint folder.
+        size: size in bytes.
+        checksum: ``"<algorithm>:<hex>"``.
+    """
+
+    path: str
+    size: int
+    checksum: str
+
+    @classmethod
+    def from_written(cls, written: WrittenFile, relative_path: str) -> FileEntry:
+        """Build the entry of a file just written through :mod:`~accelkit.checkpointing.storage`."""
+        return cls(relative_path, written.size, written.checksum)
+
+
+@dataclass
+class Manifest:
+    """The contents of ``accelkit.json``.
+
+    Attributes:
+        iteration: the checkpoint's iteration (``None`` for a folder saved outside automatic
+            naming without one).
+        step: optimizer steps taken when it was saved.
+        world_size: number of processes that saved it.
+        files: every file of the checkpoint except the manifest itself.
+        created: UNIX time of the commit.
+        metadata: free-form JSON values given by the user.
+        metrics: numbers given at save time (used by ``keep_best`` retention).
+        experiment: the tracker runs the checkpoint belongs to: ``{"step": <the last logged
+            step, -1 if none>, "runs": {<tracker name>: <its run reference>}}``; empty when
+            the run had no trackers (see :mod:`accelkit.trackers.events`).
+        accelkit_version / torch_version: versions that wrote it.
+        format_version: the manifest format (:data:`FORMAT_VERSION`).
+    """
+
+    iteration: int | None
+    step: int
+    world_size: int
+    files: list[FileEntry]
+    created: float = field(default_factory=time.time)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    experiment: dict[str, Any] = field(default_factory=dict)
+    accelkit_version: str = ""
+    torch_version: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def total_size(self) -> int:
+        """Sum of the sizes of the checkpoint's files."""
+        return sum(entry.size for entry in self.files)
+
+    def file_map(self) -> dict[str, FileEntry]:
+        """Relative path -> :class:`FileEntry`."""
+        return {entry.path: entry for entry in self.files}
+
+    def to_json(self) -> str:
+        """Serialise (stable key order, one file per line for readable diffs)."""
+        payload = {
+            "format": "accelkit-checkpoint",
+            "format_version": self.format_version,
+            "iteration": self.iteration,
+            "step": self.step,
+            "world_size": self.world_size,
+            "created": self.created,
+            "created_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created)),
+            "accelkit_version": self.accelkit_version,
+            "torch_version": self.torch_version,
+            "metadata": self.metadata,
+            "metrics": self.metrics,
+            **({"experiment": self.experiment} if self.experiment else {}),
+            "files": [{"path": e.path, "size": e.size, "checksum": e.checksum} for e in self.files],
+        }
+        return json.dumps(payload, indent=1, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, source: str = MANIFEST_NAME) -> Manifest:
+        """Parse and validate a manifest.
+
+        Args:
+            text: the manifest's contents.
+            source: where it came from, for error messages.
+
+        Raises:
+            ManifestError: naming ``source`` and the offending field.
+        """
+        try:
+            data = load_json(text, source)
+        except CorruptCheckpointError as exc:
+            raise ManifestError(f"{exc} Or remove it with `accelkit ckpt prune`.") from None
+        if not isinstance(data, dict):
+            raise ManifestError(f"{source}: expected a JSON object, got {type(data).__name__}.")
+
+        def get(name: str, kinds: type | tuple[type, ...], optional: bool = False) -> Any:
+            if name not in data:
+                if optional:
+                    return None
+                raise ManifestError(f"{source}: missing field {name!r}.")
+            value = data[name]
+            if value is None and optional:
+                return None
+            if isinstance(value, bool) and bool not in (
+                kinds if isinstance(kinds, tuple) else (kinds,)
+            ):
+                raise ManifestError(f"{source}: field {name!r} must not be a boolean.")
+            if not isinstance(value, kinds):
+                raise ManifestError(
+                    f"{source}: field {name!r} has type {type(value).__name__}, expected "
+                    f"{getattr(kinds, '__name__', kinds)}."
+                )
+            return value
+
+        version = get("format_version", int)
+        if version != FORMAT_VERSION:
+            raise ManifestError(
+                f"{source}: format_version {version} is not supported by this accelkit (which "
+                f"reads version {FORMAT_VERSION}); upgrade accelkit to load it."
+            )
+        iteration = get("iteration", int, optional=True)
+        step = get("step", int)
+        world_size = get("world_size", int)
+        created = get("created", (int, float))
+        for name, value, low in (("step", step, 0), ("world_size", world_size, 1)):
+            if value < low:
+                raise ManifestError(f"{source}: field {name!r} must be >= {low}, got {value}.")
+        if iteration is not None and iteration < 0:
+            raise ManifestError(f"{source}: field 'iteration' must be >= 0, got {iteration}.")
+        metadata = get("metadata", dict, optional=True) or {}
+        metrics_raw = get("metrics", dict, optional=True) or {}
+        metrics: dict[str, float] = {}
+        for key, value in metrics_raw.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ManifestError(f"{source}: metric {key!r} must be a number, got {value!r}.")
+            try:
+                metrics[str(key)] = float(value)
+            except OverflowError:
+                raise ManifestError(f"{source}: metric {key!r} is too large.") from None
+        raw_files = get("files", list)
+        files: list[FileEntry] = []
+        seen: set[str] = set()
+        for i, item in enumerate(raw_files):
+            where = f"{source}: files[{i}]"
+            if not isinstance(item, dict):
+                raise ManifestError(f"{where}: expected an object with path, size, checksum.")
+            try:
+                path = check_relative_path(item.get("path"), what=f"file path in {source}")
+            except ValueError as exc:
+                raise ManifestError(str(exc)) from None
+            if path == MANIFEST_NAME:
+                raise ManifestError(f"{where}: the manifest cannot list itself.")
+            if path in seen:
+                raise ManifestError(f"{where}: {path!r} is listed twice.")
+            seen.add(path)
+            size = item.get("size")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ManifestError(f"{where} ({path}): size must be an integer >= 0.")
+            checksum = item.get("checksum")
+            if not isinstance(checksum, str):
+                raise ManifestError(f"{where} ({path}): checksum must be a string.")
+            try:
+                parse_checksum(checksum)
+            except ValueError as exc:
+                raise ManifestError(f"{where} ({path}): {exc}") from None
+            files.append(FileEntry(path, size, checksum))
+        experiment = _experiment(get("experiment", dict, optional=True) or {}, source)
+        accelkit_version = get("accelkit_version", str, optional=True) or ""
+        torch_version = get("torch_version", str, optional=True) or ""
+        try:
+            created = float(created)
+        except OverflowError:
+            created = math.inf
+        if not math.isfinite(created) or not 0 <= created < 1e11:
+            raise ManifestError(f"{source}: field 'created' must be a UNIX time, got {created}.")
+        return cls(
+            iteration=iteration,
+            step=step,
+            world_size=world_size,
+            files=files,
+            created=float(created),
+            metadata=metadata,
+            metrics=metrics,
+            experiment=experiment,
+            accelkit_version=accelkit_version,
+            torch_version=torch_version,
+            format_version=version,
+        )
+
+
+def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Check the shape of the ``experiment`` field (the references' contents are checked by
+    each tracker against its own configuration when it continues a run)."""
+    if not data:
+        return {}
+    step, runs = data.get("step", -1), data.get("runs", {})
+    if isinstance(step, bool) or not isinstance(step, int) or step < -1:
+        raise ManifestError(f"{source}: experiment.step must be an integer >= -1, got {step!r}.")
+    if not isinstance(runs, dict) or not all(
+        isinstance(name, str) and isinstance(reference, dict) for name, reference in runs.items()
+    ):
+        raise ManifestError(
+            f"{source}: experiment.runs must map tracker names to objects, got {str(runs)[:200]!r}."
+        )
+    return {"step": step, "runs": runs}
+
+
+def read_manifest(storage: Storage, folder: str) -> Manifest | None:
+    """Read ``<folder>/accelkit.json``.
+
+    Returns:
+        The manifest, or ``None`` if the folder has none (an incomplete checkpoint).
+
+    Raises:
+        ManifestError: if it exists but cannot be trusted.
+    """
+    url = join(folder, MANIFEST_NAME)
+    try:
+        text = storage.read_bytes(url)
+    except FileNotFoundError:
+        return None
+    except PermissionError as exc:
+        raise ManifestError(str(exc)) from None
+    return Manifest.from_json(text, source=url)
+
+
+def write_manifest(storage: Storage, folder: str, manifest: Manifest) -> str:
+    """Commit a checkpoint: write ``<folder>/accelkit.json`` atomically; returns its URL."""
+    url = join(folder, MANIFEST_NAME)
+    storage.write_bytes(url, manifest.to_json().encode("utf-8"), atomic=True)
+    return url
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    """One way a checkpoint's file disagrees with its manifest."""
+
+    path: str
+    problem: str  # "missing", "size", "checksum", "symlink"
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.detail}"
+
+
+def verify_files(
+    storage: Storage,
+    folder: str,
+    manifest: Manifest,
+    checksums: bool = True,
+    sizes: Mapping[str, int] | None = None,
+) -> list[FileProblem]:
+    """Check every file the manifest lists against the folder's contents.
+
+    Args:
+        storage: the storage of ``folder``.
+        folder: the checkpoint folder.
+        manifest: its manifest.
+        checksums: also read every file and compare checksums (otherwise sizes only).
+        sizes: a listing already made (relative path -> size) to save a round trip.
+
+    Returns:
+        The problems found, empty if the checkpoint is intact.
+    """
+    listing = dict(sizes) if sizes is not None else storage.walk_files(folder)
+    problems: list[FileProblem] = []
+    for entry in manifest.files:
+        url = join(folder, entry.path)
+        if entry.path not in listing:
+            problems.append(FileProblem(entry.path, "missing", "listed in the manifest, missing"))
+            continue
+        if storage.is_symlink(url):
+            problems.append(FileProblem(entry.path, "symlink", "is a symbolic link"))
+            continue
+        if listing[entry.path] != entry.size:
+            problems.append(
+                FileProblem(
+                    entry.path,
+                    "size",
+                    f"size {listing[entry.path]} bytes, manifest says {entry.size}",
+                )
+            )
+            continue
+        if checksums:
+            algorithm, _ = parse_checksum(entry.checksum)
+            _, actual = file_checksum(storage, url, algorithm)
+            if actual != entry.checksum:
+                problems.append(
+                    FileProblem(
+                        entry.path, "checksum", f"checksum {actual}, manifest says {entry.checksum}"
+                    )
+                )
+    return problems
