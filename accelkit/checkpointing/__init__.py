@@ -34,6 +34,8 @@ Modules, from the bottom up:
 - :mod:`~accelkit.checkpointing.contents` -- what a training checkpoint holds.
 - :mod:`~accelkit.checkpointing.loading` -- what ``load_state`` checks before restoring, and
   what it says when it cannot.
+- :mod:`~accelkit.checkpointing.per_process` -- when each process saves into a folder of its
+  own: whether that is allowed, and who may load such a folder.
 - :mod:`~accelkit.checkpointing.lock` -- the project's save lock (saves and prunes).
 - :mod:`~accelkit.checkpointing.deletion` -- un-commit, then remove (retention and prune).
 - :mod:`~accelkit.checkpointing.payload` -- what a save writes, taken from the live objects.

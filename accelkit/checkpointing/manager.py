@@ -46,14 +46,20 @@ from accelkit.checkpointing.catalog import (
 )
 from accelkit.checkpointing.config import ProjectConfiguration
 from accelkit.checkpointing.confined import confine
-from accelkit.checkpointing.contents import TrainingObjects, apply_contents, read_contents
+from accelkit.checkpointing.contents import (
+    TrainingObjects,
+    apply_contents,
+    read_contents,
+    unwrap_model,
+)
 from accelkit.checkpointing.deletion import apply_retention
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.layout import checkpoint_name, checkpoints_dir
-from accelkit.checkpointing.loading import agree_on_load, check_loadable
+from accelkit.checkpointing.loading import agree_on_load
 from accelkit.checkpointing.lock import RunLock
 from accelkit.checkpointing.manifest import Manifest
 from accelkit.checkpointing.payload import LivePayload, capture_live
+from accelkit.checkpointing.per_process import check_loadable_here
 from accelkit.checkpointing.protocol import (
     Coordinator,
     DefaultCoordinator,
@@ -63,6 +69,7 @@ from accelkit.checkpointing.protocol import (
 from accelkit.checkpointing.safetensors_io import write_safetensors
 from accelkit.checkpointing.sharded import check_load_compatible, load_sharded, sharded_targets
 from accelkit.checkpointing.storage import Storage, get_storage, join
+from accelkit.fsdp import is_sharded
 
 __all__ = [
     "CheckpointManager",
@@ -272,6 +279,7 @@ class CheckpointManager:
             metrics={str(k): float(v) for k, v in (metrics or {}).items()},
             metadata=dict(metadata or {}),
             max_shard_size=max_shard_size,
+            sharded=any(is_sharded(unwrap_model(m)) for m in objects.models),
         )
         if async_save:
             coordinator: Coordinator = self.background.coordinator(self.state)
@@ -290,6 +298,7 @@ class CheckpointManager:
         # and the next save uses the next number.
         self.counter.set(request.iteration + 1)
         rank, main = self.state.process_index, self.state.is_main_process
+        main = main or sequence.per_process  # a folder of its own: it writes everything
         hooks = list(self._save_hooks.values())
 
         def take() -> LivePayload:
@@ -392,7 +401,8 @@ class CheckpointManager:
 
     def _load_from(self, path: str, objects: TrainingObjects, verify: bool | None) -> LoadResult:
         storage = confine(self.storage(path), path)
-        info = check_loadable(storage, path)
+        # Agreed: the processes may load different folders (per-process checkpoints).
+        info = check_loadable_here(storage, path, self.state.process_index)
         if info.state == ACCELERATE:  # written by Hugging Face accelerate: read safely
             return self._load_accelerate(storage, path, objects, info)
         manifest = info.manifest

@@ -64,17 +64,6 @@ _FAULT_TOLERANT_RACE = (
 )
 TIMEOUT_S = {"test_notebook.py": 120}  # ~40 s when it passes
 KNOWN_FAILURES = {
-    ("test_distributed_data_loop.py", 2): (
-        "trackers and checkpointing: test_pickle_accelerator: pickle.dumps(accelerator) raises "
-        "TypeError: cannot pickle '_thread.lock' object (TrackerHub's lock, "
-        "accelkit/trackers/hub.py; the prepared dataloaders pickle); "
-        "_test_stateful_dataloader_save_state_resume calls save_state/load_state with a "
-        "different tempfile.TemporaryDirectory on each rank: the main process commits one "
-        "accelkit.json listing every rank's files, so load_state raises CorruptCheckpointError "
-        "on rank 0 (random_states_1.json/.safetensors listed in the manifest, missing: rank 1 "
-        "wrote them into its own folder) and CheckpointError on rank 1 (a foreign folder: no "
-        "accelkit.json nor .accelkit-save.json)"
-    ),
     ("test_notebook.py", 1): _NOTEBOOK_ONE,
 }
 
