@@ -19,6 +19,8 @@ of them go on the same way or raise the same error:
   naming the folders: some processes sharing a folder while others do not, automatically named
   folders that differ (``project_dir`` must be the same everywhere), and sharded (FSDP) state,
   which ``torch.distributed.checkpoint`` writes with every process into one shared folder.
+  The refusal comes after the main process prepared its own folder, so, as after any failed
+  save into an explicit folder, a checkpoint that was there before is no longer committed.
 
 Loading (:func:`check_loadable_here`): a per-process checkpoint is restored by the process that
 wrote it, with any process count (``load_state`` warns when the count differs, as for any
