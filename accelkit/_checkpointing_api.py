@@ -101,6 +101,18 @@ class Checkpointing:
         committed, and states are safetensors + JSON, not pickles (``safe_serialization=False``
         is accepted and ignored). Call it on every process.
 
+        Normally every process passes the same ``output_dir``: one checkpoint, the main process
+        commits it. If each process passes a folder of its own (a local disk per machine, a
+        temporary folder per process), each folder becomes a complete checkpoint of its own:
+        every process writes the model, optimizer, scheduler, scaler and dataloader states,
+        registered objects and its own random states there and commits it with its own
+        manifest (``process_index`` names the writer). ``load_state(that folder)`` on the same
+        process restores it exactly; another process is refused (the random states in it are
+        the writer's). Refused with a ``CheckpointError`` naming the folders: some processes
+        sharing a folder while others do not, and sharded (FSDP) state, which needs one folder
+        all processes reach. The reference writes models, optimizers and schedulers into the
+        main process's folder only, and each process loads whatever its folder holds.
+
         Args:
             output_dir: folder or fsspec URL; default ``<project_dir>/checkpoints/checkpoint_<n>``
                 with ``automatic_checkpoint_naming``. An explicit ``output_dir`` is always

@@ -54,6 +54,8 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.contents` -- what a training checkpoint holds.
 - :mod:`~accelkit.checkpointing.loading` -- what ``load_state`` checks before restoring, and
   what it says when it cannot.
+- :mod:`~accelkit.checkpointing.per_process` -- when each process saves into a folder of its
+  own: whether that is allowed, and who may load such a folder.
 - :mod:`~accelkit.checkpointing.payload` -- what a save writes, taken from the live objects.
 - :mod:`~accelkit.checkpointing.snapshot` -- a reusable host-memory copy of the saved state.
 - :mod:`~accelkit.checkpointing.protocol` -- the one commit sequence every save runs.

@@ -46,16 +46,22 @@ from accelkit.checkpointing.catalog import (
     next_iteration,
 )
 from accelkit.checkpointing.config import ProjectConfiguration
-from accelkit.checkpointing.contents import TrainingObjects, apply_contents, read_contents
+from accelkit.checkpointing.contents import (
+    TrainingObjects,
+    apply_contents,
+    read_contents,
+    unwrap_model,
+)
 from accelkit.checkpointing.deletion import apply_retention
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
 from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.formats.safetensors_io import write_safetensors
 from accelkit.checkpointing.listener import CheckpointListener, CommitReport, LoadReport
-from accelkit.checkpointing.loading import agree_on_load, check_loadable
+from accelkit.checkpointing.loading import agree_on_load
 from accelkit.checkpointing.lock import RunLock
 from accelkit.checkpointing.payload import LivePayload, capture_live
+from accelkit.checkpointing.per_process import check_loadable_here
 from accelkit.checkpointing.protocol import (
     Coordinator,
     DefaultCoordinator,
@@ -65,6 +71,7 @@ from accelkit.checkpointing.protocol import (
 from accelkit.checkpointing.sharded import check_load_compatible, load_sharded, sharded_targets
 from accelkit.checkpointing.storage import Storage, get_storage, join
 from accelkit.checkpointing.storage.confined import confine
+from accelkit.fsdp import is_sharded
 
 __all__ = [
     "CheckpointManager",
@@ -278,6 +285,7 @@ class CheckpointManager:
             metadata=dict(metadata or {}),
             max_shard_size=max_shard_size,
             experiment=_ask(listener, "checkpoint_record", {}) if listener else {},
+            sharded=any(is_sharded(unwrap_model(m)) for m in objects.models),
         )
         if async_save:
             coordinator: Coordinator = self.background.coordinator(self.state)
@@ -297,6 +305,7 @@ class CheckpointManager:
         # and the next save uses the next number.
         self.counter.set(request.iteration + 1)
         rank, main = self.state.process_index, self.state.is_main_process
+        main = main or sequence.per_process  # a folder of its own: it writes everything
         hooks = list(self._save_hooks.values())
 
         def take() -> LivePayload:
@@ -407,7 +416,8 @@ class CheckpointManager:
 
     def _load_from(self, path: str, objects: TrainingObjects, verify: bool | None) -> LoadResult:
         storage = confine(self.storage(path), path)
-        info = check_loadable(storage, path)
+        # Agreed: the processes may load different folders (per-process checkpoints).
+        info = check_loadable_here(storage, path, self.state.process_index)
         if info.state == ACCELERATE:  # written by Hugging Face accelerate: read safely
             return self._load_accelerate(storage, path, objects, info)
         manifest = info.manifest

@@ -9,7 +9,10 @@
    (:mod:`~accelkit.checkpointing.lock`), refuses an automatic folder that already exists,
    un-commits an explicit folder that holds a manifest, and writes the save marker
    ``.accelkit-save.json`` first into the folder (what proves to ``ckpt prune`` that accelkit
-   started this save). All processes agree on the outcome; on failure nothing was written.
+   started this save). All processes agree on the outcome (on failure nothing was written)
+   and exchange their folders: if each process gave a folder of its own, every process writes
+   and commits a complete checkpoint into its own folder, preparing it before the capture is
+   agreed (:mod:`~accelkit.checkpointing.per_process`, which also lists the refused cases).
 2. **capture**: every process takes its share of the state (a :class:`~accelkit.
    checkpointing.payload.Payload`: the live objects, or a frozen host copy). The main process
    clears the ``sharded/`` folder of an earlier save if this one writes sharded state. All
@@ -64,6 +67,7 @@ from accelkit.checkpointing.formats.manifest import (
 )
 from accelkit.checkpointing.lock import RunLock
 from accelkit.checkpointing.payload import Payload
+from accelkit.checkpointing.per_process import folder_key, folders_per_process
 from accelkit.checkpointing.sharded import clear_sharded
 from accelkit.checkpointing.storage import Storage, join, sync_batch
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM
@@ -170,6 +174,7 @@ class SaveRequest:
         max_shard_size: for model files.
         experiment: the tracker runs the checkpoint belongs to (the manifest's
             ``experiment``).
+        sharded: whether sharded (FSDP) state is written (it needs one folder shared by all).
     """
 
     target: str
@@ -180,6 +185,7 @@ class SaveRequest:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     max_shard_size: int | str = "10GB"
     experiment: Mapping[str, Any] = field(default_factory=dict)
+    sharded: bool = False
 
 
 def _save_marker() -> bytes:
@@ -234,6 +240,8 @@ class SaveSequence:
         self._payload: Payload | None = None
         self._capture_error: BaseException | None = None
         self._committed = False  # this process wrote the manifest
+        # Each process saves a checkpoint of its own into its own folder (decided in prepare).
+        self.per_process = False
 
     @property
     def target(self) -> str:
@@ -300,9 +308,16 @@ class SaveSequence:
             except Exception as exc:
                 error = exc
         try:
-            self._agree(PREPARE, error)
+            folders = self._agree(PREPARE, error, folder_key(self.target))
         except BaseException:
             self._release()
+            raise
+        try:  # the same decision on every process, from the same folders
+            self.per_process = folders_per_process(
+                folders, self.request.automatic, self.request.sharded
+            )
+        except BaseException:
+            self._abandon()
             raise
 
     def _prepare_folder(self) -> None:
@@ -360,6 +375,11 @@ class SaveSequence:
 
     def _write(self) -> dict[str, FileEntry]:
         payload, error = self._payload, self._capture_error
+        if error is None and self.per_process and not self.is_main:
+            try:
+                self._prepare_folder()  # its own folder, as the main process prepared its own
+            except Exception as exc:
+                error = exc
         if error is None and payload is not None and payload.has_sharded and self.is_main:
             try:
                 clear_sharded(self.storage, self.target)  # may be of another world size
@@ -379,11 +399,13 @@ class SaveSequence:
             error = exc
         self._payload = None  # host buffers may be reused once the files are written
         parts = self._agree(WRITE, error, entries)
+        if self.per_process:  # the other processes' files are in their own folders
+            parts = [parts[self.coordinator.rank]]
         return {e.path: e for part in parts for e in part}
 
     def _commit(self, files: dict[str, FileEntry]) -> None:
         error: BaseException | None = None
-        if self.is_main:
+        if self.is_main or self.per_process:
             try:
                 self._write_manifest(files)
                 self._committed = True
@@ -414,6 +436,7 @@ class SaveSequence:
             experiment=dict(request.experiment),
             accelkit_version=__version__,
             torch_version=torch.__version__,
+            process_index=self.coordinator.rank if self.per_process else None,
         )
         # Data files are already fsync-ed; the manifest's rename is fsync-ed with its folder
         # (journaling filesystems commit the earlier entries of the folder with it), then the

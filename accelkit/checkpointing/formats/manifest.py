@@ -3,7 +3,9 @@
 A checkpoint exists if and only if its manifest exists: it is written last, by the main process,
 after every process finished writing. It records the format version, iteration, step, world
 size, creation time, accelkit/torch versions, user metadata and metrics, and for every file its
-relative path, size and checksum.
+relative path, size and checksum. A per-process checkpoint (each process saved into a folder of
+its own, see :mod:`~accelkit.checkpointing.per_process`) also records ``process_index``, the
+process that wrote it and committed it alone.
 
 Public API:
 
@@ -92,6 +94,8 @@ class Manifest:
             the run had no trackers (see :mod:`accelkit.trackers.events`).
         accelkit_version / torch_version: versions that wrote it.
         format_version: the manifest format (:data:`FORMAT_VERSION`).
+        process_index: the process that wrote this folder alone, for a per-process checkpoint
+            (see :mod:`~accelkit.checkpointing.per_process`); ``None`` for one shared by all.
     """
 
     iteration: int | None
@@ -105,6 +109,7 @@ class Manifest:
     accelkit_version: str = ""
     torch_version: str = ""
     format_version: int = FORMAT_VERSION
+    process_index: int | None = None
 
     @property
     def total_size(self) -> int:
@@ -123,6 +128,7 @@ class Manifest:
             "iteration": self.iteration,
             "step": self.step,
             "world_size": self.world_size,
+            **({} if self.process_index is None else {"process_index": self.process_index}),
             "created": self.created,
             "created_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created)),
             "accelkit_version": self.accelkit_version,
@@ -184,6 +190,12 @@ class Manifest:
         for name, value, low in (("step", step, 0), ("world_size", world_size, 1)):
             if value < low:
                 raise ManifestError(f"{source}: field {name!r} must be >= {low}, got {value}.")
+        process_index = get("process_index", int, optional=True)
+        if process_index is not None and not 0 <= process_index < world_size:
+            raise ManifestError(
+                f"{source}: field 'process_index' must be a process of the {world_size} that "
+                f"saved it (0 to {world_size - 1}), got {process_index}."
+            )
         if iteration is not None and iteration < 0:
             raise ManifestError(f"{source}: field 'iteration' must be >= 0, got {iteration}.")
         metadata = get("metadata", dict, optional=True) or {}
@@ -244,6 +256,7 @@ class Manifest:
             accelkit_version=accelkit_version,
             torch_version=torch_version,
             format_version=version,
+            process_index=process_index,
         )
 
 
