@@ -39,11 +39,13 @@ class CometMLTracker(GeneralTracker):
     only when the checkpoint's project is the project this tracker logs to (``run_name``); the
     workspace and server come from this job's settings, never from the checkpoint. An
     ``experiment_key`` or ``mode`` in ``init_kwargs`` wins over the checkpoint. Online the
-    experiment must exist (``mode="get"``): a key Comet does not find is a warning and a new
-    experiment. Offline nothing can be asked, so the new archive carries the same key with
-    ``mode="get_or_create"``: ``comet upload`` appends it to the experiment, or creates it with
-    that key when it never reached the server (an offline job killed before ``end()`` leaves
-    no data, only an empty archive: Comet writes its archive at the end). Comet cannot forget
+    server is asked first: an experiment it does not find, or finds in another workspace or
+    project (a key is valid across them), is a warning and a new experiment; otherwise it is
+    continued with ``mode="get"``. Offline nothing can be asked, so the new archive carries
+    the same key with ``mode="get_or_create"``: ``comet upload`` appends it to the experiment,
+    or creates it with that key when it never reached the server (an offline job killed before
+    ``end()`` leaves no data, only an empty archive: Comet writes its archive at the end); a
+    vanished experiment is thus not detected offline. Comet cannot forget
     the points logged after the checkpoint, so the experiment records where it was resumed
     (``log_other("accelkit/resumed_at_step", <checkpoint's step>)``).
 
@@ -94,28 +96,42 @@ class CometMLTracker(GeneralTracker):
         if "online" not in kwargs and not _has_api_key(comet_ml, kwargs):
             kwargs["online"] = False
         resume, self._resume = self._resume, None
-        if resume is not None:
-            key, step = resume
-            mode = "get_or_create" if kwargs.get("online") is False else "get"
-            try:
-                self.experiment = comet_ml.start(
-                    project_name=self.run_name,
-                    experiment_config=config,
-                    experiment_key=key,
-                    mode=mode,
-                    **kwargs,
-                )
-            except Exception as error:
-                _warn(
-                    f"could not continue Comet experiment {key!r} ({type(error).__name__}: "
-                    f"{error}); logging to a new experiment"
-                )
-            else:
-                self.experiment.log_other(RESUMED_AT_STEP, step)
-                return
+        if resume is not None and self._start_continued(comet_ml, config, kwargs, *resume):
+            return
         self.experiment = comet_ml.start(
             project_name=self.run_name, experiment_config=config, **kwargs
         )
+
+    def _start_continued(
+        self, comet_ml: Any, config: Any, kwargs: dict[str, Any], key: str, step: int
+    ) -> bool:
+        """Continue experiment ``key``; ``False`` (and a warning) when it cannot be."""
+        online = kwargs.get("online") is not False
+        try:
+            if online:
+                workspace = kwargs.get("workspace") or comet_ml.get_config().get_string(
+                    None, "comet.workspace"
+                )
+                api = comet_ml.API(api_key=kwargs.get("api_key"))
+                refused = _experiment_elsewhere(api, key, workspace, self.run_name)
+                if refused is not None:
+                    _warn(f"{refused}; logging to a new experiment")
+                    return False
+            self.experiment = comet_ml.start(
+                project_name=self.run_name,
+                experiment_config=config,
+                experiment_key=key,
+                mode="get" if online else "get_or_create",
+                **kwargs,
+            )
+        except Exception as error:
+            _warn(
+                f"could not continue Comet experiment {key!r} ({type(error).__name__}: "
+                f"{error}); logging to a new experiment"
+            )
+            return False
+        self.experiment.log_other(RESUMED_AT_STEP, step)
+        return True
 
     @override
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -191,6 +207,33 @@ class CometMLTracker(GeneralTracker):
             self.experiment.log_metrics(dict(event.values), step=event.step)
         key = "checkpoint/latest" if event.kind == "save" else "checkpoint/resumed_from"
         self.experiment.log_other(key, event.path)
+
+
+def _experiment_elsewhere(api: Any, key: str, workspace: str | None, project: str) -> str | None:
+    """Why the Comet server's experiment ``key`` may not be continued here (``None``: it may).
+
+    A Comet key names an experiment in any workspace the API key can reach, so a key read from
+    a checkpoint is only followed when the server puts it in this run's workspace and project.
+
+    Args:
+        api: a ``comet_ml.API`` (``get_experiment_by_key``, ``get_default_workspace``).
+        key: the checkpoint's experiment key.
+        workspace: the workspace this run logs to (``None``: the API key's default one).
+        project: the project this run logs to.
+
+    Returns:
+        The reason, or ``None`` when the experiment is in this workspace and project.
+    """
+    found = api.get_experiment_by_key(key)
+    if found is None:
+        return f"Comet experiment {key!r} no longer exists (or this API key cannot see it)"
+    workspace = workspace or api.get_default_workspace()
+    if found.workspace != workspace or (found.project_name or "").lower() != project.lower():
+        return (
+            f"Comet experiment {key!r} is in {found.workspace}/{found.project_name}, not in "
+            f"this run's {workspace}/{project}"
+        )
+    return None
 
 
 def _warn(what: str) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from accelkit.trackers.comet_ml import CometMLTracker
+from accelkit.trackers.comet_ml import CometMLTracker, _experiment_elsewhere
 from accelkit.trackers.wandb import WandBTracker
 from tests.trackers.conftest import OFFLINE_ENV
 
@@ -56,9 +56,10 @@ def _manifest(project: Path, number: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- W&B files
 
 
-def _wandb_runs(project: Path) -> list[dict[str, Any]]:
-    """Every offline run folder, oldest first, decoded with wandb's own reader."""
-    folders = sorted(glob.glob(str(project / "wandb" / "offline-run-*")))
+def _wandb_runs(project: Path, last: int = 0) -> list[dict[str, Any]]:
+    """The offline run folders (the ``last`` ones, or all), oldest first, decoded with wandb's
+    own reader."""
+    folders = sorted(glob.glob(str(project / "wandb" / "offline-run-*")))[-last:]
     return [_read_wandb_file(glob.glob(os.path.join(f, "run-*.wandb"))[0]) for f in folders]
 
 
@@ -211,7 +212,7 @@ def _check_crafted_reference(project: Path, run_id: str, key: str) -> None:
 
 def _check_new_runs(project: Path, run_id: str, key: str) -> None:
     """The third process (resumed from checkpoint_1) logged 201..204 to a new run."""
-    *_, fresh = _wandb_runs(project)
+    (fresh,) = _wandb_runs(project, last=1)
     assert fresh["run"]["run_id"] != run_id and fresh["run"]["project"] == "run"
     assert RESUMED not in fresh["config"] and not fresh["run"].get("resume")
     assert fresh["loss"] == [(step, step + 2000.0) for step in range(201, 205)]
@@ -280,3 +281,35 @@ def test_comet_ignores_bad_references(tmp_path: Path, workdir: Path) -> None:
                                            "project": "p"}  # fmt: skip
     finally:
         tracker.finish()
+
+
+class _ServerExperiment:
+    def __init__(self, workspace: str, project_name: str) -> None:
+        self.workspace, self.project_name = workspace, project_name
+
+
+class _CometServer:
+    """Answers as ``comet_ml.API`` does for two calls (no Comet server is reachable here)."""
+
+    def __init__(self, experiments: dict[str, _ServerExperiment]) -> None:
+        self.experiments = experiments
+
+    def get_experiment_by_key(self, key: str) -> _ServerExperiment | None:
+        return self.experiments.get(key)
+
+    def get_default_workspace(self) -> str:
+        return "me"
+
+
+def test_comet_online_continues_only_an_experiment_of_this_workspace_and_project() -> None:
+    key = "b" * 32
+    here = _CometServer({key: _ServerExperiment("me", "Run")})
+    assert _experiment_elsewhere(here, key, None, "run") is None
+    assert _experiment_elsewhere(here, key, "me", "run") is None
+    gone = _experiment_elsewhere(_CometServer({}), key, None, "run")
+    assert gone is not None and "no longer exists" in gone
+    other_project = _CometServer({key: _ServerExperiment("me", "secret")})
+    assert "me/secret" in str(_experiment_elsewhere(other_project, key, None, "run"))
+    other_workspace = _CometServer({key: _ServerExperiment("team", "run")})
+    assert "team/run" in str(_experiment_elsewhere(other_workspace, key, None, "run"))
+    assert "not in this run's team/run" in str(_experiment_elsewhere(here, key, "team", "run"))
