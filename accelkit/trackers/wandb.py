@@ -113,7 +113,7 @@ class WandBTracker(GeneralTracker):
                 "logging to a new run"
             )
             return wandb.init(project=self.run_name, **kwargs)
-        if not run.offline and not run.resumed:
+        if not (run.offline or run.disabled or run.resumed):
             _warn(
                 f"W&B run {run_id!r} no longer exists in project {run.project!r}; W&B started "
                 "a new run with that id"
