@@ -37,7 +37,11 @@ RESUMED = "accelkit/resumed_at_step"
 
 def _job(project: Path, *args: str, killed: bool = False) -> subprocess.CompletedProcess[str]:
     """Run the resume job logging to wandb and comet_ml; check how it ended."""
-    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(ROOT)}
+    # Comet keeps an experiment's messages in a temporary folder until end(): the killed
+    # job's folder stays behind, so it goes under the test's own directory.
+    tmp = project.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
     done = subprocess.run(
         [sys.executable, "-m", "tests.trackers.resume_job", "--project", str(project),
          "--log-with", "wandb,comet_ml", *args],
