@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+import re
+import warnings
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import is_number, to_plain
 
+if TYPE_CHECKING:
+    from accelkit.trackers.events import CheckpointEvent
+
 __all__ = ["CometMLTracker"]
 
 _COMET_DEFAULT_OFFLINE_DIR = ".cometml-runs"
+# Comet's experiment keys: 32 to 50 letters and digits.
+_EXPERIMENT_KEY = re.compile(r"[A-Za-z0-9]{32,50}")
+# init_kwargs that already say which experiment to open: the user's choice wins.
+_OWN_EXPERIMENT_CHOICE = ("experiment_key", "mode")
+RESUMED_AT_STEP = "accelkit/resumed_at_step"
 
 
 class CometMLTracker(GeneralTracker):
@@ -23,6 +33,25 @@ class CometMLTracker(GeneralTracker):
     rather than ``./.cometml-runs``. Numbers go to ``log_metrics``, dicts of numbers to
     ``log_metrics`` with the key as prefix, strings to ``log_other`` (with one warning per key:
     Comet keeps only their latest value); anything else is skipped with one warning per key.
+
+    Experiment continuity: a checkpoint records ``{"experiment_key", "project"}``. A job
+    resumed from it continues that experiment (``comet_ml.start(experiment_key=...)``), but
+    only when the checkpoint's project is the project this tracker logs to (``run_name``); the
+    workspace and server come from this job's settings, never from the checkpoint. An
+    ``experiment_key`` or ``mode`` in ``init_kwargs`` wins over the checkpoint. Online the
+    server is asked first: an experiment it does not find, or finds in another workspace or
+    project (a key is valid across them), is a warning and a new experiment; otherwise it is
+    continued with ``mode="get"``. Offline nothing can be asked, so the new archive carries
+    the same key with ``mode="get_or_create"``: ``comet upload`` appends it to the experiment,
+    or creates it with that key when it never reached the server (an offline job killed before
+    ``end()`` leaves no data, only an empty archive: Comet writes its archive at the end); a
+    vanished experiment is thus not detected offline. Comet cannot forget
+    the points logged after the checkpoint, so the experiment records where it was resumed
+    (``log_other("accelkit/resumed_at_step", <checkpoint's step>)``).
+
+    Checkpoint events: their numbers are logged with ``log_metrics`` at the event's step, and
+    ``log_other`` keeps the last saved checkpoint's path (``checkpoint/latest``) and the one
+    the experiment resumed from (``checkpoint/resumed_from``).
 
     Args:
         run_name: the Comet project name.
@@ -38,6 +67,7 @@ class CometMLTracker(GeneralTracker):
     def __init__(self, run_name: str = "", logging_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(run_name, logging_dir, **kwargs)
         self.experiment: Any = None
+        self._resume: tuple[str, int] | None = None
 
     @property
     @override
@@ -65,9 +95,43 @@ class CometMLTracker(GeneralTracker):
             os.makedirs(config.offline_directory, exist_ok=True)
         if "online" not in kwargs and not _has_api_key(comet_ml, kwargs):
             kwargs["online"] = False
+        resume, self._resume = self._resume, None
+        if resume is not None and self._start_continued(comet_ml, config, kwargs, *resume):
+            return
         self.experiment = comet_ml.start(
             project_name=self.run_name, experiment_config=config, **kwargs
         )
+
+    def _start_continued(
+        self, comet_ml: Any, config: Any, kwargs: dict[str, Any], key: str, step: int
+    ) -> bool:
+        """Continue experiment ``key``; ``False`` (and a warning) when it cannot be."""
+        online = kwargs.get("online") is not False
+        try:
+            if online:
+                workspace = kwargs.get("workspace") or comet_ml.get_config().get_string(
+                    None, "comet.workspace"
+                )
+                api = comet_ml.API(api_key=kwargs.get("api_key"))
+                refused = _experiment_elsewhere(api, key, workspace, self.run_name)
+                if refused is not None:
+                    _warn(f"{refused}; logging to a new experiment")
+                    return False
+            self.experiment = comet_ml.start(
+                project_name=self.run_name,
+                experiment_config=config,
+                experiment_key=key,
+                mode="get" if online else "get_or_create",
+                **kwargs,
+            )
+        except Exception as error:
+            _warn(
+                f"could not continue Comet experiment {key!r} ({type(error).__name__}: "
+                f"{error}); logging to a new experiment"
+            )
+            return False
+        self.experiment.log_other(RESUMED_AT_STEP, step)
+        return True
 
     @override
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -99,6 +163,81 @@ class CometMLTracker(GeneralTracker):
     def finish(self) -> None:
         if self.experiment is not None:
             self.experiment.end()
+
+    @override
+    def run_reference(self) -> dict[str, Any] | None:
+        """``{"experiment_key", "project"}`` of the experiment."""
+        if self.experiment is None:
+            return None
+        return {"experiment_key": self.experiment.get_key(), "project": self.run_name}
+
+    @override
+    def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        """Make the next :meth:`start` continue the checkpoint's experiment, in this project.
+
+        Args:
+            reference: what :meth:`run_reference` recorded (untrusted: checked here).
+            step: the checkpoint's last logging step, recorded as ``accelkit/resumed_at_step``.
+        """
+        self._resume = None
+        if reference is None or any(key in self.init_kwargs for key in _OWN_EXPERIMENT_CHOICE):
+            return
+        key, project = reference.get("experiment_key"), reference.get("project")
+        if not isinstance(key, str) or not _EXPERIMENT_KEY.fullmatch(key):
+            _warn(
+                f"the checkpoint's Comet experiment key {key!r} is not an experiment key "
+                "(expected 32-50 letters and digits); logging to a new experiment"
+            )
+            return
+        if project != self.run_name:
+            _warn(
+                f"the checkpoint's Comet experiment {key!r} belongs to project {project!r}, "
+                f"not to this run's project {self.run_name!r}; logging to a new experiment "
+                "(pass the same project to init_trackers to continue it)"
+            )
+            return
+        self._resume = (key, int(step))
+
+    @override
+    def on_checkpoint(self, event: CheckpointEvent) -> None:
+        """Log the event's numbers at its step and keep the checkpoint's path."""
+        if self.experiment is None:
+            return
+        if event.values:
+            self.experiment.log_metrics(dict(event.values), step=event.step)
+        key = "checkpoint/latest" if event.kind == "save" else "checkpoint/resumed_from"
+        self.experiment.log_other(key, event.path)
+
+
+def _experiment_elsewhere(api: Any, key: str, workspace: str | None, project: str) -> str | None:
+    """Why the Comet server's experiment ``key`` may not be continued here (``None``: it may).
+
+    A Comet key names an experiment in any workspace the API key can reach, so a key read from
+    a checkpoint is only followed when the server puts it in this run's workspace and project.
+
+    Args:
+        api: a ``comet_ml.API`` (``get_experiment_by_key``, ``get_default_workspace``).
+        key: the checkpoint's experiment key.
+        workspace: the workspace this run logs to (``None``: the API key's default one).
+        project: the project this run logs to.
+
+    Returns:
+        The reason, or ``None`` when the experiment is in this workspace and project.
+    """
+    found = api.get_experiment_by_key(key)
+    if found is None:
+        return f"Comet experiment {key!r} no longer exists (or this API key cannot see it)"
+    workspace = workspace or api.get_default_workspace()
+    if found.workspace != workspace or (found.project_name or "").lower() != project.lower():
+        return (
+            f"Comet experiment {key!r} is in {found.workspace}/{found.project_name}, not in "
+            f"this run's {workspace}/{project}"
+        )
+    return None
+
+
+def _warn(what: str) -> None:
+    warnings.warn(f"Tracker 'comet_ml': {what}.", UserWarning, stacklevel=3)
 
 
 def _has_api_key(comet_ml: Any, kwargs: dict[str, Any]) -> bool:

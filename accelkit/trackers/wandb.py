@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+import re
+import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -12,7 +14,18 @@ from typing_extensions import override
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import to_plain
 
+if TYPE_CHECKING:
+    from accelkit.trackers.events import CheckpointEvent
+
 __all__ = ["WandBTracker"]
+
+# What accelkit accepts as a W&B run id from a checkpoint: wandb's generated ids and the usual
+# user-chosen ones (letters, digits, ``-``, ``_``, ``.``); anything else starts a new run.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+# init_kwargs that already say which run to open: the user's choice wins over the checkpoint's.
+_OWN_RUN_CHOICE = ("id", "resume", "resume_from", "fork_from")
+RESUMED_AT_STEP = "accelkit/resumed_at_step"
+CHECKPOINT_STEP = "checkpoint/step"
 
 
 class WandBTracker(GeneralTracker):
@@ -24,6 +37,31 @@ class WandBTracker(GeneralTracker):
     (tensors to numbers or lists, paths to text) so wandb can serialise it. wandb stores numbers,
     strings, arrays and its media objects itself; any other value is logged as its text with one
     warning per key.
+
+    Experiment continuity: a checkpoint records ``{"run_id", "project", "entity"}`` of the run
+    (the entity is for display only). A job resumed from it opens the same run
+    (``wandb.init(id=..., resume="allow")``, offline too: the offline folders then share the
+    run id and ``wandb sync`` appends to one run), but only when the checkpoint's project is
+    the project this tracker logs to (``run_name``, else ``WANDB_PROJECT``); the entity comes
+    from this job's settings, never from the checkpoint. An ``id``, ``resume``,
+    ``resume_from`` or ``fork_from`` in ``init_kwargs`` wins over the checkpoint. W&B cannot
+    forget the points logged after the checkpoint, so the run's config records where it was
+    resumed (``accelkit/resumed_at_step``: the checkpoint's step; the resumed job logs from
+    the next one). Online, W&B keeps its run at the last step it received and drops points
+    logged at a lower step (with a warning): the steps between the checkpoint and the crash
+    keep the first attempt's values (pass ``resume_from="<id>?_step=<n>"`` yourself to rewind
+    where your W&B server allows it). Offline the resumed folder starts at step 0 and holds
+    every resumed step. An id W&B refuses, or (online) an id no longer in the project, is a
+    warning and a new run; offline there is no server to ask, so a vanished run is found only
+    at ``wandb sync``.
+
+    Checkpoint events are logged without moving the run's step: their numbers join the row
+    being written (``commit=False``; the next row logged when the run has not reached the
+    event's step yet, as a run continued offline) with ``checkpoint/step`` set to the event's
+    step, and
+    ``checkpoint/*`` is plotted against ``checkpoint/step``. The run's summary keeps the last
+    saved checkpoint's path (``checkpoint/latest``) and the one it resumed from
+    (``checkpoint/resumed_from``).
 
     Args:
         run_name: the wandb project.
@@ -38,6 +76,9 @@ class WandBTracker(GeneralTracker):
     def __init__(self, run_name: str = "", logging_dir: str | None = None, **kwargs: Any) -> None:
         super().__init__(run_name, logging_dir, **kwargs)
         self.run: Any = None
+        self._resume: tuple[str, int] | None = None
+        # Checkpoint numbers waiting for the run to reach their step (see on_checkpoint).
+        self._pending: dict[str, Any] = {}
 
     @property
     @override
@@ -54,7 +95,31 @@ class WandBTracker(GeneralTracker):
             kwargs.setdefault("dir", self.logging_dir)
         if kwargs.get("dir") is not None:
             os.makedirs(kwargs["dir"], exist_ok=True)
-        self.run = wandb.init(project=self.run_name, **kwargs)
+        resume, self._resume = self._resume, None
+        if resume is None:
+            self.run = wandb.init(project=self.run_name, **kwargs)
+        else:
+            self.run = self._init_continued(wandb, kwargs, *resume)
+        if not self.run.disabled:
+            self.run.define_metric("checkpoint/*", step_metric=CHECKPOINT_STEP)
+
+    def _init_continued(self, wandb: Any, kwargs: dict[str, Any], run_id: str, step: int) -> Any:
+        """Open run ``run_id`` again; a new run (and a warning) when W&B refuses it."""
+        try:
+            run = wandb.init(project=self.run_name, id=run_id, resume="allow", **kwargs)
+        except Exception as error:
+            _warn(
+                f"could not continue W&B run {run_id!r} ({type(error).__name__}: {error}); "
+                "logging to a new run"
+            )
+            return wandb.init(project=self.run_name, **kwargs)
+        if not (run.offline or run.disabled or run.resumed):
+            _warn(
+                f"W&B run {run_id!r} no longer exists in project {run.project!r}; W&B started "
+                "a new run with that id"
+            )
+        run.config.update({RESUMED_AT_STEP: step}, allow_val_change=True)
+        return run
 
     @override
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -68,6 +133,8 @@ class WandBTracker(GeneralTracker):
             if not _storable(value, WBValue):
                 self.warn_skipped(key, value, "logged to wandb as its text")
                 values[key] = str(value)
+        if self._pending:
+            values, self._pending = {**self._pending, **values}, {}
         self.run.log(values, step=step, **kwargs)
 
     @override
@@ -114,7 +181,69 @@ class WandBTracker(GeneralTracker):
     @override
     def finish(self) -> None:
         if self.run is not None:
+            if self._pending:
+                self.run.log(self._pending, commit=False)
+                self._pending = {}
             self.run.finish()
+
+    @override
+    def run_reference(self) -> dict[str, Any] | None:
+        """``{"run_id", "project", "entity"}`` of the run (``None`` when W&B is disabled)."""
+        if self.run is None or self.run.disabled:
+            return None
+        return {"run_id": self.run.id, "project": self.run.project, "entity": self.run.entity}
+
+    @override
+    def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        """Make the next :meth:`start` open the checkpoint's run, when it is in this project.
+
+        Args:
+            reference: what :meth:`run_reference` recorded (untrusted: checked here).
+            step: the checkpoint's last logging step, recorded as ``accelkit/resumed_at_step``.
+        """
+        self._resume = None
+        if reference is None or any(key in self.init_kwargs for key in _OWN_RUN_CHOICE):
+            return
+        run_id, project = reference.get("run_id"), reference.get("project")
+        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+            _warn(
+                f"the checkpoint's W&B run id {run_id!r} is not a run id (expected 1-128 "
+                "letters, digits, '-', '_' or '.'); logging to a new run"
+            )
+            return
+        if not isinstance(project, str) or _project(project) != _project(self.run_name):
+            _warn(
+                f"the checkpoint's W&B run {run_id!r} belongs to project {project!r}, not to "
+                f"this run's project {_project(self.run_name)!r}; logging to a new run (pass "
+                "the same project to init_trackers to continue it)"
+            )
+            return
+        self._resume = (run_id, int(step))
+
+    @override
+    def on_checkpoint(self, event: CheckpointEvent) -> None:
+        """Log the event's numbers beside a row of the run and keep the path in the summary."""
+        if self.run is None or self.run.disabled:
+            return
+        values: dict[str, Any] = dict(event.values)
+        values[CHECKPOINT_STEP] = event.step
+        if self.run.step < event.step:
+            # A run continued offline counts from 0 again: rather than a row of its own at
+            # that step, the numbers join the next row the job logs.
+            self._pending.update(values)
+        else:
+            self.run.log(values, commit=False)
+        key = "checkpoint/latest" if event.kind == "save" else "checkpoint/resumed_from"
+        self.run.summary[key] = event.path
+
+
+def _project(name: str) -> str:
+    """The project a run named ``name`` logs to (wandb's own fallbacks for an empty name)."""
+    return name or os.environ.get("WANDB_PROJECT") or "uncategorized"
+
+
+def _warn(what: str) -> None:
+    warnings.warn(f"Tracker 'wandb': {what}.", UserWarning, stacklevel=3)
 
 
 def _storable(value: Any, media: type) -> bool:
