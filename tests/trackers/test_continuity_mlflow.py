@@ -310,3 +310,20 @@ def test_checkpoint_events_are_metrics_at_their_step_and_path_tags(mlflow_db: st
     assert tags[LOADED_CHECKPOINT_TAG] == "/runs/p/checkpoints/checkpoint_3"
     saved = _history(mlflow_db, run.info.run_id, "checkpoint/bytes")
     assert [(m.step, m.value) for m in saved] == [(40, 9.0)]
+
+
+@pytest.mark.slow
+def test_the_reference_holds_no_credentials_and_still_matches(mlflow_server: str) -> None:
+    """A tracking URI with a user and password is recorded without them; the same URI
+    (credentials included) continues the run."""
+    with_password = mlflow_server.replace("http://", "http://someone:s3cret@")
+    tracker = _started(with_password, "credentials")
+    reference = tracker.run_reference()
+    assert reference is not None and reference["tracking_uri"] == mlflow_server
+    assert "s3cret" not in json.dumps(reference)
+    tracker.finish()
+    again = _tracker(with_password, "credentials")
+    again.continue_run(reference, 4)
+    again.start()
+    assert again.run_id == reference["run_id"]
+    again.finish()
