@@ -176,8 +176,12 @@ class MLflowTracker(GeneralTracker):
             if continuation is not None and continuation.run_id == self.run_id:
                 self._mark_resumed(self.run, continuation.step)
             elif continuation is not None:
-                self._warn_new_run(
-                    continuation, f"run_id={self.run_id!r} was given, which takes priority"
+                warnings.warn(
+                    f"Tracker 'mlflow': the checkpoint's run {continuation.run_id!r} is not "
+                    f"continued: run_id={self.run_id!r} (or MLFLOW_RUN_ID) was given and takes "
+                    "priority; logging to that run.",
+                    UserWarning,
+                    stacklevel=2,
                 )
             return
         experiment = self.client.get_experiment_by_name(self.experiment_name)

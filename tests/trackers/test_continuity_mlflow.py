@@ -327,3 +327,23 @@ def test_the_reference_holds_no_credentials_and_still_matches(mlflow_server: str
     again.start()
     assert again.run_id == reference["run_id"]
     again.finish()
+
+
+def test_an_explicit_run_id_takes_priority_over_the_checkpoint(mlflow_db: str) -> None:
+    from mlflow import MlflowClient
+
+    chosen, other = _started(mlflow_db), _started(mlflow_db)
+    reference = other.run_reference()
+    assert reference is not None
+    tracker = MLflowTracker("direct", run_id=chosen.run_id, tracking_uri=mlflow_db)
+    with pytest.warns(UserWarning, match="was given and takes priority"):
+        tracker.continue_run(reference, 8)
+        tracker.start()
+    assert tracker.run_id == chosen.run_id
+    # The same run named both ways is a continuation: the resume point is recorded.
+    same = MLflowTracker("direct", run_id=other.run_id, tracking_uri=mlflow_db)
+    same.continue_run(reference, 8)
+    same.start()
+    client = MlflowClient(mlflow_db)
+    assert client.get_run(other.run_id).data.tags[RESUMED_AT_STEP_TAG] == "8"
+    assert RESUMED_AT_STEP_TAG not in client.get_run(chosen.run_id).data.tags
