@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
+from accelkit.cli._table import format_runs
 from accelkit.trackers.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +133,7 @@ def _assert_same_run(run: Run, shown_lines: list[str]) -> None:
 
 _LS_ROW = re.compile(
     r"(?P<NAME>\S+)\s+(?P<STATE>\S+)\s+(?P<ITER>\S+)\s+(?P<STEP>\S+)\s+(?P<SIZE>\S+ \S+)"
-    r"\s+(?P<FILES>\S+)\s+(?P<AGE>\S+)\s+(?P<METRICS>.+)"
+    r"\s+(?P<FILES>\S+)\s+(?P<AGE>\S+)\s+(?P<RUNS>\S+)\s+(?P<METRICS>.+)"
 )
 
 
@@ -194,6 +195,7 @@ def _assert_ls_matches(listing: str, shown: list[str], project: Path) -> None:
         assert int(row["STEP"]) == manifest["step"]
         assert int(row["ITER"]) == manifest["iteration"]
         assert int(row["FILES"]) == len(manifest["files"]) + 1  # + the manifest itself
+        assert row["RUNS"] == format_runs(manifest.get("experiment"))
         name, value = row["METRICS"].split("=")
         assert float(value) == pytest.approx(manifest["metrics"][name], rel=1e-5)
         assert re.fullmatch(r"\d+s", row["AGE"]) and re.fullmatch(r"[\d.]+ [KMG]?i?B", row["SIZE"])

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["format_age", "format_size", "render_table"]
+__all__ = ["format_age", "format_runs", "format_size", "render_table"]
+
+# The keys holding a run's id in the trackers' run references (MLflow and W&B, Comet).
+_RUN_ID_KEYS = ("run_id", "experiment_key")
+_NOT_SHOWN = re.compile(r"[^A-Za-z0-9_.-]")
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -39,6 +45,29 @@ def format_age(seconds: float | None) -> str:
         if seconds < limit:
             return f"{int(seconds // div)}{unit}"
     return f"{int(seconds // 86400)}d"
+
+
+def format_runs(experiment: Mapping[str, Any] | None) -> str:
+    """A manifest's ``experiment`` record as ``mlflow:1a2b3c4d,tensorboard`` (``"-"``: none).
+
+    One entry per tracker, by name: ``name:<first 8 characters of the run id>`` for trackers
+    whose reference has an id (``run_id``, ``experiment_key``), the name alone for the others
+    (folder-based ones). A manifest is untrusted, so anything but letters, digits, ``_``, ``.``
+    and ``-`` is shown as ``?`` (no terminal escapes, one column).
+
+    Example:
+        >>> format_runs({"step": 9, "runs": {"mlflow": {"run_id": "0123456789abcdef"}}})
+        'mlflow:01234567'
+    """
+    runs = (experiment or {}).get("runs") or {}
+    entries = []
+    for name in sorted(runs):
+        reference = runs[name]
+        ids = [reference.get(key) for key in _RUN_ID_KEYS] if isinstance(reference, Mapping) else []
+        run_id = next((value for value in ids if isinstance(value, str) and value), None)
+        label = _NOT_SHOWN.sub("?", str(name)[:40])
+        entries.append(label if run_id is None else f"{label}:{_NOT_SHOWN.sub('?', run_id[:8])}")
+    return ",".join(entries) or "-"
 
 
 def render_table(

@@ -55,7 +55,7 @@ from accelkit.cli._ckpt_common import (
     progress,
     usage,
 )
-from accelkit.cli._table import format_age, format_size, render_table
+from accelkit.cli._table import format_age, format_runs, format_size, render_table
 
 __all__ = ["register"]
 
@@ -90,13 +90,15 @@ def register(subparsers: Any) -> None:
 
     ls = actions.add_parser(
         "ls",
-        help="list checkpoints with their state, size, age and metrics",
+        help="list checkpoints with their state, size, age, tracker runs and metrics",
         description=_wrap(
             "List the checkpoints under PATH, newest last. State is 'committed' (its "
             "manifest accelkit.json is valid and every file has the recorded size), 'incomplete' "
             "(no manifest: a save in flight or one that crashed) or 'corrupt' (a bad manifest, or "
-            "a file missing or of the wrong size; checksums are checked by `ckpt verify`). Exits "
-            "1 if PATH holds no checkpoint."
+            "a file missing or of the wrong size; checksums are checked by `ckpt verify`). RUNS "
+            "names the tracker runs the checkpoint belongs to (tracker:run id; --json gives "
+            "each tracker's full reference under 'experiment'). Exits 1 if PATH holds no "
+            "checkpoint."
         ),
         epilog=_EPILOG,
         formatter_class=fmt,
@@ -204,6 +206,7 @@ def _as_json(info: CheckpointInfo) -> dict[str, Any]:
         ),
         "world_size": None if manifest is None else manifest.world_size,
         "metrics": dict(info.metrics),
+        "experiment": None if manifest is None else dict(manifest.experiment),
         "error": info.error,
     }
 
@@ -236,11 +239,12 @@ def _run_ls(args: argparse.Namespace) -> int:
             format_size(i.size_bytes),
             str(i.files),
             format_age(now - i.created if i.manifest is not None else None),
+            format_runs(None if i.manifest is None else i.manifest.experiment),
             _format_metrics(i.metrics),
         ]
         for i in infos
     ]
-    headers = ["NAME", "STATE", "ITER", "STEP", "SIZE", "FILES", "AGE", "METRICS"]
+    headers = ["NAME", "STATE", "ITER", "STEP", "SIZE", "FILES", "AGE", "RUNS", "METRICS"]
     print(render_table(headers, rows, right=("ITER", "STEP", "SIZE", "FILES", "AGE")))
     for info in infos:
         if info.state == CORRUPT:

@@ -214,6 +214,7 @@ class TrackerHub:
         """The started trackers of this process, failed ones included (their runs are opened
         first if they were not yet)."""
         self._open_runs(wait=True)
+        self._wait_opened()
         return [worker.tracker for worker in self._workers]
 
     @property
@@ -350,6 +351,12 @@ class TrackerHub:
     def _wait_started(self, worker: Worker, done: threading.Event) -> None:
         if not done.wait(self.timeout):
             self._start_timed_out(worker)
+
+    def _wait_opened(self) -> None:
+        """Wait (at most ``timeout`` seconds in all) for runs whose opening is queued."""
+        deadline = time.monotonic() + self.timeout
+        for worker in [worker for worker in self._live if not worker.opened.is_set()]:
+            worker.opened.wait(max(0.0, deadline - time.monotonic()))
 
     def _start_timed_out(self, worker: Worker) -> None:
         """Report and skip a tracker whose run did not open within ``timeout`` seconds."""
@@ -558,10 +565,7 @@ class TrackerHub:
         nothing are left out.
         """
         self._open_runs(wait=True)
-        pending = [worker for worker in self._live if not worker.opened.is_set()]
-        deadline = time.monotonic() + self.timeout
-        for worker in pending:
-            worker.opened.wait(max(0.0, deadline - time.monotonic()))
+        self._wait_opened()
         return {
             worker.name: worker.reference
             for worker in self._live

@@ -6,20 +6,55 @@ import json
 import os
 import re
 import time
+import urllib.parse
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import flatten, is_number
 
-__all__ = ["MLflowTracker"]
+if TYPE_CHECKING:
+    from accelkit.trackers.events import CheckpointEvent
+
+__all__ = [
+    "CHECKPOINT_TAG_PREFIX",
+    "LATEST_CHECKPOINT_TAG",
+    "LOADED_CHECKPOINT_TAG",
+    "RESUMED_AT_MS_TAG",
+    "RESUMED_AT_STEP_TAG",
+    "MLflowTracker",
+]
+
+RESUMED_AT_STEP_TAG = "accelkit.resumed_at_step"
+RESUMED_AT_MS_TAG = "accelkit.resumed_at_ms"
+CHECKPOINT_TAG_PREFIX = "accelkit.checkpoint."
+LATEST_CHECKPOINT_TAG = CHECKPOINT_TAG_PREFIX + "latest"
+LOADED_CHECKPOINT_TAG = CHECKPOINT_TAG_PREFIX + "loaded"
 
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
+_RUN_ID = re.compile(r"[0-9a-fA-F]{8,64}")
+_EXPERIMENT_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_PARAM_LENGTH = 6000
+_MAX_KEY_LENGTH = 250
+# MLflow takes 8000 characters in a tag value since 2.x; older servers took 5000.
+_MAX_TAG_LENGTH = 5000
+_MAX_URI_LENGTH = 2000
+
+
+@dataclass(frozen=True)
+class _Continuation:
+    """A checkpoint's run reference, checked for shape (not yet against the store)."""
+
+    run_id: str
+    experiment_id: str
+    tracking_uri: str
+    step: int
 
 
 class MLflowTracker(GeneralTracker):
@@ -35,6 +70,26 @@ class MLflowTracker(GeneralTracker):
 
     As in the reference, ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_RUN_ID``, ``MLFLOW_TAGS`` (a JSON
     object) and ``MLFLOW_NESTED_RUN`` take priority over the matching arguments.
+
+    Checkpoints. Each checkpoint records ``{"run_id", "experiment_id", "tracking_uri"}`` (the
+    URI with any user name and password removed; it is only compared, never used to connect).
+    A job resuming from that checkpoint reopens the same run (status set back to ``RUNNING``)
+    when this tracker logs to the same tracking URI and experiment now and the run still
+    exists there; otherwise (another URI or experiment, a deleted or unknown run, a malformed
+    id) it warns and creates a new run. MLflow cannot delete metric points, so the points the
+    killed job logged after the checkpoint stay: the run then holds two values for those
+    steps. The resume point is recorded in the run's tags ``accelkit.resumed_at_step`` (the
+    checkpoint's last logged step) and ``accelkit.resumed_at_ms`` (when the run was reopened,
+    in ms since the epoch), comma-separated lists when a run is resumed several times: a point
+    at a step past ``resumed_at_step`` whose timestamp is at or after ``resumed_at_ms`` belongs
+    to the resumed timeline, an earlier one to the abandoned one. The configuration stored
+    again by the resumed job keeps MLflow's params (they cannot change): those with the same
+    value are skipped, changed ones are skipped with one warning.
+
+    Checkpoint events (:mod:`accelkit.trackers.events`) are metrics at the event's step
+    (``checkpoint/save_seconds``, ...) and tags holding the checkpoint's path:
+    ``accelkit.checkpoint.latest`` and ``accelkit.checkpoint.<iteration>`` (the folder name for
+    a checkpoint without a number) for each save, ``accelkit.checkpoint.loaded`` for a load.
 
     Args:
         experiment_name: the MLflow experiment (the project name of ``init_trackers``); created
@@ -88,6 +143,8 @@ class MLflowTracker(GeneralTracker):
         self.artifact_location = artifact_location
         self.client: Any = None
         self.run: Any = None
+        self._continuation: _Continuation | None = None
+        self._tag_warned = False
 
     @property
     @override
@@ -113,8 +170,19 @@ class MLflowTracker(GeneralTracker):
 
         uri, artifacts = self._resolve_uri()
         self.client = MlflowClient(tracking_uri=uri)
+        continuation, self._continuation = self._continuation, None
         if self.run_id is not None:
             self.run = self.client.get_run(self.run_id)
+            if continuation is not None and continuation.run_id == self.run_id:
+                self._mark_resumed(self.run, continuation.step)
+            elif continuation is not None:
+                warnings.warn(
+                    f"Tracker 'mlflow': the checkpoint's run {continuation.run_id!r} is not "
+                    f"continued: run_id={self.run_id!r} (or MLFLOW_RUN_ID) was given and takes "
+                    "priority; logging to that run.",
+                    UserWarning,
+                    stacklevel=2,
+                )
             return
         experiment = self.client.get_experiment_by_name(self.experiment_name)
         if experiment is not None:
@@ -123,6 +191,11 @@ class MLflowTracker(GeneralTracker):
             experiment_id = self.client.create_experiment(
                 self.experiment_name, artifact_location=artifacts
             )
+        if continuation is not None:
+            self.run = self._reopen(continuation, experiment_id)
+            if self.run is not None:
+                self.run_id = self.run.info.run_id
+                return
         tags = {str(k): str(v) for k, v in self.tags.items()}
         if self.description:
             tags["mlflow.note.content"] = self.description
@@ -136,16 +209,148 @@ class MLflowTracker(GeneralTracker):
         self.run_id = self.run.info.run_id
 
     @override
+    def run_reference(self) -> dict[str, Any] | None:
+        """``{"run_id", "experiment_id", "tracking_uri"}`` of the open run (``None`` before).
+
+        The tracking URI is recorded without user name and password, for display and for
+        :meth:`continue_run` to compare with the URI it logs to then.
+        """
+        if self.client is None or self.run is None:
+            return None
+        return {
+            "run_id": self.run.info.run_id,
+            "experiment_id": str(self.run.info.experiment_id),
+            "tracking_uri": _display_uri(str(self.client.tracking_uri)),
+        }
+
+    @override
+    def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        """Reopen the checkpoint's run at the next :meth:`start` (see the class docstring).
+
+        Only the reference's shape is checked here; :meth:`start` checks that the run exists
+        where this tracker logs now. A malformed reference is a warning and a new run.
+
+        Args:
+            reference: what :meth:`run_reference` returned when the checkpoint was saved.
+            step: the checkpoint's last logged step, recorded in ``accelkit.resumed_at_step``.
+        """
+        self._continuation = None
+        if reference is None:
+            return
+        run_id = reference.get("run_id")
+        experiment_id = reference.get("experiment_id")
+        tracking_uri = reference.get("tracking_uri")
+        problem = None
+        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+            problem = f"run_id {_short(run_id)} is not an MLflow run id (8 to 64 hex digits)"
+        elif not isinstance(experiment_id, str) or not _EXPERIMENT_ID.fullmatch(experiment_id):
+            problem = (
+                f"experiment_id {_short(experiment_id)} is not an MLflow experiment id "
+                "(1 to 64 letters, digits, '_' or '-')"
+            )
+        elif not isinstance(tracking_uri, str) or len(tracking_uri) > _MAX_URI_LENGTH:
+            problem = f"tracking_uri {_short(tracking_uri)} is not a tracking URI"
+        if problem is not None:
+            warnings.warn(
+                f"Tracker 'mlflow': the checkpoint's run reference is malformed ({problem}); "
+                "it is ignored and a new run is started. Was the checkpoint's accelkit.json "
+                "edited?",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        assert isinstance(run_id, str) and isinstance(experiment_id, str)
+        assert isinstance(tracking_uri, str)
+        self._continuation = _Continuation(run_id, experiment_id, tracking_uri, int(step))
+
+    def _reopen(self, continuation: _Continuation, experiment_id: str) -> Any:
+        """The checkpoint's run, reopened, or ``None`` (with a warning) if it may not be."""
+        from mlflow.exceptions import MlflowException
+
+        here = _display_uri(str(self.client.tracking_uri))
+        if continuation.tracking_uri != here:
+            self._warn_new_run(
+                continuation,
+                f"it was logged to {continuation.tracking_uri!r} and this tracker logs to "
+                f"{here!r}; pass tracking_uri= (or MLFLOW_TRACKING_URI) to continue it there",
+            )
+            return None
+        try:
+            run = self.client.get_run(continuation.run_id)
+        except MlflowException as error:
+            self._warn_new_run(
+                continuation,
+                f"{here!r} has no such run ({error.error_code}); was it deleted?",
+            )
+            return None
+        if run.info.lifecycle_stage != "active":
+            self._warn_new_run(continuation, f"the run is {run.info.lifecycle_stage} at {here!r}")
+            return None
+        if str(run.info.experiment_id) != str(experiment_id) or (
+            continuation.experiment_id != str(experiment_id)
+        ):
+            self._warn_new_run(
+                continuation,
+                f"it belongs to experiment id {run.info.experiment_id!r} and this tracker logs "
+                f"to experiment {self.experiment_name!r} (id {experiment_id!r})",
+            )
+            return None
+        if run.info.status != "RUNNING":
+            self.client.update_run(run.info.run_id, status="RUNNING")
+        self._mark_resumed(run, continuation.step)
+        return self.client.get_run(run.info.run_id)
+
+    def _mark_resumed(self, run: Any, step: int) -> None:
+        """Append the resume point to the run's ``accelkit.resumed_at_*`` tags."""
+        from mlflow.entities import RunTag
+
+        tags = run.data.tags
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run.info.run_id,
+            tags=[
+                RunTag(RESUMED_AT_STEP_TAG, _append(tags.get(RESUMED_AT_STEP_TAG), str(step))),
+                RunTag(RESUMED_AT_MS_TAG, _append(tags.get(RESUMED_AT_MS_TAG), str(now))),
+            ],
+        )
+
+    def _warn_new_run(self, continuation: _Continuation, reason: str) -> None:
+        warnings.warn(
+            f"Tracker 'mlflow': the checkpoint's run {continuation.run_id!r} is not continued: "
+            f"{reason}. Logging to a new run of experiment {self.experiment_name!r}.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+    @override
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
+        # A reopened run keeps its params: MLflow refuses to change one.
+        existing = dict(self.run.data.params) if self.run is not None else {}
         params = []
+        changed = []
         for key, value in flatten(values).items():
             text = "None" if value is None else str(value)
             if len(text) > _MAX_PARAM_LENGTH:
                 self.warn_skipped(key, value, f"cut to MLflow's {_MAX_PARAM_LENGTH} characters")
                 text = text[:_MAX_PARAM_LENGTH]
-            params.append(Param(self._key(key), text))
+            name = self._key(key)
+            if name in existing:
+                if existing[name] != text:
+                    changed.append(name)
+                continue
+            params.append(Param(name, text))
+        if changed:
+            warnings.warn(
+                f"Tracker 'mlflow': run {self.run_id!r} already has params "
+                f"{', '.join(repr(name) for name in changed[:10])}"
+                f"{' and more' if len(changed) > 10 else ''} with other values; MLflow params "
+                "cannot change, so the run keeps its values (log the new ones as metrics or "
+                "start a new run to record them).",
+                UserWarning,
+                stacklevel=2,
+            )
         for i in range(0, len(params), _MAX_PARAMS_PER_BATCH):
             self.client.log_batch(self.run_id, params=params[i : i + _MAX_PARAMS_PER_BATCH])
 
@@ -221,6 +426,67 @@ class MLflowTracker(GeneralTracker):
         )
 
     @override
+    def on_checkpoint(self, event: CheckpointEvent) -> None:
+        """Log the event's numbers at its step and tag the run with the checkpoint's path.
+
+        Args:
+            event: the checkpoint saved or loaded.
+        """
+        from mlflow.entities import Metric, RunTag
+
+        client = self._started_client("on_checkpoint")
+        timestamp = int(time.time() * 1000)
+        metrics = [
+            Metric(self._key(key), float(value), timestamp, int(event.step))
+            for key, value in event.values.items()
+        ]
+        path = event.path
+        if len(path) > _MAX_TAG_LENGTH:
+            if not self._tag_warned:
+                self._tag_warned = True
+                warnings.warn(
+                    f"Tracker 'mlflow': checkpoint path {path[:80]!r}... is longer than the "
+                    f"{_MAX_TAG_LENGTH} characters of an MLflow tag; its tags hold its end.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            path = path[-_MAX_TAG_LENGTH:]
+        if event.kind == "save":
+            label = event.name if event.iteration is None else str(event.iteration)
+            keys = [LATEST_CHECKPOINT_TAG, _tag_key(CHECKPOINT_TAG_PREFIX + label)]
+        else:
+            keys = [LOADED_CHECKPOINT_TAG]
+        client.log_batch(
+            self.run_id, metrics=metrics, tags=[RunTag(key, path) for key in dict.fromkeys(keys)]
+        )
+
+    @override
     def finish(self) -> None:
         if self.client is not None and self.run_id is not None:
             self.client.set_terminated(self.run_id)
+
+
+def _display_uri(uri: str) -> str:
+    """``uri`` without user name and password (``http://user:pw@host`` -> ``http://host``)."""
+    parts = urllib.parse.urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri.rstrip("/") if parts.scheme in ("http", "https") else uri
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _tag_key(key: str) -> str:
+    return _BAD_KEY_CHARS.sub("_", key)[:_MAX_KEY_LENGTH]
+
+
+def _append(previous: str | None, value: str) -> str:
+    """``previous,value``, dropping the oldest entries to stay within a tag's length."""
+    entries = [*(previous.split(",") if previous else []), value]
+    while len(entries) > 1 and len(",".join(entries)) > _MAX_TAG_LENGTH:
+        entries.pop(0)
+    return ",".join(entries)
