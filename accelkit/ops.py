@@ -237,7 +237,9 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
     Args:
         tensor: a tensor or a nested list/tuple/dict of tensors.
         reduction: ``"mean"``, ``"sum"``, ``"max"`` or ``"none"`` (no communication).
-        scale: factor applied after the reduction.
+        scale: factor applied after the reduction. Unlike the reference, which silently
+            ignores it everywhere but on XLA, accelkit applies it on every backend: a script
+            passing ``scale=`` gets the scaled result it asked for.
 
     Raises:
         ValueError: for an unknown ``reduction``.
