@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import warnings
 from typing import Any
 
@@ -70,6 +71,7 @@ class TensorBoardTracker(GeneralTracker):
         kwargs = dict(self.init_kwargs)
         if self._purge_step is not None:
             kwargs["purge_step"] = self._purge_step
+            _wait_past_newest_event_file(self.log_dir)
         self.writer = SummaryWriter(log_dir=self.log_dir, **kwargs)
 
     @override
@@ -159,3 +161,27 @@ def _is_array(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() > 0
     return isinstance(value, np.ndarray) and value.size > 0 and value.dtype.kind in "biuf"
+
+
+def _wait_past_newest_event_file(log_dir: str) -> None:
+    """Wait (at most a second) until a new event file sorts after every existing one.
+
+    TensorBoard reads a folder's event files in name order, and a name starts with the whole
+    second it was created in; the purge of a continued run only applies to files read after
+    it. A job restarted within the second its previous file was created in (or on a clock a
+    little behind) would otherwise write a file that sorts first.
+    """
+    try:
+        names = os.listdir(log_dir)
+    except OSError:
+        return
+    seconds = []
+    for name in names:
+        parts = name.split(".")
+        if name.startswith("events.out.tfevents.") and len(parts) > 3 and parts[3].isdigit():
+            seconds.append(int(parts[3]))
+    if not seconds:
+        return
+    wait = max(seconds) + 1 - time.time()
+    if 0 < wait <= 1.0:
+        time.sleep(wait)

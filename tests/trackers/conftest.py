@@ -39,6 +39,16 @@ for _name in _CLOUD_ENV:
     os.environ.pop(_name, None)
 
 
+def job_env(**extra: str) -> dict[str, str]:
+    """The environment of a job run as a subprocess: offline, and without the wandb service
+    an in-process test of this session started (``WANDB_SERVICE``: a child would attach to it
+    instead of starting its own, as a real job does, and a killed child's runs stay open in
+    it)."""
+    env = {**os.environ, **OFFLINE_ENV, **extra}
+    env.pop("WANDB_SERVICE", None)
+    return env
+
+
 @pytest.fixture(autouse=True)
 def offline_trackers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every tracker test runs offline (see OFFLINE_ENV)."""

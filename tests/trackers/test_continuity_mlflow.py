@@ -9,7 +9,6 @@ timestamps tell the timelines apart. Stores: sqlite (``mlflow_db``) and a real `
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -28,7 +27,7 @@ from accelkit.trackers.mlflow import (
     RESUMED_AT_STEP_TAG,
     MLflowTracker,
 )
-from tests.trackers.conftest import OFFLINE_ENV
+from tests.trackers.conftest import job_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +38,7 @@ def _job(project: Path, experiment: str, uri: str, *args: str) -> subprocess.Com
         [sys.executable, "-m", "tests.trackers.resume_job", "--project", str(project),
          "--log-with", "mlflow", "--run-name", experiment, "--init-kwargs", init_kwargs, *args],
         cwd=ROOT, capture_output=True, text=True, timeout=240,
-        env={**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(ROOT)},
+        env=job_env(PYTHONPATH=str(ROOT)),
     )  # fmt: skip
 
 

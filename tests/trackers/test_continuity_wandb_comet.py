@@ -29,7 +29,7 @@ import pytest
 
 from accelkit.trackers.comet_ml import CometMLTracker, _experiment_elsewhere
 from accelkit.trackers.wandb import WandBTracker
-from tests.trackers.conftest import OFFLINE_ENV
+from tests.trackers.conftest import job_env
 
 ROOT = Path(__file__).resolve().parents[2]
 RESUMED = "accelkit/resumed_at_step"
@@ -41,7 +41,7 @@ def _job(project: Path, *args: str, killed: bool = False) -> subprocess.Complete
     # job's folder stays behind, so it goes under the test's own directory.
     tmp = project.parent / "tmp"
     tmp.mkdir(exist_ok=True)
-    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    env = job_env(PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
     done = subprocess.run(
         [sys.executable, "-m", "tests.trackers.resume_job", "--project", str(project),
          "--log-with", "wandb,comet_ml", *args],
