@@ -102,7 +102,7 @@ class Checkpointing:
         is accepted and ignored). Call it on every process.
 
         Normally every process passes the same ``output_dir``: one checkpoint, the main process
-        commits it. If each process passes a folder of its own (a local disk per machine, a
+        commits it. If each process passes a folder of its own (a path naming the process, a
         temporary folder per process), each folder becomes a complete checkpoint of its own:
         every process writes the model, optimizer, scheduler, scaler and dataloader states,
         registered objects and its own random states there and commits it with its own

@@ -1,7 +1,9 @@
 """Per-process checkpoints: the processes of one save pass different folders to ``save_state``.
 
-A script may give each process a folder of its own: a local disk per machine, or a
-``tempfile.TemporaryDirectory()`` per process (as Accelerate's own test scripts do). One
+A script may give each process a folder of its own: a path naming the process (on a local
+disk per machine), or a ``tempfile.TemporaryDirectory()`` per process (as Accelerate's own test
+scripts do). The same path on every machine is one folder to accelkit: a multi-machine save
+into it needs storage every machine sees (a shared filesystem, S3). One
 manifest written by the main process cannot describe files spread over several folders, so
 accelkit then makes every folder a complete checkpoint of its own: each process writes the
 replicated state (model weights, optimizers, schedulers, grad scaler, dataloader positions,
