@@ -32,8 +32,9 @@ def _save(
     sharded: bool = False,
     project: str | None = None,
 ) -> tuple[FakeGroup, list[Any]]:
-    """Every "process" saves the replicated model and its own random states into its folder
-    (what the manager captures on every process of a per-process save)."""
+    """Every "process" saves its own random states, and the replicated model where it writes
+    it: into its own folder in a per-process save, on the main process only in a shared one
+    (what the manager captures)."""
     hub = FakeGroup(len(folders))
 
     def body(rank: int, coordinator: FakeCoordinator) -> bool:
@@ -41,7 +42,8 @@ def _save(
         request = SaveRequest(folders[rank], automatic, iteration=3, step=7, sharded=sharded)
         sequence = SaveSequence(coordinator, get_storage(folders[rank]), request, lock=lock)
         sequence.prepare()
-        models = [("model", {"w": torch.arange(4.0)})]
+        writes_model = sequence.per_process or rank == 0  # known once the folders are agreed
+        models = [("model", {"w": torch.arange(4.0)})] if writes_model else []
         states = [(f"random_states_{rank}", {"seed": rank})]
         sequence.capture(lambda: LivePayload(Snapshot(models=models, states=states)))
         sequence.finish()
