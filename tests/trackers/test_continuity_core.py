@@ -257,6 +257,7 @@ def test_a_save_makes_no_backend_call_on_the_training_thread(tmp_path: Path) -> 
     [
         ({"step": True, "runs": {}}, "experiment.step"),
         ({"step": -5, "runs": {}}, "experiment.step"),
+        ({"step": 10**30, "runs": {}}, "experiment.step"),
         ({"step": 3, "runs": ["wandb"]}, "experiment.runs"),
         ({"step": 3, "runs": {"wandb": "abc"}}, "experiment.runs"),
     ],

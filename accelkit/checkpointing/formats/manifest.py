@@ -260,14 +260,21 @@ class Manifest:
         )
 
 
+_MAX_STEP = 2**62
+
+
 def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
     """Check the shape of the ``experiment`` field (the references' contents are checked by
     each tracker against its own configuration when it continues a run)."""
     if not data:
         return {}
     step, runs = data.get("step", -1), data.get("runs", {})
-    if isinstance(step, bool) or not isinstance(step, int) or step < -1:
-        raise ManifestError(f"{source}: experiment.step must be an integer >= -1, got {step!r}.")
+    # A logging step every backend can store (TensorBoard and MLflow: int64).
+    if isinstance(step, bool) or not isinstance(step, int) or not -1 <= step < _MAX_STEP:
+        raise ManifestError(
+            f"{source}: experiment.step must be an integer from -1 to {_MAX_STEP - 1}, got "
+            f"{str(step)[:40]}."
+        )
     if not isinstance(runs, dict) or not all(
         isinstance(name, str) and isinstance(reference, dict) for name, reference in runs.items()
     ):
