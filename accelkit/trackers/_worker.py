@@ -151,6 +151,26 @@ class Worker:
         finally:
             self.busy = None
 
+    def stuck(self, timeout: float) -> bool:
+        """Whether the worker has been inside one backend call for longer than ``timeout``."""
+        return self.busy is not None and time.monotonic() - self.busy_since > timeout
+
+    def overflow(self) -> None:
+        """Skip this tracker: its queue outgrew the hub's ``max_pending`` (its backend is
+        hung); the values waiting are dropped and the failure is reported."""
+        waiting = len(self.items)
+        if not self.mark_failed():
+            return
+        self.items.clear()
+        busy = f"busy in {self.busy}()" if self.busy else "not draining its queue"
+        error = TimeoutError(
+            f"{waiting} values waiting ({busy}): the backend is hung or far slower than the "
+            "training loop. Raise ACCELKIT_TRACKER_MAX_PENDING if it is only slow"
+        )
+        hub = self._hub()
+        if hub is not None:
+            hub._report(TrackerFailure(self.name, "log", error))
+
     def mark_failed(self) -> bool:
         """Mark the tracker failed; True for the one caller that should report it."""
         with self._failed_lock:

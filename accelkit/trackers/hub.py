@@ -222,23 +222,6 @@ class TrackerHub:
         """Every tracker failure reported so far."""
         return list(self._failures)
 
-    def _stuck(self, worker: Worker) -> bool:
-        """Whether ``worker`` has been inside one backend call for longer than ``timeout``."""
-        return worker.busy is not None and time.monotonic() - worker.busy_since > self.timeout
-
-    def _overflow(self, worker: Worker) -> None:
-        """Skip a tracker whose queue outgrew ``max_pending`` (its backend is hung)."""
-        waiting = len(worker.items)
-        if not worker.mark_failed():
-            return
-        worker.items.clear()
-        busy = f"busy in {worker.busy}()" if worker.busy else "not draining its queue"
-        error = TimeoutError(
-            f"{waiting} values waiting ({busy}): the backend is hung or far slower than the "
-            "training loop. Raise ACCELKIT_TRACKER_MAX_PENDING if it is only slow"
-        )
-        self._report(TrackerFailure(worker.name, "log", error))
-
     def _report(self, failure: TrackerFailure) -> None:
         with self._lock:
             self._failures.append(failure)
@@ -448,8 +431,8 @@ class TrackerHub:
             items.append((LOG, copied, step, kwargs, pending))
             if len(items) >= _WAKE_AT:
                 worker.wake.set()
-                if len(items) > self.max_pending and self._stuck(worker):
-                    self._overflow(worker)
+                if len(items) > self.max_pending and worker.stuck(self.timeout):
+                    worker.overflow()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every value logged so far has reached its tracker.
