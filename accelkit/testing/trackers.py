@@ -4,7 +4,9 @@ Subclass it in a test module, name the tracker and say how to read back what it 
 test then trains nothing but drives the tracker through a real :class:`~accelkit.Accelerator`:
 ``init_trackers`` with a nested configuration (tensors, paths, ``None``), five ``log`` calls
 mixing tensors, NumPy and Python scalars, text and an unloggable object, ``end_training``.
-See :mod:`accelkit.testing` for an example.
+A second test saves a checkpoint and resumes from it in a new ``Accelerator``: what the tracker
+records in the manifest (``run_reference``) must be JSON, and a tracker that records its run
+must continue that same run. See :mod:`accelkit.testing` for an example.
 """
 
 from __future__ import annotations
@@ -161,3 +163,51 @@ class TrackerContract:
             assert "0.25" in str(config["optimizer/betas"])
         else:
             assert "adam" in str(config["optimizer"]) and "0.25" in str(config["optimizer"])
+
+    def test_checkpoint_contract(
+        self,
+        logging_dir: Path,
+        registered: Any,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        import json
+
+        from accelkit import Accelerator, ProjectConfiguration
+
+        monkeypatch.chdir(tmp_path)
+        name = self.log_with
+
+        def job() -> Accelerator:
+            config = ProjectConfiguration(
+                project_dir=str(logging_dir), automatic_checkpoint_naming=True
+            )
+            return Accelerator(log_with=name, project_config=config)
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = job()
+            first.init_trackers(RUN, config={"lr": 0.001})
+            for step in range(STEPS):
+                first.log({"loss": 1.0 / (step + 1)}, step=step)
+            checkpoint = Path(first.save_state())
+            first.end_training()
+            record = json.loads((checkpoint / "accelkit.json").read_text())["experiment"]
+            resumed = job()
+            resumed.init_trackers(RUN, config={"lr": 0.001})
+            resumed.load_state()
+            resumed.log({"loss": 0.5})
+            continued = resumed.get_tracker(name).run_reference()
+            resumed.end_training()
+
+        problems = [
+            str(w.message)
+            for w in caught
+            if issubclass(w.category, TrackerWarning) or "checkpoint records" in str(w.message)
+        ]
+        assert problems == [], problems
+        assert record["step"] == STEPS - 1
+        saved = record["runs"].get(name)
+        if saved is not None:  # the tracker records its run: the resumed job continues it
+            assert json.loads(json.dumps(saved)) == saved
+            assert continued == saved, (continued, saved)
