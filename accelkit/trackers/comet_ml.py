@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from accelkit.trackers._reference import continuable_id
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import is_number, to_plain
 
@@ -182,19 +183,18 @@ class CometMLTracker(GeneralTracker):
         self._resume = None
         if reference is None or any(key in self.init_kwargs for key in _OWN_EXPERIMENT_CHOICE):
             return
-        key, project = reference.get("experiment_key"), reference.get("project")
-        if not isinstance(key, str) or not _EXPERIMENT_KEY.fullmatch(key):
-            _warn(
-                f"the checkpoint's Comet experiment key {key!r} is not an experiment key "
-                "(expected 32-50 letters and digits); logging to a new experiment"
-            )
-            return
-        if project != self.run_name:
-            _warn(
-                f"the checkpoint's Comet experiment {key!r} belongs to project {project!r}, "
-                f"not to this run's project {self.run_name!r}; logging to a new experiment "
-                "(pass the same project to init_trackers to continue it)"
-            )
+        key = continuable_id(
+            "comet_ml",
+            reference,
+            id_key="experiment_key",
+            id_name="an experiment key",
+            pattern=_EXPERIMENT_KEY,
+            expected="32-50 letters and digits",
+            project=reference.get("project"),
+            own_project=self.run_name,
+            new="experiment",
+        )
+        if key is None:
             return
         self._resume = (key, int(step))
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from typing_extensions import override
 
+from accelkit.trackers._reference import continuable_id
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import to_plain
 
@@ -204,19 +205,19 @@ class WandBTracker(GeneralTracker):
         self._resume = None
         if reference is None or any(key in self.init_kwargs for key in _OWN_RUN_CHOICE):
             return
-        run_id, project = reference.get("run_id"), reference.get("project")
-        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-            _warn(
-                f"the checkpoint's W&B run id {run_id!r} is not a run id (expected 1-128 "
-                "letters, digits, '-', '_' or '.'); logging to a new run"
-            )
-            return
-        if not isinstance(project, str) or _project(project) != _project(self.run_name):
-            _warn(
-                f"the checkpoint's W&B run {run_id!r} belongs to project {project!r}, not to "
-                f"this run's project {_project(self.run_name)!r}; logging to a new run (pass "
-                "the same project to init_trackers to continue it)"
-            )
+        project = reference.get("project")
+        run_id = continuable_id(
+            "wandb",
+            reference,
+            id_key="run_id",
+            id_name="a run id",
+            pattern=_RUN_ID,
+            expected="1-128 letters, digits, '-', '_' or '.'",
+            project=_project(project) if isinstance(project, str) else project,
+            own_project=_project(self.run_name),
+            new="run",
+        )
+        if run_id is None:
             return
         self._resume = (run_id, int(step))
 

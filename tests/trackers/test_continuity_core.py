@@ -101,15 +101,17 @@ def test_a_checkpoint_names_its_runs_and_the_last_logged_step(tmp_path: Path) ->
     assert parsed.experiment["runs"]["runs"] == {"run": "first"}
 
 
-@pytest.mark.parametrize("order", ["init_first", "load_first"])
+@pytest.mark.parametrize("order", ["init_first", "load_first", "init_first_explicit_path"])
 def test_a_resumed_job_continues_the_run_in_either_call_order(tmp_path: Path, order: str) -> None:
     _first_job(tmp_path)
     tracker = RunTracker("second")
     accelerator = _accelerator(tmp_path, tracker)
-    if order == "init_first":
+    if order.startswith("init_first"):
         accelerator.init_trackers("run")
         assert tracker.calls == []  # nothing opened before the load
-        accelerator.load_state()
+        # Accelerate's examples: load_state(args.resume_from_checkpoint), a path.
+        path = tmp_path / "project" / "checkpoints" / "checkpoint_0"
+        accelerator.load_state(str(path) if order.endswith("explicit_path") else None)
     else:
         accelerator.load_state()
         accelerator.init_trackers("run")

@@ -247,6 +247,10 @@ def test_wandb_ignores_bad_references_and_lets_the_users_id_win(
             tracker.continue_run(reference, 100)
     with pytest.warns(UserWarning, match="belongs to project 'other'"):
         tracker.continue_run({"run_id": "abc12345", "project": "other"}, 100)
+    # A crafted value is shown cut short, not copied whole into the log.
+    with pytest.warns(UserWarning, match="is not a run id") as said:
+        tracker.continue_run({"run_id": "\x1b[2J" + "x" * 100_000, "project": "p"}, 100)
+    assert len(str(said[0].message)) < 400 and "\x1b" not in str(said[0].message)
     tracker.start()
     try:
         assert tracker.run.id != "abc12345" and RESUMED not in dict(tracker.run.config)

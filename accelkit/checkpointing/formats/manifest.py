@@ -273,13 +273,14 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
     if isinstance(step, bool) or not isinstance(step, int) or not -1 <= step < _MAX_STEP:
         raise ManifestError(
             f"{source}: experiment.step must be an integer from -1 to {_MAX_STEP - 1}, got "
-            f"{str(step)[:40]}."
+            f"{str(step)[:40]}. The manifest was damaged or edited: load another checkpoint."
         )
     if not isinstance(runs, dict) or not all(
         isinstance(name, str) and isinstance(reference, dict) for name, reference in runs.items()
     ):
         raise ManifestError(
-            f"{source}: experiment.runs must map tracker names to objects, got {str(runs)[:200]!r}."
+            f"{source}: experiment.runs must map tracker names to objects, got "
+            f"{str(runs)[:200]!r}. The manifest was damaged or edited: load another checkpoint."
         )
     return {"step": step, "runs": runs}
 
