@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from accelkit.trackers._reference import short
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import flatten, is_number
 
@@ -242,14 +243,14 @@ class MLflowTracker(GeneralTracker):
         tracking_uri = reference.get("tracking_uri")
         problem = None
         if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-            problem = f"run_id {_short(run_id)} is not an MLflow run id (8 to 64 hex digits)"
+            problem = f"run_id {short(run_id)} is not an MLflow run id (8 to 64 hex digits)"
         elif not isinstance(experiment_id, str) or not _EXPERIMENT_ID.fullmatch(experiment_id):
             problem = (
-                f"experiment_id {_short(experiment_id)} is not an MLflow experiment id "
+                f"experiment_id {short(experiment_id)} is not an MLflow experiment id "
                 "(1 to 64 letters, digits, '_' or '-')"
             )
         elif not isinstance(tracking_uri, str) or len(tracking_uri) > _MAX_URI_LENGTH:
-            problem = f"tracking_uri {_short(tracking_uri)} is not a tracking URI"
+            problem = f"tracking_uri {short(tracking_uri)} is not a tracking URI"
         if problem is not None:
             warnings.warn(
                 f"Tracker 'mlflow': the checkpoint's run reference is malformed ({problem}); "
@@ -473,11 +474,6 @@ def _display_uri(uri: str) -> str:
         return uri.rstrip("/") if parts.scheme in ("http", "https") else uri
     netloc = parts.netloc.rsplit("@", 1)[1]
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _tag_key(key: str) -> str:
