@@ -555,7 +555,7 @@ class TrackerHub:
             if worker.reference is not None and not worker.failed
         }
 
-    def resume(self, runs: Mapping[str, Any], step: int) -> bool:
+    def resume(self, runs: Mapping[str, Any], step: int) -> None:
         """Continue the runs a loaded checkpoint names, after its last logged ``step``.
 
         Sets the step counter to ``step + 1`` (so ``log()`` without a step continues the
@@ -568,15 +568,11 @@ class TrackerHub:
         Args:
             runs: tracker name -> the reference the checkpoint recorded for it.
             step: the checkpoint's last logging step (``-1``: nothing was logged before it).
-
-        Returns:
-            Whether the runs will be continued (``False``: the trackers were already logging).
         """
         if self._live or self._detached:
-            return False
+            return
         self._resume = (dict(runs), int(step))
         self._next_step = int(step) + 1
-        return True
 
     def event(self, event: CheckpointEvent) -> None:
         """Queue a checkpoint event for every live tracker (``on_checkpoint``) and return.
