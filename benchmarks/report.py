@@ -337,7 +337,30 @@ def _step_details(data: dict[str, Any]) -> list[str]:
     return ["", head, "", *_table(["case", "median step (us)", "ratio", "overhead %"], rows)]
 
 
+def _cuda_details(data: dict[str, Any]) -> list[str]:
+    r = data.get("results") or {}
+    if not r.get("cases"):
+        return []
+    floor = r["cases"]["d2h pinned"]["seconds"]
+    out = ["", f"{_num(r['state_bytes'] / 1e6)} MB of model + AdamW state on {r['device']}:", ""]
+    rows = [
+        [name, _num(row["seconds"]), _num(row["gb_per_s"]), _num(row["seconds"] / floor)]
+        for name, row in r["cases"].items()
+    ]
+    out += _table(["case", "seconds", "GB/s", "x pinned copy"], rows)
+    if "throughput_lost_percent" in r:
+        out += [
+            "",
+            f"Training throughput lost with an async save every "
+            f"{r.get('save_every_steps', 350)} steps: "
+            f"{_num(r['throughput_lost_percent'])}% "
+            f"({_num(r['throughput_lost_beyond_blocking_percent'])}% beyond the copies).",
+        ]
+    return out
+
+
 DETAILS = {
+    "cuda": _cuda_details,
     "trackers": _trackers_details,
     "step": _step_details,
     "save_load": _save_load_details,
