@@ -8,7 +8,7 @@ reaches a terminal or a log, every character that Python does not call printable
 (:meth:`str.isprintable`: the C0 and C1 controls, DEL, format characters such as the bidi
 overrides and zero-width joiners, line and paragraph separators, spaces other than ``" "``,
 surrogates, private-use and unassigned code points) is written as the escape ``repr`` uses:
-``\\x1b``, ``\\u202e``, ``\\U000e0001``.
+``\\n``, ``\\x1b``, ``\\u202e``, ``\\U000e0001``.
 
 Backslashes are left as they are, so text that is already escaped (a ``{path!r}`` inside an
 error message) is shown unchanged: :func:`escape` is idempotent and can be applied both where
@@ -26,7 +26,12 @@ from typing import Any
 __all__ = ["escape", "short"]
 
 
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
 def _escaped(char: str) -> str:
+    if char in _NAMED:
+        return _NAMED[char]
     code = ord(char)
     if code < 0x100:
         return f"\\x{code:02x}"
