@@ -39,7 +39,7 @@ from accelkit.checkpointing.formats.layout import (
     SAVE_MARKER_NAME,
 )
 from accelkit.checkpointing.lock import PRUNE, RunLock
-from accelkit.checkpointing.retention import RetentionPolicy, select_for_deletion
+from accelkit.checkpointing.retention import RetentionPolicy, plan_retention
 from accelkit.checkpointing.storage import Storage, join
 
 __all__ = ["apply_retention", "delete_checkpoint", "project_of", "pruning_lock", "remove_folder"]
@@ -103,13 +103,35 @@ def apply_retention(storage: Storage, root: str, policy: RetentionPolicy, keep: 
     """Delete the committed ``checkpoint_<n>`` under ``root`` that ``policy`` does not keep,
     never ``keep`` (the checkpoint just committed). Failures are logged, not raised: the new
     checkpoint is committed whatever happens here.
+
+    The promise of ``accelkit ckpt prune`` holds here too: the project is never left without a
+    checkpoint that verifies, and a damaged one is never counted. It is kept without reading
+    any checkpoint's bytes, because this runs after every save (reading every kept checkpoint
+    each time would cost as much as the saves). What is known without reading:
+
+    - ``keep`` verifies: its checksums were computed from the bytes this save wrote (or read
+      back) moments ago, and it is never deleted;
+    - the others are the listing's ``committed`` ones: manifest valid, every file present with
+      its recorded size and no symbolic link inside (one stat per file, already paid by the
+      listing). A missing, cut or grown file, a bad manifest or a link makes a checkpoint
+      ``corrupt``, and corrupt ones are neither counted nor deleted.
+
+    Bytes changed in place (a flipped bit, a re-signed manifest cannot be told from an honest
+    one without reading) are the one damage this does not see: such a checkpoint may count
+    toward ``total_limit`` and push an older one out, but ``keep`` stays, so a project always
+    holds a checkpoint that verifies, and ``load_state()`` skips the damaged one. Modification
+    times were considered and rejected as a signal: a copied project (``cp -r``, a sync tool)
+    has new ones in any order, and would keep its checkpoints forever.
     """
     if policy.is_unlimited:
         return
+    kept = keep.rstrip("/")
     try:
         committed = committed_automatic(list_checkpoints(storage, root))
-        for info in select_for_deletion(committed, policy):
-            if info.path.rstrip("/") != keep.rstrip("/"):
+        # The listing already checked sizes; and keep is verified by construction.
+        plan = plan_retention(committed, policy, lambda info: None)
+        for info in plan.delete:
+            if info.path.rstrip("/") != kept:
                 delete_checkpoint(storage, root, info)
     except Exception as exc:
         logger.warning(

@@ -10,23 +10,28 @@ A policy is a rule, or rules combined:
 
 :func:`build_policy` makes the policy that training's ``ProjectConfiguration`` and
 ``accelkit ckpt prune``'s flags describe (one function for both, so they cannot disagree), and
-:func:`select_for_deletion` applies one. Its inputs are any objects with ``name``,
+:func:`select_for_deletion` applies one. :func:`plan_retention` applies one so that no project
+is ever left without a checkpoint that verifies: it asks a caller-given check about the
+checkpoints it would keep, never counts a damaged one (kept, reported), and never deletes the
+newest intact one (both training and ``ckpt prune`` delete through it; the check is theirs,
+so this module stays free of I/O). Its inputs are any objects with ``name``,
 ``iteration`` (int or ``None``), ``created`` (float) and ``metrics`` (mapping) -- e.g.
 :class:`~accelkit.checkpointing.catalog.CheckpointInfo` -- and must be *committed* checkpoints
 only: the caller never passes incomplete folders or stray ones such as ``checkpoints/best``.
 
 Public API: :class:`RetentionPolicy` (the base), :class:`KeepAll`, :class:`KeepLast`,
 :class:`KeepEvery`, :class:`KeepBest`, :class:`AnyOf`, :func:`build_policy`,
-:func:`select_for_deletion`, :class:`RetentionCandidate`.
+:func:`select_for_deletion`, :func:`plan_retention`, :class:`RetentionPlan`,
+:class:`RetentionCandidate`.
 """
 
 from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from typing_extensions import override
 
@@ -37,8 +42,10 @@ __all__ = [
     "KeepEvery",
     "KeepLast",
     "RetentionCandidate",
+    "RetentionPlan",
     "RetentionPolicy",
     "build_policy",
+    "plan_retention",
     "select_for_deletion",
 ]
 
@@ -278,3 +285,89 @@ def select_for_deletion(checkpoints: Sequence[C], policy: RetentionPolicy) -> li
     ordered = sorted(checkpoints, key=_order_key)
     keep = policy.kept(ordered)
     return [c for i, c in enumerate(ordered) if i not in keep]
+
+
+@dataclass(frozen=True)
+class RetentionPlan(Generic[C]):
+    """What :func:`plan_retention` decided.
+
+    Attributes:
+        delete: the checkpoints to delete, oldest first (each one the policy does not keep).
+        damaged: ``(checkpoint, why)`` for each one the check found damaged, oldest first:
+            kept, never counted toward the policy (so an intact older one is kept in its
+            place), never deleted.
+        protected: the newest checkpoint that passed the check, when the policy alone would
+            have deleted it (e.g. ``KeepEvery`` or ``KeepBest`` without ``KeepLast``); kept.
+        intact: the newest checkpoint that passed the check, or ``None`` if none did (then no
+            checkpoint is deleted at all).
+    """
+
+    delete: list[C] = field(default_factory=list)
+    damaged: list[tuple[C, str]] = field(default_factory=list)
+    protected: C | None = None
+    intact: C | None = None
+
+
+def plan_retention(
+    checkpoints: Sequence[C], policy: RetentionPolicy, damage: Callable[[C], str | None]
+) -> RetentionPlan[C]:
+    """Apply ``policy`` so that the project keeps a checkpoint that verifies.
+
+    ``damage(checkpoint)`` says why a checkpoint cannot be trusted (``None``: intact). It is
+    asked only about the checkpoints the plan keeps, newest first, each at most once: a
+    damaged one leaves the candidates and the policy is applied again to the others, so it
+    never counts toward ``KeepLast`` (the next older intact one is kept instead) and is never
+    deleted. Then the newest checkpoint that passes is kept whatever the policy says. What is
+    deleted was never asked about (it may be damaged; deleting it loses nothing).
+
+    Args:
+        checkpoints: committed checkpoints (see :func:`select_for_deletion`).
+        policy: what to keep.
+        damage: the check: ``accelkit ckpt prune`` compares checksums; training retention
+            trusts the checkpoint it just wrote and the sizes the listing checked (see
+            :func:`~accelkit.checkpointing.deletion.apply_retention`).
+
+    Returns:
+        The plan; nothing is deleted when ``policy`` keeps everything.
+
+    Example:
+        >>> plan = plan_retention(ckpts, KeepLast(1), lambda c: None if c.ok else "bad")
+    """
+    ordered = sorted(checkpoints, key=_order_key)
+    if policy.is_unlimited:
+        return RetentionPlan()
+    why: dict[int, str | None] = {}  # index in ordered -> the check's answer
+
+    def check(i: int) -> bool:
+        if i not in why:
+            why[i] = damage(ordered[i])
+        return why[i] is None
+
+    while True:
+        candidates = [i for i in range(len(ordered)) if why.get(i) is None]
+        kept = {candidates[k] for k in policy.kept([ordered[i] for i in candidates])}
+        unchecked = sorted((i for i in kept if i not in why), reverse=True)
+        if not unchecked:
+            break
+        for i in unchecked:
+            check(i)  # a damaged one leaves the candidates: apply the policy again
+    doomed = [i for i in candidates if i not in kept]
+    protected = intact = None
+    for i in reversed(candidates):
+        if check(i):  # the newest that passes, asked only if the policy would delete it
+            intact = i
+            if i in doomed:
+                doomed.remove(i)
+                protected = i
+            break
+    failed = _failed(why)
+    return RetentionPlan(
+        delete=[ordered[i] for i in doomed if i not in failed],
+        damaged=[(ordered[i], str(why[i])) for i in sorted(failed)],
+        protected=None if protected is None else ordered[protected],
+        intact=None if intact is None else ordered[intact],
+    )
+
+
+def _failed(answers: Mapping[int, str | None]) -> set[int]:
+    return {i for i, reason in answers.items() if reason is not None}

@@ -1,4 +1,13 @@
-"""Shared parts of the ``accelkit ckpt`` actions: errors, arguments, opening PATH, progress."""
+"""Shared parts of the ``accelkit ckpt`` actions: errors, arguments, opening PATH, progress,
+and printing.
+
+Everything an action prints goes through :func:`say` (text, escaped line by line with
+:func:`accelkit._text.escape`), :func:`say_json` (``--json``) or
+:func:`~accelkit.cli._table.render_table` (whose cells are escaped), and failures through
+:class:`Fail`, which :func:`command` prints with :func:`say`: folder, file, tensor and metric
+names come from an untrusted checkpoint, and none of their control characters may reach the
+terminal.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ from typing import Any
 
 from typing_extensions import override
 
+from accelkit._text import escape
 from accelkit.checkpointing.catalog import CheckpointInfo, inspect_folder, list_checkpoints
 from accelkit.checkpointing.formats.layout import (
     CHECKPOINTS_DIRNAME,
@@ -34,6 +44,8 @@ __all__ = [
     "positive_int",
     "print_help",
     "progress",
+    "say",
+    "say_json",
     "usage",
 ]
 
@@ -49,6 +61,30 @@ class Fail(Exception):
 def usage(message: str) -> Fail:
     """A usage error (exit 2)."""
     return Fail(message, 2)
+
+
+# --------------------------------------------------------------------------- printing
+
+
+def say(*lines: str, err: bool = False) -> None:
+    """Print ``lines`` to stdout (stderr with ``err``), one per line, each escaped.
+
+    Each line is escaped whole, its newlines included: a name holding ``\n`` or ``\r`` cannot
+    start a line of its own (``OK    checkpoint_9`` under a ``FAIL``). A line already escaped,
+    or holding a ``repr``, is printed unchanged (:func:`~accelkit._text.escape` is idempotent).
+    """
+    print("\n".join(escape(line) for line in lines), file=sys.stderr if err else sys.stdout)
+
+
+def say_json(value: Any) -> None:
+    """Print ``value`` as indented JSON, every non-ASCII character as a ``\\uXXXX`` escape.
+
+    The escaping is JSON's own (``ensure_ascii``), not :func:`~accelkit._text.escape`: no raw
+    control byte reaches the terminal, and a program reading the output gets the names exactly
+    as they are on disk (``"\\u001b"`` decodes back to ESC), which an escape inside the
+    strings would change.
+    """
+    print(json.dumps(value, indent=2, ensure_ascii=True))
 
 
 # --------------------------------------------------------------------------- arguments
@@ -114,7 +150,8 @@ def command(
         try:
             return run(args)
         except Fail as exc:
-            print(f"accelkit ckpt {name}: error: {exc}", file=sys.stderr)
+            # A message may embed names from the checkpoint, raised by code far below.
+            say(f"accelkit ckpt {name}: error: {exc}", err=True)
             return exc.code
         except (*_BUGS, BrokenPipeError):
             raise  # a defect of ours (keep the traceback), or a closed pipe (main handles it)
@@ -122,11 +159,11 @@ def command(
             # Storage failures (permissions, an unreachable endpoint, bad credentials) come as
             # OSError, ValueError or a storage SDK's own exception (botocore's are none of the
             # former): print the library's message once, with the path and what to check.
-            print(
+            say(
                 f"accelkit ckpt {name}: error: cannot access {args.path!r}: "
                 f"{type(exc).__name__}: {exc}. Check the path, permissions and, for a URL, "
                 "the endpoint and credentials (-o KEY=VALUE).",
-                file=sys.stderr,
+                err=True,
             )
             return 2
 

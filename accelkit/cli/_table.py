@@ -7,11 +7,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from accelkit._text import escape
+
 __all__ = ["format_age", "format_runs", "format_size", "render_table"]
 
 # The keys holding a run's id in the trackers' run references (MLflow and W&B, Comet).
 _RUN_ID_KEYS = ("run_id", "experiment_key")
-_NOT_SHOWN = re.compile(r"[^A-Za-z0-9_.-]")
+# What would split the RUNS cell into several entries or columns, after escaping.
+_SEPARATORS = re.compile(r"[\s,:]")
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -52,8 +55,9 @@ def format_runs(experiment: Mapping[str, Any] | None) -> str:
 
     One entry per tracker, by name: ``name:<first 8 characters of the run id>`` for trackers
     whose reference has an id (``run_id``, ``experiment_key``), the name alone for the others
-    (folder-based ones). A manifest is untrusted, so anything but letters, digits, ``_``, ``.``
-    and ``-`` is shown as ``?`` (no terminal escapes, one column).
+    (folder-based ones). A manifest is untrusted: control characters are escaped as
+    everywhere else (:func:`accelkit._text.escape`), and spaces, ``,`` and ``:`` are shown as
+    ``?`` so that the cell stays one entry per tracker in one column.
 
     Example:
         >>> format_runs({"step": 9, "runs": {"mlflow": {"run_id": "0123456789abcdef"}}})
@@ -65,9 +69,13 @@ def format_runs(experiment: Mapping[str, Any] | None) -> str:
         reference = runs[name]
         ids = [reference.get(key) for key in _RUN_ID_KEYS] if isinstance(reference, Mapping) else []
         run_id = next((value for value in ids if isinstance(value, str) and value), None)
-        label = _NOT_SHOWN.sub("?", str(name)[:40])
-        entries.append(label if run_id is None else f"{label}:{_NOT_SHOWN.sub('?', run_id[:8])}")
+        label = _one_entry(str(name)[:40])
+        entries.append(label if run_id is None else f"{label}:{_one_entry(run_id[:8])}")
     return ",".join(entries) or "-"
+
+
+def _one_entry(text: str) -> str:
+    return _SEPARATORS.sub("?", escape(text))
 
 
 def render_table(
@@ -75,11 +83,17 @@ def render_table(
 ) -> str:
     """Columns separated by two spaces, padded to the widest cell; no trailing spaces.
 
+    Every cell is escaped (:func:`accelkit._text.escape`): cells hold names from untrusted
+    checkpoints, and a control character in one must neither act on the terminal nor break
+    the row in two.
+
     Args:
         headers: column titles.
         rows: cells, already formatted as strings.
         right: titles of the columns to right-align (numbers).
     """
+    headers = [escape(h) for h in headers]
+    rows = [[escape(cell) for cell in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         for i, cell in enumerate(row):

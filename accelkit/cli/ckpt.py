@@ -2,7 +2,9 @@
 
 Everything here goes through :mod:`accelkit.checkpointing` (listing and states from
 ``catalog``, checks from ``manifest.verify_files``, the retention policy training uses, safetensors
-headers from ``checkpointing.inspect``); this module only parses arguments and prints.
+headers from ``checkpointing.inspect``); this module only parses arguments and prints, through
+``say``/``say_json``/``render_table`` only: every name printed comes from an untrusted
+checkpoint and is escaped there (see :mod:`accelkit.cli._ckpt_common`).
 
 Exit codes: 0 success; 1 a check failed, nothing matched, or the user declined; 2 bad usage (a
 bad flag, a path that does not exist or cannot be opened, a prune that needs confirmation).
@@ -13,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import sys
 import textwrap
 import time
@@ -36,9 +37,10 @@ from accelkit.checkpointing.retention import (
     KeepBest,
     KeepEvery,
     KeepLast,
+    RetentionPlan,
     RetentionPolicy,
     build_policy,
-    select_for_deletion,
+    plan_retention,
 )
 from accelkit.checkpointing.storage import Storage
 from accelkit.checkpointing.storage.confined import confine
@@ -53,6 +55,8 @@ from accelkit.cli._ckpt_common import (
     positive_int,
     print_help,
     progress,
+    say,
+    say_json,
     usage,
 )
 from accelkit.cli._table import format_age, format_runs, format_size, render_table
@@ -116,7 +120,10 @@ def register(subparsers: Any) -> None:
             "training; rules combine, a checkpoint is kept if any rule keeps it), and incomplete "
             "folders older than the newest committed checkpoint (a newer one may be a save in "
             "flight and is kept). Corrupt checkpoints and folders that are not checkpoints are "
-            "never deleted. Nothing outside PATH is touched.\n\n"
+            "never deleted. Nothing outside PATH is touched. The checkpoints the policy would "
+            "keep are first checked against their checksums (as `ckpt verify` does): a damaged "
+            "one is kept but does not count toward --keep (an older intact one is kept in its "
+            "place), and the newest checkpoint that verifies is never deleted.\n\n"
             "Confirmation: with --yes it deletes at once; without --yes it shows the plan and asks "
             "on a terminal, and when stdin is not a terminal (a script, CI) it deletes nothing and "
             "exits 2. --dry-run only shows the plan. Exits 0 when there is nothing to delete."
@@ -224,10 +231,10 @@ def _run_ls(args: argparse.Namespace) -> int:
     root, infos, _ = collect(storage, args.path)
     if not infos:
         if args.json:
-            print("[]")
+            say_json([])
         raise nothing_found(args.path, root)
     if args.json:
-        print(json.dumps([_as_json(i) for i in infos], indent=2))
+        say_json([_as_json(i) for i in infos])
         return 0
     now = time.time()
     rows = [
@@ -248,12 +255,12 @@ def _run_ls(args: argparse.Namespace) -> int:
     print(render_table(headers, rows, right=("ITER", "STEP", "SIZE", "FILES", "AGE")))
     for info in infos:
         if info.state == CORRUPT:
-            print(
+            say(
                 f"{info.name}: corrupt: {info.error}. Run `accelkit ckpt verify {info.path}`.",
-                file=sys.stderr,
+                err=True,
             )
         elif info.state in NOT_OURS:
-            print(f"{info.name}: {info.error}.", file=sys.stderr)
+            say(f"{info.name}: {info.error}.", err=True)
     return 0
 
 
@@ -297,10 +304,12 @@ def _describe(policy: RetentionPolicy) -> str:
     return " ".join(parts)
 
 
-def _plan(infos: list[CheckpointInfo], policy: RetentionPolicy) -> list[tuple[CheckpointInfo, str]]:
+def _plan(
+    infos: list[CheckpointInfo], policy: RetentionPolicy, retention: RetentionPlan[CheckpointInfo]
+) -> list[tuple[CheckpointInfo, str]]:
     """What to delete and why, oldest first."""
     committed = committed_automatic(infos)
-    doomed = {id(i) for i in select_for_deletion(committed, policy)}
+    doomed = {id(i) for i in retention.delete}
     newest = committed[-1] if committed else None
     plan = []
     for info in infos:  # already oldest first
@@ -317,9 +326,65 @@ def _plan(infos: list[CheckpointInfo], policy: RetentionPolicy) -> list[tuple[Ch
     return plan
 
 
+def _retention(
+    storage: Storage, infos: list[CheckpointInfo], policy: RetentionPolicy
+) -> RetentionPlan[CheckpointInfo]:
+    """The retention plan, every checkpoint it keeps verified against its checksums first.
+
+    A damaged one (a flipped byte keeps the size ``ls`` checks) must not count toward
+    ``--keep``: otherwise prune would keep it and delete the intact older one, and the next
+    run could not resume at all.
+    """
+    committed = committed_automatic(infos)
+    # No total: only the checkpoints kept are read, and which those are depends on the reads.
+    with progress(None, "B", "verifying") as bar:
+
+        def damage(info: CheckpointInfo) -> str | None:
+            problems, _ = _verify_one(storage, info, bar)
+            return "; ".join(problems) or None
+
+        return plan_retention(committed, policy, damage)
+
+
 def _confirm(question: str) -> bool:
     print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
     return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def _report_kept(infos: list[CheckpointInfo], retention: RetentionPlan[CheckpointInfo]) -> None:
+    """Say on stderr which checkpoints are kept whatever the policy says, and why."""
+    for info in infos:
+        if info.state == CORRUPT:
+            say(
+                f"Keeping corrupt {info.name} ({info.error}); inspect it with `accelkit ckpt "
+                "verify` and delete it by hand if unwanted.",
+                err=True,
+            )
+        elif info.state in NOT_OURS:
+            say(
+                f"Keeping {info.name}: {info.error}. accelkit deletes only what it wrote; "
+                "delete it by hand if unwanted.",
+                err=True,
+            )
+    for info, why in retention.damaged:
+        say(
+            f"Keeping damaged {info.name} ({why}): its files do not match its manifest, so it "
+            "does not count toward --keep. Inspect it with `accelkit ckpt verify` and delete it "
+            "by hand if unwanted.",
+            err=True,
+        )
+    if retention.protected is not None:
+        say(
+            f"Keeping {retention.protected.name}: it is the newest checkpoint that verifies, "
+            "and prune never leaves a project without one.",
+            err=True,
+        )
+    if retention.damaged and retention.intact is None:
+        say(
+            "No committed checkpoint verifies: none of them was deleted. Resume is impossible "
+            "from these; restore one from a copy.",
+            err=True,
+        )
 
 
 def _run_prune(args: argparse.Namespace) -> int:
@@ -328,32 +393,22 @@ def _run_prune(args: argparse.Namespace) -> int:
     root, infos, _ = collect(storage, args.path, allow_single=False)
     if not infos:
         raise nothing_found(args.path, root)
-    plan = _plan(infos, policy)
+    retention = _retention(storage, infos, policy)
+    plan = _plan(infos, policy, retention)
     doomed = {id(i) for i, _ in plan}
     kept = [i.name for i in infos if id(i) not in doomed]
-    for info in infos:
-        if info.state == CORRUPT:
-            print(
-                f"Keeping corrupt {info.name} ({info.error}); inspect it with `accelkit ckpt "
-                "verify` and delete it by hand if unwanted.",
-                file=sys.stderr,
-            )
-        elif info.state in NOT_OURS:
-            print(
-                f"Keeping {info.name}: {info.error}. accelkit deletes only what it wrote; "
-                "delete it by hand if unwanted.",
-                file=sys.stderr,
-            )
+    _report_kept(infos, retention)
     if not plan:
-        print(f"Nothing to remove under {root} ({len(kept)} kept).")
+        say(f"Nothing to remove under {root} ({len(kept)} kept).")
         return 0
     total = sum(i.size_bytes for i, _ in plan)
     rows = [[i.name, i.state, format_size(i.size_bytes), why] for i, why in plan]
     title = "Would remove (dry run):" if args.dry_run else "To remove:"
-    print(f"{title}\n{render_table(['NAME', 'STATE', 'SIZE', 'REASON'], rows, right=['SIZE'])}")
-    print(f"Kept: {', '.join(kept) if kept else '(none)'}")
+    say(title)
+    print(render_table(["NAME", "STATE", "SIZE", "REASON"], rows, right=["SIZE"]))
+    say(f"Kept: {', '.join(kept) if kept else '(none)'}")
     if args.dry_run:
-        print(f"Would free {format_size(total)} ({total} bytes); nothing was deleted.")
+        say(f"Would free {format_size(total)} ({total} bytes); nothing was deleted.")
         return 0
     if not args.yes:
         if not sys.stdin.isatty():
@@ -362,7 +417,7 @@ def _run_prune(args: argparse.Namespace) -> int:
                 "is not a terminal. Pass --yes to delete, or --dry-run to only show the plan."
             )
         if not _confirm(f"Delete {len(plan)} folder(s), {format_size(total)}?"):
-            print("Aborted; nothing was deleted.", file=sys.stderr)
+            say("Aborted; nothing was deleted.", err=True)
             return 1
     return _delete(storage, root, plan)
 
@@ -375,13 +430,13 @@ def _delete(storage: Storage, root: str, plan: list[tuple[CheckpointInfo, str]])
             freed, failed = _delete_locked(storage, root, plan)
     except CheckpointError as exc:  # the lock is held by a live save
         raise Fail(f"{exc} Nothing was deleted.", 1) from None
-    print(f"Freed {format_size(freed)} ({freed} bytes).")
+    say(f"Freed {format_size(freed)} ({freed} bytes).")
     if failed:
-        print(
-            "accelkit ckpt prune: error: could not remove:\n  "
-            + "\n  ".join(failed)
-            + "\nCheck permissions and run prune again.",
-            file=sys.stderr,
+        say(
+            "accelkit ckpt prune: error: could not remove:",
+            *(f"  {line}" for line in failed),
+            "Check permissions and run prune again.",
+            err=True,
         )
         return 1
     return 0
@@ -403,9 +458,9 @@ def _delete_locked(
             else:
                 if removed:
                     freed += info.size_bytes
-                    print(f"Removed {info.name} ({format_size(info.size_bytes)})")
+                    say(f"Removed {info.name} ({format_size(info.size_bytes)})")
                 else:
-                    print(f"Skipped {info.name}: it was committed meanwhile.", file=sys.stderr)
+                    say(f"Skipped {info.name}: it was committed meanwhile.", err=True)
             bar.update(1)
     return freed, failed
 
@@ -453,35 +508,33 @@ def _run_verify(args: argparse.Namespace) -> int:
     with progress(total, "B", "verifying") as bar:
         for info in infos:
             if info.state == INCOMPLETE:
-                print(f"SKIP  {info.name}: incomplete (no {MANIFEST_NAME}); not a checkpoint")
+                say(f"SKIP  {info.name}: incomplete (no {MANIFEST_NAME}); not a checkpoint")
                 continue
             if info.state in NOT_OURS:
-                print(f"SKIP  {info.name}: {info.error}")
+                say(f"SKIP  {info.name}: {info.error}")
                 continue
             problems, extra = _verify_one(storage, info, bar)
             if problems:
                 bad += 1
-                print(f"FAIL  {info.name}")
-                for line in problems:
-                    print(f"      {line}")
+                say(f"FAIL  {info.name}", *(f"      {line}" for line in problems))
             else:
                 n = len(info.manifest.files) if info.manifest is not None else 0
-                print(f"OK    {info.name}: {n} files, {format_size(info.size_bytes)}")
+                say(f"OK    {info.name}: {n} files, {format_size(info.size_bytes)}")
             if extra:
                 # Not part of the checkpoint (never loaded), so not a failure; worth knowing.
-                print(f"      not in the manifest (ignored): {', '.join(extra)}")
+                say(f"      not in the manifest (ignored): {', '.join(extra)}")
     if not todo:
         raise Fail(
             f"no committed checkpoint to verify under {root!r} (only incomplete ones or folders "
             "accelkit did not write).",
             1,
         )
-    print(f"{len(todo) - bad} of {len(todo)} checkpoint(s) intact.")
+    say(f"{len(todo) - bad} of {len(todo)} checkpoint(s) intact.")
     if bad:
-        print(
+        say(
             f"accelkit ckpt verify: {bad} checkpoint(s) under {root!r} failed: they cannot be "
             "trusted. Load an intact one, or delete them.",
-            file=sys.stderr,
+            err=True,
         )
         return 1
     return 0
@@ -577,7 +630,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
             ],
             "errors": errors,
         }
-        print(json.dumps(payload, indent=2))
+        say_json(payload)
     else:
         rows = [
             [shown(t), t.dtype, _shape(t.shape), format_size(t.nbytes), t.file] for t in tensors
@@ -585,14 +638,15 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(render_table(["NAME", "DTYPE", "SHAPE", "SIZE", "FILE"], rows, right=["SIZE"]))
         numel = sum(t.numel for t in tensors)
         nbytes = sum(t.nbytes for t in tensors)
-        print(
+        say(
             f"{len(tensors)} tensors, {numel:,} elements, {format_size(nbytes)} "
             f"in {len(headers)} file(s)."
         )
     if errors:
-        print(
-            "accelkit ckpt inspect: error: unreadable header(s):\n  " + "\n  ".join(errors),
-            file=sys.stderr,
+        say(
+            "accelkit ckpt inspect: error: unreadable header(s):",
+            *(f"  {line}" for line in errors),
+            err=True,
         )
         return 1
     return 0

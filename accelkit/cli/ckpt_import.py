@@ -8,11 +8,18 @@ of its files is refused, 2 bad usage (SRC missing, DST exists).
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.cli._ckpt_common import Fail, add_common, command, open_storage, usage
+from accelkit.cli._ckpt_common import (
+    Fail,
+    add_common,
+    command,
+    open_storage,
+    say,
+    say_json,
+    usage,
+)
 from accelkit.cli._table import format_size
 
 __all__ = ["register"]
@@ -75,9 +82,9 @@ def _run_import(args: argparse.Namespace) -> int:
             "state": "committed",
             "verified": True,
         }
-        print(json.dumps(doc, indent=2))
+        say_json(doc)
     else:
-        print(
+        say(
             f"Imported {result.source} -> {result.destination}: {len(manifest.files)} files, "
             f"{format_size(manifest.total_size)}, {manifest.world_size} process(es), step "
             f"{manifest.step}; committed and verified."

@@ -10,7 +10,10 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Sequence
+
+from accelkit._text import escape
 
 __all__ = ["build_parser", "main"]
 
@@ -71,6 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception:
+        # A defect of ours (expected failures are reported by the subcommand): keep the
+        # traceback, but its message may quote bytes of the checkpoint being read, so it is
+        # escaped line by line like everything else the command prints. Exit 1, as Python's.
+        lines = traceback.format_exc().splitlines()
+        print("\n".join(escape(line) for line in lines), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,13 +12,10 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+# The one escape of untrusted text (shared with the CLI); trackers import it from here.
+from accelkit._text import short
+
 __all__ = ["continuable_id", "short"]
-
-
-def short(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters (values from a file may be huge)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def continuable_id(

@@ -112,6 +112,8 @@ def test_a_crafted_reference_is_shown_as_one_plain_cell(
     path.write_text(json.dumps(manifest))
     out = _ls(capsys, project)
     assert "\x1b" not in out and "\x07" not in out
-    assert _table(out)["checkpoint_1"]["RUNS"] == "comet_ml,evil??31m:??0?titl,wandb:abc12345"
+    # Escaped as every name the CLI prints (no raw control byte), one entry per tracker.
+    runs = _table(out)["checkpoint_1"]["RUNS"]
+    assert runs == "comet_ml,evil\\x1b[31m:\\x1b]0;titl,wandb:abc12345"
     listed = {item["name"]: item for item in json.loads(_ls(capsys, project, "--json"))}
     assert listed["checkpoint_1"]["experiment"]["runs"]["wandb"] == {"run_id": "abc12345"}
