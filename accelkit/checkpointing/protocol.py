@@ -360,9 +360,11 @@ class SaveSequence:
         try:
             if self.is_main and self.lock is not None:
                 self.lock.acquire()
-            if self.is_main and self.request.automatic:
-                self._choose_number()
-            self._refuse_link()
+            if self.request.automatic:
+                if self.is_main:  # a link there exists too: refused (once) as taken
+                    self._choose_number()
+            else:
+                self._refuse_link()
         except Exception as exc:
             error = exc
         item = (self.request.iteration, self.next_iteration, resolve_folder(self.target))
