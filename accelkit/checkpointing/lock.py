@@ -286,5 +286,14 @@ def claim_folder(storage: Storage, url: str, marker_name: str, marker: bytes) ->
         raise FileExistsError(errno.EEXIST, f"{target} already exists", target)
     else:
         storage.makedirs(target)  # a no-op on object stores; the marker below is the claim
-    if not storage.create_exclusive(join(target, marker_name), marker):
+    try:
+        created = storage.create_exclusive(join(target, marker_name), marker)
+    except BaseException:
+        if local is not None:
+            # An empty folder without the marker would look foreign: kept forever, its name
+            # blocked. It is ours (the mkdir above) and still empty, so it goes.
+            with contextlib.suppress(OSError):
+                os.rmdir(local)
+        raise
+    if not created:
         raise FileExistsError(errno.EEXIST, f"{target} is being written by another process", target)
