@@ -7,9 +7,16 @@ accelkit's files: weights in safetensors, every state in JSON + safetensors, one
 ``random_states_<rank>`` per process that saved ``SRC``; then the manifest (the commit), then
 every file is read back and checked against it.
 
-The protocol is a one-process copy of the save's: the save marker first (so an interrupted
-import is an ``incomplete`` folder that ``accelkit ckpt prune`` may remove), the data files
-flushed, the manifest last and atomic. ``DST`` must not exist.
+An import is a save: it holds the save lock of ``DST``'s project
+(:class:`~accelkit.checkpointing.lock.RunLock`, role ``import``) from the moment it picks
+``DST`` until the commit, so a training run saving into that project and a prune wait for it
+(and it for them) instead of racing for a ``checkpoint_<n>`` name or deleting the folder half
+written. ``DST`` is created exclusively with the save marker in it
+(:func:`~accelkit.checkpointing.lock.claim_folder`: an existing folder is never written into,
+and an interrupted import is an ``incomplete`` folder that ``accelkit ckpt prune`` may remove),
+then the data files flushed, the manifest last and atomic. A training save whose next number
+an import took moves past it (:mod:`~accelkit.checkpointing.protocol`). ``DST`` equal to
+``SRC``, inside it or holding it (after resolving links) is refused before anything is written.
 
 Public API: :func:`import_accelerate` -> :class:`ImportResult`; :func:`default_destination`.
 """
@@ -32,6 +39,7 @@ from accelkit.checkpointing.accelerate_format import AccelerateCheckpoint, read_
 from accelkit.checkpointing.catalog import ACCELERATE, inspect_folder, list_checkpoints
 from accelkit.checkpointing.catalog import next_iteration as _next_free
 from accelkit.checkpointing.contents import Snapshot, write_snapshot
+from accelkit.checkpointing.deletion import project_of, remove_folder
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.formats.layout import (
     SAVE_MARKER_NAME,
@@ -45,15 +53,21 @@ from accelkit.checkpointing.formats.layout import (
 from accelkit.checkpointing.formats.manifest import (
     FileEntry,
     Manifest,
+    file_checksum,
     verify_files,
     write_manifest,
 )
+from accelkit.checkpointing.lock import IMPORT, RunLock, claim_folder
+from accelkit.checkpointing.per_process import resolve_folder
 from accelkit.checkpointing.storage import Storage, get_storage, join, sync_batch
+from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM
 from accelkit.checkpointing.storage.confined import confine
 
 __all__ = ["ImportResult", "default_destination", "import_accelerate"]
 
 logger = logging.getLogger(__name__)
+
+_CLAIM_TRIES = 5  # a default name taken by a writer that ignores the lock: try the next one
 
 
 @dataclass(frozen=True)
@@ -114,7 +128,9 @@ def import_accelerate(
         An :class:`ImportResult`.
 
     Raises:
-        FileExistsError: ``destination`` exists.
+        FileExistsError: ``destination`` exists (nothing is written into it).
+        ValueError: ``destination`` is ``source``, inside it or holds it (after resolving
+            links).
         CheckpointError: ``source`` is not an Accelerate checkpoint (the message says what it
             is).
         CorruptCheckpointError: a file of ``source`` is refused (naming it and the global it
@@ -132,31 +148,96 @@ def import_accelerate(
             f"{info.state!r}{': ' + info.error if info.error else ''}). Give a folder that "
             "save_state of accelerate wrote (optimizer.bin, random_states_0.pkl, ...)."
         )
-    if destination is None:
-        destination = default_destination(src_storage, source)
-    dst_storage = get_storage(destination, storage_options)
-    if dst_storage.exists(destination):
-        raise FileExistsError(
-            f"{destination!r} already exists; accelkit never imports over a folder. Give a new "
-            "DST, or omit it to use the next free checkpoint_<n> beside the source."
-        )
+    chosen = destination
+    dst_storage = get_storage(chosen or source, storage_options)
+    if chosen is not None:
+        _refuse_overlap(source, chosen)
+        if dst_storage.exists(chosen):  # checked again, exclusively, under the lock
+            raise _exists(chosen)
     snapshot, checkpoint = _snapshot(source, src_storage)
-    dst_storage.makedirs(destination)
+    parent = _parent(chosen or source)
+    lock = RunLock(dst_storage, project_of(parent), role=IMPORT)
+    lock.acquire()
     try:
-        manifest = _write_and_commit(dst_storage, destination, source, snapshot, checkpoint)
-    except BaseException:
-        # The folder is ours (created above, holding our marker) and uncommitted: remove it
-        # so that a retry can use the same name.
+        destination = _claim(dst_storage, source, chosen)
         try:
-            dst_storage.rmtree(destination)
-        except Exception as exc:
-            logger.warning(
-                "Could not remove the unfinished import %s (%s); `accelkit ckpt prune` removes it.",
-                destination,
-                exc,
-            )
-        raise
+            manifest = _write_and_commit(dst_storage, destination, source, snapshot, checkpoint)
+        except BaseException:
+            # The folder is ours (created above, holding our marker) and uncommitted: remove it
+            # so that a retry can use the same name.
+            try:
+                remove_folder(dst_storage, destination)
+            except Exception as exc:
+                logger.warning(
+                    "Could not remove the unfinished import %s (%s); `accelkit ckpt prune` "
+                    "removes it.",
+                    destination,
+                    exc,
+                )
+            raise
+    finally:
+        lock.release()
     return ImportResult(source, destination, manifest)
+
+
+def _exists(destination: str) -> FileExistsError:
+    return FileExistsError(
+        f"{destination!r} already exists; accelkit never imports over a folder. Give a new "
+        "DST, or omit it to use the next free checkpoint_<n> beside the source."
+    )
+
+
+def _refuse_overlap(source: str, destination: str) -> None:
+    """Refuse ``destination`` equal to ``source``, inside it or holding it, after resolving
+    links (local paths) or normalising (URLs): writing there would change the source."""
+    src, dst = resolve_folder(source), resolve_folder(destination)
+    a, b = src.real.rstrip("/"), dst.real.rstrip("/")
+    if a == b:
+        where = "is the source folder"
+    elif b.startswith(a + "/"):
+        where = "is inside the source folder"
+    elif a.startswith(b + "/"):
+        where = "holds the source folder"
+    else:
+        return
+    raise ValueError(
+        f"The destination {destination!r} {where} {source!r} (resolved: {dst.real} and "
+        f"{src.real}): the import would write into the checkpoint it reads. Give a DST "
+        "outside the source, e.g. omit it to use the next free checkpoint_<n> beside it; "
+        "nothing was written."
+    )
+
+
+def _marker(source: str) -> bytes:
+    doc = {
+        "format": "accelkit-save",
+        "started": time.time(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        # What tells a training save that this checkpoint_<n> is an import to move past.
+        "imported_from": source,
+    }
+    return json.dumps(doc).encode()
+
+
+def _claim(storage: Storage, source: str, chosen: str | None) -> str:
+    """Under the lock: create the destination exclusively (the next free ``checkpoint_<n>``
+    beside ``source`` when none was given) and return it."""
+    for _ in range(_CLAIM_TRIES):
+        destination = chosen or default_destination(storage, source)
+        _refuse_overlap(source, destination)
+        try:
+            claim_folder(storage, destination, SAVE_MARKER_NAME, _marker(source))
+        except FileExistsError:
+            if chosen is not None:
+                raise _exists(chosen) from None
+            continue  # taken since the listing by a writer that ignores the lock
+        return destination
+    raise CheckpointError(
+        f"Could not claim a free checkpoint_<n> beside {source} after {_CLAIM_TRIES} tries: "
+        "another process keeps creating folders there without the save lock. Give DST "
+        "explicitly."
+    )
 
 
 def _write_and_commit(
@@ -166,25 +247,18 @@ def _write_and_commit(
     snapshot: Snapshot,
     checkpoint: AccelerateCheckpoint,
 ) -> Manifest:
-    marker = {
-        "format": "accelkit-save",
-        "started": time.time(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "imported_from": source,
-    }
-    files = {
-        SAVE_MARKER_NAME: dst_storage.write_bytes(
-            join(destination, SAVE_MARKER_NAME), json.dumps(marker).encode()
-        )
-    }
+    size, checksum = file_checksum(
+        dst_storage, join(destination, SAVE_MARKER_NAME), DEFAULT_ALGORITHM
+    )
+    files = {SAVE_MARKER_NAME: FileEntry(SAVE_MARKER_NAME, size, checksum)}
     with sync_batch():  # fsync each file while the next one is written
-        files.update(write_snapshot(dst_storage, destination, snapshot))
+        written = write_snapshot(dst_storage, destination, snapshot)
+    files.update((n, FileEntry.from_written(w, n)) for n, w in written.items())
     manifest = Manifest(
         iteration=parse_checkpoint_name(destination),
         step=checkpoint.step,
         world_size=checkpoint.world_size,
-        files=sorted((FileEntry.from_written(w, n) for n, w in files.items()), key=_path),
+        files=sorted(files.values(), key=_path),
         metadata={"imported_from": source, "imported_format": "accelerate"},
         accelkit_version=__version__,
         torch_version=torch.__version__,

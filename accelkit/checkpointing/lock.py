@@ -24,13 +24,25 @@ back and the last writer wins, which leaves a window of a fraction of a second.
 file): a prune that finds a live save holding it is refused, and a save that finds a live prune
 holding it waits for it (up to :data:`PRUNE_WAIT_S` seconds; a prune takes seconds).
 
+``accelkit ckpt import`` is a save too (role ``import``): it holds the lock while it picks its
+``checkpoint_<n>``, writes and commits it. An import waits for a save, a prune or another import
+in flight, and a save waits for an import (each up to :data:`PRUNE_WAIT_S`): importing beside a
+running job is the documented way to move over from Accelerate, so neither side is refused, and
+a save whose next number an import took moves past it (:mod:`~accelkit.checkpointing.protocol`).
+
+A folder is claimed with :func:`claim_folder`: created exclusively (``mkdir`` on a local disk,
+the save marker as a conditional PUT on object stores), so that nothing ever writes into a
+folder it did not create, whatever took the name between a look and the creation.
+
 Public API: :data:`LOCK_NAME`, :data:`STALE_AFTER_S`, :data:`PRUNE_WAIT_S`, :data:`SAVE`,
-:data:`PRUNE`, :class:`RunLock` (``acquire()``, ``release()``).
+:data:`PRUNE`, :data:`IMPORT`, :class:`RunLock` (``acquire()``, ``release()``),
+:func:`claim_folder`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -42,13 +54,24 @@ from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointErro
 from accelkit.checkpointing.formats.jsonio import load_json
 from accelkit.checkpointing.storage import Storage, join
 
-__all__ = ["LOCK_NAME", "PRUNE", "PRUNE_WAIT_S", "SAVE", "STALE_AFTER_S", "RunLock"]
+__all__ = [
+    "IMPORT",
+    "LOCK_NAME",
+    "PRUNE",
+    "PRUNE_WAIT_S",
+    "SAVE",
+    "STALE_AFTER_S",
+    "RunLock",
+    "claim_folder",
+]
 
 LOCK_NAME = ".accelkit-run.lock"
 STALE_AFTER_S = float(os.environ.get("ACCELKIT_LOCK_STALE_S", "3600"))
 PRUNE_WAIT_S = 300.0
 SAVE = "save"
 PRUNE = "prune"
+IMPORT = "import"
+_ROLES = (SAVE, PRUNE, IMPORT)
 _POLL_S = 0.05
 
 
@@ -83,12 +106,13 @@ class RunLock:
     Args:
         storage: the storage of ``project_dir``.
         project_dir: the run's project folder (local path or URL).
-        role: :data:`SAVE` (a run saving checkpoints) or :data:`PRUNE` (``ckpt prune``).
+        role: :data:`SAVE` (a run saving checkpoints), :data:`PRUNE` (``ckpt prune``) or
+            :data:`IMPORT` (``ckpt import``).
     """
 
     def __init__(self, storage: Storage, project_dir: str, role: str = SAVE) -> None:
-        if role not in (SAVE, PRUNE):
-            raise ValueError(f"role must be {SAVE!r} or {PRUNE!r}, got {role!r}.")
+        if role not in _ROLES:
+            raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}.")
         self.storage = storage
         self.role = role
         self.root = project_dir
@@ -131,7 +155,12 @@ class RunLock:
         return holder.get("host") == self.host and holder.get("pid") == self.pid
 
     def _waits_for(self, holder: dict[str, Any]) -> bool:
-        return self.role == SAVE and holder.get("role") == PRUNE
+        # Each of these holds the lock for one operation of seconds; waiting is what the user
+        # wants. Two training runs (save vs save) and a prune meeting a save are refused.
+        other = holder.get("role")
+        if self.role == IMPORT:
+            return True
+        return self.role == SAVE and other in (PRUNE, IMPORT)
 
     def _stale(self, holder: dict[str, Any]) -> bool:
         pid = holder.get("pid")
@@ -151,6 +180,19 @@ class RunLock:
             else "an unknown time"
         )
         who = f"pid {holder.get('pid')} on host {holder.get('host')!r}"
+        if self.role == IMPORT:
+            return CheckpointError(
+                f"{self.root} is in use ({who} holds its save lock as {holder.get('role')!r} "
+                f"since {when}, longer than {PRUNE_WAIT_S:.0f} s): nothing was imported. Try "
+                "again once it has finished; if that process is gone (e.g. it ran on another "
+                f"machine), delete {self.url}."
+            )
+        if self.role == SAVE and holder.get("role") == IMPORT:
+            return CheckpointError(
+                f"{self.root} has an `accelkit ckpt import` in flight ({who} imports there since "
+                f"{when}, longer than {PRUNE_WAIT_S:.0f} s). Wait for it to finish and save "
+                f"again; if it is gone (e.g. it ran on another machine), delete {self.url}."
+            )
         if holder.get("role") == PRUNE:
             return CheckpointError(
                 f"{self.root} is being pruned ({who} runs `accelkit ckpt prune` there since "
@@ -175,7 +217,8 @@ class RunLock:
     def acquire(self) -> None:
         """Take the lock before a save (or a prune).
 
-        A save that finds a live prune holding it waits for it, up to :data:`PRUNE_WAIT_S`.
+        A save that finds a live prune or import holding it waits for it, and an import waits
+        for any live holder, up to :data:`PRUNE_WAIT_S`.
 
         Raises:
             CheckpointError: another live run holds it (naming its host and pid, and the fix).
@@ -212,3 +255,45 @@ class RunLock:
             holder = self._read()
             if holder is not None and self._ours(holder):
                 self.storage.remove(self.url)
+
+
+def claim_folder(storage: Storage, url: str, marker_name: str, marker: bytes) -> None:
+    """Create the folder ``url`` holding the file ``marker_name`` (``marker``), only if
+    nothing is at ``url`` yet.
+
+    On a local disk the folder itself is created with ``mkdir`` (atomic: of two creators, one
+    fails), so an existing folder, file or symbolic link is never written into; on an object
+    store, where folders are implicit, the marker is created with a conditional PUT and an
+    existing prefix is refused first.
+
+    Args:
+        storage: the storage of ``url``.
+        url: the new folder (path or URL).
+        marker_name: the first file written into it (the save marker).
+        marker: its content.
+
+    Raises:
+        FileExistsError: something is at ``url`` already; nothing was written.
+    """
+    target = url.rstrip("/") or url
+    local = storage.local_path(target)
+    if local is not None:
+        parent = os.path.dirname(local)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        os.mkdir(local)  # FileExistsError for a folder, a file or a link already there
+    elif storage.exists(target):
+        raise FileExistsError(errno.EEXIST, f"{target} already exists", target)
+    else:
+        storage.makedirs(target)  # a no-op on object stores; the marker below is the claim
+    try:
+        created = storage.create_exclusive(join(target, marker_name), marker)
+    except BaseException:
+        if local is not None:
+            # An empty folder without the marker would look foreign: kept forever, its name
+            # blocked. It is ours (the mkdir above) and still empty, so it goes.
+            with contextlib.suppress(OSError):
+                os.rmdir(local)
+        raise
+    if not created:
+        raise FileExistsError(errno.EEXIST, f"{target} is being written by another process", target)

@@ -268,7 +268,9 @@ class CheckpointManager:
 
         Raises:
             CheckpointError: the previous asynchronous save failed, the automatic folder
-                already exists, or any process failed; the checkpoint is then not committed.
+                already exists (the next save then uses the next free number; one written by
+                ``accelkit ckpt import`` is skipped without an error), or any process failed;
+                the checkpoint is then not committed.
         """
         started = time.perf_counter()
         self.wait()
@@ -300,10 +302,14 @@ class CheckpointManager:
             label="Asynchronous save of" if async_save else "Saving",
             on_commit=_reporter(listener, started, bool(async_save)) if listener else None,
         )
-        sequence.prepare()
-        # The number is spent whatever happens next: a failed automatic folder is removed,
-        # and the next save uses the next number.
-        self.counter.set(request.iteration + 1)
+        try:
+            sequence.prepare()
+        finally:
+            # Past the number used (spent whatever happens next: a failed automatic folder is
+            # removed), or past a folder that took it (see protocol); unchanged if refused
+            # otherwise (the lock of another run).
+            self.counter.set(sequence.next_iteration)
+        target = sequence.target  # the main process may have moved past an imported folder
         rank, main = self.state.process_index, self.state.is_main_process
         main = main or sequence.per_process  # a folder of its own: it writes everything
         hooks = list(self._save_hooks.values())

@@ -19,24 +19,34 @@ of them go on the same way or raise the same error:
 - a different folder on each process: a per-process checkpoint in each;
 - anything else is refused with a :class:`~accelkit.checkpointing.errors.CheckpointError`
   naming the folders: some processes sharing a folder while others do not, automatically named
-  folders that differ (``project_dir`` must be the same everywhere), and sharded (FSDP) state,
-  which ``torch.distributed.checkpoint`` writes with every process into one shared folder.
-  The refusal comes after the main process prepared its own folder, so, as after any failed
-  save into an explicit folder, a checkpoint that was there before is no longer committed.
+  folders that differ (``project_dir`` must be the same everywhere), sharded (FSDP) state,
+  which ``torch.distributed.checkpoint`` writes with every process into one shared folder,
+  folders that *alias* (different names for one real folder: a symbolic link, a bind mount)
+  and folders that *nest* (``a`` and ``a/sub``): each process would remove the other's files
+  as left over from an earlier save and both would report success.
+
+Folders are compared after resolving them (:func:`resolve_folder`): a local path made
+absolute, its symbolic links resolved, and the identity (device, inode) of its nearest
+existing folder taken; a URL normalised (``s3://b//run/./x/`` is ``s3://b/run/x``). The
+refusal comes before any process writes anything (the main process prepares its folder only
+after the processes agreed).
 
 Loading (:func:`check_loadable_here`): a per-process checkpoint is restored by the process that
 wrote it, with any process count (``load_state`` warns when the count differs, as for any
 checkpoint); another process is refused, since the random states and data positions in it are
 the writer's.
 
-Public API: :func:`folder_key`, :func:`folders_per_process`, :func:`check_owner`,
-:func:`check_loadable_here`.
+Public API: :class:`Folder`, :func:`resolve_folder`, :func:`folder_key`,
+:func:`folders_per_process`, :func:`check_owner`, :func:`check_loadable_here`.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
+import socket
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from accelkit.checkpointing.catalog import CheckpointInfo
 from accelkit.checkpointing.errors import CheckpointError
@@ -44,17 +54,102 @@ from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.loading import agree_on_load, check_loadable
 from accelkit.checkpointing.storage import Storage
 
-__all__ = ["check_loadable_here", "check_owner", "folder_key", "folders_per_process"]
+__all__ = [
+    "Folder",
+    "check_loadable_here",
+    "check_owner",
+    "folder_key",
+    "folders_per_process",
+    "resolve_folder",
+]
 
 _SHOWN = 4  # processes named in a message; the rest are counted
 
 
-def folder_key(target: str) -> str:
-    """How ``target`` is compared with the other processes' folders: a URL without its
-    trailing ``/``, a local path made absolute (by this process) and normalised."""
+@dataclass(frozen=True)
+class Folder:
+    """One process's save folder, as the processes compare it.
+
+    Attributes:
+        name: as given, made absolute and normalised (a URL: normalised).
+        real: ``name`` with its symbolic links resolved (a URL: ``name``).
+        identity: ``(host, device, inode, rest)`` of the nearest existing folder at or above
+            ``real`` and the path below it; two names with one identity are one folder even
+            where the paths differ (a bind mount, a case-insensitive disk). ``None`` for a URL.
+    """
+
+    name: str
+    real: str
+    identity: tuple[str, int, int, str] | None = None
+
+
+def _normalise_url(target: str) -> str:
+    protocol, _, rest = target.partition("://")
+    path = posixpath.normpath(rest) if rest else rest
+    return f"{protocol.lower()}://{'' if path == '.' else path}"
+
+
+def _identity(real: str) -> tuple[str, int, int, str] | None:
+    here, rest = real, ""
+    while True:
+        try:
+            st = os.stat(here)
+        except OSError:
+            parent = os.path.dirname(here)
+            if parent == here:
+                return None
+            rest = posixpath.join(os.path.basename(here), rest) if rest else os.path.basename(here)
+            here = parent
+            continue
+        return (socket.gethostname(), st.st_dev, st.st_ino, rest)
+
+
+def resolve_folder(target: str) -> Folder:
+    """``target`` as it is compared with the other processes' folders (see :class:`Folder`).
+
+    A ``file://`` URL is the local path it names.
+    """
+    if target.startswith("file://"):
+        target = target[len("file://") :] or "/"
     if "://" in target:
-        return target.rstrip("/")
-    return os.path.normpath(os.path.abspath(target))
+        url = _normalise_url(target)
+        return Folder(url, url)
+    name = os.path.normpath(os.path.abspath(target))
+    real = os.path.realpath(name)
+    return Folder(name, real, _identity(real))
+
+
+def folder_key(target: str) -> str:
+    """How ``target`` is compared with the other processes' folders: a URL normalised, a local
+    path made absolute (by this process), normalised and with its links resolved."""
+    return resolve_folder(target).real
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return inner != outer and inner.startswith(outer.rstrip("/") + "/")
+
+
+def _aliases(folders: Sequence[Folder]) -> str | None:
+    """A description of two processes whose different names are one folder, or ``None``."""
+    for i, a in enumerate(folders):
+        for j in range(i + 1, len(folders)):
+            b = folders[j]
+            same = a.real == b.real or (a.identity is not None and a.identity == b.identity)
+            if same and a.name != b.name:
+                return (
+                    f"process {i}'s {a.name} and process {j}'s {b.name} are one folder "
+                    f"({a.real}{'' if a.real == b.real else ' = ' + b.real})"
+                )
+    return None
+
+
+def _nested(folders: Sequence[Folder]) -> str | None:
+    """A description of two processes of which one's folder is inside the other's."""
+    for i, a in enumerate(folders):
+        for j, b in enumerate(folders):
+            if i != j and _inside(a.real, b.real):
+                return f"process {i}'s {a.name} is inside process {j}'s {b.name}"
+    return None
 
 
 def _by_process(folders: Sequence[str]) -> str:
@@ -71,11 +166,11 @@ def _by_folder(folders: Sequence[str]) -> str:
     return "; ".join(f"{folder}: processes {', '.join(map(str, r))}" for folder, r in shared)
 
 
-def folders_per_process(folders: Sequence[str], automatic: bool, sharded: bool) -> bool:
+def folders_per_process(folders: Sequence[Folder], automatic: bool, sharded: bool) -> bool:
     """Whether each process saves a checkpoint of its own into its own folder.
 
     Args:
-        folders: every process's :func:`folder_key`, by rank.
+        folders: every process's :func:`resolve_folder`, by rank.
         automatic: the folders are automatically named ``checkpoint_<n>`` under project_dir.
         sharded: the save writes sharded (FSDP) state.
 
@@ -85,26 +180,45 @@ def folders_per_process(folders: Sequence[str], automatic: bool, sharded: bool) 
 
     Raises:
         CheckpointError: naming the folders, when they differ and either some processes share
-            one, they are automatically named, or the state is sharded.
+            one, two are one real folder under different names, one is inside another, they
+            are automatically named, or the state is sharded.
     """
-    if len(set(folders)) == 1:
+    alias = _aliases(folders)
+    if alias is not None:
+        raise CheckpointError(
+            f"save_state got folders that are different names for one folder: {alias}. Each "
+            "process would remove the other's files as left over from an earlier save. Pass "
+            "the same output_dir on every process (one shared checkpoint), or folders that are "
+            "really different (no link or mount between them); nothing was written."
+        )
+    names = [f.real for f in folders]
+    if len(set(names)) == 1:
         return False
+    shown = [f.name for f in folders]
     if automatic:
         raise CheckpointError(
             f"The automatically named checkpoint folder differs between processes "
-            f"({_by_process(folders)}): project_dir must name the same folder on every "
+            f"({_by_process(shown)}): project_dir must name the same folder on every "
             "process. Pass the same project_dir everywhere, or give save_state an output_dir."
         )
-    if len(set(folders)) != len(folders):
+    if len(set(names)) != len(names):
         raise CheckpointError(
             f"save_state got one folder from several processes and other folders from the "
-            f"rest ({_by_folder(folders)}; {_by_process(folders)}). Pass the same output_dir "
+            f"rest ({_by_folder(shown)}; {_by_process(shown)}). Pass the same output_dir "
             "on every process (one shared checkpoint), or a different one on each (a "
             "checkpoint per process)."
         )
+    nested = _nested(folders)
+    if nested is not None:
+        raise CheckpointError(
+            f"save_state got a folder inside another process's folder: {nested} "
+            f"({_by_process(shown)}). A checkpoint folder holds only its own files: the "
+            "outer save would list or remove the inner one's. Pass folders side by side "
+            "(e.g. ckpt/rank0 and ckpt/rank1); nothing was written."
+        )
     if sharded:
         raise CheckpointError(
-            f"save_state got a different folder on each process ({_by_process(folders)}), but "
+            f"save_state got a different folder on each process ({_by_process(shown)}), but "
             "sharded (FSDP) state is written by all processes together into one folder "
             "(torch.distributed.checkpoint). Pass the same output_dir on every process, on a "
             "file system or bucket they all reach."

@@ -6,13 +6,27 @@
         -> commit (main) -> agree -> retention (main) -> release the lock -> done
 
 1. **prepare**: the main process takes the project's save lock for an automatic checkpoint
-   (:mod:`~accelkit.checkpointing.lock`), refuses an automatic folder that already exists,
-   un-commits an explicit folder that holds a manifest, and writes the save marker
-   ``.accelkit-save.json`` first into the folder (what proves to ``ckpt prune`` that accelkit
-   started this save). All processes agree on the outcome (on failure nothing was written)
-   and exchange their folders: if each process gave a folder of its own, every process writes
-   and commits a complete checkpoint into its own folder, preparing it before the capture is
-   agreed (:mod:`~accelkit.checkpointing.per_process`, which also lists the refused cases).
+   (:mod:`~accelkit.checkpointing.lock`) and checks its ``checkpoint_<n>`` name (below); every
+   process refuses a folder that is itself a symbolic link (loading refuses one, so such a save
+   could never be loaded). All processes agree on the outcome, adopt the main process's number
+   and exchange their folders, resolved (:mod:`~accelkit.checkpointing.per_process`, which
+   lists the refused cases: aliasing or nested folders among them); if each process gave a
+   folder of its own, every process writes and commits a complete checkpoint into its own
+   folder. Nothing is written before this agreement. Then the main process (and, per process,
+   each one) prepares its folder: an automatic one is created exclusively
+   (:func:`~accelkit.checkpointing.lock.claim_folder`), an explicit one holding a manifest is
+   un-committed, and the save marker ``.accelkit-save.json`` goes first into it (what proves
+   to ``ckpt prune`` that accelkit started this save); a failure there is agreed with the
+   capture.
+
+   An automatic name that is already taken: if an ``accelkit ckpt import`` wrote that folder
+   (its save marker says so; the import took the same lock, so it is finished), the save
+   moves on, still under the lock, to the next number no folder uses, and succeeds. Anything
+   else there (another run's checkpoint, a folder of the user's, a run started without
+   ``load_state()`` in an old project) is refused once, as Accelerate refuses it, and the
+   run's counter moves past every existing ``checkpoint_<n>`` so the next save succeeds:
+   skipping silently would let two runs rotate away each other's checkpoints, and refusing
+   forever would stop training for good (:attr:`SaveSequence.next_iteration`).
 2. **capture**: every process takes its share of the state (a :class:`~accelkit.
    checkpointing.payload.Payload`: the live objects, or a frozen host copy). The main process
    clears the ``sharded/`` folder of an earlier save if this one writes sharded state. All
@@ -49,7 +63,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -58,16 +72,23 @@ from accelkit import ops
 from accelkit._version import __version__
 from accelkit.checkpointing.deletion import remove_folder
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.formats.layout import MANIFEST_NAME, SAVE_MARKER_NAME, is_state_file
+from accelkit.checkpointing.formats.jsonio import load_json
+from accelkit.checkpointing.formats.layout import (
+    MANIFEST_NAME,
+    SAVE_MARKER_NAME,
+    checkpoint_name,
+    is_state_file,
+    parse_checkpoint_name,
+)
 from accelkit.checkpointing.formats.manifest import (
     FileEntry,
     Manifest,
     file_checksum,
     write_manifest,
 )
-from accelkit.checkpointing.lock import RunLock
+from accelkit.checkpointing.lock import RunLock, claim_folder
 from accelkit.checkpointing.payload import Payload
-from accelkit.checkpointing.per_process import folder_key, folders_per_process
+from accelkit.checkpointing.per_process import folders_per_process, resolve_folder
 from accelkit.checkpointing.sharded import clear_sharded
 from accelkit.checkpointing.storage import Storage, join, sync_batch
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM
@@ -197,6 +218,33 @@ def _detail(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+_MARKER_READ_LIMIT = 1 << 16  # a save marker is ~150 bytes; a bigger one is not ours
+
+
+def _parent(target: str) -> str:
+    return target.rstrip("/").rpartition("/")[0]
+
+
+def _next_free(storage: Storage, root: str) -> int:
+    """1 + the highest ``checkpoint_<n>`` number under ``root`` (any state); 0 if none."""
+    numbers = [parse_checkpoint_name(e.name) for e in storage.listdir(root)]
+    present = [n for n in numbers if n is not None]
+    return max(present) + 1 if present else 0
+
+
+def _imported(storage: Storage, folder: str) -> bool:
+    """Whether ``folder`` was written by ``accelkit ckpt import`` (its save marker names the
+    source). The folder is untrusted: a link, a huge or malformed marker is not an import."""
+    if storage.is_symlink(folder) or storage.links_out(folder, SAVE_MARKER_NAME):
+        return False
+    try:
+        raw = storage.read_bytes(join(folder, SAVE_MARKER_NAME), 0, _MARKER_READ_LIMIT)
+        doc = load_json(raw, join(folder, SAVE_MARKER_NAME), max_depth=2)
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("imported_from"), str)
+
+
 class SaveSequence:
     """One save, phase by phase (see the module docstring).
 
@@ -242,6 +290,10 @@ class SaveSequence:
         self._committed = False  # this process wrote the manifest
         # Each process saves a checkpoint of its own into its own folder (decided in prepare).
         self.per_process = False
+        # The run's next automatic number after prepare() (see the module docstring).
+        self.next_iteration = request.iteration
+        self._claimed = False  # this process created the automatic folder
+        self._folder_error: BaseException | None = None
 
     @property
     def target(self) -> str:
@@ -279,7 +331,11 @@ class SaveSequence:
         wrapped, and the others name the first failing process.
         """
         detail = None if error is None else _detail(error)
-        gathered = self._exchange(phase, (detail, item))
+        return self._check(phase, error, self._exchange(phase, (detail, item)))
+
+    def _check(self, phase: str, error: BaseException | None, gathered: list[Any]) -> list[Any]:
+        """Raise the failure of this process or of another one in ``gathered`` (see
+        :meth:`_agree`); return the items."""
         if error is not None:
             if phase == PREPARE and isinstance(error, CheckpointError):
                 raise error
@@ -292,43 +348,103 @@ class SaveSequence:
     # ------------------------------------------------------------------ phases
 
     def prepare(self) -> None:
-        """Phase 1, on every process: the main process prepares the folder (under the lock for
-        an automatic checkpoint); all agree.
+        """Phase 1, on every process: the main process takes the lock and checks the automatic
+        name; all agree on it and on the folders; then the folders are prepared.
 
         Raises:
-            CheckpointError: the folder cannot be used (it exists, the lock is held by another
-                run, the storage failed); the lock is not held then.
+            CheckpointError: the folder cannot be used (it exists, it is a symbolic link, the
+                lock is held by another run, the folders of the processes clash, the storage
+                failed); nothing was written and the lock is not held then.
         """
         error: BaseException | None = None
-        if self.is_main:
-            try:
-                if self.lock is not None:
-                    self.lock.acquire()
-                self._prepare_folder()
-            except Exception as exc:
-                error = exc
         try:
-            folders = self._agree(PREPARE, error, folder_key(self.target))
+            if self.is_main and self.lock is not None:
+                self.lock.acquire()
+            if self.request.automatic:
+                if self.is_main:  # a link there exists too: refused (once) as taken
+                    self._choose_number()
+            else:
+                self._refuse_link()
+        except Exception as exc:
+            error = exc
+        item = (self.request.iteration, self.next_iteration, resolve_folder(self.target))
+        try:
+            gathered = self._exchange(PREPARE, (None if error is None else _detail(error), item))
+            if self.request.automatic:
+                # The main process chose the number under the lock: every process adopts it.
+                main_iteration, self.next_iteration, _ = gathered[0][1]
+                self._adopt(main_iteration)
+            self._check(PREPARE, error, gathered)
         except BaseException:
             self._release()
             raise
         try:  # the same decision on every process, from the same folders
+            folders = [entry[2] for _, entry in gathered]
+            if self.request.automatic and _same_root(folders):
+                folders = [folders[0]] * len(folders)  # each adopted the main process's number
             self.per_process = folders_per_process(
                 folders, self.request.automatic, self.request.sharded
             )
         except BaseException:
             self._abandon()
             raise
+        self.next_iteration = self.request.iteration + 1
+        if self.is_main or self.per_process:
+            try:
+                self._prepare_folder()
+            except Exception as exc:  # agreed with the capture: every process raises
+                self._folder_error = exc
+
+    def _adopt(self, iteration: int) -> None:
+        if iteration != self.request.iteration:
+            target = join(_parent(self.target), checkpoint_name(iteration))
+            self.request = replace(self.request, iteration=iteration, target=target)
+
+    def _choose_number(self) -> None:
+        """Under the lock: move past folders imports took; refuse any other taken name, with
+        the counter past every existing ``checkpoint_<n>``."""
+        storage, root = self.storage, _parent(self.target)
+        while storage.exists(self.target):
+            if not _imported(storage, self.target):
+                self.next_iteration = max(self.request.iteration, _next_free(storage, root))
+                raise CheckpointError(
+                    f"{self.target} already exists: accelkit never overwrites an automatic "
+                    "checkpoint, and this save was not written. The next save uses "
+                    f"{checkpoint_name(self.next_iteration)}. Call load_state() first (it sets "
+                    "ProjectConfiguration.iteration past the existing ones) or set iteration "
+                    "yourself; if another run saves into this project_dir, give each run its own."
+                )
+            number = max(self.request.iteration + 1, _next_free(storage, root))
+            logger.info(
+                "%s was written by `accelkit ckpt import`; this save uses %s instead.",
+                self.target,
+                checkpoint_name(number),
+            )
+            self._adopt(number)
+
+    def _refuse_link(self) -> None:
+        folder = self.target.rstrip("/") or self.target
+        if self.storage.is_symlink(folder):
+            raise CheckpointError(
+                f"{self.target} is a symbolic link: loading never follows a link to a "
+                "checkpoint folder (it could point anywhere), so a checkpoint saved through it "
+                "could never be loaded. Save into the real folder "
+                f"({os.path.realpath(folder)}) or another one; nothing was written."
+            )
 
     def _prepare_folder(self) -> None:
         storage, target = self.storage, self.target
-        if self.request.automatic and storage.exists(target):
-            raise CheckpointError(
-                f"{target} already exists: accelkit never overwrites an automatic checkpoint. "
-                "Call load_state() first (it sets ProjectConfiguration.iteration past the "
-                "existing ones) or set iteration yourself; if another run saves into this "
-                "project_dir, give each run its own."
-            )
+        if self.request.automatic:
+            try:
+                claim_folder(storage, target, SAVE_MARKER_NAME, _save_marker())
+            except FileExistsError as exc:
+                raise CheckpointError(
+                    f"{target} was created by another process while this save claimed it "
+                    f"({exc}); it was left as it is. If another run saves into this "
+                    "project_dir, give each run its own."
+                ) from None
+            self._claimed = True
+            return
         manifest_url = join(target, MANIFEST_NAME)
         if storage.exists(manifest_url):
             storage.remove(manifest_url)  # un-commit before changing any file
@@ -341,6 +457,8 @@ class SaveSequence:
     def capture(self, build: Callable[[], Payload]) -> None:
         """Phase 2, this process's part: take its share of the state. A failure is kept and
         reported to every process by :meth:`finish`."""
+        if self._folder_error is not None:  # reported by finish(); hooks must not run
+            return
         try:
             self._payload = build()
         except Exception as exc:
@@ -374,12 +492,7 @@ class SaveSequence:
         self._exchange(DONE, None)
 
     def _write(self) -> dict[str, FileEntry]:
-        payload, error = self._payload, self._capture_error
-        if error is None and self.per_process and not self.is_main:
-            try:
-                self._prepare_folder()  # its own folder, as the main process prepared its own
-            except Exception as exc:
-                error = exc
+        payload, error = self._payload, self._folder_error or self._capture_error
         if error is None and payload is not None and payload.has_sharded and self.is_main:
             try:
                 clear_sharded(self.storage, self.target)  # may be of another world size
@@ -464,8 +577,8 @@ class SaveSequence:
     def _discard(self) -> None:
         """Remove the uncommitted automatic folder (its name is spent, and this save created
         it under the lock), whatever a failed commit left in it, if the storage lets."""
-        if self._committed:
-            return
+        if self._committed or not self._claimed:
+            return  # committed, or never created by this save (another's: never touched)
         try:
             remove_folder(self.storage, self.target)
         except Exception as exc:
@@ -475,3 +588,9 @@ class SaveSequence:
                 self.target,
                 exc,
             )
+
+
+def _same_root(folders: list[Any]) -> bool:
+    """Whether automatic folders differ only by their ``checkpoint_<n>`` name (each process's
+    own counter; the main process's number is the one used)."""
+    return len({_parent(f.real) for f in folders}) == 1

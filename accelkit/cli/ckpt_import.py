@@ -2,7 +2,9 @@
 
 Registered by :func:`accelkit.cli.ckpt.register` through :func:`register`. Exit codes as the
 other ``ckpt`` actions: 0 imported and verified, 1 SRC is not an Accelerate checkpoint or one
-of its files is refused, 2 bad usage (SRC missing, DST exists).
+of its files is refused (or the project's save lock stayed held), 2 bad usage (SRC missing, DST
+exists, DST is SRC or inside it or holds it). The import holds the save lock of DST's project,
+so it is safe beside a training run saving there (each waits for the other's save).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ _DESCRIPTION = (
     "that wants anything else is refused, naming the file and the global. DST defaults to "
     "checkpoint_<n> beside SRC, n the next free number. Exits 0 when imported and verified, "
     "1 if SRC is not an accelerate checkpoint or a file is refused, 2 on bad usage (SRC "
-    "missing, DST exists)."
+    "missing, DST exists, DST overlaps SRC). Safe beside a run saving into the same project: "
+    "the import takes the project's save lock, and the run's next save moves past the "
+    "imported folder."
 )
 
 
@@ -69,6 +73,8 @@ def _run_import(args: argparse.Namespace) -> int:
         raise usage(str(exc)) from None
     except CheckpointError as exc:
         raise Fail(str(exc), 1) from None
+    except ValueError as exc:  # DST is SRC, inside it or holds it: nothing was written
+        raise usage(str(exc)) from None
     manifest = result.manifest
     if args.json:
         doc = {
