@@ -167,7 +167,7 @@ def _accelerate_rules() -> Rules:
     for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
         calls[(module, "_reconstruct")] = _array_rule
     calls[("numpy", "dtype")] = _dtype_rule
-    return Rules(storages=rules.storages, calls=calls, names=frozenset({("numpy", "ndarray")}))
+    return Rules(storages=rules.storages, calls=calls, names=rules.names | {("numpy", "ndarray")})
 
 
 _RULES = _accelerate_rules()
@@ -246,7 +246,7 @@ def load_pickle(storage: Storage, url: str) -> Any:
     return value
 
 
-_SCALARS = (str, bytes, int, float, bool, type(None))
+_SCALARS = (str, bytes, int, float, bool, type(None), torch.dtype, torch.device)
 
 
 def _check_loaded(value: Any, url: str) -> None:
@@ -262,7 +262,7 @@ def _check_loaded(value: Any, url: str) -> None:
         if type(item) in (dict, OrderedDict):
             todo.extend(item.keys())
             todo.extend(item.values())
-        elif type(item) in (list, tuple, set, frozenset):
+        elif type(item) in (list, tuple, set, torch.Size):
             todo.extend(item)
         elif type(item) is torch.Tensor:
             _check_tensor(item, url)

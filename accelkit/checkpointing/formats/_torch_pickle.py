@@ -152,6 +152,8 @@ def read_archive(f: BinaryIO, url: str) -> Archive:
     if not infos:
         raise _corrupt(url, "the zip archive is empty (no data.pkl)")
     prefix = infos[0].filename.split("/", 1)[0]
+    if not prefix or "\\" in prefix:
+        raise _corrupt(url, f"the record {infos[0].filename!r} is not inside an archive folder")
     records: dict[str, int] = {}
     spans: list[tuple[int, int, str]] = []
     for info in infos:
@@ -465,7 +467,7 @@ def tensor_rule(args: tuple[Any, ...], scan: _Scan) -> _Node:
         raise ValueError("requires_grad must be a bool and backward_hooks an empty dict")
     extent = tensor_extent(sizes, strides)
     numel = storage.info["numel"]
-    if extent and offset + extent > numel:
+    if offset > numel or (extent and offset + extent > numel):
         raise ValueError(
             f"size {list(sizes)}, stride {list(strides)} at offset {offset} reach element "
             f"{offset + extent} of a storage of {numel}"
@@ -489,10 +491,38 @@ def _latin1(args: tuple[Any, ...], scan: _Scan) -> bytes:
         raise ValueError("the text has characters outside latin-1") from None
 
 
+def _set(args: tuple[Any, ...], scan: _Scan) -> _Node:
+    # Protocol 2 has no set opcode: a set is pickled as set([items]).
+    if args == ():
+        return _Node("set")
+    if len(args) != 1 or not is_node(args[0], "list"):
+        raise ValueError("only set() or set(list), how protocol 2 pickles a set")
+    return _Node("set", args[0].size)
+
+
+def _size(args: tuple[Any, ...], scan: _Scan) -> _Node:
+    dims: Any = args[0] if len(args) == 1 else None
+    if not is_node(dims, "tuple") or not all(type(d) is int and d >= 0 for d in dims.items):
+        raise ValueError("only torch.Size(tuple of whole numbers >= 0)")
+    return _Node("tuple", dims.size, dims.items)
+
+
+def _device(args: tuple[Any, ...], scan: _Scan) -> str:
+    if not (
+        1 <= len(args) <= 2
+        and isinstance(args[0], str)
+        and re.fullmatch(r"[a-z]+(:\d+)?", args[0])
+        and all(type(a) is int and a >= 0 for a in args[1:])
+    ):
+        raise ValueError("only torch.device('type[:index]'[, index])")
+    return args[0]
+
+
 def torch_rules() -> Rules:
     """The globals of a ``torch.save`` of plain data: the typed storages (by their pickled
-    names), ``_rebuild_tensor_v2``, ``OrderedDict()`` and protocol 2's bytes. Quantized and
-    sparse tensors, parameters and subclasses are not among them."""
+    names), ``_rebuild_tensor_v2``, ``OrderedDict()``, protocol 2's bytes and sets,
+    ``torch.Size``, ``torch.device`` and the dtypes (by name, never called). Quantized and
+    sparse tensors, parameters and tensor subclasses are not among them."""
     storages = {
         ("torch", name): dtype.itemsize
         for dtype, name in torch.storage._dtype_to_storage_type_map().items()
@@ -502,8 +532,17 @@ def torch_rules() -> Rules:
         ("torch._utils", "_rebuild_tensor_v2"): tensor_rule,
         ("collections", "OrderedDict"): _ordered_dict,
         ("_codecs", "encode"): _latin1,
+        ("builtins", "set"): _set,
+        ("torch", "Size"): _size,
+        ("torch", "device"): _device,
     }
-    return Rules(storages=storages, calls=calls)
+    dtypes = frozenset(
+        ("torch", name)
+        for name in dir(torch)
+        if isinstance(getattr(torch, name, None), torch.dtype)
+        and not getattr(torch, name).is_complex
+    )
+    return Rules(storages=storages, calls=calls, names=dtypes)
 
 
 def scan_pickle(archive: Archive, url: str, rules: Rules) -> None:
