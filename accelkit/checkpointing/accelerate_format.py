@@ -19,13 +19,19 @@ file                                holds
 ``custom_checkpoint_<i>.pkl``       each registered object's ``state_dict()`` (pickle)
 ==================================  ================================================================
 
-Every pickle is read by :func:`load_pickle`: ``torch.load(weights_only=True)`` with an exact
-allow-list of the globals NumPy's generator state needs (:data:`ALLOWED_GLOBALS`) on top of
-torch's own weights-only set. Before torch sees a file, its pickle is scanned for the globals
-it names; one outside both sets is refused with a ``CorruptCheckpointError`` naming the file
-and the global. Every file is read through :func:`~accelkit.checkpointing.storage.confined.confine`
-(no link followed). Each value is checked for the shape Accelerate gives it before any live
-object changes.
+Every pickle is read by :func:`load_pickle` as data, never as a program nor an amplifier.
+Before torch sees a file, :mod:`~accelkit.checkpointing.formats._torch_pickle` checks its zip
+(stored records only, each name once, nothing around them; the legacy non-zip format refused)
+and runs its pickle on stand-ins: only exact ``(module, name)`` pairs (torch's tensor rebuild,
+typed storages and plain-data helpers, and what NumPy's generator state pickles to,
+:data:`ALLOWED_GLOBALS`), each called only with the arguments torch or NumPy give it; tensors
+inside their storage without stride-0 or overlapping expansion; NumPy arrays only of uint32,
+completed by their ``BUILD`` with exactly their bytes; the value, counting shared objects
+where they occur, within a few times the file's size. Then ``torch.load(weights_only=True)``
+with the same allow-list reads it, and the objects it built are walked once more. Any refusal
+is a ``CorruptCheckpointError`` naming the file and what was wrong. Every file is read through
+:func:`~accelkit.checkpointing.storage.confined.confine` (no link followed). Each value is
+checked for the shape Accelerate gives it before any live object changes.
 
 Public API:
 

@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.accelerate_format import load_pickle
@@ -40,6 +42,7 @@ from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointErro
 from accelkit.checkpointing.formats.state_io import read_state
 from accelkit.checkpointing.storage import get_storage
 from tests.checkpointing.accelerate_helpers import run_script
+from tests.reliability.conftest import trials
 
 pytestmark = pytest.mark.reliability
 
@@ -541,3 +544,72 @@ def test_plain_data_of_every_kind_still_loads(tmp_path: Path, accelerate_folder:
     assert proc.returncode == 0, proc.stderr
     loaded = load_pickle(get_storage(str(folder)), str(folder / "custom_checkpoint_0.pkl"))
     assert torch.equal(loaded["transposed"], weight.t()) and loaded["set"] == {1, 2}
+
+
+# ----------------------------------------------------------------- fuzz
+
+_FUZZ_EXAMPLES = trials(150, 1500)
+_FUZZ_EXAMPLES = int(os.environ.get("TMPFUZZ", _FUZZ_EXAMPLES))
+
+
+class _Files(dict[str, bytes]):
+    def __repr__(self) -> str:  # hypothesis prints the arguments of a failing example
+        return f"<{', '.join(self)}>"
+
+
+@pytest.fixture(scope="module")
+def real_pickles(accelerate_folder: Path) -> dict[str, bytes]:
+    return _Files(
+        (name, (accelerate_folder / name).read_bytes())
+        for name in ("optimizer.bin", "random_states_0.pkl")
+    )
+
+
+@settings(
+    max_examples=_FUZZ_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    name=st.sampled_from(["optimizer.bin", "random_states_0.pkl"]),
+    edits=st.lists(
+        st.tuples(st.floats(0, 1, exclude_max=True), st.binary(min_size=0, max_size=8)),
+        min_size=1,
+        max_size=4,
+    ),
+    cut=st.booleans(),
+    inside=st.booleans(),
+)
+def test_mutated_pickles_give_a_value_or_a_corrupt_checkpoint_error(
+    tmp_path_factory: pytest.TempPathFactory,
+    real_pickles: dict[str, bytes],
+    name: str,
+    edits: list[tuple[float, bytes]],
+    cut: bool,
+    inside: bool,
+) -> None:
+    """Bytes of a real file, or (``inside``) of its ``data.pkl`` zipped again as torch.save
+    would, overwritten or cut: ``load_pickle`` returns a value or raises
+    ``CorruptCheckpointError`` naming the file, never another exception."""
+    path = tmp_path_factory.mktemp("fuzz") / name
+    path.write_bytes(real_pickles[name])
+    with zipfile.ZipFile(path) as archive:
+        records = {n: archive.read(n) for n in archive.namelist()}
+    pkl = next(n for n in records if n.endswith("/data.pkl"))
+    data = bytearray(records[pkl] if inside else real_pickles[name])
+    for where, patch in edits:
+        at = int(where * len(data))
+        data[at : at + len(patch)] = patch
+    if cut:
+        data = data[: len(data) // 2]
+    if inside:
+        records[pkl] = bytes(data)
+        with zipfile.ZipFile(path, "w") as archive:
+            for record, content in records.items():
+                archive.writestr(record, content)
+    else:
+        path.write_bytes(bytes(data))
+    try:
+        load_pickle(get_storage(str(path)), str(path))
+    except CorruptCheckpointError as exc:
+        assert str(path) in str(exc)

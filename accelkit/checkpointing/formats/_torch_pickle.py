@@ -145,8 +145,10 @@ def read_archive(f: BinaryIO, url: str) -> Archive:
         archive = zipfile.ZipFile(f)
         infos = archive.infolist()
         start_dir = archive.start_dir
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
-        raise _corrupt(url, f"its zip directory cannot be read ({exc})") from None
+    except Exception as exc:  # zipfile's errors for a bad directory are not one type
+        raise _corrupt(
+            url, f"its zip directory cannot be read ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
     if archive.comment:
         raise _corrupt(url, "the zip archive has a comment (torch.save writes none)")
     if not infos:
