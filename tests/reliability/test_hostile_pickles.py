@@ -549,7 +549,6 @@ def test_plain_data_of_every_kind_still_loads(tmp_path: Path, accelerate_folder:
 # ----------------------------------------------------------------- fuzz
 
 _FUZZ_EXAMPLES = trials(150, 1500)
-_FUZZ_EXAMPLES = int(os.environ.get("TMPFUZZ", _FUZZ_EXAMPLES))
 
 
 class _Files(dict[str, bytes]):
