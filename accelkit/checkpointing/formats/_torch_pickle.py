@@ -29,7 +29,8 @@ file and what was wrong. The stand-ins cost a bounded number of bytes per opcode
 memory is a small multiple of the pickle's size.
 
 Public names (of this private module): :class:`Archive`, :func:`read_archive`,
-:class:`Rules`, :func:`scan_pickle`, :data:`LEGACY_MAGIC`.
+:class:`Rules`, :func:`torch_rules`, :func:`scan_pickle`, :func:`node` and :func:`is_node`
+(for rules of other callables), :func:`tensor_extent`, :data:`LEGACY_MAGIC`.
 """
 
 from __future__ import annotations
@@ -54,14 +55,11 @@ __all__ = [
     "LEGACY_MAGIC",
     "Archive",
     "Rules",
-    "freeze",
     "is_node",
     "node",
     "read_archive",
     "scan_pickle",
-    "size_of",
     "tensor_extent",
-    "tensor_rule",
     "torch_rules",
 ]
 
@@ -259,7 +257,7 @@ class Rules:
     slack: int = 1 << 20
 
 
-def size_of(value: Any) -> int:
+def _size_of(value: Any) -> int:
     """The expanded size of a stand-in or constant: bytes for str/bytes, 1 for a scalar."""
     if isinstance(value, _Node):
         return value.size
@@ -268,7 +266,7 @@ def size_of(value: Any) -> int:
     return 1
 
 
-def freeze(value: Any) -> Any:
+def _freeze(value: Any) -> Any:
     """Mark ``value`` as placed inside another object (it may no longer change)."""
     if isinstance(value, _Node):
         if value.kind in ("array", "dtype") and not value.info.get("built"):
@@ -337,8 +335,8 @@ class _Scan:
 
     def container(self, kind: str, items: list[Any]) -> _Node:
         for item in items:
-            freeze(item)
-        size = 1 + sum(size_of(i) for i in items)
+            _freeze(item)
+        size = 1 + sum(_size_of(i) for i in items)
         return _Node(kind, size, tuple(items) if kind == "tuple" else ())
 
     def storage(self, pid: Any) -> _Node:
@@ -377,7 +375,7 @@ class _Scan:
         if rule is None:
             raise _Refused(f"the global {_dotted(func.info)!r} may not be called")
         for item in args.items:
-            freeze(item)
+            _freeze(item)
         try:
             result = rule(args.items, self)
         except ValueError as exc:
@@ -390,7 +388,7 @@ class _Scan:
         obj = self.target(("array", "dtype"), "BUILD")
         if obj.info.get("built"):
             raise _Refused(f"BUILD completes {_describe(obj)} a second time")
-        freeze(state)
+        _freeze(state)
         complete = obj.info["build"]
         try:
             obj.size = complete(state)
@@ -446,7 +444,7 @@ def tensor_extent(size: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return extent
 
 
-def tensor_rule(args: tuple[Any, ...], scan: _Scan) -> _Node:
+def _tensor_rule(args: tuple[Any, ...], scan: _Scan) -> _Node:
     """``torch._utils._rebuild_tensor_v2(storage, offset, size, stride, requires_grad,
     backward_hooks)``: a dense tensor inside its storage, elements never sharing memory."""
     if len(args) != 6:
@@ -531,7 +529,7 @@ def torch_rules() -> Rules:
         if not name.startswith("Q")  # quantized storages: torch.save of a qtensor
     }
     calls: dict[tuple[str, str], Callable[[tuple[Any, ...], _Scan], Any]] = {
-        ("torch._utils", "_rebuild_tensor_v2"): tensor_rule,
+        ("torch._utils", "_rebuild_tensor_v2"): _tensor_rule,
         ("collections", "OrderedDict"): _ordered_dict,
         ("_codecs", "encode"): _latin1,
         ("builtins", "set"): _set,
@@ -572,7 +570,7 @@ def scan_pickle(archive: Archive, url: str, rules: Rules) -> None:
             "uninitialised)",
         )
     limit = rules.budget * archive.size + rules.slack
-    expanded = size_of(result)
+    expanded = _size_of(result)
     if expanded > limit:
         raise _corrupt(
             url,
@@ -655,11 +653,11 @@ def _run(scan: _Scan, data: bytes) -> Any:
         elif name == "BUILD":
             scan.build(scan.pop())
         elif name == "BINPERSID":
-            stack.append(scan.storage(freeze(scan.pop())))
+            stack.append(scan.storage(_freeze(scan.pop())))
         elif name == "STOP":
             if len(stack) != 1 or scan.marks:
                 raise _Refused("the pickle stops with a stack that is not one value")
-            return freeze(stack.pop())
+            return _freeze(stack.pop())
         else:
             raise _Refused(f"it uses the opcode {name}, which torch.save never writes")
     raise _Refused("the pickle has no STOP")
@@ -667,6 +665,6 @@ def _run(scan: _Scan, data: bytes) -> Any:
 
 def _extend(scan: _Scan, kinds: tuple[str, ...], op: str, items: list[Any]) -> None:
     for item in items:
-        freeze(item)
+        _freeze(item)
     target = scan.target(kinds, op)
-    target.size += sum(size_of(i) for i in items)
+    target.size += sum(_size_of(i) for i in items)
