@@ -12,34 +12,34 @@ from accelkit._lazy import lazy_getattr
 from accelkit._version import __version__
 
 _PUBLIC = {
-    "AutocastKwargs": "accelkit.kwargs_handlers",
-    "DDPCommunicationHookType": "accelkit.kwargs_handlers",
-    "InitProcessGroupKwargs": "accelkit.kwargs_handlers",
-    "ProfileKwargs": "accelkit.profiling",
-    "TorchDynamoPlugin": "accelkit.dynamo",
-    "AcceleratorState": "accelkit.state",
-    "debug_launcher": "accelkit.debug_launch",
+    "AutocastKwargs": "accelkit.training.kwargs_handlers",
+    "DDPCommunicationHookType": "accelkit.training.kwargs_handlers",
+    "InitProcessGroupKwargs": "accelkit.training.kwargs_handlers",
+    "ProfileKwargs": "accelkit.training.profiling",
+    "TorchDynamoPlugin": "accelkit.training.dynamo",
+    "AcceleratorState": "accelkit.runtime.state",
+    "debug_launcher": "accelkit.launch.debug",
     "find_executable_batch_size": "accelkit.utils.memory",
     "is_rich_available": "accelkit.utils.imports",
-    "synchronize_rng_states": "accelkit.random",
-    "DistributedDataParallelKwargs": "accelkit.kwargs_handlers",
-    "GradScalerKwargs": "accelkit.kwargs_handlers",
-    "GradientAccumulationPlugin": "accelkit.optim",
+    "synchronize_rng_states": "accelkit.runtime.random",
+    "DistributedDataParallelKwargs": "accelkit.training.kwargs_handlers",
+    "GradScalerKwargs": "accelkit.training.kwargs_handlers",
+    "GradientAccumulationPlugin": "accelkit.training.optim",
     "Accelerator": "accelkit.accelerator",
-    "PartialState": "accelkit.state",
-    "FullyShardedDataParallelPlugin": "accelkit.fsdp",
-    "DistributedType": "accelkit.state",
-    "PrecisionType": "accelkit.state",
-    "notebook_launcher": "accelkit.notebook_launch",
+    "PartialState": "accelkit.runtime.state",
+    "FullyShardedDataParallelPlugin": "accelkit.fsdp.runtime",
+    "DistributedType": "accelkit.runtime.state",
+    "PrecisionType": "accelkit.runtime.state",
+    "notebook_launcher": "accelkit.launch.notebook",
     "get_logger": "accelkit.logging",
     "ProjectConfiguration": "accelkit.checkpointing",
     "load_checkpoint_in_model": "accelkit.checkpointing",
     "GeneralTracker": "accelkit.trackers",
     "LoggerType": "accelkit.trackers",
     "register_tracker": "accelkit.trackers",
-    "DataLoaderConfiguration": "accelkit.data",
-    "skip_first_batches": "accelkit.data",
-    "set_seed": "accelkit.random",
+    "DataLoaderConfiguration": "accelkit.data.preparation",
+    "skip_first_batches": "accelkit.data.preparation",
+    "set_seed": "accelkit.runtime.random",
 }
 
 __all__ = [
@@ -93,23 +93,28 @@ __getattr__ = lazy_getattr(__name__, _PUBLIC)
 if TYPE_CHECKING:
     from accelkit.accelerator import Accelerator
     from accelkit.checkpointing import ProjectConfiguration, load_checkpoint_in_model
-    from accelkit.data import DataLoaderConfiguration, skip_first_batches
-    from accelkit.debug_launch import debug_launcher
-    from accelkit.dynamo import TorchDynamoPlugin
-    from accelkit.fsdp import FullyShardedDataParallelPlugin
-    from accelkit.kwargs_handlers import (
+    from accelkit.data.preparation import DataLoaderConfiguration, skip_first_batches
+    from accelkit.fsdp.runtime import FullyShardedDataParallelPlugin
+    from accelkit.launch.debug import debug_launcher
+    from accelkit.launch.notebook import notebook_launcher
+    from accelkit.logging import get_logger
+    from accelkit.runtime.random import set_seed, synchronize_rng_states
+    from accelkit.runtime.state import (
+        AcceleratorState,
+        DistributedType,
+        PartialState,
+        PrecisionType,
+    )
+    from accelkit.trackers import GeneralTracker, LoggerType, register_tracker
+    from accelkit.training.dynamo import TorchDynamoPlugin
+    from accelkit.training.kwargs_handlers import (
         AutocastKwargs,
         DDPCommunicationHookType,
         DistributedDataParallelKwargs,
         GradScalerKwargs,
         InitProcessGroupKwargs,
     )
-    from accelkit.logging import get_logger
-    from accelkit.notebook_launch import notebook_launcher
-    from accelkit.optim import GradientAccumulationPlugin
-    from accelkit.profiling import ProfileKwargs
-    from accelkit.random import set_seed, synchronize_rng_states
-    from accelkit.state import AcceleratorState, DistributedType, PartialState, PrecisionType
-    from accelkit.trackers import GeneralTracker, LoggerType, register_tracker
+    from accelkit.training.optim import GradientAccumulationPlugin
+    from accelkit.training.profiling import ProfileKwargs
     from accelkit.utils.imports import is_rich_available
     from accelkit.utils.memory import find_executable_batch_size

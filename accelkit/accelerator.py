@@ -2,12 +2,13 @@
 
 This module is a facade. Each member is a short delegation to the part that owns the work,
 built in ``__init__`` with its dependencies passed explicitly:
-:class:`~accelkit._process_api.Processes` (who this process is, the trigger flag),
-:class:`~accelkit._training_api.Training` (``prepare`` and the step),
-:class:`~accelkit._checkpointing_api.Checkpointing` (saving and loading),
-:class:`~accelkit._compat_api.Settings` (the reference's settings views) and
+:class:`~accelkit._accelerator.processes.Processes` (who this process is, the trigger flag),
+:class:`~accelkit._accelerator.training.Training` (``prepare`` and the step),
+:class:`~accelkit._accelerator.checkpointing.Checkpointing` (saving and loading),
+:class:`~accelkit._accelerator.settings.Settings` (the reference's settings views) and
 :class:`~accelkit.trackers.TrackerHub` (experiment tracking). The objects ``prepare`` returns
-are registered in one :class:`~accelkit._prepared_objects.PreparedObjects` the parts share.
+are registered in one :class:`~accelkit._accelerator.prepared_objects.PreparedObjects` the parts
+share.
 """
 
 from __future__ import annotations
@@ -16,37 +17,37 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
+import accelkit._accelerator.preflight as _preflight
 import accelkit.checkpointing.config as _ckpt_config
 import accelkit.checkpointing.manager as _ckpt_manager
-import accelkit.dynamo as _dynamo
-import accelkit.fsdp as _fsdp
-import accelkit.kwargs_handlers as _kwargs
-import accelkit.optim as _optim
-import accelkit.precision as _precision
-import accelkit.preflight as _preflight
-import accelkit.training as _training
-from accelkit._checkpointing_api import Checkpointing
-from accelkit._compat_api import Settings
-from accelkit._delegation import documented_by, forward
-from accelkit._experiment import ExperimentLink
-from accelkit._prepared_objects import PreparedObjects
-from accelkit._process_api import Processes
-from accelkit._training_api import Training
-from accelkit.data import DataLoaderConfiguration, resolve_config
-from accelkit.optim import GradientAccumulationPlugin
-from accelkit.state import AcceleratorState, DistributedType, refuse_out_of_scope_plugins
+import accelkit.fsdp.runtime as _fsdp
+import accelkit.training.dynamo as _dynamo
+import accelkit.training.kwargs_handlers as _kwargs
+import accelkit.training.loop as _training
+import accelkit.training.optim as _optim
+import accelkit.training.precision as _precision
+from accelkit._accelerator.checkpointing import Checkpointing
+from accelkit._accelerator.delegation import documented_by, forward
+from accelkit._accelerator.experiment import ExperimentLink
+from accelkit._accelerator.prepared_objects import PreparedObjects
+from accelkit._accelerator.processes import Processes
+from accelkit._accelerator.settings import Settings
+from accelkit._accelerator.training import Training
+from accelkit.data.preparation import DataLoaderConfiguration, resolve_config
+from accelkit.runtime.state import AcceleratorState, DistributedType, refuse_out_of_scope_plugins
 from accelkit.trackers import GeneralTracker, TrackerHub
+from accelkit.training.optim import GradientAccumulationPlugin
 
 if TYPE_CHECKING:
     import os
 
-    from accelkit.checkpointing.async_save import AsyncCheckpoint
+    from accelkit.checkpointing.commit.async_save import AsyncCheckpoint
     from accelkit.checkpointing.config import ProjectConfiguration
-    from accelkit.dynamo import DynamoBackend, TorchDynamoPlugin
-    from accelkit.fsdp_plugin import FullyShardedDataParallelPlugin
-    from accelkit.kwargs_handlers import KwargsHandler
-    from accelkit.state import PrecisionType
+    from accelkit.fsdp.plugin import FullyShardedDataParallelPlugin
+    from accelkit.runtime.state import PrecisionType
     from accelkit.trackers import LoggerType
+    from accelkit.training.dynamo import DynamoBackend, TorchDynamoPlugin
+    from accelkit.training.kwargs_handlers import KwargsHandler
 
     _Tracker = str | LoggerType | GeneralTracker
 
@@ -82,8 +83,8 @@ class Accelerator:
             ``ACCELKIT_MIXED_PRECISION`` (set by ``accelkit launch --mixed_precision``).
         gradient_accumulation_steps: micro-steps per optimizer step (see :meth:`accumulate`).
         cpu: force the CPU even when CUDA is available.
-        dataloader_config: a :class:`~accelkit.data.DataLoaderConfiguration`.
-        fsdp_plugin: a :class:`~accelkit.fsdp.FullyShardedDataParallelPlugin`: ``prepare``
+        dataloader_config: a :class:`~accelkit.data.preparation.DataLoaderConfiguration`.
+        fsdp_plugin: a :class:`~accelkit.fsdp.runtime.FullyShardedDataParallelPlugin`: ``prepare``
             shards models with FSDP2 (default: the launcher's ``--use_fsdp`` settings).
         rng_types: accepted for compatibility; shuffling is synchronised through the sampler's
             generator.
@@ -95,7 +96,7 @@ class Accelerator:
         tracker_errors: ``"warn"`` (default: a failing tracker is reported once and skipped) or
             ``"raise"``.
         dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
-            :mod:`accelkit.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
+            :mod:`accelkit.training.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
         deepspeed_plugin, deepspeed_plugins, megatron_lm_plugin, torch_tp_plugin,
             parallelism_config: accepted by name for compatibility and refused with
             ``ValueError`` unless None (out of accelkit's scope).
@@ -213,7 +214,7 @@ class Accelerator:
             self.project_configuration, bool(self._trackers.requested_names), self.state
         )
 
-    # Who this process is (AcceleratorState), process control, collectives (accelkit.ops).
+    # Who this process is (AcceleratorState), process control, collectives (accelkit.runtime.ops).
 
     @property
     def device(self) -> torch.device:
@@ -277,7 +278,7 @@ class Accelerator:
     pad_across_processes = forward(Processes.pad_across_processes, _processes_part)
 
     # Preparing objects and the step (Training). What each kind becomes is documented in
-    # accelkit.training/data/optim.
+    # accelkit.training.loop/data/optim.
 
     prepare = forward(Training.prepare, _training_part)
     prepare_model = forward(Training.prepare_model, _training_part)

@@ -3,14 +3,14 @@
 ``from accelerate.data_loader import X`` becomes ``from accelkit.data_loader import X`` with the
 same signatures. What differs:
 
-* :func:`prepare_data_loader` returns a prepared loader of :mod:`accelkit.prepared` (a
+* :func:`prepare_data_loader` returns a prepared loader of :mod:`accelkit.data.prepared` (a
   ``DataLoader`` subclass); ``isinstance(loader, DataLoaderShard)`` is True for every prepared
   loader. ``rng_types`` is accepted and unused: processes shuffle alike through the sampler.
 * device meshes (``torch_device_mesh``) are not supported and are refused with the fix;
   dispatching (``dispatch_batches=True``, :class:`DataLoaderDispatcher`) is supported (see
-  :mod:`accelkit.dispatch`) except with ``use_stateful_dataloader``.
+  :mod:`accelkit.data.dispatch`) except with ``use_stateful_dataloader``.
 * a loader from :func:`skip_first_batches` skips on its first pass only (see
-  :mod:`accelkit.prepared`).
+  :mod:`accelkit.data.prepared`).
 
 ``DataLoaderAdapter`` (the reference's wrapping base class) has no counterpart: prepared
 loaders are ``DataLoader`` subclasses, not wrappers.
@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from accelkit import data as _data
-from accelkit import sampling as _sampling
-from accelkit.data import SkipDataLoader, skip_first_batches
-from accelkit.prepared import PreparedLoaderMixin, is_prepared
-from accelkit.sampling import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
+from accelkit.data import preparation as _data
+from accelkit.data import sampling as _sampling
+from accelkit.data.preparation import SkipDataLoader, skip_first_batches
+from accelkit.data.prepared import PreparedLoaderMixin, is_prepared
+from accelkit.data.sampling import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 
 __all__ = [
     "BatchSamplerShard",
@@ -114,7 +114,7 @@ def prepare_data_loader(
         use_stateful_dataloader=use_stateful_dataloader,
     )
     if num_processes is None or process_index is None:
-        from accelkit.state import PartialState
+        from accelkit.runtime.state import PartialState
 
         state = PartialState()
         num_processes = state.num_processes if num_processes is None else num_processes
@@ -196,7 +196,7 @@ _BATCHING = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last")
 
 class DataLoaderDispatcher(metaclass=_PreparedCheck):
     """A prepared loader over ``DataLoader(dataset, **kwargs)`` that the main process reads and
-    dispatches (Accelerate's signature; see :mod:`accelkit.dispatch`).
+    dispatches (Accelerate's signature; see :mod:`accelkit.data.dispatch`).
 
     Constructing it returns a prepared loader (placed on the state's device). Like
     :class:`DataLoaderShard`, every prepared loader is an instance.
@@ -218,7 +218,7 @@ class DataLoaderDispatcher(metaclass=_PreparedCheck):
         iteration: int = 0,
         **kwargs: Any,
     ) -> Any:
-        from accelkit.state import PartialState
+        from accelkit.runtime.state import PartialState
 
         _refuse_mesh(torch_device_mesh)
         if skip_batches:
@@ -246,7 +246,7 @@ class DataLoaderDispatcher(metaclass=_PreparedCheck):
 
 
 class IterableDatasetShard(_sampling.IterableDatasetShard):
-    """:class:`accelkit.sampling.IterableDatasetShard` with Accelerate's arguments.
+    """:class:`accelkit.data.sampling.IterableDatasetShard` with Accelerate's arguments.
 
     Args:
         dataset: the stream to shard.

@@ -41,10 +41,10 @@ def _job(width: int, layers: int, saves: int, root: str) -> dict[str, Any]:
     """One process of an N-process job: shard, step, then time ``saves`` sharded saves."""
     import torch.distributed as dist
 
-    from accelkit import fsdp
     from accelkit.checkpointing import sharded
     from accelkit.checkpointing.storage import get_storage
-    from accelkit.state import PartialState
+    from accelkit.fsdp import runtime as fsdp
+    from accelkit.runtime.state import PartialState
 
     state = PartialState()
     torch.manual_seed(0)

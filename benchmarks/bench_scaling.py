@@ -146,7 +146,10 @@ class _Ops:
         read_manifest(self.storage, self.kit_dir)
 
     def list_tensors(self) -> int:
-        from accelkit.checkpointing.inspect import read_safetensors_header, safetensors_files
+        from accelkit.checkpointing.catalog.inspect import (
+            read_safetensors_header,
+            safetensors_files,
+        )
 
         return sum(
             len(read_safetensors_header(self.storage, url).tensors)
@@ -213,7 +216,7 @@ def scale_tensors(counts: list[int], repeats: int) -> dict[str, Any]:
 def scale_checkpoints(points: list[int], repeats: int) -> dict[str, Any]:
     """Costs against the number of committed checkpoints in one folder."""
     import accelkit
-    from accelkit.checkpointing.catalog import latest_checkpoint, list_checkpoints
+    from accelkit.checkpointing.catalog.listing import latest_checkpoint, list_checkpoints
     from accelkit.checkpointing.storage import get_storage, join
 
     root = scratch_dir("scale-ckpts")

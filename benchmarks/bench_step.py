@@ -133,8 +133,8 @@ def _wrapper_costs(number: int) -> dict[str, float]:
     against the bare PyTorch call it wraps.
     """
     from accelkit import Accelerator
-    from accelkit.data import prepare_data_loader
-    from accelkit.optim import AcceleratedOptimizer, GradientState
+    from accelkit.data.preparation import prepare_data_loader
+    from accelkit.training.optim import AcceleratedOptimizer, GradientState
 
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(torch.nn.Linear(2, 2))

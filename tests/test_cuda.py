@@ -18,8 +18,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.kwargs_handlers import GradScalerKwargs
-from accelkit.random import set_seed
+from accelkit.runtime.random import set_seed
+from accelkit.training.kwargs_handlers import GradScalerKwargs
 
 pytestmark = [
     pytest.mark.cuda,

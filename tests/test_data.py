@@ -16,15 +16,15 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
-from accelkit.data import (
+from accelkit.data.preparation import (
     DataLoaderConfiguration,
     PreparedDataLoader,
     prepare_data_loader,
     resolve_config,
     skip_first_batches,
 )
-from accelkit.optim import GradientState
-from accelkit.sampling import BatchSamplerShard, IterableDatasetShard
+from accelkit.data.sampling import BatchSamplerShard, IterableDatasetShard
+from accelkit.training.optim import GradientState
 
 
 def _items(batches: list[Any]) -> list[int]:

@@ -16,7 +16,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset
 
-from accelkit.data import DataLoaderConfiguration, prepare_data_loader, skip_first_batches
+from accelkit.data.preparation import (
+    DataLoaderConfiguration,
+    prepare_data_loader,
+    skip_first_batches,
+)
 from accelkit.data_loader import DataLoaderDispatcher
 from accelkit.data_loader import prepare_data_loader as reference_style_prepare
 from tests.helpers.distributed import run_distributed

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 import accelkit.data_loader as ours
-from accelkit.data import DataLoaderConfiguration
+from accelkit.data.preparation import DataLoaderConfiguration
 from tests.helpers.distributed import run_distributed
 
 theirs = pytest.importorskip("accelerate.data_loader")

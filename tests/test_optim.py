@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-from accelkit.optim import (
+from accelkit.training.optim import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
     GradientAccumulationPlugin,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.preflight import ConfigurationError
+from accelkit._accelerator.preflight import ConfigurationError
 from accelkit.trackers.jsonl import read_jsonl
 from tests.helpers.distributed import run_distributed
 
@@ -70,7 +70,7 @@ def test_a_good_configuration_creates_only_the_logging_dir(tmp_path: Path) -> No
 READ_ONLY_SCRIPT = """
 import sys
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.preflight import ConfigurationError
+from accelkit._accelerator.preflight import ConfigurationError
 
 MOUNT = sys.argv[1]
 cases = {
@@ -138,7 +138,7 @@ def test_s3_project_dir_without_s3fs_fails_at_construction(tmp_path: Path) -> No
         import sys
         sys.modules["s3fs"] = None
         from accelkit import Accelerator
-        from accelkit.preflight import ConfigurationError
+        from accelkit._accelerator.preflight import ConfigurationError
         try:
             Accelerator(project_dir="s3://bucket/run-7")
         except ConfigurationError as error:

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelkit.splitting import split_for_process
-from accelkit.state import PartialState, parse_mixed_precision
+from accelkit.runtime.splitting import split_for_process
+from accelkit.runtime.state import PartialState, parse_mixed_precision
 
 
 def test_single_process_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -108,7 +108,7 @@ def test_split_rejects_uneven_dict_and_bad_type() -> None:
 
 
 def test_every_reference_distributed_type_exists_and_never_matches() -> None:
-    from accelkit.state import DistributedType
+    from accelkit.runtime.state import DistributedType
 
     names = {m.name for m in DistributedType}
     assert {"XLA", "DEEPSPEED", "MEGATRON_LM", "MULTI_NPU", "MULTI_XPU", "MULTI_HPU"} <= names
@@ -117,7 +117,7 @@ def test_every_reference_distributed_type_exists_and_never_matches() -> None:
 
 
 def test_fp8_exists_and_is_refused_by_name() -> None:
-    from accelkit.state import PrecisionType
+    from accelkit.runtime.state import PrecisionType
 
     assert PrecisionType.FP8.value == "fp8"
     with pytest.raises(ValueError, match="does not do FP8 training"):
@@ -126,7 +126,7 @@ def test_fp8_exists_and_is_refused_by_name() -> None:
 
 def test_accelerator_state_is_a_view_of_the_last_accelerator() -> None:
     from accelkit import Accelerator
-    from accelkit.state import AcceleratorState
+    from accelkit.runtime.state import AcceleratorState
 
     AcceleratorState._reset_state()
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
@@ -138,7 +138,7 @@ def test_accelerator_state_is_a_view_of_the_last_accelerator() -> None:
 
 def test_reset_state_breaks_old_views_until_a_new_accelerator_exists() -> None:
     from accelkit import Accelerator
-    from accelkit.state import AcceleratorState
+    from accelkit.runtime.state import AcceleratorState
 
     accelerator = Accelerator(cpu=True)
     old_view = accelerator.state
@@ -187,7 +187,7 @@ def test_partial_state_forwards_kwargs_to_init_process_group(tmp_path: Path) -> 
 
 def _fsdp_state() -> tuple[str, str, bool]:
     from accelkit import Accelerator, FullyShardedDataParallelPlugin
-    from accelkit.state import AcceleratorState
+    from accelkit.runtime.state import AcceleratorState
 
     accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
     return (

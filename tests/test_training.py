@@ -14,15 +14,19 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelkit import Accelerator
-from accelkit.data import DataLoaderConfiguration, PreparedDataLoader
-from accelkit.kwargs_handlers import (
+from accelkit.data.preparation import DataLoaderConfiguration, PreparedDataLoader
+from accelkit.runtime.random import set_seed
+from accelkit.training.kwargs_handlers import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
     GradScalerKwargs,
 )
-from accelkit.optim import AcceleratedOptimizer, AcceleratedScheduler, GradientAccumulationPlugin
-from accelkit.precision import AutocastForward
-from accelkit.random import set_seed
+from accelkit.training.optim import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    GradientAccumulationPlugin,
+)
+from accelkit.training.precision import AutocastForward
 from tests.helpers.distributed import run_distributed
 
 pytestmark = pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from accelkit.checkpointing.contents import unwrap_model as checkpoint_unwrap
-from accelkit.training import unwrap_model
-from accelkit.wrapping import peel
+from accelkit.checkpointing.objects.contents import unwrap_model as checkpoint_unwrap
+from accelkit.training.loop import unwrap_model
+from accelkit.training.wrapping import peel
 
 
 def test_peel_reaches_the_module_through_every_wrapper() -> None:

@@ -41,37 +41,52 @@ Layers, bottom up; each imports only from the layers below it (and from
   ``load_sharded``...).
 - :mod:`~accelkit.checkpointing.sharded.state` -- save, load and check sharded state.
 
-**Checkpoints** (this package's top level) -- the commit protocol on top, bottom up:
+**Training objects** -- what a checkpoint captures from the live objects and gives back:
+
+- :mod:`~accelkit.checkpointing.objects` -- the layer's face (no names of its own).
+- :mod:`~accelkit.checkpointing.objects.rng` -- random generator states.
+- :mod:`~accelkit.checkpointing.objects.contents` -- what a training checkpoint holds.
+
+**Catalog** -- the checkpoints of a project as a list, and what to keep of them:
+
+- :mod:`~accelkit.checkpointing.catalog` -- the layer's face (no names of its own).
+- :mod:`~accelkit.checkpointing.catalog.retention` -- pure policy: which checkpoints to delete.
+- :mod:`~accelkit.checkpointing.catalog.listing` -- list checkpoints and tell their state.
+- :mod:`~accelkit.checkpointing.catalog.inspect` -- safetensors headers without loading tensors.
+
+**Restore** -- the load sequence:
+
+- :mod:`~accelkit.checkpointing.restore` -- the layer's face (no names of its own).
+- :mod:`~accelkit.checkpointing.restore.loading` -- what ``load_state`` checks before restoring,
+  and what it says when it cannot.
+
+**Commit** -- the save sequence, its driver and what it writes:
+
+- :mod:`~accelkit.checkpointing.commit` -- the layer's face (no names of its own).
+- :mod:`~accelkit.checkpointing.commit.lock` -- the project's save lock (saves, imports, prunes).
+- :mod:`~accelkit.checkpointing.commit.deletion` -- un-commit, then remove (retention and prune).
+- :mod:`~accelkit.checkpointing.commit.per_process` -- when each process saves into a folder of
+  its own: whether that is allowed, and who may load such a folder.
+- :mod:`~accelkit.checkpointing.commit.payload` -- what a save writes, taken from the live objects.
+- :mod:`~accelkit.checkpointing.commit.snapshot` -- a reusable host-memory copy of the saved state.
+- :mod:`~accelkit.checkpointing.commit.protocol` -- the one commit sequence every save runs.
+- :mod:`~accelkit.checkpointing.commit.async_save` -- the background driver of that sequence.
+
+**Interop** -- Hugging Face accelerate's checkpoint folders:
+
+- :mod:`~accelkit.checkpointing.interop` -- the layer's face (no names of its own).
+- :mod:`~accelkit.checkpointing.interop.accelerate_format` -- accelerate's folders, read safely
+  (their pickles checked as data first).
+- :mod:`~accelkit.checkpointing.interop.accelerate_import` -- convert such a folder into a
+  committed accelkit checkpoint (``accelkit ckpt import``).
+
+**The top** -- what the rest of accelkit talks to:
 
 - :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
-- :mod:`~accelkit.checkpointing.retention` -- pure policy: which checkpoints to delete.
 - :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
-- :mod:`~accelkit.checkpointing.rng` -- random generator states.
-- :mod:`~accelkit.checkpointing.catalog` -- list checkpoints and tell their state.
-- :mod:`~accelkit.checkpointing.inspect` -- safetensors headers without loading tensors.
-- :mod:`~accelkit.checkpointing.lock` -- the project's save lock (saves and prunes).
-- :mod:`~accelkit.checkpointing.deletion` -- un-commit, then remove (retention and prune).
-- :mod:`~accelkit.checkpointing.contents` -- what a training checkpoint holds.
-- :mod:`~accelkit.checkpointing.loading` -- what ``load_state`` checks before restoring, and
-  what it says when it cannot.
-- :mod:`~accelkit.checkpointing.per_process` -- when each process saves into a folder of its
-  own: whether that is allowed, and who may load such a folder.
-- :mod:`~accelkit.checkpointing.payload` -- what a save writes, taken from the live objects.
-- :mod:`~accelkit.checkpointing.snapshot` -- a reusable host-memory copy of the saved state.
-- :mod:`~accelkit.checkpointing.protocol` -- the one commit sequence every save runs.
-- :mod:`~accelkit.checkpointing.async_save` -- the background driver of that sequence.
 - :mod:`~accelkit.checkpointing.listener` -- what the manager tells the rest of the run
   (``CheckpointListener``: the manifest's ``experiment`` record, commits, loads).
 - :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest; the run's counter.
-- :mod:`~accelkit.checkpointing.accelerate_format` -- Hugging Face accelerate's checkpoint
-  folders, read safely (an exact allow-list for their pickles).
-- :mod:`~accelkit.checkpointing.accelerate_import` -- convert such a folder into a committed
-  accelkit checkpoint (``accelkit ckpt import``).
-
-Kept so old imports work (each re-exports the module it moved to):
-:mod:`~accelkit.checkpointing.checksum`, :mod:`~accelkit.checkpointing.layout`,
-:mod:`~accelkit.checkpointing.safetensors_io`, :mod:`~accelkit.checkpointing.state_io`,
-:mod:`~accelkit.checkpointing.model_io`, :mod:`~accelkit.checkpointing.manifest`.
 """
 
 from __future__ import annotations
@@ -92,18 +107,18 @@ __all__ = [
 ]
 
 _LAZY = {
-    "AsyncCheckpoint": "accelkit.checkpointing.async_save",
+    "AsyncCheckpoint": "accelkit.checkpointing.commit.async_save",
     "CheckpointManager": "accelkit.checkpointing.manager",
     "CheckpointError": "accelkit.checkpointing.errors",
-    "RetentionPolicy": "accelkit.checkpointing.retention",
+    "RetentionPolicy": "accelkit.checkpointing.catalog.retention",
     "load_checkpoint_in_model": "accelkit.checkpointing.formats.model_io",
     "save_model": "accelkit.checkpointing.formats.model_io",
 }
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
 if TYPE_CHECKING:
-    from accelkit.checkpointing.async_save import AsyncCheckpoint
+    from accelkit.checkpointing.catalog.retention import RetentionPolicy
+    from accelkit.checkpointing.commit.async_save import AsyncCheckpoint
     from accelkit.checkpointing.errors import CheckpointError
     from accelkit.checkpointing.formats.model_io import load_checkpoint_in_model, save_model
     from accelkit.checkpointing.manager import CheckpointManager
-    from accelkit.checkpointing.retention import RetentionPolicy

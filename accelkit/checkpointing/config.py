@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelkit.checkpointing.retention import RetentionPolicy, build_policy
+from accelkit.checkpointing.catalog.retention import RetentionPolicy, build_policy
 
 __all__ = ["ProjectConfiguration", "resolve_project_configuration"]
 
@@ -101,8 +101,9 @@ class ProjectConfiguration:
             self.logging_dir = self.project_dir
 
     def retention_policy(self) -> RetentionPolicy:
-        """The :class:`~accelkit.checkpointing.retention.RetentionPolicy` these settings make
-        (:func:`~accelkit.checkpointing.retention.build_policy`, as ``ckpt prune`` uses).
+        """The :class:`~accelkit.checkpointing.catalog.retention.RetentionPolicy` these settings
+        make
+        (:func:`~accelkit.checkpointing.catalog.retention.build_policy`, as ``ckpt prune`` uses).
 
         Raises:
             ValueError: naming the bad setting (e.g. ``total_limit=0``).

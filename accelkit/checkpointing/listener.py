@@ -1,7 +1,7 @@
 """What the checkpoint manager tells the rest of a run: the listener interface and its reports.
 
 The manager knows nothing about experiment tracking; ``Accelerator`` connects the two by giving
-the manager a :class:`CheckpointListener` (``accelkit._experiment.ExperimentLink``). The
+the manager a :class:`CheckpointListener` (``accelkit._accelerator.experiment.ExperimentLink``). The
 manager asks it, on the main process, what to record in a new checkpoint's manifest
 (``experiment``), and tells it when a checkpoint was committed (on the main process, from the
 thread that committed it) and when one was loaded (on every process).

@@ -1,12 +1,12 @@
 """Save, load, list and rotate the checkpoints of one run.
 
 :class:`CheckpointManager` is what ``save_state``/``load_state`` call. A save runs the commit
-protocol of :mod:`~accelkit.checkpointing.protocol` (prepare under the project's save lock,
+protocol of :mod:`~accelkit.checkpointing.commit.protocol` (prepare under the project's save lock,
 agree, write, exchange, commit, retention, release), either in the caller's thread on the
 default process group or, with ``async_save``, through the driver of
-:mod:`~accelkit.checkpointing.async_save` (a host snapshot written by a writer thread on its
+:mod:`~accelkit.checkpointing.commit.async_save` (a host snapshot written by a writer thread on its
 own gloo group). Retention and ``accelkit ckpt prune`` delete through
-:mod:`~accelkit.checkpointing.deletion`.
+:mod:`~accelkit.checkpointing.commit.deletion`.
 
 The run's counter (the number of the next automatic checkpoint) is an
 :class:`IterationCounter` the manager owns; users read it as ``ProjectConfiguration.iteration``.
@@ -34,9 +34,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from accelkit.checkpointing.accelerate_format import load_accelerate
-from accelkit.checkpointing.async_save import AsyncCheckpoint, AsyncSaver
-from accelkit.checkpointing.catalog import (
+from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
     CORRUPT,
     CheckpointInfo,
@@ -45,33 +43,35 @@ from accelkit.checkpointing.catalog import (
     loadable_automatic,
     next_iteration,
 )
-from accelkit.checkpointing.config import ProjectConfiguration
-from accelkit.checkpointing.contents import (
-    TrainingObjects,
-    apply_contents,
-    read_contents,
-    unwrap_model,
-)
-from accelkit.checkpointing.deletion import apply_retention
-from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
-from accelkit.checkpointing.formats.manifest import Manifest
-from accelkit.checkpointing.formats.safetensors_io import write_safetensors
-from accelkit.checkpointing.listener import CheckpointListener, CommitReport, LoadReport
-from accelkit.checkpointing.loading import agree_on_load
-from accelkit.checkpointing.lock import RunLock
-from accelkit.checkpointing.payload import LivePayload, capture_live
-from accelkit.checkpointing.per_process import check_loadable_here
-from accelkit.checkpointing.protocol import (
+from accelkit.checkpointing.commit.async_save import AsyncCheckpoint, AsyncSaver
+from accelkit.checkpointing.commit.deletion import apply_retention
+from accelkit.checkpointing.commit.lock import RunLock
+from accelkit.checkpointing.commit.payload import LivePayload, capture_live
+from accelkit.checkpointing.commit.per_process import check_loadable_here
+from accelkit.checkpointing.commit.protocol import (
     Coordinator,
     DefaultCoordinator,
     SaveRequest,
     SaveSequence,
 )
+from accelkit.checkpointing.config import ProjectConfiguration
+from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
+from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
+from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.formats.safetensors_io import write_safetensors
+from accelkit.checkpointing.interop.accelerate_format import load_accelerate
+from accelkit.checkpointing.listener import CheckpointListener, CommitReport, LoadReport
+from accelkit.checkpointing.objects.contents import (
+    TrainingObjects,
+    apply_contents,
+    read_contents,
+    unwrap_model,
+)
+from accelkit.checkpointing.restore.loading import agree_on_load
 from accelkit.checkpointing.sharded import check_load_compatible, load_sharded, sharded_targets
 from accelkit.checkpointing.storage import Storage, get_storage, join
 from accelkit.checkpointing.storage.confined import confine
-from accelkit.fsdp import is_sharded
+from accelkit.fsdp.runtime import is_sharded
 
 __all__ = [
     "CheckpointManager",
@@ -85,7 +85,8 @@ logger = logging.getLogger(__name__)
 
 
 class ProcessInfo(Protocol):
-    """What the manager needs to know about this process (``accelkit.state.PartialState``)."""
+    """What the manager needs to know about this process
+    (``accelkit.runtime.state.PartialState``)."""
 
     @property
     def process_index(self) -> int: ...
@@ -151,7 +152,7 @@ class CheckpointManager:
 
     Args:
         config: the run's :class:`~accelkit.checkpointing.ProjectConfiguration`.
-        state: this process's identity (an ``accelkit.state.PartialState``).
+        state: this process's identity (an ``accelkit.runtime.state.PartialState``).
     """
 
     def __init__(self, config: ProjectConfiguration, state: ProcessInfo) -> None:
@@ -254,13 +255,13 @@ class CheckpointManager:
         async_save: bool | None = None,
     ) -> str | AsyncCheckpoint:
         """Write a checkpoint of ``objects`` and commit it (see
-        :mod:`~accelkit.checkpointing.protocol`); must be called on every process.
+        :mod:`~accelkit.checkpointing.commit.protocol`); must be called on every process.
 
         Waits for the asynchronous save in flight first and raises its failure.
 
         Args:
             async_save: copy the state to host memory and write it in a writer thread,
-                returning an :class:`~accelkit.checkpointing.async_save.AsyncCheckpoint`;
+                returning an :class:`~accelkit.checkpointing.commit.async_save.AsyncCheckpoint`;
                 ``None`` uses ``ProjectConfiguration.async_save``.
 
         Returns:
@@ -333,7 +334,7 @@ class CheckpointManager:
         self.background.wait()
 
     def _run_lock(self) -> RunLock:
-        """The project's save lock (see :mod:`~accelkit.checkpointing.lock`): a save of
+        """The project's save lock (see :mod:`~accelkit.checkpointing.commit.lock`): a save of
         another live process into the same project_dir is refused."""
         project = self.config.project_dir
         assert project is not None  # automatic naming has a project_dir

@@ -20,7 +20,7 @@ from typing import Any
 from typing_extensions import override
 
 from accelkit._text import escape
-from accelkit.checkpointing.catalog import CheckpointInfo, inspect_folder, list_checkpoints
+from accelkit.checkpointing.catalog.listing import CheckpointInfo, inspect_folder, list_checkpoints
 from accelkit.checkpointing.formats.layout import (
     CHECKPOINTS_DIRNAME,
     MANIFEST_NAME,

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from accelkit.checkpointing.catalog import (
+from accelkit.checkpointing.catalog.listing import (
     COMMITTED,
     CORRUPT,
     INCOMPLETE,
@@ -29,11 +29,7 @@ from accelkit.checkpointing.catalog import (
     CheckpointInfo,
     committed_automatic,
 )
-from accelkit.checkpointing.deletion import delete_checkpoint, pruning_lock
-from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.formats.layout import MANIFEST_NAME
-from accelkit.checkpointing.formats.manifest import verify_files
-from accelkit.checkpointing.retention import (
+from accelkit.checkpointing.catalog.retention import (
     KeepBest,
     KeepEvery,
     KeepLast,
@@ -42,6 +38,10 @@ from accelkit.checkpointing.retention import (
     build_policy,
     plan_retention,
 )
+from accelkit.checkpointing.commit.deletion import delete_checkpoint, pruning_lock
+from accelkit.checkpointing.errors import CheckpointError
+from accelkit.checkpointing.formats.layout import MANIFEST_NAME
+from accelkit.checkpointing.formats.manifest import verify_files
 from accelkit.checkpointing.storage import Storage
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli import ckpt_import
@@ -423,7 +423,7 @@ def _run_prune(args: argparse.Namespace) -> int:
 
 
 def _delete(storage: Storage, root: str, plan: list[tuple[CheckpointInfo, str]]) -> int:
-    """Delete the plan through :mod:`~accelkit.checkpointing.deletion` (what training's
+    """Delete the plan through :mod:`~accelkit.checkpointing.commit.deletion` (what training's
     retention uses), holding the project's save lock: refused while a run saves there."""
     try:
         with pruning_lock(storage, root):
@@ -555,7 +555,7 @@ def _state_names(
     The keys of such a file (``t0``, ``t1``...) mean nothing alone; its structure file names
     them. A damaged structure file is reported with the other errors and the keys are shown.
     """
-    from accelkit.checkpointing.inspect import state_tensor_names
+    from accelkit.checkpointing.catalog.inspect import state_tensor_names
 
     try:
         return {(name, key): path for key, path in state_tensor_names(storage, url).items()}
@@ -565,8 +565,8 @@ def _state_names(
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    from accelkit.checkpointing.catalog.inspect import read_safetensors_header, safetensors_files
     from accelkit.checkpointing.formats.dcp_metadata import has_sharded_state, sharded_tensor_infos
-    from accelkit.checkpointing.inspect import read_safetensors_header, safetensors_files
 
     storage = open_storage(args)
     path = args.path.rstrip("/") or args.path

@@ -64,7 +64,7 @@ def _run_import(args: argparse.Namespace) -> int:
     open_storage(args)  # SRC must exist (usage error otherwise)
     try:
         # Imported here: it needs torch, and `accelkit --help` must not pay for it.
-        from accelkit.checkpointing.accelerate_import import import_accelerate
+        from accelkit.checkpointing.interop.accelerate_import import import_accelerate
 
         result = import_accelerate(args.path, args.destination, dict(args.storage_options))
     except FileExistsError as exc:

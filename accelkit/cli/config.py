@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from accelkit.launch_config import default_config_path, default_settings, write_config_file
+from accelkit.launch.config import default_config_path, default_settings, write_config_file
 
 _PRECISIONS = ("no", "fp16", "bf16")
 _TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from accelkit.launch import add_launch_arguments, config_from_args, launch_command
+from accelkit.launch.launcher import add_launch_arguments, config_from_args, launch_command
 
 
 def register(subparsers: Any) -> None:

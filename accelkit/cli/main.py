@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         # The subcommand's own usage, and for a flag of `accelerate launch` the reason it is
         # refused or the nearest accepted spelling.
-        from accelkit.launch_flags import explain_unknown
+        from accelkit.launch.flags import explain_unknown
 
         sub = getattr(args, "_parser", parser)
         sub.error(explain_unknown(unknown, sub._option_string_actions))

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import torch
 
-from accelkit.ops import gather
+from accelkit.runtime.ops import gather
 
 __all__ = [
     "are_the_same_tensors",
@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 def are_the_same_tensors(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` has the same value on every process (a collective)."""
-    from accelkit.state import PartialState
+    from accelkit.runtime.state import PartialState
 
     device = PartialState().device
     local = tensor[None].clone().to(device)

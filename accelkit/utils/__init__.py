@@ -21,45 +21,45 @@ _PUBLIC = {
     "GeneralTracker": "accelkit.trackers",
     "register_tracker": "accelkit.trackers",
     "LoggerType": "accelkit.trackers",
-    "AutocastKwargs": "accelkit.kwargs_handlers",
-    "DDPCommunicationHookType": "accelkit.kwargs_handlers",
-    "DistributedDataParallelKwargs": "accelkit.kwargs_handlers",
-    "GradScalerKwargs": "accelkit.kwargs_handlers",
-    "InitProcessGroupKwargs": "accelkit.kwargs_handlers",
-    "KwargsHandler": "accelkit.kwargs_handlers",
-    "ProfileKwargs": "accelkit.profiling",
-    "PROFILE_PATTERN_NAME": "accelkit.profiling",
-    "DynamoBackend": "accelkit.dynamo",
-    "TorchDynamoPlugin": "accelkit.dynamo",
-    "GradientAccumulationPlugin": "accelkit.optim",
-    "DistributedOperationException": "accelkit.ops",
-    "broadcast": "accelkit.ops",
-    "broadcast_object_list": "accelkit.ops",
-    "concatenate": "accelkit.ops",
-    "copy_tensor_to_devices": "accelkit.ops",
-    "gather": "accelkit.ops",
-    "gather_object": "accelkit.ops",
-    "pad_across_processes": "accelkit.ops",
-    "recursively_apply": "accelkit.ops",
-    "reduce": "accelkit.ops",
-    "send_to_device": "accelkit.ops",
-    "convert_outputs_to_fp32": "accelkit.precision",
-    "get_grad_scaler": "accelkit.precision",
-    "get_mixed_precision_context_manager": "accelkit.precision",
-    "compile_regions": "accelkit.dynamo",
-    "has_compiled_regions": "accelkit.dynamo",
-    "CannotPadNestedTensorWarning": "accelkit.ops",
-    "DistributedType": "accelkit.state",
-    "PrecisionType": "accelkit.state",
-    "FullyShardedDataParallelPlugin": "accelkit.fsdp",
+    "AutocastKwargs": "accelkit.training.kwargs_handlers",
+    "DDPCommunicationHookType": "accelkit.training.kwargs_handlers",
+    "DistributedDataParallelKwargs": "accelkit.training.kwargs_handlers",
+    "GradScalerKwargs": "accelkit.training.kwargs_handlers",
+    "InitProcessGroupKwargs": "accelkit.training.kwargs_handlers",
+    "KwargsHandler": "accelkit.training.kwargs_handlers",
+    "ProfileKwargs": "accelkit.training.profiling",
+    "PROFILE_PATTERN_NAME": "accelkit.training.profiling",
+    "DynamoBackend": "accelkit.training.dynamo",
+    "TorchDynamoPlugin": "accelkit.training.dynamo",
+    "GradientAccumulationPlugin": "accelkit.training.optim",
+    "DistributedOperationException": "accelkit.runtime.ops",
+    "broadcast": "accelkit.runtime.ops",
+    "broadcast_object_list": "accelkit.runtime.ops",
+    "concatenate": "accelkit.runtime.ops",
+    "copy_tensor_to_devices": "accelkit.runtime.ops",
+    "gather": "accelkit.runtime.ops",
+    "gather_object": "accelkit.runtime.ops",
+    "pad_across_processes": "accelkit.runtime.ops",
+    "recursively_apply": "accelkit.runtime.ops",
+    "reduce": "accelkit.runtime.ops",
+    "send_to_device": "accelkit.runtime.ops",
+    "convert_outputs_to_fp32": "accelkit.training.precision",
+    "get_grad_scaler": "accelkit.training.precision",
+    "get_mixed_precision_context_manager": "accelkit.training.precision",
+    "compile_regions": "accelkit.training.dynamo",
+    "has_compiled_regions": "accelkit.training.dynamo",
+    "CannotPadNestedTensorWarning": "accelkit.runtime.ops",
+    "DistributedType": "accelkit.runtime.state",
+    "PrecisionType": "accelkit.runtime.state",
+    "FullyShardedDataParallelPlugin": "accelkit.fsdp.runtime",
     "ProjectConfiguration": "accelkit.checkpointing",
     "load_checkpoint_in_model": "accelkit.checkpointing",
-    "DataLoaderConfiguration": "accelkit.data",
-    "skip_first_batches": "accelkit.data",
-    "RNGType": "accelkit.random",
-    "set_seed": "accelkit.random",
-    "synchronize_rng_state": "accelkit.random",
-    "synchronize_rng_states": "accelkit.random",
+    "DataLoaderConfiguration": "accelkit.data.preparation",
+    "skip_first_batches": "accelkit.data.preparation",
+    "RNGType": "accelkit.runtime.random",
+    "set_seed": "accelkit.runtime.random",
+    "synchronize_rng_state": "accelkit.runtime.random",
+    "synchronize_rng_states": "accelkit.runtime.random",
     "clear_device_cache": "accelkit.utils.memory",
     "TensorInformation": "accelkit.utils.operations",
     "get_data_structure": "accelkit.utils.operations",
@@ -69,7 +69,7 @@ _PUBLIC = {
     "find_executable_batch_size": "accelkit.utils.memory",
     "release_memory": "accelkit.utils.memory",
     "should_reduce_batch_size": "accelkit.utils.memory",
-    "write_basic_config": "accelkit.launch_config",
+    "write_basic_config": "accelkit.launch.config",
     "MODEL_NAME": _CONSTANTS,
     "OPTIMIZER_NAME": _CONSTANTS,
     "RNG_STATE_NAME": _CONSTANTS,
@@ -185,19 +185,10 @@ __getattr__ = lazy_getattr(__name__, _PUBLIC)
 if TYPE_CHECKING:  # the names of _PUBLIC, for type checkers (__all__ is built from _PUBLIC)
     # ruff: noqa: F401
     from accelkit.checkpointing import ProjectConfiguration, load_checkpoint_in_model
-    from accelkit.data import DataLoaderConfiguration, skip_first_batches
-    from accelkit.dynamo import DynamoBackend, TorchDynamoPlugin
-    from accelkit.fsdp import FullyShardedDataParallelPlugin
-    from accelkit.kwargs_handlers import (
-        AutocastKwargs,
-        DDPCommunicationHookType,
-        DistributedDataParallelKwargs,
-        GradScalerKwargs,
-        InitProcessGroupKwargs,
-        KwargsHandler,
-    )
-    from accelkit.launch_config import write_basic_config
-    from accelkit.ops import (
+    from accelkit.data.preparation import DataLoaderConfiguration, skip_first_batches
+    from accelkit.fsdp.runtime import FullyShardedDataParallelPlugin
+    from accelkit.launch.config import write_basic_config
+    from accelkit.runtime.ops import (
         DistributedOperationException,
         broadcast,
         broadcast_object_list,
@@ -210,11 +201,25 @@ if TYPE_CHECKING:  # the names of _PUBLIC, for type checkers (__all__ is built f
         reduce,
         send_to_device,
     )
-    from accelkit.optim import GradientAccumulationPlugin
-    from accelkit.profiling import PROFILE_PATTERN_NAME, ProfileKwargs
-    from accelkit.random import RNGType, set_seed, synchronize_rng_state, synchronize_rng_states
-    from accelkit.state import DistributedType, PrecisionType
+    from accelkit.runtime.random import (
+        RNGType,
+        set_seed,
+        synchronize_rng_state,
+        synchronize_rng_states,
+    )
+    from accelkit.runtime.state import DistributedType, PrecisionType
     from accelkit.trackers import GeneralTracker, LoggerType, register_tracker
+    from accelkit.training.dynamo import DynamoBackend, TorchDynamoPlugin
+    from accelkit.training.kwargs_handlers import (
+        AutocastKwargs,
+        DDPCommunicationHookType,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        KwargsHandler,
+    )
+    from accelkit.training.optim import GradientAccumulationPlugin
+    from accelkit.training.profiling import PROFILE_PATTERN_NAME, ProfileKwargs
     from accelkit.utils.constants import (
         MODEL_NAME,
         OPTIMIZER_NAME,

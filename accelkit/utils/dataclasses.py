@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from accelkit.checkpointing import ProjectConfiguration
-from accelkit.data import DataLoaderConfiguration
-from accelkit.dynamo import DynamoBackend, TorchDynamoPlugin
-from accelkit.fsdp import FullyShardedDataParallelPlugin
-from accelkit.kwargs_handlers import (
+from accelkit.data.preparation import DataLoaderConfiguration
+from accelkit.fsdp.runtime import FullyShardedDataParallelPlugin
+from accelkit.runtime.random import RNGType
+from accelkit.runtime.state import DistributedType, PrecisionType
+from accelkit.trackers import LoggerType
+from accelkit.training.dynamo import DynamoBackend, TorchDynamoPlugin
+from accelkit.training.kwargs_handlers import (
     AutocastKwargs,
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
@@ -14,11 +17,8 @@ from accelkit.kwargs_handlers import (
     InitProcessGroupKwargs,
     KwargsHandler,
 )
-from accelkit.optim import GradientAccumulationPlugin
-from accelkit.profiling import ProfileKwargs
-from accelkit.random import RNGType
-from accelkit.state import DistributedType, PrecisionType
-from accelkit.trackers import LoggerType
+from accelkit.training.optim import GradientAccumulationPlugin
+from accelkit.training.profiling import ProfileKwargs
 
 __all__ = [
     "AutocastKwargs",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accelkit._batches import (
+from accelkit.data.batches import (
     TensorInformation,
     find_batch_size,
     get_data_structure,
@@ -10,7 +10,7 @@ from accelkit._batches import (
     is_tensor_information,
     slice_tensors,
 )
-from accelkit.ops import (
+from accelkit.runtime.ops import (
     CannotPadNestedTensorWarning,
     DistributedOperationException,
     broadcast,
@@ -24,7 +24,7 @@ from accelkit.ops import (
     reduce,
     send_to_device,
 )
-from accelkit.precision import convert_outputs_to_fp32
+from accelkit.training.precision import convert_outputs_to_fp32
 from accelkit.utils.other import (
     convert_to_fp32,
     find_device,

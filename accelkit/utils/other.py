@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from accelkit._batches import find_batch_size
-from accelkit.ops import recursively_apply
+from accelkit.data.batches import find_batch_size
+from accelkit.runtime.ops import recursively_apply
 
 __all__ = [
     "clear_environment",
@@ -179,7 +179,7 @@ def extract_model_from_parallel(
     ``recursive`` is accepted for compatibility: accelkit's wrappers are never nested inside
     submodules, so unwrapping the top level is complete.
     """
-    from accelkit.training import unwrap_model
+    from accelkit.training.loop import unwrap_model
 
     return unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
 

@@ -1,6 +1,6 @@
 """An in-process stand-in for N processes, for the commit protocol's own tests.
 
-:class:`FakeGroup` implements our :class:`~accelkit.checkpointing.protocol.Coordinator`
+:class:`FakeGroup` implements our :class:`~accelkit.checkpointing.commit.protocol.Coordinator`
 interface (not a library's): each "process" is a thread, and ``exchange`` is an all-gather
 in rounds, with every item pickled as ``all_gather_object`` does. ``lose`` makes one
 process vanish when it reaches a given phase: it raises there, and the others' exchange of that

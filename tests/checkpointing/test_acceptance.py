@@ -37,7 +37,7 @@ def _train(project: str, options: dict[str, Any], stop_after: int, resume: bool)
     from torch.utils.data import DataLoader, TensorDataset
 
     from accelkit import Accelerator, ProjectConfiguration
-    from accelkit.checkpointing.catalog import committed_automatic, list_checkpoints
+    from accelkit.checkpointing.catalog.listing import committed_automatic, list_checkpoints
     from accelkit.checkpointing.storage import get_storage, join
 
     random.seed(0)

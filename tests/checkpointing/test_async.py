@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.checkpointing.async_save import AsyncCheckpoint
-from accelkit.checkpointing.contents import Snapshot
+from accelkit.checkpointing.commit.async_save import AsyncCheckpoint
+from accelkit.checkpointing.commit.snapshot import HostSnapshot
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.snapshot import HostSnapshot
+from accelkit.checkpointing.objects.contents import Snapshot
 from tests.checkpointing.gatedfs import GatedFileSystem, gated_url
 from tests.helpers.distributed import run_distributed
 
@@ -196,7 +196,7 @@ def test_background_failure_is_logged_raised_and_not_committed(
     with pytest.raises(CheckpointError, match="injected write failure"):
         acc.wait_for_checkpoints()
     # Logged by the writer when it happened (before anyone waited), raised once.
-    assert [r.name for r in caplog.records] == ["accelkit.checkpointing.async_save"]
+    assert [r.name for r in caplog.records] == ["accelkit.checkpointing.commit.async_save"]
     assert "injected write failure" in caplog.records[0].getMessage()
     acc.wait_for_checkpoints()
     assert isinstance(handle.exception(), CheckpointError)

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from accelkit.checkpointing.contents import _fast_param_lookup, _ParamIds
+from accelkit.checkpointing.objects.contents import _fast_param_lookup, _ParamIds
 
 
 def test_optimizer_state_loads_through_set_backed_param_ids() -> None:

@@ -18,10 +18,10 @@ from typing import Any, cast
 
 import pytest
 
-from accelkit.checkpointing.catalog import INCOMPLETE, list_checkpoints
-from accelkit.checkpointing.deletion import delete_checkpoint, project_of
+from accelkit.checkpointing.catalog.listing import INCOMPLETE, list_checkpoints
+from accelkit.checkpointing.commit.deletion import delete_checkpoint, project_of
+from accelkit.checkpointing.commit.lock import LOCK_NAME, PRUNE, RunLock, _start_time
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.lock import LOCK_NAME, PRUNE, RunLock, _start_time
 from accelkit.checkpointing.storage import Storage, get_storage
 from accelkit.cli.main import main
 from tests.cli.ckpt_fixtures import build_run

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from accelkit.checkpointing.catalog import (
+from accelkit.checkpointing.catalog.listing import (
     COMMITTED,
     CORRUPT,
     INCOMPLETE,

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from accelkit.checkpointing.contents import Snapshot
+from accelkit.checkpointing.commit.lock import LOCK_NAME, RunLock
+from accelkit.checkpointing.commit.payload import LivePayload
+from accelkit.checkpointing.commit.per_process import check_owner, folder_key
+from accelkit.checkpointing.commit.protocol import PHASES, SaveRequest, SaveSequence
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.manifest import Manifest, ManifestError
-from accelkit.checkpointing.lock import LOCK_NAME, RunLock
-from accelkit.checkpointing.payload import LivePayload
-from accelkit.checkpointing.per_process import check_owner, folder_key
-from accelkit.checkpointing.protocol import PHASES, SaveRequest, SaveSequence
+from accelkit.checkpointing.objects.contents import Snapshot
 from accelkit.checkpointing.storage import get_storage
 from tests.checkpointing.fake_coordinator import FakeCoordinator, FakeGroup, run_ranks
 

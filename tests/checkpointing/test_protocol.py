@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import torch
 
-from accelkit.checkpointing.contents import Snapshot
+from accelkit.checkpointing.commit.lock import LOCK_NAME, RunLock
+from accelkit.checkpointing.commit.payload import LivePayload
+from accelkit.checkpointing.commit.protocol import PHASES, SaveRequest, SaveSequence
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.manifest import FileEntry, file_checksum
-from accelkit.checkpointing.lock import LOCK_NAME, RunLock
-from accelkit.checkpointing.payload import LivePayload
-from accelkit.checkpointing.protocol import PHASES, SaveRequest, SaveSequence
+from accelkit.checkpointing.objects.contents import Snapshot
 from accelkit.checkpointing.storage import Storage, get_storage, join
 from tests.checkpointing.fake_coordinator import FakeCoordinator, FakeGroup, run_ranks
 from tests.checkpointing.gatedfs import GatedFileSystem, gated_url

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from accelkit.checkpointing import ProjectConfiguration
-from accelkit.checkpointing.retention import (
+from accelkit.checkpointing.catalog.retention import (
     AnyOf,
     KeepAll,
     KeepBest,

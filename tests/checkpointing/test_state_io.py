@@ -20,7 +20,7 @@ from accelkit.checkpointing.formats.state_io import (
     read_state,
     write_state,
 )
-from accelkit.checkpointing.rng import capture_rng_state, restore_rng_state
+from accelkit.checkpointing.objects.rng import capture_rng_state, restore_rng_state
 from accelkit.checkpointing.storage import get_storage
 from tests.checkpointing.conftest import Root
 

@@ -14,8 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save
 
+from accelkit.checkpointing.catalog.inspect import read_safetensors_header, safetensors_files
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.inspect import read_safetensors_header, safetensors_files
 from accelkit.checkpointing.storage import Storage, get_storage, join
 from accelkit.cli._table import format_age, format_size, render_table
 from accelkit.cli.main import main
@@ -173,8 +173,8 @@ def test_optimizer_tensors_are_named_by_their_place_in_the_state(
 
 
 def test_a_tensor_stored_once_for_two_places_names_both(mem: tuple[Storage, str]) -> None:
+    from accelkit.checkpointing.catalog.inspect import state_tensor_names
     from accelkit.checkpointing.formats.state_io import write_state
-    from accelkit.checkpointing.inspect import state_tensor_names
 
     storage, root = mem
     shared = torch.ones(3)
@@ -188,7 +188,7 @@ def test_a_tensor_stored_once_for_two_places_names_both(mem: tuple[Storage, str]
 
 
 def test_files_without_an_accelkit_structure_keep_their_keys(mem: tuple[Storage, str]) -> None:
-    from accelkit.checkpointing.inspect import state_tensor_names
+    from accelkit.checkpointing.catalog.inspect import state_tensor_names
 
     storage, root = mem
     storage.write_bytes(join(root, "model.safetensors"), save({"w": torch.zeros(1)}))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from accelkit.launch import notebook_launcher
+from accelkit.launch.launcher import notebook_launcher
 from tests.helpers.distributed import free_port as _free_port
 
 # A script written for the reference documents, with only its imports renamed.

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from accelkit.cli.main import build_parser
-from accelkit.launch import LaunchConfig, config_from_args, launch_env, torchrun_args
+from accelkit.launch.launcher import LaunchConfig, config_from_args, launch_env, torchrun_args
 
 accelerate_launch = pytest.importorskip(
     "accelerate.commands.launch", reason="accelerate (a test dependency) provides the flag list"
@@ -80,7 +80,7 @@ def _launch(*argv: str) -> tuple[LaunchConfig | None, str]:
             parser = build_parser()
             args, unknown = parser.parse_known_args(["launch", *argv])
             if unknown:
-                from accelkit.launch_flags import explain_unknown
+                from accelkit.launch.flags import explain_unknown
 
                 args._parser.error(explain_unknown(unknown, args._parser._option_string_actions))
             try:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from accelkit import Accelerator, TorchDynamoPlugin
-from accelkit.dynamo import DynamoBackend
+from accelkit.training.dynamo import DynamoBackend
 from accelkit.utils import is_compiled_module
 
 

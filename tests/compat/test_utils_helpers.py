@@ -65,7 +65,7 @@ def test_debug_launcher_runs_the_function_on_cpu_processes(tmp_path: Path) -> No
 def test_write_basic_config_writes_a_file_both_launchers_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from accelkit.launch_config import read_config_file
+    from accelkit.launch.config import read_config_file
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     written = utils.write_basic_config("BF16")

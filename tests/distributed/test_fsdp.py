@@ -19,7 +19,7 @@ from torch import nn
 
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
 from accelkit.checkpointing.storage import get_storage
-from accelkit.fsdp import FullyShardedDataParallelPlugin
+from accelkit.fsdp.runtime import FullyShardedDataParallelPlugin
 from tests.helpers.distributed import run_distributed
 
 VOCAB, DIM, SEQ, GLOBAL_BATCH, STEPS = 16, 16, 8, 8, 4
@@ -70,8 +70,8 @@ def _train(kind: str, steps: int = STEPS) -> dict[str, Any]:
     """Train TinyLM with DDP or FSDP on this process's slice of each global batch."""
     import torch.distributed as dist
 
-    from accelkit import fsdp
-    from accelkit.state import PartialState
+    from accelkit.fsdp import runtime as fsdp
+    from accelkit.runtime.state import PartialState
 
     state = PartialState()
     rank, world = state.process_index, state.num_processes
@@ -100,14 +100,14 @@ def _train(kind: str, steps: int = STEPS) -> dict[str, Any]:
 
 
 def _full_params(model: nn.Module) -> dict[str, torch.Tensor]:
-    from accelkit import fsdp
+    from accelkit.fsdp import runtime as fsdp
 
     state = fsdp.get_state_dict(model)  # gathered on rank 0, {} elsewhere for a sharded model
     return {k.removeprefix("module."): v.detach().clone() for k, v in state.items()}
 
 
 def _job_two_processes() -> dict[str, Any]:
-    from accelkit import fsdp
+    from accelkit.fsdp import runtime as fsdp
 
     ddp = _train("ddp")
     sharded = _train("fsdp")
@@ -176,8 +176,8 @@ def test_fsdp_two_processes_matches_ddp() -> None:
 def _job_save_on_four(folder: str) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from accelkit import fsdp
     from accelkit.checkpointing import sharded
+    from accelkit.fsdp import runtime as fsdp
 
     ddp = _train("ddp")
     run = _train("fsdp")
@@ -197,10 +197,10 @@ def _job_save_on_four(folder: str) -> dict[str, Any]:
 def _job_resume_on_two(folder: str, broken: str, damaged: str, world_saved: int) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from accelkit import fsdp
     from accelkit.checkpointing import sharded
     from accelkit.checkpointing.formats.manifest import FileEntry, Manifest
-    from accelkit.state import PartialState
+    from accelkit.fsdp import runtime as fsdp
+    from accelkit.runtime.state import PartialState
 
     state = PartialState()
     torch.manual_seed(99)  # different initial weights: everything must come from the checkpoint
@@ -394,7 +394,7 @@ def _facade_run(project_dir: str, seed: int, resume: bool) -> dict[str, Any]:
     from torch.utils.data import DataLoader, TensorDataset
 
     from accelkit import Accelerator, DistributedType, ProjectConfiguration
-    from accelkit.fsdp import get_state_dict, is_sharded
+    from accelkit.fsdp.runtime import get_state_dict, is_sharded
 
     config = ProjectConfiguration(project_dir, automatic_checkpoint_naming=True)
     if resume:  # the plugin as `accelkit launch --use_fsdp --fsdp_...` describes it
@@ -484,8 +484,8 @@ def _job_save_to_url(url: str, options: dict[str, Any]) -> dict[str, Any]:
 
 def _job_load_one_process(url: str, options: dict[str, Any]) -> dict[str, Any]:
     """One process (a private 1-rank group): load the 2-process S3 save, round-trip memory://."""
-    from accelkit import fsdp
     from accelkit.checkpointing import sharded
+    from accelkit.fsdp import runtime as fsdp
 
     def fresh() -> tuple[nn.Module, Any]:
         torch.manual_seed(5)
@@ -525,7 +525,7 @@ def test_sharded_state_on_s3_and_memory(s3_server: Any, s3_url: str) -> None:
 def test_launch_flags_reach_the_workers_plugin() -> None:
     import argparse
 
-    from accelkit import fsdp
+    from accelkit.fsdp import runtime as fsdp
 
     parser = argparse.ArgumentParser()
     fsdp.add_launch_arguments(parser)
@@ -554,7 +554,7 @@ def test_launch_flags_reach_the_workers_plugin() -> None:
 
 
 def test_auto_wrap_policies_pick_the_units() -> None:
-    from accelkit.fsdp import wrap_units
+    from accelkit.fsdp.runtime import wrap_units
 
     model = TinyLM()
     blocks = list(model.blocks)
@@ -576,7 +576,7 @@ def test_auto_wrap_policies_pick_the_units() -> None:
 def test_repoint_swaps_only_the_parameters_that_were_sharded() -> None:
     import weakref
 
-    from accelkit.fsdp import repoint_optimizer
+    from accelkit.fsdp.runtime import repoint_optimizer
 
     live, sharded_live = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.ones(2))
     gone = nn.Parameter(torch.zeros(2))

@@ -25,7 +25,7 @@ def _job_async_sharded(project_dir: str) -> dict[str, Any]:
     import threading
 
     from accelkit import Accelerator, ProjectConfiguration
-    from accelkit.checkpointing import snapshot
+    from accelkit.checkpointing.commit import snapshot
     from accelkit.checkpointing.errors import CheckpointError
     from accelkit.checkpointing.sharded import _dcp_storage
 

@@ -126,7 +126,7 @@ def checker(cmd: dict[str, Any]) -> dict[str, Any]:
     """Inspect the checkpoints under ``project`` as a fresh process would."""
     import torch
 
-    from accelkit.checkpointing.catalog import list_checkpoints
+    from accelkit.checkpointing.catalog.listing import list_checkpoints
     from accelkit.checkpointing.storage import get_storage, join
     from accelkit.cli.main import main as cli
 

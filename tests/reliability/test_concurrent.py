@@ -1,6 +1,6 @@
 """Two runs pointed at the same ``project_dir``: the second is refused, nothing is corrupted.
 
-accelkit's choice (see ``accelkit/checkpointing/lock.py``): every automatic save holds
+accelkit's choice (see ``accelkit/checkpointing/commit/lock.py``): every automatic save holds
 ``<project_dir>/.accelkit-run.lock`` while it claims its folder, writes, commits and rotates; a
 save from another live process is refused with a ``CheckpointError`` naming the holder and the
 fix, and under the lock an existing folder name is refused too. A lock left by a dead process
@@ -99,8 +99,8 @@ def test_lock_holders_live_dead_and_remote(tmp_path: Path) -> None:
     import subprocess
     import time
 
+    from accelkit.checkpointing.commit.lock import LOCK_NAME, STALE_AFTER_S, RunLock, _start_time
     from accelkit.checkpointing.errors import CheckpointError
-    from accelkit.checkpointing.lock import LOCK_NAME, STALE_AFTER_S, RunLock, _start_time
     from accelkit.checkpointing.storage import get_storage
 
     project = str(tmp_path / "project")

@@ -25,11 +25,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from accelkit.checkpointing.catalog.inspect import read_safetensors_header
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.formats.manifest import Manifest, ManifestError
 from accelkit.checkpointing.formats.model_io import load_checkpoint_in_model
 from accelkit.checkpointing.formats.safetensors_io import read_safetensors
-from accelkit.checkpointing.inspect import read_safetensors_header
 from accelkit.checkpointing.storage import get_storage
 from tests.reliability.conftest import FULL
 

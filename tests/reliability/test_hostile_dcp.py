@@ -307,7 +307,7 @@ class _Net(nn.Module):
 
 def _fsdp_accelerator(project: str, seed: int) -> tuple[Any, nn.Module]:
     from accelkit import Accelerator, ProjectConfiguration
-    from accelkit.fsdp import FullyShardedDataParallelPlugin
+    from accelkit.fsdp.runtime import FullyShardedDataParallelPlugin
 
     config = ProjectConfiguration(project, automatic_checkpoint_naming=True)
     plugin = FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["_Layer"])

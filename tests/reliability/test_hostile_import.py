@@ -25,9 +25,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from accelkit import Accelerator, ProjectConfiguration
+from accelkit.checkpointing.commit.lock import IMPORT, LOCK_NAME, SAVE
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.manifest import read_manifest
-from accelkit.checkpointing.lock import IMPORT, LOCK_NAME, SAVE
 from accelkit.checkpointing.storage import get_storage
 from accelkit.utils import DataLoaderConfiguration
 from tests.checkpointing.accelerate_helpers import run_script
@@ -292,7 +292,7 @@ def test_an_existing_destination_is_never_written_into(project: Path, tmp_path: 
 _HOLDER = textwrap.dedent(
     """
     import sys, time
-    from accelkit.checkpointing.lock import RunLock
+    from accelkit.checkpointing.commit.lock import RunLock
     from accelkit.checkpointing.storage import get_storage
 
     project, role, hold = sys.argv[1], sys.argv[2], float(sys.argv[3])

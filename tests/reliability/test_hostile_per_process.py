@@ -22,8 +22,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from accelkit import Accelerator, ProjectConfiguration
+from accelkit.checkpointing.commit.per_process import folder_key, resolve_folder
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.per_process import folder_key, resolve_folder
 from tests.helpers.distributed import run_distributed
 
 pytestmark = pytest.mark.reliability

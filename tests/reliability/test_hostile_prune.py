@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.checkpointing.retention import KeepBest, KeepEvery, KeepLast, plan_retention
+from accelkit.checkpointing.catalog.retention import KeepBest, KeepEvery, KeepLast, plan_retention
 
 pytestmark = pytest.mark.reliability
 

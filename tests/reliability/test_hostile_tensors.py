@@ -351,7 +351,7 @@ _MEMORY_SCRIPT = textwrap.dedent(
     import io, json, resource, struct, sys, torch
     from accelkit import Accelerator, ProjectConfiguration
     from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
-    from accelkit.checkpointing.inspect import read_safetensors_header
+    from accelkit.checkpointing.catalog.inspect import read_safetensors_header
     from accelkit.checkpointing.formats.manifest import FileEntry
     from accelkit.checkpointing.formats.safetensors_io import read_safetensors
     from accelkit.checkpointing.sharded import read_sharded_metadata

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.checkpointing.catalog import list_checkpoints
+from accelkit.checkpointing.catalog.listing import list_checkpoints
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.storage import get_storage, join
 from accelkit.cli.main import main as cli

@@ -4,7 +4,7 @@ A checkpoint exists if and only if its manifest exists: it is written last, by t
 after every process finished writing. It records the format version, iteration, step, world
 size, creation time, accelkit/torch versions, user metadata and metrics, and for every file its
 relative path, size and checksum. A per-process checkpoint (each process saved into a folder of
-its own, see :mod:`~accelkit.checkpointing.per_process`) also records ``process_index``, the
+its own, see :mod:`~accelkit.checkpointing.commit.per_process`) also records ``process_index``, the
 process that wrote it and committed it alone.
 
 Public API:
@@ -95,7 +95,7 @@ class Manifest:
         accelkit_version / torch_version: versions that wrote it.
         format_version: the manifest format (:data:`FORMAT_VERSION`).
         process_index: the process that wrote this folder alone, for a per-process checkpoint
-            (see :mod:`~accelkit.checkpointing.per_process`); ``None`` for one shared by all.
+            (see :mod:`~accelkit.checkpointing.commit.per_process`); ``None`` for one shared by all.
     """
 
     iteration: int | None

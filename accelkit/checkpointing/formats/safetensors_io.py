@@ -19,7 +19,7 @@ Public API:
   :mod:`~accelkit.checkpointing.storage.verified`, the one verified-read primitive.
 - :func:`supports_dtype`, :func:`parse_size` (``"10GB"``/``"500MB"``/int -> bytes).
 
-To list tensors without reading them, see :mod:`accelkit.checkpointing.inspect`.
+To list tensors without reading them, see :mod:`accelkit.checkpointing.catalog.inspect`.
 """
 
 from __future__ import annotations

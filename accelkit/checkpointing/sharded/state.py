@@ -54,8 +54,8 @@ from accelkit.checkpointing.formats.manifest import FileEntry, Manifest
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.checksum import parse_checksum
 from accelkit.checkpointing.storage.verified import file_checksum
-from accelkit.fsdp import is_sharded
-from accelkit.wrapping import peel
+from accelkit.fsdp.runtime import is_sharded
+from accelkit.training.wrapping import peel
 
 __all__ = [
     "DCP_METADATA_NAME",
@@ -108,7 +108,7 @@ class ShardedTargets:
 
     def state_dict(self) -> dict[str, Any]:
         """This process's sharded state, keyed ``model``, ``model_1``, ``optimizer``, ..."""
-        from accelkit.fsdp import get_optimizer_state_dict, get_state_dict
+        from accelkit.fsdp.runtime import get_optimizer_state_dict, get_state_dict
 
         out: dict[str, Any] = {}
         for index, model in self.models.items():
@@ -119,7 +119,7 @@ class ShardedTargets:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Put a state from :meth:`state_dict` (filled by DCP) back into models/optimizers."""
-        from accelkit.fsdp import set_optimizer_state_dict, set_state_dict
+        from accelkit.fsdp.runtime import set_optimizer_state_dict, set_state_dict
 
         for index, model in self.models.items():
             set_state_dict(model, state[_model_key(index)], full_state_dict=False)

@@ -1,0 +1,211 @@
+"""The saving and loading part of the :class:`~accelkit.Accelerator`.
+
+Split from ``accelerator.py`` along the seam between running a training loop and persisting it:
+each method hands the work to :mod:`accelkit.checkpointing` (the commit protocol, the layout,
+storage) and reads only the objects ``prepare`` registered in the
+:class:`~accelkit._accelerator.prepared_objects.PreparedObjects` it was built with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+import accelkit.checkpointing.formats.model_io as _ckpt_model_io
+import accelkit.checkpointing.manager as _ckpt_manager
+import accelkit.fsdp.runtime as _fsdp
+
+if TYPE_CHECKING:
+    from accelkit._accelerator.prepared_objects import PreparedObjects
+    from accelkit.checkpointing.config import ProjectConfiguration
+    from accelkit.training.optim import GradientState
+
+__all__ = ["Checkpointing"]
+
+
+class Checkpointing:
+    """``save_state``/``load_state`` and friends (see the ``Accelerator`` methods of the same
+    names, whose documentation is this class's).
+
+    Args:
+        manager: the checkpoint manager (commit protocol, retention, background saves).
+        prepared: the objects ``prepare`` registered; read at each save and load.
+        gradient_state: the accumulation state; its step is saved and restored.
+        project_configuration: where checkpoints go and how model files are written.
+        unwrap_model: peels what ``prepare`` put around a model (for :meth:`save_model`).
+    """
+
+    def __init__(
+        self,
+        manager: _ckpt_manager.CheckpointManager,
+        prepared: PreparedObjects,
+        gradient_state: GradientState,
+        project_configuration: ProjectConfiguration,
+        unwrap_model: Callable[[torch.nn.Module], torch.nn.Module],
+    ) -> None:
+        self.manager = manager
+        self.prepared = prepared
+        self.gradient_state = gradient_state
+        self.project_configuration = project_configuration
+        self.unwrap_model = unwrap_model
+
+    @property
+    def project_dir(self) -> str | None:
+        """Root folder (or fsspec URL) for logs and checkpoints."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """Folder for trackers' logs."""
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        """Number of the next automatically named checkpoint."""
+        return self.manager.counter.value
+
+    def training_objects(self) -> _ckpt_manager.TrainingObjects:
+        """A snapshot of what a checkpoint holds: the prepared and the registered objects."""
+        return _ckpt_manager.TrainingObjects(
+            models=list(self.prepared.models),
+            optimizers=list(self.prepared.optimizers),
+            schedulers=list(self.prepared.schedulers),
+            dataloaders=list(self.prepared.dataloaders),
+            scaler=self.prepared.scaler,
+            custom=self.manager.custom,
+        )
+
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        *,
+        async_save: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Save models, optimizers, schedulers, scaler, dataloader positions, RNG states and
+        registered objects, then commit the checkpoint (see :mod:`accelkit.checkpointing.manager`).
+
+        With ``async_save=True`` (or ``ProjectConfiguration(async_save=True)``) the call only
+        copies the state to host memory (one reusable buffer set: one host copy of the saved
+        tensors) and returns an :class:`~accelkit.checkpointing.commit.async_save.AsyncCheckpoint`
+        (``done()``, ``result()`` -> the path, ``exception()``); a background thread writes and
+        commits it, and applies retention after the commit. Training may change every object
+        at once. At most one save is in flight: the next ``save_state``, ``load_state``,
+        :meth:`wait_for_checkpoints` and :meth:`end_training` wait for it and raise its
+        failure (also logged when it happens). Interpreter exit waits for it too.
+
+        Unlike the reference, rotation (``total_limit``) runs only after the new checkpoint is
+        committed, and states are safetensors + JSON, not pickles (``safe_serialization=False``
+        is accepted and ignored). Call it on every process.
+
+        Normally every process passes the same ``output_dir``: one checkpoint, the main process
+        commits it. If each process passes a folder of its own (a path naming the process, a
+        temporary folder per process), each folder becomes a complete checkpoint of its own:
+        every process writes the model, optimizer, scheduler, scaler and dataloader states,
+        registered objects and its own random states there and commits it with its own
+        manifest (``process_index`` names the writer). ``load_state(that folder)`` on the same
+        process restores it exactly; another process is refused (the random states in it are
+        the writer's). Refused with a ``CheckpointError`` naming the folders: some processes
+        sharing a folder while others do not, and sharded (FSDP) state, which needs one folder
+        all processes reach. The reference writes models, optimizers and schedulers into the
+        main process's folder only, and each process loads whatever its folder holds.
+
+        Args:
+            output_dir: folder or fsspec URL; default ``<project_dir>/checkpoints/checkpoint_<n>``
+                with ``automatic_checkpoint_naming``. An explicit ``output_dir`` is always
+                used (the reference ignores it under automatic naming).
+            safe_serialization: accepted for compatibility; files are always safetensors/JSON.
+            async_save: write in the background; ``None`` uses the configuration's default.
+            **kwargs: ``metrics`` (numbers for ``keep_best`` retention), ``metadata`` (JSON
+                values stored in the manifest), ``max_shard_size`` for model files.
+
+        Returns:
+            The checkpoint's path or URL; with ``async_save``, the handle of the save.
+        """
+        step = self.gradient_state.optimizer_steps
+        objects = self.training_objects()
+        return self.manager.save(output_dir, objects, step, async_save=async_save, **kwargs)
+
+    def wait_for_checkpoints(self) -> None:
+        """Block until the asynchronous save in flight (if any) has committed.
+
+        Raises:
+            CheckpointError: a background save failed (raised once; it was not committed).
+        """
+        self.manager.wait()
+
+    def load_state(
+        self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> str:
+        """Restore everything :meth:`save_state` saved, checking sizes and checksums first.
+
+        With no ``input_dir``, loads the newest committed checkpoint under
+        ``<project_dir>/checkpoints`` and sets :attr:`save_iteration` past every existing one,
+        so the next automatic save continues the numbering (the reference collides).
+
+        Args:
+            input_dir: the checkpoint's folder or URL.
+            load_kwargs: accepted for compatibility (nothing is unpickled, so it is unused).
+            **kwargs: ``verify=False`` skips the checksum check this once.
+
+        Returns:
+            The path or URL that was loaded.
+        """
+        result = self.manager.load(input_dir, self.training_objects(), **kwargs)
+        # The manifest's step counts optimizer steps. Gradients are not saved, so accumulation
+        # restarts at a boundary: a partial accumulation from before the save cannot be resumed.
+        self.gradient_state.optimizer_steps = result.manifest.step
+        self.gradient_state.micro_step = 0
+        return result.path
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save and restore ``objects`` (each with ``state_dict``/``load_state_dict``) too."""
+        self.manager.register(*objects)
+
+    def register_save_state_pre_hook(
+        self, hook: Callable[..., None]
+    ) -> torch.utils.hooks.RemovableHandle:
+        """``hook(models, weights, output_dir)`` runs in :meth:`save_state` before writing;
+        removing an entry of ``weights`` skips saving that model."""
+        return self.manager.register_save_pre_hook(hook)
+
+    def register_load_state_pre_hook(
+        self, hook: Callable[..., None]
+    ) -> torch.utils.hooks.RemovableHandle:
+        """``hook(models, input_dir)`` runs in :meth:`load_state` before loading; removing an
+        entry of ``models`` skips loading that model."""
+        return self.manager.register_load_pre_hook(hook)
+
+    def save(self, obj: Any, f: Any, safe_serialization: bool = False) -> None:
+        """``torch.save`` once (or once per machine with ``save_on_each_node``); ``f`` may be a
+        path, an fsspec URL or a binary file."""
+        self.manager.save_object(obj, f, safe_serialization)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the model's weights once: safetensors (``pytorch_model.bin`` pickles with
+        ``safe_serialization=False``), sharded above ``max_shard_size``; weight files of an
+        earlier save that this one does not use are removed."""
+        unwrapped = self.unwrap_model(model)
+        sharded = _fsdp.is_sharded(unwrapped)
+        # A sharded model's full tensors are gathered to the main process (every process
+        # takes part), which writes them like any other model's.
+        target = _fsdp.gather_full_model(unwrapped) if sharded else unwrapped
+        if target is not None and (sharded or self.manager.should_save_object()):
+            _ckpt_model_io.save_model(
+                target,
+                save_directory,
+                max_shard_size,
+                safe_serialization,
+                self.project_configuration.storage_options,
+            )
+        if sharded:
+            self.manager.state.wait_for_everyone()

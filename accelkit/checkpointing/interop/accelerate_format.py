@@ -1,0 +1,717 @@
+"""Reading checkpoint folders written by Hugging Face accelerate's ``save_state``, safely.
+
+Accelerate writes (``accelerate/checkpointing.py``, ``utils/constants.py``):
+
+==================================  ================================================================
+file                                holds
+==================================  ================================================================
+``model.safetensors``,              each prepared model's weights (safetensors; tied duplicates
+``model_1.safetensors``...          removed) or, with ``safe_serialization=False``,
+``pytorch_model[_i].bin``           a ``torch.save`` pickle of the state dict
+``optimizer[_i].bin``               each optimizer's ``state_dict()`` (pickle)
+``scheduler[_i].bin``               each scheduler's ``state_dict()`` (pickle)
+``dl_state_dict[_i].bin``           a stateful dataloader's ``state_dict()`` (pickle)
+``sampler[_i].bin``                 a pickled ``SeedableRandomSampler`` *object* (never read here)
+``scaler.pt``                       the grad scaler's ``state_dict()`` (pickle)
+``random_states_<rank>.pkl``        ``{"step", "random_state" (Python), "numpy_random_seed" (NumPy's
+                                    ``get_state()`` tuple), "torch_manual_seed", and
+                                    "torch_cuda_manual_seed" where CUDA was available}`` (pickle)
+``custom_checkpoint_<i>.pkl``       each registered object's ``state_dict()`` (pickle)
+==================================  ================================================================
+
+Every pickle is read by :func:`load_pickle` as data, never as a program nor an amplifier.
+Before torch sees a file, :mod:`~accelkit.checkpointing.formats._torch_pickle` checks its zip
+(stored records only, each name once, nothing around them; the legacy non-zip format refused)
+and runs its pickle on stand-ins: only exact ``(module, name)`` pairs (torch's tensor rebuild,
+typed storages and plain-data helpers, and what NumPy's generator state pickles to,
+:data:`ALLOWED_GLOBALS`), each called only with the arguments torch or NumPy give it; tensors
+inside their storage without stride-0 or overlapping expansion; NumPy arrays only of uint32,
+completed by their ``BUILD`` with exactly their bytes; the value, counting shared objects
+where they occur, within a few times the file's size. Then ``torch.load(weights_only=True)``
+with the same allow-list reads it, and the objects it built are walked once more. Any refusal
+is a ``CorruptCheckpointError`` naming the file and what was wrong. Every file is read through
+:func:`~accelkit.checkpointing.storage.confined.confine` (no link followed). Each value is
+checked for the shape Accelerate gives it before any live object changes.
+
+Public API:
+
+- :data:`ALLOWED_GLOBALS`, :func:`load_pickle(storage, url) <load_pickle>`.
+- :class:`AccelerateCheckpoint` and :func:`read_accelerate(storage, folder, ranks)
+  <read_accelerate>` -- everything in a folder, checked, as accelkit-shaped states (random
+  states as :func:`~accelkit.checkpointing.objects.rng.capture_rng_state` returns them).
+- :func:`load_accelerate(storage, folder, objects, rank) <load_accelerate>` -- what
+  ``load_state`` does with such a folder; returns a stand-in
+  :class:`~accelkit.checkpointing.formats.manifest.Manifest` (no files; ``step`` is Accelerate's).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelkit._version import __version__
+from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
+from accelkit.checkpointing.formats._torch_pickle import (
+    Rules,
+    is_node,
+    node,
+    read_archive,
+    scan_pickle,
+    tensor_extent,
+    torch_rules,
+)
+from accelkit.checkpointing.formats.layout import parse_checkpoint_name
+from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.formats.model_io import check_model_keys
+from accelkit.checkpointing.formats.safetensors_io import read_safetensors
+from accelkit.checkpointing.objects.contents import (
+    LoadedContents,
+    TrainingObjects,
+    apply_contents,
+    fallback_rng_seed,
+    unwrap_model,
+)
+from accelkit.checkpointing.objects.rng import check_rng_state
+from accelkit.checkpointing.restore.loading import agree_on_load
+from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.verified import open_checkpoint_file
+
+__all__ = [
+    "ALLOWED_GLOBALS",
+    "AccelerateCheckpoint",
+    "load_accelerate",
+    "load_pickle",
+    "read_accelerate",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _numpy_reconstruct() -> Any:
+    core = getattr(np, "_core", None) or np.core  # NumPy 2, else NumPy 1
+    return core.multiarray._reconstruct
+
+
+#: The globals, beyond torch's weights-only set, that an Accelerate pickle may name: exactly
+#: what NumPy's ``get_state()`` tuple pickles to (under NumPy 2 and NumPy 1 module names).
+ALLOWED_GLOBALS: dict[str, Any] = {
+    "numpy.ndarray": np.ndarray,
+    "numpy.dtype": np.dtype,
+    # What numpy.dtype("u4") is an instance of (NumPy >= 1.25): the pickle's BUILD of the
+    # dtype needs it. Only uint32: the generator's key words.
+    "numpy.dtypes.UInt32DType": np.dtypes.UInt32DType,
+    "numpy._core.multiarray._reconstruct": _numpy_reconstruct(),
+    "numpy.core.multiarray._reconstruct": _numpy_reconstruct(),
+}
+
+# How NumPy pickles the generator's key: dtype('u4', False, True) completed by BUILD with this
+# state (little-endian, no fields), and _reconstruct(ndarray, (0,), b'b') (an empty array, so
+# nothing uninitialised) completed by BUILD with (1, shape, dtype, is_fortran, data).
+_UINT32_STATE = (3, "<", None, None, None, -1, -1, 0)
+
+
+def _dtype_rule(args: tuple[Any, ...], scan: Any) -> Any:
+    if args != ("u4", False, True):
+        raise ValueError(
+            f"only dtype('u4', False, True) (the generator's uint32 words), not {args!r:.80}"
+        )
+
+    def complete(state: Any) -> int:
+        if not is_node(state, "tuple") or state.items != _UINT32_STATE:
+            raise ValueError("the dtype's state is not little-endian uint32's")
+        return 1
+
+    return node("dtype", info={"build": complete})
+
+
+def _array_rule(args: tuple[Any, ...], scan: Any) -> Any:
+    kind: Any
+    shape: Any
+    kind, shape, code = args if len(args) == 3 else (None, None, None)
+    if not (
+        is_node(kind, "global")
+        and kind.info == ("numpy", "ndarray")
+        and is_node(shape, "tuple")
+        and shape.items == (0,)
+        and code == b"b"
+    ):
+        raise ValueError("only _reconstruct(numpy.ndarray, (0,), b'b'), how NumPy pickles one")
+
+    def complete(state: Any) -> int:
+        items: tuple[Any, ...] = state.items if is_node(state, "tuple") else ()
+        if len(items) != 5 or items[0] != 1:
+            raise ValueError("its state is not (1, shape, dtype, is_fortran, data)")
+        _, dims, dtype, fortran, data = items
+        if not (
+            is_node(dims, "tuple")
+            and len(dims.items) == 1
+            and type(dims.items[0]) is int
+            and dims.items[0] >= 0
+        ):
+            raise ValueError("its shape is not one whole number (a 1-D array)")
+        if not is_node(dtype, "dtype") or type(fortran) is not bool:
+            raise ValueError("its dtype is not the uint32 dtype")
+        if not isinstance(data, bytes) or len(data) != 4 * dims.items[0]:
+            raise ValueError(
+                f"its data is not exactly {4 * dims.items[0]} bytes (uint32 x {dims.items[0]})"
+            )
+        return max(1, len(data))
+
+    return node("array", info={"build": complete})
+
+
+def _accelerate_rules() -> Rules:
+    rules = torch_rules()
+    calls = dict(rules.calls)
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        calls[(module, "_reconstruct")] = _array_rule
+    calls[("numpy", "dtype")] = _dtype_rule
+    return Rules(storages=rules.storages, calls=calls, names=rules.names | {("numpy", "ndarray")})
+
+
+_RULES = _accelerate_rules()
+_RNG_FILE = re.compile(r"^random_states_(\d+)\.pkl$")
+_INDEXED = {
+    "model": re.compile(r"^(?:model|pytorch_model)(?:_(\d+))?\.(?:safetensors|bin)$"),
+    "optimizer": re.compile(r"^optimizer(?:_(\d+))?\.bin$"),
+    "scheduler": re.compile(r"^scheduler(?:_(\d+))?\.bin$"),
+    "dataloader": re.compile(r"^dl_state_dict(?:_(\d+))?\.bin$"),
+    "sampler": re.compile(r"^sampler(?:_(\d+))?\.bin$"),
+    "custom": re.compile(r"^custom_checkpoint_(\d+)\.pkl$"),
+}
+_RNG_KEYS = {"step", "random_state", "numpy_random_seed", "torch_manual_seed"}
+_CUDA_KEY = "torch_cuda_manual_seed"
+
+
+def _refused(url: str, why: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{url}: {why}. accelkit reads Accelerate's pickles only with "
+        "torch.load(weights_only=True) and an exact allow-list of what Accelerate writes; "
+        "nothing else is unpickled. If you trust this file, re-save it from a state_dict of "
+        "tensors, numbers, strings, lists and dicts."
+    )
+
+
+def load_pickle(storage: Storage, url: str) -> Any:
+    """Read one of Accelerate's ``torch.save`` pickles as data: no code runs, nothing grows.
+
+    Three fences, in order:
+
+    1. :func:`~accelkit.checkpointing.formats._torch_pickle.read_archive`: the zip as
+       ``torch.save`` writes it (stored records, each name once, nothing hidden between
+       records); the legacy non-zip format is refused (Accelerate's ``save_state`` writes
+       torch's zip format on every torch it runs on).
+    2. :func:`~accelkit.checkpointing.formats._torch_pickle.scan_pickle` with Accelerate's
+       rules: only the globals of :data:`ALLOWED_GLOBALS` and torch's tensor rebuild, each
+       with the arguments torch or NumPy give it; tensors inside their storage (no stride 0,
+       no overlap), storages of exactly their record's size, NumPy arrays completed by their
+       ``BUILD``, and the value (shared objects counted where they occur) within a few times
+       the file's size.
+    3. ``torch.load(weights_only=True)`` with the exact allow-list, then a walk of the value
+       (only plain data, dense CPU tensors inside their storage, uint32 NumPy arrays).
+
+    Memory stays within a small multiple of the file's size: nothing is inflated and no
+    tensor is expanded.
+
+    Args:
+        storage: a confined view of the checkpoint folder.
+        url: the file.
+
+    Returns:
+        The unpickled value (tensors on the CPU).
+
+    Raises:
+        CorruptCheckpointError: naming the file and what was wrong: missing, not a
+            ``torch.save`` archive (or the legacy format), a compressed or duplicated record, a
+            global outside :data:`ALLOWED_GLOBALS` and torch's tensor rebuild (named as
+            ``'module.name'``), hostile arguments, a tensor outside its storage, an expansion
+            past the budget, or a refusal by ``torch.load(weights_only=True)``.
+    """
+    f = open_checkpoint_file(storage, url)
+    # Streamed from the open file: tensors are read once, into their own memory (a whole-file
+    # buffer first would cost twice an optimizer's size).
+    with f:
+        scan_pickle(read_archive(f, url), url, _RULES)
+        allowed: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
+            (obj, name) for name, obj in ALLOWED_GLOBALS.items()
+        ]
+        try:
+            f.seek(0)
+            with torch.serialization.safe_globals(allowed):
+                value = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise _refused(url, f"torch.load(weights_only=True) refused it ({exc})") from None
+    _check_loaded(value, url)
+    return value
+
+
+_SCALARS = (str, bytes, int, float, bool, type(None), torch.dtype, torch.device)
+
+
+def _check_loaded(value: Any, url: str) -> None:
+    """The second look, at the objects torch built: plain data only, each tensor dense, on
+    the CPU and inside its storage, each NumPy array uint32 and 1-D."""
+    seen: set[int] = set()
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, _SCALARS) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if type(item) in (dict, OrderedDict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif type(item) in (list, tuple, set, torch.Size):
+            todo.extend(item)
+        elif type(item) is torch.Tensor:
+            _check_tensor(item, url)
+        elif type(item) is np.ndarray:
+            if item.dtype != np.dtype("<u4") or item.ndim != 1:
+                raise _refused(url, f"a NumPy array of {item.dtype} with shape {item.shape}")
+        else:
+            raise _refused(url, f"it holds a {type(item).__name__}, which is not plain data")
+
+
+def _check_tensor(tensor: torch.Tensor, url: str) -> None:
+    if tensor.layout != torch.strided or tensor.device.type != "cpu":
+        raise _refused(url, f"a tensor of layout {tensor.layout} on {tensor.device}")
+    try:
+        extent = tensor_extent(tuple(tensor.shape), tuple(tensor.stride()))
+    except ValueError as exc:
+        raise _refused(url, f"a tensor: {exc}") from None
+    have = tensor.untyped_storage().nbytes() // max(1, tensor.element_size())
+    if extent and tensor.storage_offset() + extent > have:
+        raise _refused(url, f"a tensor of shape {list(tensor.shape)} reaches past its storage")
+
+
+# --------------------------------------------------------------------------- checking values
+
+
+def _python_state(value: Any, url: str) -> tuple[Any, ...]:
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 3
+        or type(value[0]) is not int
+        or not isinstance(value[1], tuple)
+        or not all(type(v) is int for v in value[1])
+        or not (value[2] is None or type(value[2]) is float)
+    ):
+        raise CorruptCheckpointError(
+            f"{url}: 'random_state' is not Python's random.getstate() tuple (version, tuple of "
+            "ints, gauss); the file is damaged."
+        )
+    return value
+
+
+def _numpy_state(value: Any, url: str) -> tuple[Any, ...]:
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 5
+        or value[0] != "MT19937"
+        or not isinstance(value[1], np.ndarray)
+        or value[1].dtype != np.uint32
+        or value[1].shape != (624,)
+        or type(value[2]) is not int
+        or type(value[3]) is not int
+        or type(value[4]) is not float
+    ):
+        raise CorruptCheckpointError(
+            f"{url}: 'numpy_random_seed' is not NumPy's get_state() tuple ('MT19937', 624 "
+            "uint32 words, position, has_gauss, cached_gaussian); the file is damaged."
+        )
+    return value
+
+
+def _byte_tensor(value: Any, url: str, key: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1:
+        raise CorruptCheckpointError(
+            f"{url}: {key!r} is not a generator state (a 1-D uint8 tensor); the file is damaged."
+        )
+    return value
+
+
+def rng_from_accelerate(value: Any, url: str) -> tuple[dict[str, Any], int]:
+    """Convert one ``random_states_<rank>.pkl`` to ``(accelkit random states, step)``.
+
+    Raises:
+        CorruptCheckpointError: naming the file and the key that is missing or malformed.
+    """
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise CorruptCheckpointError(f"{url}: expected a dict of random states; it is damaged.")
+    missing = sorted(_RNG_KEYS - set(value))
+    if missing:
+        raise CorruptCheckpointError(
+            f"{url}: the key {missing[0]!r} is missing (Accelerate writes {sorted(_RNG_KEYS)}); "
+            "the file is damaged."
+        )
+    step = value["step"]
+    if type(step) is not int or step < 0:
+        raise CorruptCheckpointError(f"{url}: 'step' is {step!r}, not a whole number >= 0.")
+    state: dict[str, Any] = {
+        "python": _python_state(value["random_state"], url),
+        "numpy": _numpy_state(value["numpy_random_seed"], url),
+        "torch": _byte_tensor(value["torch_manual_seed"], url, "torch_manual_seed"),
+    }
+    cuda = value.get(_CUDA_KEY)
+    if cuda is not None:
+        if not isinstance(cuda, list):
+            raise CorruptCheckpointError(f"{url}: {_CUDA_KEY!r} is not a list of states.")
+        state["cuda"] = [_byte_tensor(t, url, _CUDA_KEY) for t in cuda]
+    others = sorted(set(value) - _RNG_KEYS - {_CUDA_KEY})
+    if others:
+        logger.warning(
+            "%s: generator states %s are for devices accelkit does not drive; not restored.",
+            url,
+            others,
+        )
+    check_rng_state(state, url)
+    return state, step
+
+
+def _state_dict(value: Any, url: str, what: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise CorruptCheckpointError(
+            f"{url}: expected a {what} state_dict (a dict), found {type(value).__name__}; the "
+            "file is damaged."
+        )
+    return value
+
+
+def dataloader_from_accelerate(value: Any, url: str) -> dict[str, Any]:
+    """Convert a ``dl_state_dict[_i].bin`` (a ``StatefulDataLoader`` state Accelerate saved with
+    ``use_stateful_dataloader``) to a prepared accelkit dataloader's position.
+
+    The position in the epoch is the batches already yielded (``_num_yielded``); the whole
+    state goes on to a stateful accelkit loader's ``StatefulDataLoader``. Accelerate does not
+    save the epoch number, so the epoch counts from 0 (as it does in Accelerate's own resume).
+
+    Raises:
+        CorruptCheckpointError: naming the file, if ``_num_yielded`` is missing or not a count.
+    """
+    state = _state_dict(value, url, "dataloader")
+    yielded = state.get("_num_yielded")
+    if type(yielded) is not int or yielded < 0:
+        raise CorruptCheckpointError(
+            f"{url}: '_num_yielded' is {yielded!r}, not a count of batches; the file is damaged."
+        )
+    return {
+        "epoch": 0,
+        "batches_yielded": yielded,
+        "seed": None,
+        "stateful_dataloader": state,
+        "sampler_offset": 0,
+    }
+
+
+def _weights(value: Any, url: str) -> dict[str, torch.Tensor]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
+    ):
+        raise CorruptCheckpointError(f"{url}: expected a dict of tensors (a model state_dict).")
+    return value
+
+
+# --------------------------------------------------------------------------- the folder
+
+
+@dataclass
+class AccelerateCheckpoint:
+    """Everything read from an Accelerate folder, checked, in accelkit's shapes.
+
+    Attributes:
+        folder: its path or URL.
+        models: weights per model index (``model.safetensors`` is index 0).
+        optimizers / schedulers / custom: ``state_dict()`` per index.
+        dataloaders: dataloader positions by index, from ``dl_state_dict[_i].bin``, in the
+            format of a prepared accelkit dataloader's ``state_dict()``.
+        scaler: the grad scaler's state, if saved.
+        rng: accelkit random states by rank (only the ranks asked for).
+        world_size: number of ``random_states_<rank>.pkl`` files (processes that saved it).
+        step: Accelerate's ``step`` (micro-steps counted by ``accumulate``).
+        files: what was read, by relative name (for messages and the import's metadata).
+    """
+
+    folder: str
+    models: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    dataloaders: dict[int, Any] = field(default_factory=dict)
+    scaler: Any = None
+    custom: list[Any] = field(default_factory=list)
+    rng: dict[int, dict[str, Any]] = field(default_factory=dict)
+    world_size: int = 0
+    step: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+def _indexed(names: Iterable[str], kind: str) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for name in sorted(names):
+        match = _INDEXED[kind].match(name)
+        if match is None:
+            continue
+        index = int(match.group(1) or 0)
+        if index in found:  # model.safetensors and pytorch_model.bin both present
+            if name.endswith(".safetensors"):
+                found[index] = name  # Accelerate itself prefers the safetensors file
+            continue
+        found[index] = name
+    return found
+
+
+def _contiguous(folder: str, found: dict[int, str], kind: str) -> list[str]:
+    indexes = sorted(found)
+    if indexes != list(range(len(indexes))):
+        raise CorruptCheckpointError(
+            f"{folder}: {kind} files {[found[i] for i in indexes]} skip an index; a file is "
+            "missing. Restore it, or load another checkpoint."
+        )
+    return [found[i] for i in indexes]
+
+
+def read_accelerate(
+    storage: Storage, folder: str, ranks: Iterable[int] | None = None
+) -> AccelerateCheckpoint:
+    """Read and check every file of the Accelerate checkpoint ``folder``; change nothing.
+
+    Args:
+        storage: a confined view of ``folder``.
+        folder: the checkpoint folder.
+        ranks: the processes whose random states to read (``None``: all of them).
+
+    Raises:
+        CorruptCheckpointError: naming the file (and the global or key) that is refused.
+        CheckpointMismatchError: a sharded (FSDP) save, which is not read.
+    """
+    listing = storage.walk_files(folder)
+    nested = sorted({n.split("/")[0] for n in listing if "/" in n})
+    if nested:
+        raise CheckpointMismatchError(
+            f"{folder} holds the folder(s) {nested}: a sharded (FSDP) save by Hugging Face "
+            "accelerate, which accelkit does not read. Save it again in accelerate with a full "
+            "state dict (fsdp_state_dict_type FULL_STATE_DICT) to move it over."
+        )
+    names = sorted(listing)
+    out = AccelerateCheckpoint(folder, files=names)
+    rng_files = {int(m.group(1)): n for n in names if (m := _RNG_FILE.match(n))}
+    out.world_size = len(_contiguous(folder, rng_files, "random_states_<rank>.pkl"))
+    for name in _contiguous(folder, _indexed(names, "model"), "model"):
+        url = join(folder, name)
+        if name.endswith(".safetensors"):
+            out.models.append(read_safetensors(storage, url)[0])
+        else:
+            out.models.append(_weights(load_pickle(storage, url), url))
+    for kind, target in (
+        ("optimizer", out.optimizers),
+        ("scheduler", out.schedulers),
+        ("custom", out.custom),
+    ):
+        for name in _contiguous(folder, _indexed(names, kind), kind):
+            url = join(folder, name)
+            value = load_pickle(storage, url)
+            target.append(_state_dict(value, url, kind) if kind != "custom" else value)
+    for index, name in _indexed(names, "dataloader").items():
+        url = join(folder, name)
+        out.dataloaders[index] = dataloader_from_accelerate(load_pickle(storage, url), url)
+    samplers = sorted(_indexed(names, "sampler").values())
+    if samplers:
+        logger.warning(
+            "%s: %s hold(s) a pickled sampler object, which accelkit never unpickles; the "
+            "dataloader's shuffling restarts from its seed.",
+            folder,
+            ", ".join(samplers),
+        )
+    if "scaler.pt" in names:
+        url = join(folder, "scaler.pt")
+        out.scaler = _state_dict(load_pickle(storage, url), url, "grad scaler")
+    steps = set()
+    wanted = range(out.world_size) if ranks is None else ranks
+    for rank in wanted:
+        if rank in rng_files:
+            url = join(folder, rng_files[rank])
+            out.rng[rank], step = rng_from_accelerate(load_pickle(storage, url), url)
+            steps.add(step)
+    out.step = max(steps) if steps else 0
+    return out
+
+
+def stand_in_manifest(folder: str, checkpoint: AccelerateCheckpoint) -> Manifest:
+    """A manifest describing an Accelerate folder for ``load_state``'s caller (no files)."""
+    return Manifest(
+        iteration=parse_checkpoint_name(folder),
+        step=checkpoint.step,
+        world_size=checkpoint.world_size,
+        files=[],
+        created=0.0,
+        metadata={"format": "accelerate"},
+        accelkit_version=__version__,
+        torch_version=torch.__version__,
+    )
+
+
+def _retie(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Add the names Accelerate dropped from a safetensors file because they share memory with
+    another saved name (tied weights): in the live model they are the same tensor."""
+    live = model.state_dict(keep_vars=True)
+    by_ptr: dict[tuple[int, int], str] = {}
+    for name, tensor in live.items():
+        if name in tensors and tensor.numel():
+            by_ptr[(tensor.data_ptr(), tensor.numel())] = name
+    out = dict(tensors)
+    for name, tensor in live.items():
+        if name not in out and tensor.numel():
+            source = by_ptr.get((tensor.data_ptr(), tensor.numel()))
+            if source is not None:
+                out[name] = out[source]
+    return out
+
+
+def _check_count(folder: str, kind: str, saved: int, wanted: int, fix: str) -> None:
+    if saved != wanted:
+        raise CheckpointMismatchError(
+            f"{folder} holds {saved} {kind} state(s) (written by Hugging Face accelerate) but "
+            f"{wanted} {kind}(s) are to be restored. {fix}"
+        )
+
+
+def _check_groups(optimizer: Any, state: Any, source: str) -> None:
+    try:
+        saved = [len(g["params"]) for g in state["param_groups"]]
+        current = [len(g["params"]) for g in optimizer.state_dict()["param_groups"]]
+    except (TypeError, KeyError):
+        raise CorruptCheckpointError(
+            f"{source}: not an optimizer state_dict (no param_groups with params); the file is "
+            "damaged."
+        ) from None
+    if saved != current:
+        raise CheckpointMismatchError(
+            f"{source}: the optimizer was saved with parameter groups of sizes {saved} but the "
+            f"current one has {current}. Build the optimizer over the same parameters."
+        )
+
+
+def _plan(checkpoint: AccelerateCheckpoint, objects: TrainingObjects, rank: int) -> LoadedContents:
+    folder = checkpoint.folder
+    out = LoadedContents()
+    names = checkpoint.files
+    _check_count(
+        folder, "model", len(checkpoint.models), len(objects.models), "Prepare the same models."
+    )
+    for i, (model, tensors) in enumerate(zip(objects.models, checkpoint.models)):
+        target = unwrap_model(model)
+        tensors = _retie(target, tensors)
+        name = next(n for n in names if _INDEXED["model"].match(n) and _index(n) == i)
+        check_model_keys(target, tensors, join(folder, name))
+        out.models.append((target, tensors))
+    pairs: list[tuple[str, Sequence[Any], list[Any], str]] = [
+        ("optimizer", objects.optimizers, checkpoint.optimizers, "Prepare the same optimizers."),
+        ("scheduler", objects.schedulers, checkpoint.schedulers, "Prepare the same schedulers."),
+        (
+            "registered object",
+            objects.custom,
+            checkpoint.custom,
+            "Call register_for_checkpointing with the same objects, in the same order.",
+        ),
+    ]
+    for kind, live, saved, fix in pairs:
+        _check_count(folder, kind, len(saved), len(live), fix)
+        for i, (obj, state) in enumerate(zip(live, saved)):
+            source = join(folder, _file_name(kind, i))
+            if kind == "optimizer":
+                _check_groups(obj, state, source)
+            out.states.append((obj, state, source))
+    loaders = [
+        (i, dl) for i, dl in enumerate(objects.dataloaders) if hasattr(dl, "load_state_dict")
+    ]
+    for i, loader in loaders:
+        if i in checkpoint.dataloaders:
+            source = join(folder, "dl_state_dict.bin" if i == 0 else f"dl_state_dict_{i}.bin")
+            out.states.append((loader, checkpoint.dataloaders[i], source))
+    if objects.scaler is not None and checkpoint.scaler is not None:
+        out.states.append((objects.scaler, checkpoint.scaler, join(folder, "scaler.pt")))
+    elif objects.scaler is not None or checkpoint.scaler is not None:
+        logger.warning(
+            "%s: the grad scaler state is %s; the scaler keeps its initial scale.",
+            folder,
+            "missing" if checkpoint.scaler is None else "not restored (this run has no scaler)",
+        )
+    if rank in checkpoint.rng:
+        out.rng = checkpoint.rng[rank]
+        out.rng_file = join(folder, f"random_states_{rank}.pkl")
+    elif rank >= checkpoint.world_size:
+        out.rng_fallback_seed = fallback_rng_seed(stand_in_manifest(folder, checkpoint), rank)
+    return out
+
+
+def _index(name: str) -> int:
+    match = re.search(r"_(\d+)\.", name)
+    return int(match.group(1)) if match else 0
+
+
+def _file_name(kind: str, index: int) -> str:
+    if kind == "registered object":
+        return f"custom_checkpoint_{index}.pkl"
+    return f"{kind}.bin" if index == 0 else f"{kind}_{index}.bin"
+
+
+def load_accelerate(
+    storage: Storage, folder: str, objects: TrainingObjects, process: Any
+) -> Manifest:
+    """Restore ``objects`` from the Accelerate checkpoint ``folder``; call it on every process.
+
+    Every file is read and checked first (on every process); the live objects change only when
+    all of it is good on all processes. The main process says in one log line that it read an
+    Accelerate checkpoint.
+
+    Args:
+        storage: a confined view of ``folder``.
+        folder: the checkpoint folder.
+        objects: the live objects.
+        process: this process (``process_index``, ``num_processes``, ``is_main_process``).
+
+    Returns:
+        A stand-in manifest: ``iteration`` from a ``checkpoint_<n>`` name, Accelerate's
+        ``step``, ``world_size`` = the number of ``random_states_<rank>.pkl`` files.
+
+    Raises:
+        CorruptCheckpointError: a file refused (naming it, and the global it wanted).
+        CheckpointMismatchError: counts of objects, a model's keys or an optimizer's groups
+            that do not match.
+    """
+    rank = process.process_index
+    error = None
+    checkpoint = AccelerateCheckpoint(folder)
+    loaded = LoadedContents()
+    try:
+        checkpoint = read_accelerate(storage, folder, ranks=[rank])
+        loaded = _plan(checkpoint, objects, rank)
+    except (CorruptCheckpointError, CheckpointMismatchError) as exc:
+        error = exc
+    agree_on_load(error, folder)
+    apply_contents(loaded, objects)
+    if process.is_main_process:
+        logger.info(
+            "Loaded %s, a checkpoint written by Hugging Face accelerate (%d process(es), step "
+            "%d); its pickles were read with an allow-list. `accelkit ckpt import` converts it.",
+            folder,
+            checkpoint.world_size,
+            checkpoint.step,
+        )
+        if checkpoint.world_size != process.num_processes:
+            logger.warning(
+                "%s was saved by %d process(es) and this run has %d: processes without saved "
+                "random states are seeded deterministically. Resume with --num_processes %d "
+                "for an exact continuation.",
+                folder,
+                checkpoint.world_size,
+                process.num_processes,
+                checkpoint.world_size,
+            )
+    return stand_in_manifest(folder, checkpoint)

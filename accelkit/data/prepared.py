@@ -1,0 +1,556 @@
+"""The prepared dataloader classes: iteration, end detection, position and skipping.
+
+:func:`accelkit.data.preparation.prepare_data_loader` builds these; this module holds what one
+prepared
+loader does while it is iterated and how its position is saved, restored and skipped.
+
+**Resuming.** A position restored by ``load_state_dict`` (what ``Accelerator.load_state`` calls)
+is *pending*: the next pass of the loader, or of a loader that :meth:`skip_first_batches` made
+from it, starts there, and only that pass. A loader from ``skip_first_batches(n)`` starts its
+first pass at batch ``n`` of the epoch, in place of a pending position (never on top of it),
+and its later passes are full epochs. So both resume idioms give the batches of an
+uninterrupted run:
+
+* ``load_state()`` then iterate the loader, every epoch;
+* ``load_state()``, iterate ``skip_first_batches(loader, n)`` for the resumed epoch and the
+  loader for the following ones (the Accelerate documents' idiom).
+
+In the reference the skip is applied on every pass of the skipping loader, and with a stateful
+dataloader the restored position also applies to the next pass of the original one, so the epoch
+after the resumed one loses its first ``n`` batches; here neither happens.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from accelkit.data.dispatch import Dispatch, dispatched_batches
+from accelkit.data.sampling import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    RecordedRandomSampler,
+    SeedableRandomSampler,
+)
+from accelkit.runtime import ops
+from accelkit.training.optim import GradientState
+
+__all__ = [
+    "PreparedDataLoader",
+    "PreparedLoaderMixin",
+    "Recipe",
+    "build",
+    "is_prepared",
+    "is_stateful",
+]
+
+_STATEFUL_MODULE = "torchdata.stateful_dataloader"
+
+
+@dataclasses.dataclass
+class Recipe:
+    """Everything needed to build a prepared loader (again: ``skip_first_batches`` clones).
+
+    A plain dataclass of picklable parts, so prepared loaders (and an ``Accelerator`` holding
+    them) can be pickled.
+    """
+
+    stateful: bool
+    dataset: Any
+    loader_kwargs: dict[str, Any]
+    gradient_state: GradientState
+    device: torch.device | None
+    non_blocking: bool
+    shard: BatchSamplerShard | None = None
+    iterable_shard: IterableDatasetShard | None = None
+    unbatched: bool = False  # batch_size=None: the shard deals single items
+    sampler_batches: bool = False  # batch_size=None with a BatchSampler as ``sampler``
+    batch_size: int | None = None
+    drop_last: bool = False
+    random_sampler: SeedableRandomSampler | None = None
+    recorded_sampler: RecordedRandomSampler | None = None
+    remainder: int = -1
+    total_batch_size: int | None = None
+    total_dataset_length: int | None = None
+    # dispatch_batches: how the main process reads (the user's own batching) and dispatches.
+    dispatch: Dispatch | None = None
+    dispatch_batching: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class _Position:
+    """Where a loader is in its data; shared with the loaders ``skip_first_batches`` makes.
+
+    ``pending_*`` hold a position restored by ``load_state_dict`` until the next pass (of any
+    loader sharing this position) starts there.
+    """
+
+    __slots__ = (
+        "end",
+        "epoch",
+        "offset",
+        "pending",
+        "pending_inner",
+        "pending_offset",
+        "pending_randomness",
+        "randomness",
+        "restored",
+        "snapshot",
+        "yielded",
+    )
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.yielded = 0
+        self.end = False
+        self.snapshot: dict[str, Any] | None = None  # StatefulDataLoader state at `yielded`
+        self.offset = 0  # batches the sampler left out before the StatefulDataLoader counted
+        self.restored = False
+        self.pending = 0
+        self.pending_inner: dict[str, Any] | None = None
+        self.pending_offset = 0
+        # The shuffling randomness of the current pass as it was when the pass started.
+        self.randomness: dict[str, Any] | None = None
+        self.pending_randomness: dict[str, Any] | None = None
+
+    def take_pending(self) -> tuple[bool, int, dict[str, Any] | None, int, dict[str, Any] | None]:
+        out = (
+            self.restored,
+            self.pending,
+            self.pending_inner,
+            self.pending_offset,
+            self.pending_randomness,
+        )
+        self.restored, self.pending, self.pending_inner, self.pending_offset = False, 0, None, 0
+        self.pending_randomness = None
+        return out
+
+
+def build(recipe: Recipe, skip: int | None = None) -> Any:
+    """A prepared loader from ``recipe``; ``skip``: its first pass starts at batch ``skip``."""
+    cls: type = _stateful_class() if recipe.stateful else PreparedDataLoader
+    kwargs = dict(recipe.loader_kwargs)
+    shard = copy.copy(recipe.shard)  # own copy: the per-pass skip is set on it
+    if recipe.dispatch is not None:
+        loader = cls(recipe.dataset, **recipe.dispatch_batching, **kwargs)
+    elif recipe.iterable_shard is not None:
+        loader = cls(
+            recipe.iterable_shard,
+            batch_size=recipe.batch_size,
+            drop_last=recipe.drop_last,
+            **kwargs,
+        )
+    elif recipe.unbatched:
+        assert shard is not None
+        loader = cls(recipe.dataset, batch_size=None, sampler=_Unbatch(shard), **kwargs)
+    elif recipe.sampler_batches:  # the dataset takes a list of indices per item
+        loader = cls(recipe.dataset, batch_size=None, sampler=shard, **kwargs)
+    else:
+        loader = cls(recipe.dataset, batch_sampler=shard, **kwargs)
+    loader._setup(recipe, shard, skip)
+    return loader
+
+
+class _Unbatch(torch.utils.data.Sampler[int]):
+    """Indices from a shard of one-index batches (for loaders with ``batch_size=None``)."""
+
+    def __init__(self, shard: BatchSamplerShard) -> None:
+        self.shard = shard
+
+    def __iter__(self) -> Iterator[int]:
+        for batch in self.shard:
+            yield batch[0]
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+
+_END = object()
+
+
+class PreparedLoaderMixin:
+    """The behaviour shared by the plain and the stateful prepared dataloader."""
+
+    # Set by _setup; declared for type checkers.
+    gradient_state: GradientState
+    device: torch.device | None
+    remainder: int
+
+    def _setup(self, recipe: Recipe, shard: BatchSamplerShard | None, skip: int | None) -> None:
+        self._recipe = recipe
+        self.gradient_state = recipe.gradient_state
+        self.device = recipe.device
+        self.non_blocking = recipe.non_blocking
+        self._shard = shard
+        self._iterable_shard = recipe.iterable_shard
+        self._random_sampler = recipe.random_sampler
+        self.remainder = recipe.remainder
+        self.total_batch_size = recipe.total_batch_size
+        self.total_dataset_length = recipe.total_dataset_length
+        self._stateful = recipe.stateful
+        self._pos = _Position()
+        self._skip = skip  # skip_first_batches(n): the first pass starts at batch n
+        self._len_skip = skip or 0  # what len() leaves out until that pass is over
+        # The device copy is decided once here, not per batch.
+        self._on_device = device_is_remote(recipe.device)
+
+    def _move(self, batch: Any) -> Any:
+        assert self.device is not None
+        return ops.send_to_device(batch, self.device, self.non_blocking)
+
+    # ---------------------------------------------------------------- epochs
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while the last batch of the current pass is in use."""
+        return self._pos.end
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose order the next (or current) pass uses; +1 after each full pass."""
+        return self._pos.epoch
+
+    @property
+    def iteration(self) -> int:
+        """The reference's name for :attr:`epoch`."""
+        return self._pos.epoch
+
+    @iteration.setter
+    def iteration(self, value: int) -> None:
+        self.set_epoch(value)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the shuffling order (and dataset epoch) of ``epoch`` from the next pass on."""
+        self._pos.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Batches of a full pass; for a ``skip_first_batches`` loader, until its skipped pass
+        is over, the batches left after the skip."""
+        length: int = super().__len__()  # type: ignore[misc]
+        if self._recipe.dispatch is not None:
+            length = self._recipe.dispatch.length(length)
+        return max(0, length - self._len_skip)
+
+    def _generators(self) -> list[torch.Generator]:
+        """The generators whose states at the start of a pass decide its randomness."""
+        found: list[torch.Generator] = []
+        recorded = self._recipe.recorded_sampler
+        for generator in (
+            None if recorded is None else recorded.generator,
+            self._recipe.loader_kwargs.get("generator"),
+        ):
+            if generator is not None and all(generator is not g for g in found):
+                found.append(generator)
+        return found
+
+    def _restore_randomness(self, randomness: dict[str, Any] | None, resumed: bool) -> None:
+        """Put back the generator states (and, for a resumed pass, the drawn sampler seed) a
+        restored position recorded; then record this pass's starting states."""
+        generators = self._generators()
+        if randomness is not None:
+            for generator, saved in zip(generators, randomness["generator_states"]):
+                generator.set_state(_generator_state(saved, generator))
+            if resumed and self._recipe.recorded_sampler is not None:
+                self._recipe.recorded_sampler.replay_seed = randomness.get("sampler_seed")
+        self._pos.randomness = {
+            "generator_states": [g.get_state() for g in generators],
+            "sampler_seed": None,
+        }
+
+    def _begin(self) -> tuple[int, bool]:
+        """Prepare a pass; return how many batches ``__iter__`` must read and drop, and whether
+        the pass resumes one that a checkpoint interrupted (its random draws were made then)."""
+        pos = self._pos
+        if self._random_sampler is not None:
+            self._random_sampler.set_epoch(pos.epoch)
+        if self._iterable_shard is not None:
+            self._iterable_shard.set_epoch(pos.epoch)
+        elif self._recipe.dispatch is not None and hasattr(self._recipe.dataset, "set_epoch"):
+            self._recipe.dataset.set_epoch(pos.epoch)
+        restored, pending, inner, offset, randomness = pos.take_pending()
+        resumed = restored and pending > 0
+        self._restore_randomness(randomness, resumed)
+        explicit, self._skip = self._skip, None
+        self._len_skip = explicit or 0
+        skip = pending
+        if explicit is not None:
+            if restored and explicit != pending:
+                _warn_skip_mismatch(explicit, pending, pos.epoch)
+            if explicit != pending:
+                inner, offset = None, 0  # the saved StatefulDataLoader state is another place
+            skip = explicit
+        pos.yielded = skip
+        pos.end = False
+        self.remainder = self._recipe.remainder
+        drop = 0
+        sampler_skip = 0
+        if self._stateful and inner is not None and resumed:
+            # The StatefulDataLoader fast-forwards itself, after the sampler's own skip. (A
+            # state saved on an epoch's last batch is not loaded: the next epoch starts afresh,
+            # drawing what an uninterrupted run draws.)
+            super().load_state_dict(inner)  # type: ignore[misc]
+            sampler_skip = offset
+        elif self._shard is not None:  # skip indices, without loading the samples
+            sampler_skip = skip
+        else:  # an iterable dataset: read and drop
+            drop = skip
+        pos.offset = sampler_skip if self._stateful else 0
+        if self._shard is not None:
+            self._shard.pass_skip = sampler_skip
+        return drop, resumed
+
+    def _new_iterator(self, resumed: bool) -> Iterator[Any]:
+        # Making an iterator draws the workers' base seed from the loader's generator, or from
+        # the global torch RNG when it has none (as PyTorch and the reference do). A resumed
+        # pass made that draw before the checkpoint, whose RNG state is restored, so drawing
+        # again would shift every later random number (dropout...): draw from a throwaway
+        # generator instead. (With workers, their seeds then differ from the interrupted pass.)
+        if not resumed or self._recipe.loader_kwargs.get("generator") is not None:
+            return super().__iter__()  # type: ignore[misc]
+        self.generator: torch.Generator | None = torch.Generator()
+        try:
+            return super().__iter__()  # type: ignore[misc]
+        finally:
+            self.generator = None
+
+    def __iter__(self) -> Iterator[Any]:
+        drop, resumed = self._begin()
+        pos = self._pos
+        state = self.gradient_state
+        state.enter_loader(self)
+        try:
+            it = self._new_iterator(resumed)
+            if self._recipe.dispatch is not None:
+                it = self._dispatch(it)
+            for _ in range(drop):
+                if next(it, _END) is _END:
+                    break
+            current = next(it, _END)
+            recorded = self._recipe.recorded_sampler
+            if recorded is not None and pos.randomness is not None:
+                pos.randomness["sampler_seed"] = recorded.last_seed
+            move = self._move if self._on_device else None
+            if current is not _END and move is not None:
+                current = move(current)
+            while current is not _END:
+                snapshot = self._inner_state() if self._stateful else None
+                upcoming = next(it, _END)
+                if upcoming is _END:
+                    self._mark_end()
+                else:
+                    pos.snapshot = snapshot
+                    if move is not None:
+                        upcoming = move(upcoming)
+                pos.yielded += 1
+                yield current
+                current = upcoming
+            pos.epoch += 1
+            pos.yielded = 0
+            pos.end = False
+            self._len_skip = 0
+        finally:
+            state.exit_loader(self)
+
+    def _dispatch(self, base: Iterator[Any]) -> Iterator[Any]:
+        """This process's slices of the batches the main process reads from ``base`` (made on
+        every process, as the reference does, so that every process draws the same seeds)."""
+        dispatch = self._recipe.dispatch
+        assert dispatch is not None
+
+        def on_round(size: int) -> None:
+            self.remainder = size
+
+        main = base if dispatch.process_index == 0 else None
+        return dispatched_batches(main, dispatch, on_round)
+
+    def _mark_end(self) -> None:
+        self._pos.end = True
+        shard = self._iterable_shard
+        if (
+            shard is not None
+            and shard.last_remainder >= 0
+            and self.total_batch_size is not None
+            and getattr(self, "num_workers", 0) == 0
+        ):
+            self.remainder = shard.last_remainder
+        if self._stateful:
+            self._pos.snapshot = self._inner_state()
+            self._pos.offset = 0
+
+    def _inner_state(self) -> dict[str, Any]:
+        return dict(super().state_dict())  # type: ignore[misc]
+
+    # ------------------------------------------------------------- position
+
+    def state_dict(self) -> dict[str, Any]:
+        """This process's position: epoch, batches yielded, shuffling seed and the shuffling
+        randomness (``"randomness"``): mid-epoch, the generator states at the start of the
+        epoch and the seed a non-seedable sampler drew, so that a resume replays the epoch;
+        between epochs, the generator states the next epoch starts from.
+
+        Saved while the last batch of an epoch is in use, it points at the start of the next
+        epoch. With ``use_stateful_dataloader`` it also holds the ``StatefulDataLoader`` state
+        (under ``"stateful_dataloader"``; None before the first batch) and how many batches the
+        sampler skipped before that state started counting (``"sampler_offset"``).
+        """
+        pos = self._pos
+        out: dict[str, Any] = {
+            "epoch": pos.epoch + 1 if pos.end else pos.epoch,
+            "batches_yielded": 0 if pos.end else pos.yielded,
+            "seed": None if self._random_sampler is None else self._random_sampler.seed,
+        }
+        if pos.restored:
+            randomness = pos.pending_randomness
+        elif not pos.end and pos.yielded > 0:  # the epoch's draws, to replay it
+            randomness = pos.randomness
+        else:  # between epochs: where the next epoch's draws start
+            states = [g.get_state() for g in self._generators()]
+            randomness = {"generator_states": states, "sampler_seed": None}
+        if randomness and (
+            randomness["generator_states"] or randomness["sampler_seed"] is not None
+        ):
+            out["randomness"] = randomness
+        if self._stateful:
+            out["stateful_dataloader"] = pos.snapshot
+            out["sampler_offset"] = 0 if pos.end else pos.offset
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume at the position ``state_dict`` describes, on the next pass (only).
+
+        Raises:
+            KeyError: naming the missing entry when ``state_dict`` is not one of ours.
+        """
+        for key in ("epoch", "batches_yielded"):
+            if key not in state_dict:
+                raise KeyError(
+                    f"dataloader state has no {key!r} entry (keys: {sorted(state_dict)}); pass "
+                    "a dict produced by a prepared dataloader's state_dict()."
+                )
+        pos = self._pos
+        pos.epoch = int(state_dict["epoch"])
+        seed = state_dict.get("seed")
+        if seed is not None and self._random_sampler is not None:
+            self._random_sampler.seed = int(seed)
+        pos.restored = True
+        pos.pending = pos.yielded = max(0, int(state_dict["batches_yielded"]))
+        pos.end = False
+        inner = state_dict.get("stateful_dataloader") if self._stateful else None
+        pos.pending_inner = pos.snapshot = inner
+        pos.pending_offset = pos.offset = int(state_dict.get("sampler_offset") or 0)
+        pos.pending_randomness = state_dict.get("randomness")
+
+    # ------------------------------------------------------------- skipping
+
+    def skip_first_batches(self, num_batches: int) -> Any:
+        """A new prepared loader over the same data whose first pass leaves out the first
+        ``num_batches`` batches of the epoch.
+
+        It shares this loader's position: its progress shows in this loader's ``state_dict()``
+        and its full pass advances this loader's epoch. Its first pass replaces a position
+        restored by ``load_state_dict`` (it does not skip on top of it); its later passes are
+        full epochs.
+        """
+        clone = build(self._recipe, num_batches)
+        clone._pos = self._pos
+        return clone
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _rebuild_pickled, (self._recipe, self._pos, self._skip, self._len_skip)
+
+
+def _warn_skip_mismatch(explicit: int, pending: int, epoch: int) -> None:
+    warnings.warn(
+        f"skip_first_batches(num_batches={explicit}) on a dataloader whose position load_state "
+        f"restored to batch {pending} of epoch {epoch}: this pass starts at batch {explicit}, "
+        f"as asked. To resume where the checkpoint stopped, pass num_batches={pending}, or "
+        "iterate the dataloader itself (it resumes on its own after load_state).",
+        stacklevel=4,
+    )
+
+
+def _generator_state(saved: Any, generator: torch.Generator) -> torch.Tensor:
+    """``saved`` as a state ``generator`` accepts (a compact copy: a checkpoint's tensors may be
+    views into a mapped file).
+
+    Raises:
+        ValueError: if ``saved`` is not a generator state of the right size.
+    """
+    size = generator.get_state().numel()
+    if not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.numel() != size:
+        raise ValueError(
+            f"the dataloader state's generator state is {type(saved).__name__} "
+            f"{getattr(saved, 'dtype', '')} {tuple(getattr(saved, 'shape', ()))}, expected a "
+            f"uint8 tensor of {size} elements; load a checkpoint saved by the same script."
+        )
+    return saved.reshape(-1).clone()
+
+
+def _rebuild_pickled(
+    recipe: Recipe, pos: _Position, skip: int | None, len_skip: int
+) -> PreparedLoaderMixin:
+    loader = build(recipe, skip)
+    loader._pos = pos
+    loader._len_skip = len_skip
+    return loader
+
+
+def device_is_remote(device: torch.device | None) -> bool:
+    """Whether batches must be copied to ``device`` (anything but None or the CPU)."""
+    return device is not None and device.type != "cpu"
+
+
+class PreparedDataLoader(PreparedLoaderMixin, DataLoader[Any]):  # type: ignore[misc]
+    """A ``DataLoader`` made by :func:`~accelkit.data.preparation.prepare_data_loader`.
+
+    Extra attributes: ``device``, ``epoch``, ``end_of_dataloader``, ``remainder`` (real samples
+    in the last global batch; -1 when unknown), ``total_batch_size`` (samples per step across
+    processes), ``total_dataset_length``.
+    """
+
+
+_STATEFUL_CLASS: type | None = None
+
+
+def _stateful_class() -> type:
+    global _STATEFUL_CLASS
+    if _STATEFUL_CLASS is None:
+        try:
+            from torchdata.stateful_dataloader import StatefulDataLoader
+        except ImportError:
+            raise ImportError(
+                "use_stateful_dataloader=True needs torchdata: pip install 'torchdata>=0.8'"
+            ) from None
+        _STATEFUL_CLASS = type(
+            "PreparedStatefulDataLoader",
+            (PreparedLoaderMixin, StatefulDataLoader),
+            {
+                "__doc__": "A prepared dataloader built on torchdata's ``StatefulDataLoader``.",
+                "__module__": __name__,
+            },
+        )
+    return _STATEFUL_CLASS
+
+
+def __getattr__(name: str) -> Any:
+    # Built on first use, so that importing accelkit does not import torchdata.
+    if name == "PreparedStatefulDataLoader":
+        return _stateful_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def is_prepared(loader: Any) -> bool:
+    """Whether ``loader`` is a prepared dataloader (plain or stateful)."""
+    return isinstance(loader, PreparedLoaderMixin)
+
+
+def is_stateful(loader: Any) -> bool:
+    """Whether ``loader`` is a torchdata ``StatefulDataLoader`` (without importing torchdata)."""
+    module = sys.modules.get(_STATEFUL_MODULE)
+    return module is not None and isinstance(loader, module.StatefulDataLoader)

@@ -1,0 +1,367 @@
+"""Starting processes: ``accelkit launch`` and :func:`notebook_launcher`.
+
+accelkit writes no process manager of its own. ``accelkit launch`` translates the flags users know
+from the reference tool into a ``torch.distributed.run`` (torchrun) invocation, and
+:func:`notebook_launcher` (in :mod:`accelkit.launch.notebook`, re-exported here) uses torch's
+elastic launcher.
+
+The flags live in :mod:`accelkit.launch.flags`, config files in :mod:`accelkit.launch.config`, and
+how a signal stops the job in :mod:`accelkit.launch.signals`; this module merges flags over the
+config file into a :class:`LaunchConfig` and runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from accelkit.fsdp.plugin import (
+    AUTO_WRAP_POLICIES,
+    STATE_DICT_TYPES,
+    FullyShardedDataParallelPlugin,
+)
+from accelkit.fsdp.plugin import launch_env as fsdp_launch_env
+from accelkit.launch.config import default_config_path, read_config_file
+from accelkit.launch.flags import (
+    ACCEPTED,
+    Setting,
+    add_launch_arguments,
+    check_refused,
+    parse_bool,
+    refusal_for,
+    settings_from_args,
+)
+from accelkit.launch.notebook import notebook_launcher
+from accelkit.launch.signals import run_child
+from accelkit.runtime.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
+
+__all__ = [
+    "LaunchConfig",
+    "add_launch_arguments",
+    "config_from_args",
+    "launch_command",
+    "notebook_launcher",
+    "torchrun_args",
+]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """The validated settings of one ``accelkit launch`` call."""
+
+    script: str
+    script_args: tuple[str, ...]
+    num_processes: int
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str = "127.0.0.1"
+    main_process_port: int = 29500
+    mixed_precision: str = "no"
+    cpu: bool = False
+    module: bool = False
+    no_python: bool = False
+    max_restarts: int = 0
+    extra_env: tuple[tuple[str, str], ...] = ()
+    torchrun_options: tuple[str, ...] = ()
+
+    @property
+    def nproc_per_node(self) -> int:
+        """Processes started on this machine."""
+        return self.num_processes // self.num_machines
+
+
+# torchrun options given through as they are: (flag of accelkit launch, torchrun's flag).
+_TORCHRUN_OPTIONS = {
+    "monitor_interval": "--monitor-interval",
+    "rdzv_conf": "--rdzv-conf",
+    "role": "--role",
+    "tee": "--tee",
+    "log_dir": "--log-dir",
+}
+
+
+class _Settings:
+    """Merged settings with typed getters whose errors name where a bad value came from."""
+
+    def __init__(self, settings: dict[str, Setting]) -> None:
+        self.settings = settings
+
+    def raw(self, name: str) -> Any:
+        setting = self.settings.get(name)
+        return None if setting is None else setting.value
+
+    def origin(self, name: str) -> str:
+        return self.settings[name].origin
+
+    def flag(self, name: str) -> bool:
+        value = self.raw(name)
+        return False if value is None else parse_bool(value, self.origin(name))
+
+    def integer(self, name: str, minimum: int) -> int | None:
+        value = self.raw(name)
+        if value is None:
+            return None
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.origin(name)}: expected an integer, got {value!r}.") from None
+        if number < minimum:
+            raise ValueError(f"{self.origin(name)}: must be >= {minimum}, got {number}.")
+        return number
+
+
+def _merged_settings(args: argparse.Namespace) -> _Settings:
+    """Command-line flags over the config file's settings (see :mod:`accelkit.launch.config`)."""
+    cli = settings_from_args(args)
+    path = cli.pop("config_file").value if "config_file" in cli else None
+    if path is None and "cpu" not in cli and os.path.isfile(default_config_path()):
+        path = default_config_path()
+    settings: dict[str, Setting] = {}
+    if path is not None:
+        from_file = read_config_file(path)
+        if any(mode in cli for mode in ("multi_gpu", "use_fsdp")):
+            # A mode chosen on the command line replaces the file's distributed_type.
+            for mode in ("multi_gpu", "use_fsdp"):
+                if mode in from_file and from_file[mode].origin.endswith("distributed_type"):
+                    del from_file[mode]
+        settings.update(from_file)
+    settings.update(cli)
+    for name, setting in settings.items():
+        if name not in ACCEPTED and refusal_for(name) is None:
+            raise ValueError(f"{setting.origin} is not a setting of `accelerate launch`.")
+    check_refused(settings)
+    return _Settings(settings)
+
+
+def _mixed_precision(s: _Settings) -> str:
+    value = s.raw("mixed_precision")
+    if value is None:
+        return parse_mixed_precision(None).value
+    if str(value).strip().lower() == "fp8":
+        raise ValueError(
+            f"{s.origin('mixed_precision')} ('fp8'): FP8 training is out of scope for accelkit; "
+            "use bf16 or fp16."
+        )
+    try:
+        return parse_mixed_precision(str(value)).value
+    except ValueError as exc:
+        raise ValueError(f"{s.origin('mixed_precision')}: {exc}") from None
+
+
+def _gpu_ids(s: _Settings) -> list[str] | None:
+    value = s.raw("gpu_ids")
+    if value is None or str(value).strip().lower() == "all":
+        return None
+    ids = [part.strip() for part in str(value).split(",") if part.strip()]
+    if not ids or not all(part.isdigit() for part in ids):
+        raise ValueError(
+            f"{s.origin('gpu_ids')} ({value!r}): expected comma-separated GPU numbers such as "
+            "0,1 or 'all'."
+        )
+    return ids
+
+
+def _fsdp_env(s: _Settings) -> dict[str, str]:
+    """``ACCELKIT_FSDP_*`` variables from the ``--fsdp_*`` settings, validated by the plugin."""
+    if not s.flag("use_fsdp"):
+        return {}
+    version = s.integer("fsdp_version", 1)
+    if version not in (None, 2):
+        raise ValueError(
+            f"{s.origin('fsdp_version')} ({version}): accelkit shards with FSDP2 "
+            "(torch.distributed.fsdp.fully_shard); use --fsdp_version 2."
+        )
+    reshard = s.raw("fsdp_reshard_after_forward")
+    strategy = s.raw("fsdp_sharding_strategy")
+    if reshard is None and strategy is not None:
+        # FSDP1's strategies, as the reference maps them onto FSDP2.
+        mapped = {"FULL_SHARD": "true", "1": "true", "SHARD_GRAD_OP": "false", "2": "false"}
+        reshard = mapped.get(str(strategy).strip().upper())
+        if reshard is None:
+            raise ValueError(
+                f"{s.origin('fsdp_sharding_strategy')} ({strategy!r}): FSDP2 offers FULL_SHARD "
+                "(1) and SHARD_GRAD_OP (2); NO_SHARD is plain DDP (drop --use_fsdp) and hybrid "
+                "sharding is not supported."
+            )
+    policy = s.raw("fsdp_auto_wrap_policy")
+    if policy is not None:
+        policy = str(policy).strip().lower()
+        if policy not in AUTO_WRAP_POLICIES:
+            raise ValueError(
+                f"{s.origin('fsdp_auto_wrap_policy')} ({s.raw('fsdp_auto_wrap_policy')!r}): "
+                f"expected one of {', '.join(p.upper() for p in AUTO_WRAP_POLICIES)}."
+            )
+    state_dict = s.raw("fsdp_state_dict_type")
+    if state_dict is not None and str(state_dict).strip().upper() not in STATE_DICT_TYPES:
+        raise ValueError(
+            f"{s.origin('fsdp_state_dict_type')} ({state_dict!r}): save_state writes "
+            f"{STATE_DICT_TYPES[0]} (resumable on any process count); for one consolidated "
+            "model file call accelerator.save_model(model, folder)."
+        )
+    offload = s.raw("fsdp_offload_params")
+    env = fsdp_launch_env(
+        argparse.Namespace(
+            use_fsdp=True,
+            fsdp_version=version,
+            fsdp_reshard_after_forward=None if reshard is None else str(reshard).lower(),
+            fsdp_auto_wrap_policy=policy,
+            fsdp_transformer_layer_cls_to_wrap=s.raw("fsdp_transformer_layer_cls_to_wrap"),
+            fsdp_min_num_params=s.integer("fsdp_min_num_params", 1),
+            fsdp_offload_params=None
+            if offload is None
+            else str(s.flag("fsdp_offload_params")).lower(),
+            fsdp_state_dict_type=None if state_dict is None else str(state_dict).strip().upper(),
+        )
+    )
+    try:
+        FullyShardedDataParallelPlugin.from_env(env)
+    except ValueError as exc:
+        raise ValueError(
+            f"--use_fsdp with these --fsdp_* settings: {exc} (the launch flags are "
+            "--fsdp_transformer_layer_cls_to_wrap and --fsdp_min_num_params)"
+        ) from None
+    return env
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    """Validate parsed flags, over the config file's settings, into a :class:`LaunchConfig`.
+
+    Raises:
+        ValueError: naming the bad value, where it came from (flag or config file key) and the
+            fix.
+    """
+    s = _merged_settings(args)
+    module, no_python = s.flag("module"), s.flag("no_python")
+    if module and no_python:
+        raise ValueError("--module and --no_python exclude each other: choose one.")
+    cpu = s.flag("cpu")
+    num_machines = s.integer("num_machines", 1) or 1
+    machine_rank = s.integer("machine_rank", 0) or 0
+    gpu_ids = None if cpu else _gpu_ids(s)
+    num_processes = s.integer("num_processes", 1)
+    if num_processes is None:
+        gpus = 0 if cpu else len(gpu_ids) if gpu_ids else _cuda_device_count()
+        num_processes = max(gpus, 1) * num_machines
+    if num_processes % num_machines:
+        raise ValueError(
+            f"--num_processes {num_processes} is the total over all machines and must be a "
+            f"multiple of --num_machines {num_machines}."
+        )
+    if machine_rank >= num_machines:
+        raise ValueError(
+            f"--machine_rank {machine_rank} must be below --num_machines {num_machines} "
+            "(ranks count from 0)."
+        )
+    port = s.integer("main_process_port", 0)
+    if not port:
+        port = 29500 if num_machines > 1 and port is None else _free_port()
+    env = _fsdp_env(s)
+    if gpu_ids is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids)
+    threads = s.integer("num_cpu_threads_per_process", 1)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if s.flag("debug"):
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    if s.flag("quiet"):
+        env["LOGLEVEL"] = "ERROR"
+    options = [f"{flag}={s.raw(name)}" for name, flag in _TORCHRUN_OPTIONS.items() if s.raw(name)]
+    backend = s.raw("rdzv_backend")
+    if backend is not None and str(backend) != "static":
+        options.append(f"--rdzv-backend={backend}")
+    precision = _mixed_precision(s)
+    if not module and not no_python and not os.path.isfile(args.script):
+        raise ValueError(
+            f"Script {args.script!r} does not exist (looked in {os.getcwd()}). Pass the path of a "
+            "Python file, or -m/--module to run a module."
+        )
+    return LaunchConfig(
+        script=args.script,
+        script_args=tuple(args.script_args),
+        num_processes=num_processes,
+        num_machines=num_machines,
+        machine_rank=machine_rank,
+        main_process_ip=str(s.raw("main_process_ip") or "127.0.0.1"),
+        main_process_port=port,
+        mixed_precision=precision,
+        cpu=cpu,
+        module=module,
+        no_python=no_python,
+        max_restarts=s.integer("max_restarts", 0) or 0,
+        extra_env=tuple(sorted(env.items())),
+        torchrun_options=tuple(options),
+    )
+
+
+def _cuda_device_count() -> int:
+    # torch is imported only when the device count matters: `accelkit ckpt` and `--help`
+    # must not pay for it.
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_args(config: LaunchConfig) -> list[str]:
+    """The ``torch.distributed.run`` argument list for ``config``."""
+    args = [
+        f"--nnodes={config.num_machines}",
+        f"--nproc_per_node={config.nproc_per_node}",
+        f"--node_rank={config.machine_rank}",
+        f"--master_addr={config.main_process_ip}",
+        f"--master_port={config.main_process_port}",
+        f"--max_restarts={config.max_restarts}",
+        *config.torchrun_options,
+    ]
+    if any(option.startswith("--rdzv-backend=") for option in config.torchrun_options):
+        args.append(f"--rdzv-endpoint={config.main_process_ip}:{config.main_process_port}")
+    if config.module:
+        args.append("--module")
+    if config.no_python:
+        args.append("--no-python")
+    return [*args, config.script, *config.script_args]
+
+
+def launch_env(config: LaunchConfig) -> dict[str, str]:
+    """The environment every worker gets on top of the current one."""
+    env = dict(os.environ)
+    env[ENV_MIXED_PRECISION] = config.mixed_precision
+    env.update(config.extra_env)
+    if config.cpu:
+        env[ENV_USE_CPU] = "1"
+    if config.nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
+        # torchrun would print a warning and set 1; give each worker its share of the cores.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // config.nproc_per_node))
+    return env
+
+
+def launch_command(config: LaunchConfig) -> int:
+    """Run the script as ``config`` says; return the exit code (non-zero if any worker failed).
+
+    One process on one machine runs the script directly; anything else goes through
+    ``torch.distributed.run``, which shows the failing worker's error and exits non-zero.
+
+    SIGTERM, SIGINT (Ctrl-C), SIGHUP or SIGQUIT to the launcher stops the whole job: every worker
+    gets SIGTERM (through torchrun), the launcher waits for them (torchrun SIGKILLs a worker still
+    running after 30 s; a second signal kills at once), prints one line and returns
+    ``128 + signal``. To save on the way out, a script handles SIGTERM.
+    """
+    env = launch_env(config)
+    if config.num_processes == 1 and config.num_machines == 1:
+        target = ["-m", config.script] if config.module else [config.script]
+        python = [] if config.no_python else [sys.executable]
+        env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+        cmd = [*python, *target, *config.script_args]
+        return run_child(cmd, env, "the script", via_torchrun=False)
+    cmd = [sys.executable, "-m", "accelkit.launch._torchrun", *torchrun_args(config)]
+    what = f"{config.nproc_per_node} worker(s) (through torchrun)"
+    return run_child(cmd, env, what, via_torchrun=True)

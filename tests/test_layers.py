@@ -1,0 +1,204 @@
+"""The floor plan of ``accelkit`` holds: every room imports only rooms below it, no module
+imports itself back round a circle, and the promises of docs/architecture.md stay true.
+
+Read from the source (every import of a module: deferred ones inside functions and those under
+``TYPE_CHECKING`` included), so a new import that breaks a layer fails here before anyone draws
+the structure. A room is a sub-package of ``accelkit`` (a sub-package of
+``accelkit.checkpointing`` for the checkpointing layers) or a module of the package root.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "accelkit"
+
+# The rooms, bottom up: a room may import a room of a lower rank only. Ties are rooms that do
+# not import each other. docs/architecture.md draws the same list.
+RANK = {
+    # leaves every room may use
+    "accelkit._version": 0,
+    "accelkit._text": 0,
+    "accelkit._lazy": 0,
+    "accelkit.checkpointing.errors": 0,
+    # the process runtime, FSDP2, the trackers
+    "accelkit.runtime": 1,
+    "accelkit.fsdp": 1,
+    "accelkit.trackers": 1,
+    "accelkit.checkpointing.storage": 1,
+    # the training step and launching
+    "accelkit.training": 2,
+    "accelkit.launch": 2,
+    "accelkit.checkpointing.formats": 2,
+    # data, and checkpointing's middle layers
+    "accelkit.data": 3,
+    "accelkit.checkpointing.sharded": 3,
+    "accelkit.checkpointing.objects": 3,
+    "accelkit.checkpointing.catalog": 3,
+    "accelkit.checkpointing.restore": 4,
+    "accelkit.checkpointing.commit": 5,
+    "accelkit.checkpointing.interop": 6,
+    # checkpointing's top: manager, config, listener, the package face
+    "accelkit.checkpointing": 7,
+    # the facade's parts, then the facade and the paths users import
+    "accelkit._accelerator": 8,
+    "accelkit.accelerator": 9,
+    "accelkit.state": 10,
+    "accelkit.logging": 10,
+    "accelkit.data_loader": 10,
+    "accelkit.tracking": 10,
+    "accelkit.out_of_scope": 10,
+    "accelkit.test_utils": 10,
+    "accelkit.utils": 11,
+    "accelkit": 12,
+    # what stands on the package: the command line and the shipped contract suites
+    "accelkit.cli": 13,
+    "accelkit.testing": 13,
+}
+# The package root holds only these modules: the face, Accelerate's paths and three leaves.
+ROOT_MODULES = {
+    "__init__",
+    "accelerator",
+    "state",
+    "logging",
+    "data_loader",
+    "tracking",
+    "out_of_scope",
+    "_version",
+    "_text",
+    "_lazy",
+}
+CHECKPOINTING_TOP = {"__init__", "manager", "config", "errors", "listener"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(path: Path, *, deferred: bool = True) -> set[str]:
+    """The accelkit modules ``path`` imports (``from M import N`` names ``M.N`` where that is a
+    module). Without ``deferred``: only imports at module level, ``TYPE_CHECKING`` blocks
+    included (what could make a circle at import or type-checking time)."""
+    tree = ast.parse(path.read_text())
+    if deferred:
+        nodes: list[ast.AST] = list(ast.walk(tree))
+    else:
+        nodes = []
+        for node in tree.body:
+            nodes.append(node)
+            if isinstance(node, ast.If):  # if TYPE_CHECKING: ...
+                nodes.extend(node.body)
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("accelkit")}
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.level == 0
+            and node.module.startswith("accelkit")
+        ):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+    return found
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    if parts[:2] == ["accelkit", "checkpointing"] and len(parts) > 2:
+        layer = ".".join(parts[:3])
+        if layer in RANK:
+            return layer
+        return "accelkit.checkpointing"
+    return ".".join(parts[:2])
+
+
+def test_every_room_has_a_rank() -> None:
+    rooms = {_room(m) for m in MODULES}
+    assert rooms <= set(RANK), f"rooms without a place in the floor plan: {rooms - set(RANK)}"
+    assert set(RANK) <= rooms, f"rooms in the floor plan that do not exist: {set(RANK) - rooms}"
+
+
+def test_no_room_imports_one_above_or_beside_it() -> None:
+    wrong = sorted(
+        f"{module} -> {target}"
+        for module, path in MODULES.items()
+        for target in _imports(path)
+        if (a := _room(module)) != (b := _room(target)) and RANK[b] >= RANK[a]
+    )
+    assert not wrong, "imports that go up the floor plan:\n" + "\n".join(wrong)
+
+
+def test_no_import_circle() -> None:
+    graph = {m: {t for t in _imports(p, deferred=False) if t != m} for m, p in MODULES.items()}
+    done: set[str] = set()
+
+    def visit(module: str, stack: list[str]) -> None:
+        if module in stack:
+            raise AssertionError("import circle: " + " -> ".join([*stack, module]))
+        if module in done:
+            return
+        for target in sorted(graph.get(module, ())):
+            visit(target, [*stack, module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_the_root_holds_only_the_face_and_accelerates_paths() -> None:
+    files = {p.stem for p in PACKAGE.glob("*.py")}
+    assert files == ROOT_MODULES, (
+        f"modules at the package root that belong in a room: {sorted(files - ROOT_MODULES)}"
+    )
+    top = {p.stem for p in (PACKAGE / "checkpointing").glob("*.py")}
+    assert top == CHECKPOINTING_TOP, f"checkpointing/'s top level: {sorted(top)}"
+
+
+@pytest.mark.parametrize(
+    ("one", "other"), [("accelkit.trackers", "accelkit.checkpointing")], ids=["trackers"]
+)
+def test_trackers_and_checkpointing_never_import_each_other(one: str, other: str) -> None:
+    def crossing(a: str, b: str) -> list[str]:
+        return sorted(
+            f"{m} -> {t}"
+            for m, p in MODULES.items()
+            if m.startswith(a)
+            for t in _imports(p)
+            if t.startswith(b)
+        )
+
+    assert not crossing(one, other) and not crossing(other, one)
+
+
+def test_only_storage_imports_fsspec() -> None:
+    users = set()
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n == "fsspec" or n.startswith("fsspec.") for n in names):
+                users.add(module)
+    assert users, "the check found no fsspec import at all"
+    assert all(m.startswith("accelkit.checkpointing.storage") for m in users), sorted(users)
+
+
+def test_nothing_imports_the_facade() -> None:
+    users = sorted(
+        m
+        for m, p in MODULES.items()
+        if "accelkit.accelerator" in _imports(p) and m not in {"accelkit", "accelkit.utils"}
+    )
+    assert not users, f"modules that import the Accelerator facade: {users}"
