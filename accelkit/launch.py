@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from accelkit._launch_signals import run_child
+from accelkit._launch_signals import guarded_command, run_child
 from accelkit.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
 from accelkit.fsdp_plugin import (
     AUTO_WRAP_POLICIES,
@@ -324,11 +324,14 @@ def torchrun_args(config: LaunchConfig) -> list[str]:
     ]
     if any(option.startswith("--rdzv-backend=") for option in config.torchrun_options):
         args.append(f"--rdzv-endpoint={config.main_process_ip}:{config.main_process_port}")
-    if config.module:
-        args.append("--module")
-    if config.no_python:
-        args.append("--no-python")
-    return [*args, config.script, *config.script_args]
+    # Each worker starts through the death-signal step of accelkit._launch_signals, which then
+    # runs the script as torchrun would have (python -u, -m, or the executable itself).
+    worker = guarded_command(sys.executable, config.script, config.script_args, _mode(config))
+    return [*args, "--no-python", *worker]
+
+
+def _mode(config: LaunchConfig) -> str:
+    return "module" if config.module else "exec" if config.no_python else "python"
 
 
 def launch_env(config: LaunchConfig) -> dict[str, str]:
@@ -354,13 +357,15 @@ def launch_command(config: LaunchConfig) -> int:
     gets SIGTERM (through torchrun), the launcher waits for them (torchrun SIGKILLs a worker still
     running after 30 s; a second signal kills at once), prints one line and returns
     ``128 + signal``. To save on the way out, a script handles SIGTERM.
+
+    If the launcher itself dies without forwarding anything (SIGKILL, the OOM killer), torchrun
+    and every worker are SIGKILLed by Linux at once (``PR_SET_PDEATHSIG``, armed by each process
+    before the script runs): no process of the job outlives it.
     """
     env = launch_env(config)
     if config.num_processes == 1 and config.num_machines == 1:
-        target = ["-m", config.script] if config.module else [config.script]
-        python = [] if config.no_python else [sys.executable]
         env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
-        cmd = [*python, *target, *config.script_args]
+        cmd = guarded_command(sys.executable, config.script, config.script_args, _mode(config))
         return run_child(cmd, env, "the script", via_torchrun=False)
     cmd = [sys.executable, "-m", "accelkit._torchrun", *torchrun_args(config)]
     what = f"{config.nproc_per_node} worker(s) (through torchrun)"
