@@ -36,6 +36,7 @@ from accelkit.launch_flags import (
     parse_bool,
     refusal_for,
     settings_from_args,
+    shown,
 )
 from accelkit.notebook_launch import notebook_launcher
 
@@ -84,6 +85,10 @@ _TORCHRUN_OPTIONS = {
 }
 
 
+# No count, rank or port of a launch comes near this; a larger number is a mistake.
+_MAX_INTEGER = 2**31 - 1
+
+
 class _Settings:
     """Merged settings with typed getters whose errors name where a bad value came from."""
 
@@ -107,8 +112,14 @@ class _Settings:
             return None
         try:
             number = int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{self.origin(name)}: expected an integer, got {value!r}.") from None
+        except (TypeError, ValueError, OverflowError):  # OverflowError: YAML's .inf
+            raise ValueError(
+                f"{self.origin(name)}: expected an integer, got {shown(value)}."
+            ) from None
+        if number > _MAX_INTEGER:
+            raise ValueError(
+                f"{self.origin(name)}: must be <= {_MAX_INTEGER}, got {shown(number)}."
+            )
         if number < minimum:
             raise ValueError(f"{self.origin(name)}: must be >= {minimum}, got {number}.")
         return number
@@ -141,6 +152,12 @@ def _mixed_precision(s: _Settings) -> str:
     value = s.raw("mixed_precision")
     if value is None:
         return parse_mixed_precision(None).value
+    if value is False:  # YAML 1.1 reads an unquoted `no` as false
+        value = "no"
+    if not isinstance(value, str) or len(value) > 16:
+        raise ValueError(
+            f"{s.origin('mixed_precision')} ({shown(value)}): expected no, fp16 or bf16."
+        )
     if str(value).strip().lower() == "fp8":
         raise ValueError(
             f"{s.origin('mixed_precision')} ('fp8'): FP8 training is out of scope for accelkit; "
@@ -159,7 +176,7 @@ def _gpu_ids(s: _Settings) -> list[str] | None:
     ids = [part.strip() for part in str(value).split(",") if part.strip()]
     if not ids or not all(part.isdigit() for part in ids):
         raise ValueError(
-            f"{s.origin('gpu_ids')} ({value!r}): expected comma-separated GPU numbers such as "
+            f"{s.origin('gpu_ids')} ({shown(value)}): expected comma-separated GPU numbers such as "
             "0,1 or 'all'."
         )
     return ids
@@ -183,22 +200,22 @@ def _fsdp_env(s: _Settings) -> dict[str, str]:
         reshard = mapped.get(str(strategy).strip().upper())
         if reshard is None:
             raise ValueError(
-                f"{s.origin('fsdp_sharding_strategy')} ({strategy!r}): FSDP2 offers FULL_SHARD "
-                "(1) and SHARD_GRAD_OP (2); NO_SHARD is plain DDP (drop --use_fsdp) and hybrid "
-                "sharding is not supported."
+                f"{s.origin('fsdp_sharding_strategy')} ({shown(strategy)}): FSDP2 offers "
+                "FULL_SHARD (1) and SHARD_GRAD_OP (2); NO_SHARD is plain DDP (drop --use_fsdp) "
+                "and hybrid sharding is not supported."
             )
     policy = s.raw("fsdp_auto_wrap_policy")
     if policy is not None:
         policy = str(policy).strip().lower()
         if policy not in AUTO_WRAP_POLICIES:
             raise ValueError(
-                f"{s.origin('fsdp_auto_wrap_policy')} ({s.raw('fsdp_auto_wrap_policy')!r}): "
+                f"{s.origin('fsdp_auto_wrap_policy')} ({shown(s.raw('fsdp_auto_wrap_policy'))}): "
                 f"expected one of {', '.join(p.upper() for p in AUTO_WRAP_POLICIES)}."
             )
     state_dict = s.raw("fsdp_state_dict_type")
     if state_dict is not None and str(state_dict).strip().upper() not in STATE_DICT_TYPES:
         raise ValueError(
-            f"{s.origin('fsdp_state_dict_type')} ({state_dict!r}): save_state writes "
+            f"{s.origin('fsdp_state_dict_type')} ({shown(state_dict)}): save_state writes "
             f"{STATE_DICT_TYPES[0]} (resumable on any process count); for one consolidated "
             "model file call accelerator.save_model(model, folder)."
         )
