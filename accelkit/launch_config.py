@@ -15,6 +15,7 @@ A key for a refused feature is refused with its reason unless its value asks for
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -305,7 +306,8 @@ def read_config_file(path: str) -> dict[str, Setting]:
     data = _load(path)
 
     def origin(key: str) -> str:
-        return f"config file {path}: {key}"
+        # A key is named as it is when it looks like one, and cut short when it does not.
+        return f"config file {path}: {key if len(key) <= 80 and key.isprintable() else shown(key)}"
 
     settings: dict[str, Setting] = {}
     environment = str(data.get("compute_environment", "LOCAL_MACHINE"))
@@ -360,7 +362,10 @@ def write_config_file(path: str, settings: dict[str, Any]) -> None:
     import yaml
 
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except FileExistsError:  # a file has the folder's name: not "the config file exists"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder) from None
     text = yaml.safe_dump(settings, sort_keys=True)
     # Written whole under a temporary name, then linked to its name: link() fails if anything,
     # a dangling symbolic link included, already has the name (it never follows one), and no
