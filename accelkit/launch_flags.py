@@ -442,7 +442,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "(--mixed_precision fp8, --fp8_*), SageMaker (--aws_*), --mpirun_hostfile, "
         "--use_parallelism_config/--parallelism_config_*, torch.compile (--dynamo_*), "
         "--enable_cpu_affinity. Stopping: SIGTERM or Ctrl-C stops every worker (SIGTERM), "
-        "waits up to 40 s, and exits with 128 + signal."
+        "waits up to 40 s, and exits with 128 + signal; if the launcher itself is killed (even "
+        "with SIGKILL), torchrun and every worker are killed with it."
     )
     parser.add_argument("script", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")

@@ -296,7 +296,8 @@ def test_a_mixed_burst_ends_with_the_first_signal(
     job.wait_for("workers")
     everything = job.watch() | job.workers()
     rng = random.Random(trial_seed := random.randrange(2**31))
-    signals = [signal.SIGINT] + [rng.choice([signal.SIGINT, signal.SIGTERM]) for _ in range(199)]
+    others = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
+    signals = [signal.SIGINT] + [rng.choice(others) for _ in range(199)]
     _burst(job.launcher.pid, signals, to_group)
     output, _ = job.launcher.communicate(timeout=45)
     assert job.launcher.returncode == 128 + signal.SIGINT, (trial_seed, output)
