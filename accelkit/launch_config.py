@@ -11,6 +11,12 @@ Keys map to launch flags (``use_cpu`` -> ``--cpu``; ``fsdp_config``, ``dynamo_co
 ``--fsdp_*``, ``--dynamo_*``); ``distributed_type`` picks ``--multi_gpu`` or ``--use_fsdp``.
 A key for a refused feature is refused with its reason unless its value asks for nothing, as the
 ``tpu_use_cluster: false`` in every default file does.
+
+A config file is read as untrusted input, within bounds far above what ``accelerate config``
+writes (a few hundred bytes, two levels, no anchors): a regular file of at most 1 MiB of UTF-8
+text, at most 16 levels deep and 10,000 values with every YAML alias expanded (counted while the
+document is composed, so an alias bomb is refused before anything walks it), with distinct text
+keys. Anything else is a ``ValueError`` of one line naming the file and what is wrong.
 """
 
 from __future__ import annotations
