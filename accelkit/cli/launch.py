@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from accelkit._launch_signals import hold_stop_signals, ignore_stop_signals
 from accelkit.launch import add_launch_arguments, config_from_args, launch_command
 
 
@@ -30,8 +31,14 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # This process ends with the launch: from here on, a stop signal is recorded, never the
+    # default action (see accelkit._launch_signals).
+    hold_stop_signals()
     try:
-        config = config_from_args(args)
-    except ValueError as exc:
-        args._parser.error(str(exc))  # the launch usage and the message; exits with 2
-    return launch_command(config)
+        try:
+            config = config_from_args(args)
+        except ValueError as exc:
+            args._parser.error(str(exc))  # the launch usage and the message; exits with 2
+        return launch_command(config)
+    finally:
+        ignore_stop_signals()
