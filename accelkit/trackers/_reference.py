@@ -57,7 +57,8 @@ def _render(value: Any, out: list[str], budget: int, depth: int) -> int:
         text = repr(value)
     elif isinstance(value, int):
         bits = value.bit_length()
-        text = repr(value) if bits <= _MAX_INT_BITS else f"<int of {int(bits * 0.30103)}+ digits>"
+        digits = int(bits * 0.30103)  # log10(2): about right, and never printed in full
+        text = repr(value) if bits <= _MAX_INT_BITS else f"<int of about {digits} digits>"
     elif isinstance(value, (list, tuple, dict)):
         if depth >= _MAX_DEPTH:
             text = (
