@@ -29,12 +29,15 @@ __all__ = [
     "make_run_folder",
     "open_append",
     "open_regular",
+    "same_path",
     "write_text",
 ]
 
 # What an open of a link (O_NOFOLLOW), a pipe without a reader (O_NONBLOCK), a device without
 # its hardware or a folder opened for writing fails with: the path is then described from lstat.
 _NOT_A_FILE_ERRNOS = {errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EISDIR, errno.EMLINK}
+# No system opens a longer path; realpath's cost grows with the square of a path's parts.
+_MAX_PATH = 4096
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -88,6 +91,17 @@ def _refusal(path: str, what: str, expected: str, role: str) -> TrackerFileError
         "from a copied project or an archive). Remove or rename it, or log to another "
         "logging_dir or run name, and start again."
     )
+
+
+def same_path(recorded: object, path: str) -> bool:
+    """Whether ``recorded`` (a path from a checkpoint: untrusted) names ``path``.
+
+    Cheap for any value: a non-string, a string holding a NUL or one longer than any path
+    is simply not ``path``.
+    """
+    if not isinstance(recorded, str) or "\x00" in recorded or len(recorded) > _MAX_PATH:
+        return False
+    return os.path.normcase(os.path.realpath(recorded)) == os.path.normcase(os.path.realpath(path))
 
 
 def check_regular(path: str, role: str) -> bool:
@@ -214,17 +228,22 @@ def write_text(path: str, text: str, role: str) -> None:
         file.write(text)
 
 
-def create_exclusive(path: str, role: str) -> tuple[int, str]:
-    """Create a new file at ``path`` (or ``path-1``, ``path-2``, ... if taken); never follows.
+def create_exclusive(path: str) -> tuple[int, str]:
+    """Create a new file at ``path`` (or ``path-1`` ... ``path-999`` if taken); never follows.
 
     Returns:
         The descriptor (open for writing) and the path created.
+
+    Raises:
+        FileExistsError: every one of those names is taken.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_NOFOLLOW | _O_CLOEXEC
     candidate = path
-    for attempt in range(1, 1000):
+    for attempt in range(1, 1001):
         try:
             return os.open(candidate, flags, 0o666), candidate
         except FileExistsError:
             candidate = f"{path}-{attempt}"
-    raise _refusal(path, "taken (and so are path-1 ... path-999)", "a free name", role)
+    raise FileExistsError(
+        errno.EEXIST, f"{path} and {path}-1 ... {path}-999 are all taken; remove some", path
+    )

@@ -35,6 +35,7 @@ from accelkit.trackers._files import (
     make_run_folder,
     open_append,
     open_regular,
+    same_path,
     write_text,
 )
 from accelkit.trackers._reference import short
@@ -161,7 +162,7 @@ class JSONLTracker(GeneralTracker):
             step: the checkpoint's last logged step (``-1``: drop every row with a step).
         """
         recorded = reference.get("path") if isinstance(reference, dict) else None
-        if reference is not None and not _same_file(recorded, self.path):
+        if reference is not None and not same_path(recorded, self.path):
             warnings.warn(
                 f"Tracker 'jsonl': the checkpoint's run wrote to {short(recorded)}, this job "
                 f"writes to {os.path.abspath(self.path)!r}; continuing in this job's file "
@@ -221,12 +222,6 @@ def _strict(value: Any) -> Any:
     if isinstance(value, list):
         return [_strict(v) for v in value]
     return value
-
-
-def _same_file(recorded: Any, path: str) -> bool:
-    if not isinstance(recorded, str):
-        return False
-    return os.path.normcase(os.path.realpath(recorded)) == os.path.normcase(os.path.realpath(path))
 
 
 def _parse_row(line: bytes) -> dict[str, Any] | None:
@@ -291,7 +286,7 @@ class _SideFile:
 
     def write(self, data: bytes) -> None:
         if self.file is None:
-            descriptor, self.path = create_exclusive(self.base, _ROLE)
+            descriptor, self.path = create_exclusive(self.base)
             self.file = open(descriptor, "wb")  # noqa: SIM115 - closed in close()
         self.file.write(data)
 
@@ -304,7 +299,8 @@ class _SideFile:
         elif not complete:
             self.write(b"\n")
         if self.first is None:
-            self.first = (number, (line or b"")[:200].rstrip(b"\r\n"))
+            sample = b"(longer than 64 MiB)" if line is None else line[:200].rstrip(b"\r\n")
+            self.first = (number, sample)
 
     def close(self, sync: bool) -> None:
         if self.file is not None:

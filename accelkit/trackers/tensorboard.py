@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import stat
@@ -13,7 +15,7 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from accelkit.trackers._files import make_run_folder, write_text
+from accelkit.trackers._files import make_run_folder, same_path, write_text
 from accelkit.trackers._reference import short
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
@@ -106,7 +108,7 @@ class TensorBoardTracker(GeneralTracker):
             step: the checkpoint's last logged step (``-1``: purge every point).
         """
         recorded = reference.get("log_dir") if isinstance(reference, dict) else None
-        if reference is not None and not _same_folder(recorded, self.log_dir):
+        if reference is not None and not same_path(recorded, self.log_dir):
             warnings.warn(
                 f"Tracker 'tensorboard': the checkpoint's run wrote to {short(recorded)}, this job "
                 f"writes to {os.path.abspath(self.log_dir)!r}; continuing in this job's folder "
@@ -163,14 +165,6 @@ class TensorBoardTracker(GeneralTracker):
     def finish(self) -> None:
         if self.writer is not None:
             self.writer.close()
-
-
-def _same_folder(recorded: Any, folder: str) -> bool:
-    if not isinstance(recorded, str):
-        return False
-    return os.path.normcase(os.path.realpath(recorded)) == os.path.normcase(
-        os.path.realpath(folder)
-    )
 
 
 def _is_array(value: Any) -> bool:
@@ -239,8 +233,10 @@ def _read_before_new_files(log_dir: str, purge_step: int) -> None:
             second = _event_second(name)
             if second is not None and second <= now:
                 seconds.append(second)
-        elif not stat.S_ISDIR(os.lstat(os.path.join(log_dir, name)).st_mode):
-            ahead.append(name)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(os.path.join(log_dir, name)).st_mode):
+                ahead.append(name)
     if not ahead:
         return
     base = f"{_EVENT_PREFIX}{max(seconds, default=now):010d}.~"
@@ -250,20 +246,31 @@ def _read_before_new_files(log_dir: str, purge_step: int) -> None:
         if n.startswith(base) and n[len(base) :][:6].isdigit()
     ]
     index = max(used, default=-1) + 1
-    renamed = []
+    renamed: list[str] = []
+    left: list[str] = []
     for name in ahead:
         target = f"{base}{index:06d}.{name[:150]}"
         index += 1
-        if os.path.lexists(os.path.join(log_dir, target)):
-            continue  # never replace a file; this one stays where it is
-        os.rename(os.path.join(log_dir, name), os.path.join(log_dir, target))
-        renamed.append(target)
+        try:
+            # An old file that cannot be moved must not cost the resumed run its new points.
+            if os.path.lexists(os.path.join(log_dir, target)):
+                raise FileExistsError(errno.EEXIST, "name taken", target)
+            os.rename(os.path.join(log_dir, name), os.path.join(log_dir, target))
+            renamed.append(target)
+        except OSError as error:
+            left.append(f"{short(name)} ({type(error).__name__}: {error.strerror})")
+    said = (
+        f"Renamed to be read before it (the first is now {short(renamed[0])}): their points "
+        f"before step {purge_step} stay, the later ones are purged"
+        if renamed
+        else "None could be renamed"
+    )
+    if left:
+        said += f". Left as they are, so their later points still show: {', '.join(left[:3])}"
     warnings.warn(
         f"Tracker 'tensorboard': {len(ahead)} event file(s) in {log_dir} are named after this "
         f"second (a clock that ran ahead?), the first {short(ahead[0])}: TensorBoard would read "
-        "them after this job's file and show the abandoned attempt's points again. Renamed to "
-        f"be read before it (the first is now {short(renamed[0] if renamed else '')}): their "
-        f"points before step {purge_step} stay, the later ones are purged.",
+        f"them after this job's file and show the abandoned attempt's points again. {said}.",
         UserWarning,
         stacklevel=3,
     )
