@@ -290,6 +290,31 @@ def test_torn_last_line_is_repaired_and_never_glued_to_the_next_job(project: Pat
     assert side.read_bytes() == b'{"step": 15, "timestamp": 1.0, "val\n'
 
 
+def test_torn_line_that_cannot_be_moved_aside_is_still_never_glued(tmp_path: Path) -> None:
+    # Every side-file name of the next seconds is taken, so the repair cannot run: the start
+    # says so, keeps the tracker and ends the torn line before appending.
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / "metrics.jsonl"
+    path.write_bytes(b'{"step": 0, "values": {"loss": 1.0}}\n{"step": 1, "val')
+    now = time.time()
+    for second in range(-1, 4):
+        base = (
+            f"metrics.jsonl.rejected-{time.strftime('%Y%m%d-%H%M%S', time.localtime(now + second))}"
+        )
+        for name in [base, *(f"{base}-{n}" for n in range(1, 1000))]:
+            (run / name).mkdir()
+    tracker = JSONLTracker("run", str(tmp_path))
+    with pytest.warns(UserWarning, match="could not rewrite .* all taken.* appends to it"):
+        tracker.start()
+    tracker.log({"loss": 2.0}, step=1)
+    tracker.finish()
+    assert b'{"step": 1, "val\n{"step": 1, "timestamp": ' in path.read_bytes()
+    with pytest.warns(UserWarning, match=r"1 line\(s\) of .* skipped \(line 2\)"):
+        rows = read_jsonl(str(path))
+    assert [row["values"]["loss"] for row in rows] == [1.0, 2.0]
+
+
 def test_read_jsonl_reports_skips_or_raises_on_bad_lines(tmp_path: Path) -> None:
     # A file glued by an older version: the torn row and the next job's first row on one line.
     path = tmp_path / "metrics.jsonl"
@@ -312,7 +337,8 @@ def test_read_jsonl_reports_skips_or_raises_on_bad_lines(tmp_path: Path) -> None
 def test_crafted_five_megabyte_references_are_printed_short(project: Path) -> None:
     manifest_path = project / "checkpoints" / "checkpoint_0" / "accelkit.json"
     manifest = json.loads(manifest_path.read_text())
-    crafted = "\x1b[2J\x1b[31m" + "A" * 5_000_000 + "\n[fake] all good\u202e"
+    # 5 MB: control characters, then 2.5 million path parts (realpath's cost is quadratic in them).
+    crafted = "/\x1b[2J\x1b[31m/" + "a/" * 2_500_000 + "\n[fake] all good\u202e"
     manifest["experiment"]["runs"] = {
         "jsonl": {"path": crafted},
         "tensorboard": {"log_dir": crafted},
@@ -324,6 +350,28 @@ def test_crafted_five_megabyte_references_are_printed_short(project: Path) -> No
     assert "\x1b" not in stderr and "\u202e" not in stderr and "[fake]" not in stderr
     assert stderr.count("continuing in this job's") == 2  # one warning per tracker, cut short
     assert _metrics(project, errors="raise") == RESUMED
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    ["run\x00/metrics.jsonl", "/a" * 2_500_000, 10**4000, [[[[[]]]]]],
+    ids=["nul", "millions-of-parts", "4000-digit-int", "nested"],
+)
+@pytest.mark.parametrize(
+    ("tracker", "key"), [(JSONLTracker, "path"), (TensorBoardTracker, "log_dir")]
+)
+def test_crafted_reference_values_cost_nothing_and_drop_nothing(
+    tmp_path: Path, tracker: type, key: str, recorded: object
+) -> None:
+    made = tracker("run", str(tmp_path))
+    started = time.perf_counter()
+    with pytest.warns(UserWarning, match="continuing in this job's") as said:
+        made.continue_run({key: recorded}, 3)
+    assert time.perf_counter() - started < 1.0
+    assert len(str(said[0].message)) < 600 and "\x00" not in str(said[0].message)
+    made.start()
+    made.log({"loss": 4.0}, step=4)
+    made.finish()
 
 
 def test_short_is_bounded_for_values_repr_cannot_print() -> None:
