@@ -46,8 +46,8 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 class TrackerFileError(OSError):
     """Something other than a regular file (or a real folder) is where a tracker writes.
 
-    Raised by the jsonl and TensorBoard trackers' ``start()`` (and ``read_jsonl``); the hub
-    reports it once and skips the tracker, like any other start failure.
+    Raised by the jsonl and TensorBoard trackers (``start``, ``store_init_configuration``) and
+    by ``read_jsonl``; the hub reports it once and skips the tracker, like any other failure.
     """
 
 
