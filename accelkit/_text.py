@@ -16,7 +16,7 @@ a value is formatted and again where the whole message is printed. The price is 
 holding a literal backslash sequence reads like an escaped one; the characters that could act
 on a terminal never pass.
 
-Public API: :func:`escape`, :func:`short` (bounded: its work depends on ``limit``, not on the value).
+Public API: :func:`escape`, :func:`short` (its work depends on ``limit``, not on the value).
 """
 
 from __future__ import annotations
