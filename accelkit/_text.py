@@ -16,7 +16,7 @@ a value is formatted and again where the whole message is printed. The price is 
 holding a literal backslash sequence reads like an escaped one; the characters that could act
 on a terminal never pass.
 
-Public API: :func:`escape`, :func:`short`.
+Public API: :func:`escape`, :func:`short` (its work depends on ``limit``, not on the value).
 """
 
 from __future__ import annotations
@@ -60,9 +60,95 @@ def escape(text: str) -> str:
 
 
 def short(value: Any, limit: int = 80) -> str:
-    """``repr(value)``, cut to ``limit`` characters (values from a file may be huge).
+    """A one-line, printable ``repr(value)`` of at most ``limit`` characters.
 
-    The result is safe to print: ``repr`` of a string escapes what :func:`escape` does.
+    For values read from a file (a checkpoint's run reference, a path, a log row), which may
+    be huge or crafted: the work is bounded by ``limit``, not by the value (a 5 MB string, a
+    100,000-digit integer or a 100,000-deep list cost as little as a short one), and control
+    and other unprintable characters are escaped as ``repr`` escapes them (``\\x1b``,
+    ``\\n``, ``\\u202e``), so the text cannot move a terminal's cursor or fake a line.
+
+    Args:
+        value: any value; JSON values (str, numbers, lists, dicts, ...) are rendered piece by
+            piece, other objects by their ``repr`` (a failing one by its type's name).
+        limit: the most characters returned; a longer text ends with ``...``.
+
+    Returns:
+        The text, ``repr(value)`` itself when that fits.
+
+    Example:
+        >>> short("a" * 5_000_000, 12)
+        "'aaaaaaaa..."
     """
-    text = escape(repr(value))  # a custom __repr__ need not escape
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    pieces: list[str] = []
+    _render(value, pieces, limit + 1, 0)
+    text = "".join(pieces)
+    text = escape(text)  # a custom __repr__ need not escape
+    return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
+
+
+_MAX_DEPTH = 20
+_MAX_INT_BITS = 10_000  # about 3,000 digits: quick to print, and already far past any limit
+
+
+def _render(value: Any, out: list[str], budget: int, depth: int) -> int:
+    """Append pieces of ``value``'s repr to ``out`` until ``budget`` characters; the rest."""
+    if budget <= 0:
+        return 0
+    if isinstance(value, (str, bytes, bytearray)):
+        text = repr(value[:budget])
+    elif isinstance(value, bool) or value is None or isinstance(value, float):
+        text = repr(value)
+    elif isinstance(value, int):
+        bits = value.bit_length()
+        digits = int(bits * 0.30103)  # log10(2): about right, and never printed in full
+        text = repr(value) if bits <= _MAX_INT_BITS else f"<int of about {digits} digits>"
+    elif isinstance(value, (list, tuple, dict)):
+        if depth >= _MAX_DEPTH:
+            text = (
+                "[...]"
+                if isinstance(value, list)
+                else "(...)"
+                if isinstance(value, tuple)
+                else "{...}"
+            )
+        else:
+            return _render_items(value, out, budget, depth)
+    else:
+        try:
+            text = repr(value)
+        except Exception:
+            text = f"<{type(value).__name__}>"
+    out.append(text[:budget])
+    return budget - min(len(text), budget)
+
+
+def _render_items(
+    value: list[Any] | tuple[Any, ...] | dict[Any, Any], out: list[str], budget: int, depth: int
+) -> int:
+    opening, closing = (
+        ("{", "}")
+        if isinstance(value, dict)
+        else ("(", ")")
+        if isinstance(value, tuple)
+        else ("[", "]")
+    )
+    out.append(opening)
+    budget -= 1
+    items = iter(value.items()) if isinstance(value, dict) else ((None, v) for v in value)
+    for index, (key, item) in enumerate(items):
+        if budget <= 0:
+            return 0
+        if index:
+            out.append(", ")
+            budget -= 2
+        if isinstance(value, dict):
+            budget = _render(key, out, budget, depth + 1)
+            out.append(": ")
+            budget -= 2
+        budget = _render(item, out, budget, depth + 1)
+    if isinstance(value, tuple) and len(value) == 1:
+        out.append(",")
+        budget -= 1
+    out.append(closing)
+    return budget - 1

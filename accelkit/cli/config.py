@@ -67,6 +67,14 @@ def _write(path: str | None, settings: dict[str, Any]) -> int:
             file=sys.stderr,
         )
         return 1
+    except OSError as exc:
+        where = exc.filename or target
+        print(
+            f"accelkit config: error: cannot write {target}: {exc.strerror} ({where}). Pass "
+            "--config_file with a path in a folder you can write.",
+            file=sys.stderr,
+        )
+        return 1
     print(f"accelkit configuration saved at {target}")
     return 0
 
@@ -113,6 +121,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _rank(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
 def ask_settings() -> dict[str, Any]:
     """Ask the questions of ``accelkit config`` on stdin; return the settings to write."""
     settings = default_settings(gpus=0)
@@ -123,7 +138,7 @@ def ask_settings() -> dict[str, Any]:
         machines = _ask("How many machines", 1, _positive)
         settings["num_machines"] = machines
         if machines > 1:
-            settings["machine_rank"] = _ask("Rank of this machine", 0, int)
+            settings["machine_rank"] = _ask("Rank of this machine", 0, _rank)
             settings["main_process_ip"] = _ask("IP address of machine 0", "127.0.0.1")
             settings["main_process_port"] = _ask("Port on machine 0", 29500, _positive)
         settings["num_processes"] = _ask("Processes in total, over all machines", 2, _positive)

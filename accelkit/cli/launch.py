@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from accelkit.launch.launcher import add_launch_arguments, config_from_args, launch_command
+from accelkit.launch.signals import hold_stop_signals, ignore_stop_signals
 
 
 def register(subparsers: Any) -> None:
@@ -30,8 +31,14 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # This process ends with the launch: from here on, a stop signal is recorded, never the
+    # default action (see accelkit.launch.signals).
+    hold_stop_signals()
     try:
-        config = config_from_args(args)
-    except ValueError as exc:
-        args._parser.error(str(exc))  # the launch usage and the message; exits with 2
-    return launch_command(config)
+        try:
+            config = config_from_args(args)
+        except ValueError as exc:
+            args._parser.error(str(exc))  # the launch usage and the message; exits with 2
+        return launch_command(config)
+    finally:
+        ignore_stop_signals()

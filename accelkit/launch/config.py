@@ -11,15 +11,24 @@ Keys map to launch flags (``use_cpu`` -> ``--cpu``; ``fsdp_config``, ``dynamo_co
 ``--fsdp_*``, ``--dynamo_*``); ``distributed_type`` picks ``--multi_gpu`` or ``--use_fsdp``.
 A key for a refused feature is refused with its reason unless its value asks for nothing, as the
 ``tpu_use_cluster: false`` in every default file does.
+
+A config file is read as untrusted input, within bounds far above what ``accelerate config``
+writes (a few hundred bytes, two levels, no anchors): a regular file of at most 1 MiB of UTF-8
+text, at most 16 levels deep and 10,000 values with every YAML alias expanded (counted while the
+document is composed, so an alias bomb is refused before anything walks it), with distinct text
+keys. Anything else is a ``ValueError`` of one line naming the file and what is wrong.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
-from accelkit.launch.flags import Setting, refusal_for
+from accelkit.launch.flags import Setting, refusal_for, shown
 from accelkit.runtime.environment import parse_mixed_precision
 
 __all__ = [
@@ -75,26 +84,222 @@ def default_config_path() -> str:
     return os.path.join(os.path.expanduser(hf_home), "accelerate", "default_config.yaml")
 
 
-def _load(path: str) -> dict[str, Any]:
-    import yaml
+# What a config file may be. Accelerate's own files are under 1 KB, two levels deep, with some
+# fifty values and no anchors; these bounds are far above that and far below a hang.
+MAX_CONFIG_BYTES = 1 << 20  # 1 MiB
+_MAX_DEPTH = 16
+_MAX_VALUES = 10_000  # nodes of the document with every alias expanded
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
+
+def _read_text(path: str) -> str:
+    """The file's text: a regular file of at most :data:`MAX_CONFIG_BYTES` bytes of UTF-8."""
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+        # O_NONBLOCK: opening a named pipe nobody writes to would block forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise ValueError(
             f"Config file {path!r} does not exist. Write one with `accelkit config` (or "
             "`accelkit config default`), or pass an existing file to --config_file."
         ) from None
-    except yaml.YAMLError as exc:
-        raise ValueError(f"Config file {path!r} is not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
+    except OSError as exc:
+        raise ValueError(f"Config file {path!r} cannot be opened: {exc.strerror}.") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            # A device (/dev/zero) never ends; a folder or a socket is not a file at all.
+            kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ValueError(
+                f"Config file {path!r} is {kind}; pass the path of an `accelerate config` "
+                "YAML file."
+            )
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_CONFIG_BYTES:
         raise ValueError(
-            f"Config file {path!r} must hold a mapping of settings, got {type(data).__name__}."
+            f"Config file {path!r} is larger than {MAX_CONFIG_BYTES} bytes (1 MiB); a launch "
+            "config file is a few hundred bytes. Pass the `accelerate config` YAML file."
         )
-    return data
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise ValueError(
+            f"Config file {path!r} is not a text file (it holds a NUL byte at offset {nul}); "
+            "pass the `accelerate config` YAML file."
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"Config file {path!r} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}); save it as UTF-8."
+        ) from None
+    return text.removeprefix("\ufeff")
+
+
+class _Refused(Exception):
+    """A document outside the bounds, raised while composing it."""
+
+
+def _bounded_loader() -> type[Any]:
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        """PyYAML's safe loader, composing at most ``_MAX_DEPTH`` levels and ``_MAX_VALUES``
+        nodes counted with every alias expanded (an alias costs what it stands for), so that
+        nested aliases (9 aliases of 9 aliases of ...) are refused instead of being expanded
+        by whatever walks the result."""
+
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self._depth = 0
+            self._sizes: dict[int, int] = {}  # id(node) -> nodes with aliases expanded
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                node = super().compose_node(parent, index)
+                if id(node) not in self._sizes:
+                    raise _Refused("an alias refers to a value that contains it (a cycle)")
+                return node
+            self._depth += 1
+            if self._depth > _MAX_DEPTH:
+                raise _Refused(f"values are nested more than {_MAX_DEPTH} levels deep")
+            try:
+                node = super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+            if isinstance(node, yaml.MappingNode):
+                children = [part for pair in node.value for part in pair]
+            elif isinstance(node, yaml.SequenceNode):
+                children = node.value
+            else:
+                children = []
+            size = 1 + sum(self._sizes[id(child)] for child in children)
+            if size > _MAX_VALUES:
+                raise _Refused(
+                    f"it holds more than {_MAX_VALUES} values once its aliases (*name) are expanded"
+                )
+            self._sizes[id(node)] = size
+            return node
+
+        def construct_object(self, node: Any, deep: bool = False) -> Any:
+            try:
+                return super().construct_object(node, deep)
+            except (ValueError, OverflowError):
+                # PyYAML converts with int(), float(), base64: a 5,000-digit number, for one,
+                # ends here. Said with the value's place, as every other YAML error is.
+                kind = str(node.tag).rsplit(":", 1)[-1]
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"this {kind} cannot be converted (too long or malformed)",
+                    node.start_mark,
+                ) from None
+
+    return BoundedLoader
+
+
+def _yaml_problem(exc: Exception) -> str:
+    """One line saying what PyYAML found wrong, and where."""
+    import yaml
+    from yaml.reader import ReaderError
+
+    if isinstance(exc, yaml.MarkedYAMLError):
+        problem = " ".join(part for part in (exc.context, exc.problem) if part)
+        mark = exc.problem_mark or exc.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        return f"{shown(problem, 200)[1:-1]}{where}"
+    if isinstance(exc, ReaderError):
+        return f"character #x{exc.character:04x} at position {exc.position} is not allowed in YAML"
+    return shown(str(exc), 200)[1:-1]
+
+
+def _check_keys(path: str, root: Any) -> None:
+    """Every mapping's keys are distinct strings: refuse the first that is not, by name."""
+    import yaml
+
+    seen: set[int] = set()
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        node, where = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((item, where) for item in node.value)
+            continue
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        place = f"in {where}" if where else "at the top level"
+        names: set[str] = set()
+        for key, value in node.value:
+            if key.tag == _MERGE_TAG:
+                stack.append((value, where))
+                continue
+            if not isinstance(key, yaml.ScalarNode):
+                kind = "a list" if isinstance(key, yaml.SequenceNode) else "a mapping"
+                raise ValueError(
+                    f"Config file {path!r}: a key {place} (line {key.start_mark.line + 1}) is "
+                    f"{kind}; keys are setting names such as num_processes."
+                )
+            if key.tag != _STR_TAG:
+                kind = key.tag.rsplit(":", 1)[-1]
+                raise ValueError(
+                    f"Config file {path!r}: the key {shown(key.value)} {place} (line "
+                    f"{key.start_mark.line + 1}) is read as {'a' if kind != 'int' else 'an'} "
+                    f"{kind}, not a setting name; keys are names such as num_processes (quote "
+                    "it if it is meant as text)."
+                )
+            if key.value in names:
+                raise ValueError(
+                    f"Config file {path!r}: the key {shown(key.value)} appears twice {place} "
+                    f"(line {key.start_mark.line + 1}); keep one."
+                )
+            names.add(key.value)
+            stack.append((value, f"{where}.{key.value}" if where else key.value))
+
+
+def _load(path: str) -> dict[str, Any]:
+    import yaml
+
+    text = _read_text(path)
+    try:
+        loader = _bounded_loader()(text)
+    except yaml.YAMLError as exc:  # the reader refuses control characters at once
+        raise ValueError(f"Config file {path!r} is not valid YAML: {_yaml_problem(exc)}.") from None
+    try:
+        try:
+            node = loader.get_single_node()
+        except _Refused as exc:
+            raise ValueError(
+                f"Config file {path!r} is refused: {exc}; a launch config file is a short "
+                "mapping of settings."
+            ) from None
+        except yaml.YAMLError as exc:
+            raise ValueError(
+                f"Config file {path!r} is not valid YAML: {_yaml_problem(exc)}."
+            ) from None
+        if node is None:
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            kind = "a list" if isinstance(node, yaml.SequenceNode) else "a single value"
+            raise ValueError(
+                f"Config file {path!r} must hold a mapping of settings (key: value lines), "
+                f"got {kind}."
+            )
+        _check_keys(path, node)
+        try:
+            data = loader.construct_document(node)
+        except yaml.YAMLError as exc:
+            raise ValueError(
+                f"Config file {path!r} is not valid YAML: {_yaml_problem(exc)}."
+            ) from None
+    finally:
+        loader.dispose()
+    return dict(data)
 
 
 def read_config_file(path: str) -> dict[str, Setting]:
@@ -107,7 +312,8 @@ def read_config_file(path: str) -> dict[str, Setting]:
     data = _load(path)
 
     def origin(key: str) -> str:
-        return f"config file {path}: {key}"
+        # A key is named as it is when it looks like one, and cut short when it does not.
+        return f"config file {path}: {key if len(key) <= 80 and key.isprintable() else shown(key)}"
 
     settings: dict[str, Setting] = {}
     environment = str(data.get("compute_environment", "LOCAL_MACHINE"))
@@ -155,14 +361,31 @@ def write_config_file(path: str, settings: dict[str, Any]) -> None:
     """Write ``settings`` (reference key names) to ``path`` as YAML, creating its folder.
 
     Raises:
-        FileExistsError: ``path`` exists (the caller decides whether to overwrite).
+        FileExistsError: ``path`` exists, or is a symbolic link (the caller decides whether to
+            overwrite).
+        OSError: the folder cannot be created or written; nothing is left behind.
     """
     import yaml
 
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    with open(path, "x", encoding="utf-8") as f:
-        yaml.safe_dump(settings, f, sort_keys=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except FileExistsError:  # a file has the folder's name: not "the config file exists"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), folder) from None
+    text = yaml.safe_dump(settings, sort_keys=True)
+    # Written whole under a temporary name, then linked to its name: link() fails if anything,
+    # a dangling symbolic link included, already has the name (it never follows one), and no
+    # reader ever sees half a file, whatever stops this process.
+    fd, temporary = tempfile.mkstemp(prefix=".accelkit-config-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(temporary, 0o644)
+        os.link(temporary, path)
+    finally:
+        os.unlink(temporary)
 
 
 def _gpu_count() -> int:

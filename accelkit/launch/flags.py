@@ -29,6 +29,7 @@ __all__ = [
     "parse_bool",
     "refusal_for",
     "settings_from_args",
+    "shown",
 ]
 
 
@@ -38,6 +39,44 @@ class Setting:
 
     value: Any
     origin: str  # "--num_processes" or "config file /x.yaml, key 'num_processes'"
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``value`` for an error message: like ``repr``, on one line, at most about ``limit``
+    characters, and never formatting more of it than it shows.
+
+    Settings come from files a user may not have written: a string of a mebibyte, or a
+    structure whose YAML aliases make it 9**9 elements wide, must cost a message nothing
+    (``repr`` first and cut afterwards would hang on the latter).
+    """
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])  # escapes newlines and control characters
+        return text if len(value) <= limit and len(text) <= limit + 2 else text[:limit] + "...'"
+    if value is None or isinstance(value, (bool, float)):
+        return repr(value)
+    if isinstance(value, int):
+        if value.bit_length() <= 3 * limit:
+            return repr(value)
+        return f"<an integer of about {int(value.bit_length() * 0.30103)} digits>"
+    if isinstance(value, (list, tuple, dict)):
+        opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        parts: list[str] = []
+        used = 2
+        items = value.items() if isinstance(value, dict) else value
+        for index, item in enumerate(items):
+            if index >= limit // 4 or used > limit:
+                parts.append(f"... ({len(value)} items)")
+                break
+            budget = max(8, limit - used)
+            part = (
+                f"{shown(item[0], budget)}: {shown(item[1], budget)}"
+                if isinstance(value, dict)
+                else shown(item, budget)
+            )
+            parts.append(part)
+            used += len(part) + 2
+        return opening + ", ".join(parts) + closing
+    return f"<{type(value).__name__}>"
 
 
 def parse_bool(value: Any, origin: str) -> bool:
@@ -53,7 +92,7 @@ def parse_bool(value: Any, origin: str) -> bool:
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{origin}: expected true or false, got {value!r}.")
+    raise ValueError(f"{origin}: expected true or false, got {shown(value)}.")
 
 
 # The settings accelkit supports (flag names without the leading dashes).
@@ -403,7 +442,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "(--mixed_precision fp8, --fp8_*), SageMaker (--aws_*), --mpirun_hostfile, "
         "--use_parallelism_config/--parallelism_config_*, torch.compile (--dynamo_*), "
         "--enable_cpu_affinity. Stopping: SIGTERM or Ctrl-C stops every worker (SIGTERM), "
-        "waits up to 40 s, and exits with 128 + signal."
+        "waits up to 40 s, and exits with 128 + signal; if the launcher itself is killed (even "
+        "with SIGKILL), torchrun and every worker are killed with it."
     )
     parser.add_argument("script", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
@@ -431,8 +471,8 @@ def check_refused(settings: dict[str, Setting]) -> None:
     for dest, setting in settings.items():
         refusal = refusal_for(dest)
         if refusal is not None and not refusal.inert(setting.value):
-            shown = "" if setting.value is True else f" ({setting.value!r})"
-            raise ValueError(f"{setting.origin}{shown}: {refusal.why}")
+            given = "" if setting.value is True else f" ({shown(setting.value)})"
+            raise ValueError(f"{setting.origin}{given}: {refusal.why}")
 
 
 def explain_unknown(flags: Iterable[str], known: Iterable[str]) -> str:

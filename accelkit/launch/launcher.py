@@ -34,9 +34,10 @@ from accelkit.launch.flags import (
     parse_bool,
     refusal_for,
     settings_from_args,
+    shown,
 )
 from accelkit.launch.notebook import notebook_launcher
-from accelkit.launch.signals import run_child
+from accelkit.launch.signals import guarded_command, run_child
 from accelkit.runtime.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
 
 __all__ = [
@@ -84,6 +85,10 @@ _TORCHRUN_OPTIONS = {
 }
 
 
+# No count, rank or port of a launch comes near this; a larger number is a mistake.
+_MAX_INTEGER = 2**31 - 1
+
+
 class _Settings:
     """Merged settings with typed getters whose errors name where a bad value came from."""
 
@@ -107,8 +112,14 @@ class _Settings:
             return None
         try:
             number = int(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{self.origin(name)}: expected an integer, got {value!r}.") from None
+        except (TypeError, ValueError, OverflowError):  # OverflowError: YAML's .inf
+            raise ValueError(
+                f"{self.origin(name)}: expected an integer, got {shown(value)}."
+            ) from None
+        if number > _MAX_INTEGER:
+            raise ValueError(
+                f"{self.origin(name)}: must be <= {_MAX_INTEGER}, got {shown(number)}."
+            )
         if number < minimum:
             raise ValueError(f"{self.origin(name)}: must be >= {minimum}, got {number}.")
         return number
@@ -141,6 +152,12 @@ def _mixed_precision(s: _Settings) -> str:
     value = s.raw("mixed_precision")
     if value is None:
         return parse_mixed_precision(None).value
+    if value is False:  # YAML 1.1 reads an unquoted `no` as false
+        value = "no"
+    if not isinstance(value, str) or len(value) > 16:
+        raise ValueError(
+            f"{s.origin('mixed_precision')} ({shown(value)}): expected no, fp16 or bf16."
+        )
     if str(value).strip().lower() == "fp8":
         raise ValueError(
             f"{s.origin('mixed_precision')} ('fp8'): FP8 training is out of scope for accelkit; "
@@ -159,7 +176,7 @@ def _gpu_ids(s: _Settings) -> list[str] | None:
     ids = [part.strip() for part in str(value).split(",") if part.strip()]
     if not ids or not all(part.isdigit() for part in ids):
         raise ValueError(
-            f"{s.origin('gpu_ids')} ({value!r}): expected comma-separated GPU numbers such as "
+            f"{s.origin('gpu_ids')} ({shown(value)}): expected comma-separated GPU numbers such as "
             "0,1 or 'all'."
         )
     return ids
@@ -183,22 +200,22 @@ def _fsdp_env(s: _Settings) -> dict[str, str]:
         reshard = mapped.get(str(strategy).strip().upper())
         if reshard is None:
             raise ValueError(
-                f"{s.origin('fsdp_sharding_strategy')} ({strategy!r}): FSDP2 offers FULL_SHARD "
-                "(1) and SHARD_GRAD_OP (2); NO_SHARD is plain DDP (drop --use_fsdp) and hybrid "
-                "sharding is not supported."
+                f"{s.origin('fsdp_sharding_strategy')} ({shown(strategy)}): FSDP2 offers "
+                "FULL_SHARD (1) and SHARD_GRAD_OP (2); NO_SHARD is plain DDP (drop --use_fsdp) "
+                "and hybrid sharding is not supported."
             )
     policy = s.raw("fsdp_auto_wrap_policy")
     if policy is not None:
         policy = str(policy).strip().lower()
         if policy not in AUTO_WRAP_POLICIES:
             raise ValueError(
-                f"{s.origin('fsdp_auto_wrap_policy')} ({s.raw('fsdp_auto_wrap_policy')!r}): "
+                f"{s.origin('fsdp_auto_wrap_policy')} ({shown(s.raw('fsdp_auto_wrap_policy'))}): "
                 f"expected one of {', '.join(p.upper() for p in AUTO_WRAP_POLICIES)}."
             )
     state_dict = s.raw("fsdp_state_dict_type")
     if state_dict is not None and str(state_dict).strip().upper() not in STATE_DICT_TYPES:
         raise ValueError(
-            f"{s.origin('fsdp_state_dict_type')} ({state_dict!r}): save_state writes "
+            f"{s.origin('fsdp_state_dict_type')} ({shown(state_dict)}): save_state writes "
             f"{STATE_DICT_TYPES[0]} (resumable on any process count); for one consolidated "
             "model file call accelerator.save_model(model, folder)."
         )
@@ -324,11 +341,14 @@ def torchrun_args(config: LaunchConfig) -> list[str]:
     ]
     if any(option.startswith("--rdzv-backend=") for option in config.torchrun_options):
         args.append(f"--rdzv-endpoint={config.main_process_ip}:{config.main_process_port}")
-    if config.module:
-        args.append("--module")
-    if config.no_python:
-        args.append("--no-python")
-    return [*args, config.script, *config.script_args]
+    # Each worker starts through the death-signal step of accelkit.launch.signals, which then
+    # runs the script as torchrun would have (python -u, -m, or the executable itself).
+    worker = guarded_command(sys.executable, config.script, config.script_args, _mode(config))
+    return [*args, "--no-python", *worker]
+
+
+def _mode(config: LaunchConfig) -> str:
+    return "module" if config.module else "exec" if config.no_python else "python"
 
 
 def launch_env(config: LaunchConfig) -> dict[str, str]:
@@ -354,13 +374,15 @@ def launch_command(config: LaunchConfig) -> int:
     gets SIGTERM (through torchrun), the launcher waits for them (torchrun SIGKILLs a worker still
     running after 30 s; a second signal kills at once), prints one line and returns
     ``128 + signal``. To save on the way out, a script handles SIGTERM.
+
+    If the launcher itself dies without forwarding anything (SIGKILL, the OOM killer), torchrun
+    and every worker are SIGKILLed by Linux at once (``PR_SET_PDEATHSIG``, armed by each process
+    before the script runs): no process of the job outlives it.
     """
     env = launch_env(config)
     if config.num_processes == 1 and config.num_machines == 1:
-        target = ["-m", config.script] if config.module else [config.script]
-        python = [] if config.no_python else [sys.executable]
         env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
-        cmd = [*python, *target, *config.script_args]
+        cmd = guarded_command(sys.executable, config.script, config.script_args, _mode(config))
         return run_child(cmd, env, "the script", via_torchrun=False)
     cmd = [sys.executable, "-m", "accelkit.launch._torchrun", *torchrun_args(config)]
     what = f"{config.nproc_per_node} worker(s) (through torchrun)"

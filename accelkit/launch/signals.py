@@ -1,4 +1,5 @@
-"""Stopping a launched job: ``accelkit launch`` hands a stop signal on to torchrun, exactly once.
+"""Stopping a launched job: ``accelkit launch`` hands a stop signal on to torchrun, exactly once,
+and no process of the job outlives the launcher.
 
 torchrun's elastic agent is built to be stopped by its parent: SIGTERM, SIGINT, SIGHUP and SIGQUIT
 become a ``SignalException`` in the agent, which sends the signal to every worker's process group,
@@ -18,19 +19,52 @@ has to deliver the signal, once, and wait:
 * It then exits with ``128 + signal``, as a shell reports a process stopped by that signal, after
   one line saying so. A checkpoint's manifest is written last, so a worker stopped at any moment
   leaves the last committed checkpoint loadable.
+
+Signal handlers only record: the handler appends the signal number to a queue and
+``signal.set_wakeup_fd`` wakes the launcher's loop, which does the forwarding, the printing and the
+escalation. A handler that printed, scanned ``/proc`` or took a lock could be re-entered by the
+next signal of a burst and deadlock (a lock held by the interrupted frame) or raise (a re-entrant
+write to ``stderr``); with this split, any number of signals in any order ends the same way.
+
+A launcher that cannot forward anything (SIGKILLed, or killed by the OOM killer) must not leave
+its job running and saving. Every link of the chain launcher -> torchrun -> workers asks Linux to
+SIGKILL it when its parent dies (``prctl(PR_SET_PDEATHSIG)``), set by the process itself as its
+first act, before any of the user's code runs: torchrun in :mod:`accelkit.launch._torchrun`, a
+worker (or the one local process) in the small start-up step :func:`exec_guarded`, which then
+``exec``\\ s the script in the same process (the death signal survives ``exec``). A parent that died
+before the request was made is caught by comparing ``getppid()`` with the pid the parent announced
+in ``ACCELKIT_LAUNCH_PARENT_PID``. The death signal is SIGKILL, not SIGTERM: with its parent gone
+nothing coordinates a clean stop (a worker saving on SIGTERM would wait forever in a collective with
+peers that are dying too), and the commit protocol keeps the last committed checkpoint whole
+whatever moment the kill lands.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
-__all__ = ["STOP_SIGNALS", "TORCHRUN_SHUTDOWN_S", "run_child"]
+__all__ = [
+    "ENV_PARENT_PID",
+    "STOP_SIGNALS",
+    "TORCHRUN_SHUTDOWN_S",
+    "die_with_parent",
+    "exec_guarded",
+    "guarded_command",
+    "hold_stop_signals",
+    "ignore_stop_signals",
+    "run_child",
+]
 
 # The signals torchrun's agent handles by default (TORCHELASTIC_SIGNALS_TO_HANDLE).
 STOP_SIGNALS = tuple(
@@ -42,6 +76,9 @@ STOP_SIGNALS = tuple(
 # before it SIGKILLs them. The launcher gives it that long and a margin before stepping in.
 TORCHRUN_SHUTDOWN_S = 30.0
 _MARGIN_S = 10.0
+# The pid of the process a launched process must die with (its parent at start).
+ENV_PARENT_PID = "ACCELKIT_LAUNCH_PARENT_PID"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _say(message: str) -> None:
@@ -53,6 +90,76 @@ def _name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def die_with_parent() -> bool:
+    """Have Linux SIGKILL this process when its parent dies; die now if it already has.
+
+    The parent is the pid in ``ACCELKIT_LAUNCH_PARENT_PID`` (set by whoever started this
+    process); without it, nothing is done. The request is made before the check, so a parent
+    dying in between is caught by one or the other.
+
+    Returns:
+        Whether the death signal is armed (False off Linux or without the variable).
+    """
+    expected = os.environ.get(ENV_PARENT_PID, "")
+    if not expected.isdigit() or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        armed = False
+    if os.getppid() != int(expected):
+        # The parent died before the request: this process is already an orphan.
+        os.kill(os.getpid(), signal.SIGKILL)
+    return armed
+
+
+# `python -c` code that runs exec_guarded. It starts with "-" so that torchrun, which names a
+# worker by the first of its arguments not starting with "-", names it by the script as usual.
+_GUARD_CODE = "-1; from accelkit.launch.signals import exec_guarded; exec_guarded()"
+
+
+def guarded_command(python: str, script: str, args: Sequence[str], mode: str) -> list[str]:
+    """The command that runs ``script`` as a process that dies with its parent.
+
+    Args:
+        python: the interpreter that runs the start-up step.
+        script: the script, module (``mode="module"``) or executable (``mode="exec"``).
+        args: the script's arguments.
+        mode: ``"python"`` (``python -u script``), ``"module"`` (``python -u -m script``) or
+            ``"exec"`` (the script is an executable).
+
+    Returns:
+        ``[python, "-c", ..., "--<mode>", script, *args]``, which :func:`exec_guarded` runs.
+    """
+    return [python, "-c", _GUARD_CODE, f"--{mode}", script, *args]
+
+
+def exec_guarded(argv: Sequence[str] | None = None) -> None:
+    """Arm the death signal (:func:`die_with_parent`), then ``exec`` the script in this process.
+
+    Args:
+        argv: ``["--python"|"--module"|"--exec", script, *args]`` (default: ``sys.argv[1:]``).
+    """
+    mode, script, *args = list(sys.argv[1:] if argv is None else argv)
+    die_with_parent()
+    os.environ.pop(ENV_PARENT_PID, None)  # the script's own children are not ours to guard
+    python = os.environ.get("PYTHON_EXEC", sys.executable)  # as torchrun picks it
+    if mode == "--python":
+        cmd = [python, "-u", script, *args]
+    elif mode == "--module":
+        cmd = [python, "-u", "-m", script, *args]
+    else:
+        cmd = [script, *args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as exc:
+        print(f"accelkit launch: cannot run {cmd[0]!r}: {exc.strerror}", file=sys.stderr)
+        os._exit(127)
 
 
 def _child_process_groups(pid: int) -> list[int]:
@@ -84,66 +191,122 @@ def _signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-class _StopForwarder:
-    """Signal handler state: the first stop signal forwards SIGTERM, a second one (or the
-    deadline) kills."""
+class _Stopper:
+    """What the launcher's loop does about stop signals: the first forwards SIGTERM, a second one
+    (or the deadline) kills. Called from the loop only, never from a signal handler."""
 
-    def __init__(self, what: str, grace_s: float) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], what: str, grace_s: float) -> None:
+        self.proc = proc
         self.what = what
         self.grace_s = grace_s
         self.signum: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._timer: threading.Timer | None = None
-        self._lock = threading.Lock()
-        self._killed = False
+        self.deadline: float | None = None
+        self.killed = False
 
-    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+    def on_signal(self, signum: int) -> None:
         if self.signum is None:
             self.signum = signum
             _say(
                 f"{_name(signum)}: stopping {self.what} with SIGTERM; SIGKILL in "
                 f"{self.grace_s:g} s or at the next signal"
             )
-            self._terminate()
-        else:
+            if self.proc.poll() is None:
+                _signal_group(self.proc.pid, signal.SIGTERM)
+            self.deadline = time.monotonic() + self.grace_s
+        elif not self.killed:
             _say(f"{_name(signum)} again: killing {self.what} now")
             self.kill()
+        # Later signals of a burst change nothing: the job is being killed already.
 
-    def attach(self, proc: subprocess.Popen[bytes]) -> None:
-        self._proc = proc
-        if self.signum is not None:  # the signal came while the child was being started
-            self._terminate()
-
-    def _terminate(self) -> None:
-        proc = self._proc
-        if proc is None or proc.returncode is not None:
-            return
-        _signal_group(proc.pid, signal.SIGTERM)
-        if self._timer is None:
-            self._timer = threading.Timer(self.grace_s, self._deadline)
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _deadline(self) -> None:
-        _say(f"{self.what} still running {self.grace_s:g} s after SIGTERM: killing it")
-        self.kill()
+    def check_deadline(self) -> None:
+        if self.deadline is not None and not self.killed and time.monotonic() >= self.deadline:
+            _say(f"{self.what} still running {self.grace_s:g} s after SIGTERM: killing it")
+            self.kill()
 
     def kill(self) -> None:
         """SIGKILL the child's children's process groups, then the child's own."""
-        with self._lock:
-            proc = self._proc
-            if self._killed or proc is None or proc.returncode is not None:
-                return
-            self._killed = True
-            # Children first: once the child is gone they are reparented and cannot be found.
-            for pgid in _child_process_groups(proc.pid):
-                if pgid != os.getpgrp():
-                    _signal_group(pgid, signal.SIGKILL)
-            _signal_group(proc.pid, signal.SIGKILL)
+        self.killed = True
+        if self.proc.poll() is not None:
+            return
+        # Children first: once the child is gone they are reparented and cannot be found.
+        for pgid in _child_process_groups(self.proc.pid):
+            if pgid != os.getpgrp():
+                _signal_group(pgid, signal.SIGKILL)
+        _signal_group(self.proc.pid, signal.SIGKILL)
 
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+
+class _Recorder:
+    """The launcher's only signal handler: it appends the signal to ``pending`` and, through
+    ``signal.set_wakeup_fd``, makes ``wake_r`` readable; the loop does the rest."""
+
+    def __init__(self) -> None:
+        self.pending: deque[int] = deque()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self._previous: dict[int, Any] = {}
+        self._previous_wakeup = -1
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.pending.append(signum)  # only this: see the module's docstring
+
+    def install(self) -> None:
+        self._previous_wakeup = signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        self._previous = {sig: signal.signal(sig, self._record) for sig in STOP_SIGNALS}
+
+    def drain(self) -> None:
+        try:
+            while os.read(self.wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        if self._previous:
+            signal.set_wakeup_fd(self._previous_wakeup)
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+
+
+_held: _Recorder | None = None
+
+
+def hold_stop_signals() -> None:
+    """Record stop signals from now until this process exits (the ``accelkit launch`` command).
+
+    :func:`run_child` then sees a signal that came before the job started (and does not start
+    it), and the tail of a burst that comes after the job ended finds a handler that records it,
+    not the default one (which would kill the launcher, or raise ``KeyboardInterrupt``, with a
+    different status than the one the first signal decided). Call it from the main thread of a
+    process that ends after the launch; without it, :func:`run_child` installs the handler for
+    the job's lifetime and restores the previous ones afterwards.
+    """
+    global _held
+    if _held is None and threading.current_thread() is threading.main_thread():
+        _held = _Recorder()
+        _held.install()
+
+
+def ignore_stop_signals() -> None:
+    """Ignore stop signals from now on: for the ``accelkit launch`` process, once its job is over.
+
+    Python puts the default handlers back while the interpreter shuts down, so the tail of a
+    burst would otherwise kill the launcher on its way out, with another status than the one it
+    chose (or, for SIGINT, with a traceback). Ignored signals stay ignored through shutdown.
+    """
+    if threading.current_thread() is threading.main_thread():
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits (Linux 5.3+), else None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def run_child(cmd: Sequence[str], env: dict[str, str], what: str, *, via_torchrun: bool) -> int:
@@ -151,7 +314,8 @@ def run_child(cmd: Sequence[str], env: dict[str, str], what: str, *, via_torchru
     signalled.
 
     Args:
-        cmd: the command (torchrun, or the script for one local process).
+        cmd: the command (torchrun, or the script for one local process). It learns the
+            launcher's pid from ``ACCELKIT_LAUNCH_PARENT_PID`` (see :func:`die_with_parent`).
         env: its environment.
         what: how the one-line messages name the job, e.g. ``"2 workers (torchrun pid 7)"``.
         via_torchrun: the child is torchrun, which needs its own shutdown timeout before the
@@ -161,21 +325,45 @@ def run_child(cmd: Sequence[str], env: dict[str, str], what: str, *, via_torchru
         The child's exit code, or ``128 + signal`` when a signal stopped the job.
     """
     grace = TORCHRUN_SHUTDOWN_S + _MARGIN_S if via_torchrun else TORCHRUN_SHUTDOWN_S
-    stop = _StopForwarder(what, grace)
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = (
-        {sig: signal.signal(sig, stop.on_signal) for sig in STOP_SIGNALS} if in_main_thread else {}
-    )
+    recorder, own = _held, _held is None
+    if recorder is None:
+        recorder = _Recorder()
+        if threading.current_thread() is threading.main_thread():
+            recorder.install()
+    exited: int | None = None
     try:
-        proc = subprocess.Popen(list(cmd), env=env, start_new_session=True)
-        stop.attach(proc)
-        returncode = proc.wait()
+        if recorder.pending:  # stopped before the job started: do not start it
+            first = recorder.pending[0]
+            _say(f"{_name(first)} before {what} started; not starting it; exit code {128 + first}")
+            return 128 + first
+        proc = subprocess.Popen(
+            list(cmd), env={**env, ENV_PARENT_PID: str(os.getpid())}, start_new_session=True
+        )
+        stop = _Stopper(proc, what, grace)
+        exited = _pidfd(proc.pid)
+        watched = [recorder.wake_r] if exited is None else [recorder.wake_r, exited]
+        while True:
+            while recorder.pending:
+                stop.on_signal(recorder.pending.popleft())
+            if proc.poll() is not None:
+                break
+            stop.check_deadline()
+            # Without a pidfd the child's exit is seen by polling, a few times a second.
+            timeout = 0.2 if exited is None else 5.0
+            if stop.deadline is not None and not stop.killed:
+                timeout = max(0.0, min(timeout, stop.deadline - time.monotonic()))
+            select.select(watched, [], [], timeout)
+            recorder.drain()
+        returncode = proc.returncode
     finally:
-        stop.cancel()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        if own:
+            recorder.restore()
+        if exited is not None:
+            os.close(exited)
     if stop.signum is None:
-        return returncode
+        # A child killed by a signal (the OOM killer, a SIGKILL to torchrun) exits the launcher
+        # as a shell reports it, 128 + signal, rather than Python's 256 - signal.
+        return 128 - returncode if returncode < 0 else returncode
     code = 128 + stop.signum
     _say(f"stopped by {_name(stop.signum)}; exit code {code}")
     return code

@@ -4,6 +4,11 @@ Each ``log()`` appends one line ``{"step": ..., "timestamp": ..., "values": {...
 ``<logging_dir>/<run_name>/metrics.jsonl``; the configuration goes to ``config.json`` beside it.
 Each checkpoint saved or loaded appends an *event row*, a line with an ``"event"`` key (see
 :class:`JSONLTracker`); :func:`read_jsonl` reads the file back, with or without them.
+
+A row is one line holding one JSON object. One parser (``_parse_row``) decides what a row is,
+for the tracker's repair at start and for :func:`read_jsonl`: a line that is not UTF-8, not
+JSON (cut short by a crash, a number too long to read, nested too deep), not an object, or
+longer than 64 MiB is not a row.
 """
 
 from __future__ import annotations
@@ -13,15 +18,27 @@ import glob
 import json
 import math
 import os
-import re
 import stat
 import tempfile
 import time
 import warnings
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from typing import IO, Any, Literal
 
 from typing_extensions import override
 
+from accelkit.trackers._files import (
+    TrackerFileError,
+    check_regular,
+    create_exclusive,
+    ends_torn,
+    make_run_folder,
+    open_append,
+    open_regular,
+    same_path,
+    write_text,
+)
+from accelkit.trackers._reference import short
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.values import to_plain
@@ -30,8 +47,10 @@ __all__ = ["JSONLTracker", "read_jsonl"]
 
 _TEMP_PREFIX = ".metrics.jsonl."
 _TEMP_SUFFIX = ".tmp"
-# How every row this tracker writes begins: the rewrite reads the step without parsing the row.
-_STEP_PREFIX = re.compile(r'\{"step": (-?\d+|null)[,}]')
+_REJECTED = ".rejected-"  # metrics.jsonl.rejected-<time>: the lines a repair moved aside
+_MAX_ROW_BYTES = 64 * 2**20  # a longer line is not a row (read in pieces, never whole)
+_CHUNK = 2**20
+_ROLE = "the jsonl tracker writes its rows"
 
 
 class JSONLTracker(GeneralTracker):
@@ -53,12 +72,22 @@ class JSONLTracker(GeneralTracker):
     after the checkpoint's step (metric and event rows alike: they belong to the timeline the
     resumed job replaces), then appends as usual, so each step appears once. Rows without a
     step (``log()`` called directly without one) cannot be placed on the timeline and are
-    kept; a last line cut short by a crash (not JSON) is dropped with a warning. The rewrite
-    goes to a temporary file in the same folder, synced, then renamed over the old file: a
-    crash at any moment leaves either the old file or the new one, whole (a leftover temporary
-    file is removed by the next start). It streams the file on the tracker's worker thread,
-    reading each row's step from its beginning (about a second per 100 MB); a rewrite that
-    fails leaves the file as it was and fails the tracker's start, reported like any other.
+    kept. The rewrite goes to a temporary file in the same folder, synced, then renamed over
+    the old file: a crash at any moment leaves either the old file or the new one, whole (a
+    leftover temporary file is removed by the next start). It streams the file on the
+    tracker's worker thread, parsing every row (about two seconds per 100 MB).
+
+    Damaged files: lines that are not rows (see :func:`read_jsonl`; a last line cut short by a
+    crash, a line edited by hand) never stop the tracker. The resume's rewrite, and any start
+    that finds the file's last line cut short, moves them to a side file
+    ``metrics.jsonl.rejected-<YYYYmmdd-HHMMSS>`` beside it, says so once, and keeps every row
+    that parses; a new row never continues a cut-short line. A rewrite that fails (a disk
+    error) leaves the file as it was, says so, and the tracker appends to it: the old data
+    never costs the new rows.
+
+    Files: ``metrics.jsonl``, ``config.json`` and the run folder are never followed: a link,
+    a named pipe, a device or a folder where one of them should be makes :meth:`start` raise
+    a ``TrackerFileError`` (an ``OSError``) naming it and the fix; the hub reports it once.
 
     Args:
         run_name: the sub-folder of ``logging_dir``.
@@ -93,13 +122,28 @@ class JSONLTracker(GeneralTracker):
 
     @override
     def start(self) -> None:
-        os.makedirs(self.run_dir, exist_ok=True)
+        make_run_folder(self.logging_dir or ".", self.run_name, _ROLE)
         _remove_stale_temporaries(self.run_dir)
-        if self._keep_until is not None:
-            if os.path.exists(self.path):
-                _rewrite_until(self.path, self._keep_until)
-            self._keep_until = None
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
+        keep_until, self._keep_until = self._keep_until, None
+        if check_regular(self.path, _ROLE) and (keep_until is not None or _is_torn(self.path)):
+            try:
+                _rewrite(self.path, keep_until)
+            except TrackerFileError:
+                raise
+            except OSError as error:
+                # The old rows could not be rewritten: keep logging the new ones after them.
+                stale = ""
+                if keep_until is not None:
+                    stale = (
+                        f"; its rows logged after step {keep_until} by the abandoned attempt stay"
+                    )
+                warnings.warn(
+                    f"Tracker 'jsonl': could not rewrite {self.path} ({type(error).__name__}: "
+                    f"{error}); it is left as it was and this job appends to it{stale}.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        self._file = open_append(self.path, _ROLE)
 
     @override
     def run_reference(self) -> dict[str, Any] | None:
@@ -118,11 +162,11 @@ class JSONLTracker(GeneralTracker):
             step: the checkpoint's last logged step (``-1``: drop every row with a step).
         """
         recorded = reference.get("path") if isinstance(reference, dict) else None
-        if reference is not None and not _same_file(recorded, self.path):
+        if reference is not None and not same_path(recorded, self.path):
             warnings.warn(
-                f"Tracker 'jsonl': the checkpoint's run wrote to {recorded!r}, this job writes "
-                f"to {os.path.abspath(self.path)!r}; continuing in this job's file (dropping "
-                f"its rows after step {step}), the other one is left alone.",
+                f"Tracker 'jsonl': the checkpoint's run wrote to {short(recorded)}, this job "
+                f"writes to {os.path.abspath(self.path)!r}; continuing in this job's file "
+                f"(dropping its rows after step {step}), the other one is left alone.",
                 UserWarning,
                 stacklevel=2,
             )
@@ -130,8 +174,8 @@ class JSONLTracker(GeneralTracker):
 
     @override
     def store_init_configuration(self, values: dict[str, Any]) -> None:
-        with open(os.path.join(self.run_dir, "config.json"), "w", encoding="utf-8") as file:
-            json.dump(_strict(to_plain(values)), file, indent=2)
+        text = json.dumps(_strict(to_plain(values)), indent=2)
+        write_text(os.path.join(self.run_dir, "config.json"), text, "the jsonl tracker writes")
 
     @override
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
@@ -180,68 +224,139 @@ def _strict(value: Any) -> Any:
     return value
 
 
-def _same_file(recorded: Any, path: str) -> bool:
-    if not isinstance(recorded, str):
-        return False
-    return os.path.normcase(os.path.realpath(recorded)) == os.path.normcase(os.path.realpath(path))
-
-
-def _row_step(line: str) -> tuple[bool, int | None]:
-    """Whether ``line`` is a JSON object, and its step (``None`` without a finite number)."""
+def _parse_row(line: bytes) -> dict[str, Any] | None:
+    """The row on ``line``, or ``None`` if it holds none (see the module docstring)."""
     try:
-        record = json.loads(line)
-    except ValueError:
-        return False, None
-    if not isinstance(record, dict):
-        return False, None
+        record = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _row_step(record: dict[str, Any]) -> int | None:
+    """The row's step, ``None`` without a finite number."""
     step = record.get("step")
     if isinstance(step, bool) or not isinstance(step, (int, float)) or not math.isfinite(step):
-        return True, None
-    return True, int(step)
+        return None
+    return int(step)
 
 
-def _rewrite_until(path: str, step: int) -> None:
-    """Replace ``path`` by a copy without the rows whose step is after ``step``, atomically.
+def _lines(file: IO[bytes], spill: Callable[[bytes], None]) -> Iterator[tuple[bytes | None, bool]]:
+    """Each line of ``file`` and whether it ends with a newline.
+
+    A line longer than ``_MAX_ROW_BYTES`` is never held whole: its bytes go to ``spill`` piece
+    by piece and ``None`` is yielded in its place.
+    """
+    while True:
+        line = file.readline(_MAX_ROW_BYTES + 1)
+        if not line:
+            return
+        if len(line) <= _MAX_ROW_BYTES or line.endswith(b"\n"):
+            yield line, line.endswith(b"\n")
+            continue
+        spill(line)
+        complete = False
+        while not complete:
+            piece = file.readline(_CHUNK)
+            if not piece:
+                break
+            spill(piece)
+            complete = piece.endswith(b"\n")
+        yield None, complete
+
+
+def _is_torn(path: str) -> bool:
+    descriptor = open_regular(path, os.O_RDONLY, _ROLE)
+    try:
+        return ends_torn(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+class _SideFile:
+    """``metrics.jsonl.rejected-<time>``: created at the first line moved aside."""
+
+    def __init__(self, path: str) -> None:
+        self.base = path + _REJECTED + time.strftime("%Y%m%d-%H%M%S")
+        self.path: str | None = None
+        self.file: IO[bytes] | None = None
+        self.lines = 0
+        self.torn = False
+        self.first: tuple[int, bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.file is None:
+            descriptor, self.path = create_exclusive(self.base)
+            self.file = open(descriptor, "wb")  # noqa: SIM115 - closed in close()
+        self.file.write(data)
+
+    def reject(self, number: int, line: bytes | None, complete: bool) -> None:
+        """Count line ``number`` as moved aside (``line``: its bytes, not yet written)."""
+        self.lines += 1
+        self.torn = self.torn or not complete
+        if line is not None:
+            self.write(line if complete else line + b"\n")
+        elif not complete:
+            self.write(b"\n")
+        if self.first is None:
+            sample = b"(longer than 64 MiB)" if line is None else line[:200].rstrip(b"\r\n")
+            self.first = (number, sample)
+
+    def close(self, sync: bool) -> None:
+        if self.file is not None:
+            if sync:
+                self.file.flush()
+                os.fsync(self.file.fileno())
+            self.file.close()
+            self.file = None
+
+
+def _rewrite(path: str, keep_until: int | None) -> None:
+    """Replace ``path`` by a copy holding only its rows, and only those up to ``keep_until``.
 
     Streams the file (no size limit), writes the kept lines to a temporary file in the same
-    folder, syncs it, renames it over ``path`` and syncs the folder. On any error the
-    temporary file is removed and ``path`` is left as it was.
+    folder and the lines that are not rows to a side file, syncs both, renames the copy over
+    ``path`` and syncs the folder. On any error the temporary file is removed and ``path`` is
+    left as it was.
     """
     folder = os.path.dirname(os.path.abspath(path))
-    descriptor, temporary = tempfile.mkstemp(prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX, dir=folder)
-    torn = 0
-    try:
-        with (
-            open(descriptor, "w", encoding="utf-8", errors="surrogateescape") as out,
-            open(path, encoding="utf-8", errors="surrogateescape") as source,
-        ):
-            for line in source:
-                text = line.rstrip("\n")
-                if not text.strip():
-                    continue
-                match = _STEP_PREFIX.match(text)
-                if match and line.endswith("\n"):
-                    row_step = None if match[1] == "null" else int(match[1])
-                else:
-                    is_json, row_step = _row_step(text)
-                    if not is_json and not line.endswith("\n"):
-                        torn += 1  # the last line, cut short by a crash
+    side = _SideFile(path)
+    source_descriptor = open_regular(path, os.O_RDONLY, _ROLE)
+    with open(source_descriptor, "rb") as source:
+        descriptor, temporary = tempfile.mkstemp(
+            prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX, dir=folder
+        )
+        try:
+            with open(descriptor, "wb") as out:
+                for number, (line, complete) in enumerate(_lines(source, side.write), start=1):
+                    if line is not None and not line.strip():
                         continue
-                if row_step is None or row_step <= step:
-                    out.write(text + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
+                    record = None if line is None else _parse_row(line)
+                    if line is None or record is None:
+                        side.reject(number, line, complete)
+                        continue
+                    step = _row_step(record)
+                    if keep_until is None or step is None or step <= keep_until:
+                        out.write(line if complete else line + b"\n")
+                out.flush()
+                os.fsync(out.fileno())
+                os.fchmod(out.fileno(), stat.S_IMODE(os.fstat(source.fileno()).st_mode))
+            side.close(sync=True)
+            os.replace(temporary, path)
+        except BaseException:
+            side.close(sync=False)
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+            raise
     _sync_folder(folder)
-    if torn:
+    if side.lines and side.first is not None:
+        number, sample = side.first
+        torn = " (its last line was cut short, probably by a crash while it was written)"
         warnings.warn(
-            f"Tracker 'jsonl': the last line of {path} was cut short (not JSON, probably a "
-            "crash while it was written); it was dropped when the run resumed.",
+            f"Tracker 'jsonl': {side.lines} line(s) of {path} are not JSON object rows"
+            f"{torn if side.torn else ''}; the first is line {number}: "
+            f"{short(sample.decode('utf-8', 'replace'), 100)}. They were moved to "
+            f"{side.path or side.base}; the other rows are kept.",
             UserWarning,
             stacklevel=3,
         )
@@ -268,26 +383,76 @@ def _remove_stale_temporaries(folder: str) -> None:
             os.remove(leftover)
 
 
-def read_jsonl(path: str, *, metrics_only: bool = False) -> list[dict[str, Any]]:
+def read_jsonl(
+    path: str,
+    *,
+    metrics_only: bool = False,
+    errors: Literal["warn", "skip", "raise"] = "warn",
+) -> list[dict[str, Any]]:
     """Read back a ``metrics.jsonl`` file written by :class:`JSONLTracker`.
 
     Args:
         path: the file, or the run folder holding it.
         metrics_only: leave out the checkpoint event rows (those with an ``"event"`` key),
             keeping only what ``log()`` wrote.
+        errors: what to do with a line that is not a row (not UTF-8, not JSON, not a JSON
+            object, or longer than 64 MiB: a line cut short by a crash, or edited by hand):
+            ``"warn"`` skips it and warns once, naming the file, how many lines and the first
+            one; ``"skip"`` skips it silently; ``"raise"`` raises a ``ValueError`` naming the
+            file and the line. Empty lines are always skipped.
 
     Returns:
-        One dict per line, in order: ``step``, ``timestamp`` and ``values`` for each
+        One dict per row, in order: ``step``, ``timestamp`` and ``values`` for each
         ``log()`` call; event rows also have ``event`` (``"checkpoint_save"`` or
         ``"checkpoint_load"``) and ``path``, their ``values`` the event's numbers.
+
+    Raises:
+        ValueError: ``errors="raise"`` and a line is not a row, or ``errors`` is unknown.
+        OSError: the file cannot be read, or is not a regular file (a pipe, a device, a
+            folder: ``TrackerFileError``).
 
     Example:
         >>> losses = [r["values"]["loss"] for r in read_jsonl("runs/demo", metrics_only=True)]
     """
+    if errors not in ("warn", "skip", "raise"):
+        raise ValueError(f"read_jsonl(errors={errors!r}): expected 'warn', 'skip' or 'raise'.")
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
-    with open(path, encoding="utf-8") as file:
-        records = [json.loads(line) for line in file if line.strip()]
+    descriptor = open_regular(path, os.O_RDONLY, "read_jsonl reads rows", follow=True)
+    records: list[dict[str, Any]] = []
+    bad: list[int] = []
+    with open(descriptor, "rb") as file:
+        for number, (line, _) in enumerate(_lines(file, _discard), start=1):
+            if line is not None and not line.strip():
+                continue
+            record = None if line is None else _parse_row(line)
+            if record is not None:
+                records.append(record)
+                continue
+            if errors == "raise":
+                shown = (
+                    "longer than 64 MiB"
+                    if line is None
+                    else short(line[:200].rstrip(b"\r\n").decode("utf-8", "replace"), 100)
+                )
+                raise ValueError(
+                    f"{path}, line {number}: not a JSON object row ({shown}). Pass "
+                    "errors='warn' or 'skip' to read the other rows; the jsonl tracker moves "
+                    "such lines to metrics.jsonl.rejected-<time> when a run resumes."
+                )
+            bad.append(number)
+    if bad and errors == "warn":
+        warnings.warn(
+            f"read_jsonl: {len(bad)} line(s) of {path} are not JSON object rows and were "
+            f"skipped (line {', '.join(map(str, bad[:5]))}{', ...' if len(bad) > 5 else ''}); "
+            "pass errors='raise' to stop at the first, errors='skip' to say nothing.",
+            UserWarning,
+            stacklevel=2,
+        )
     if metrics_only:
         return [record for record in records if "event" not in record]
     return records
+
+
+def _discard(data: bytes) -> None:
+    """Where ``read_jsonl`` sends the pieces of an over-long line."""

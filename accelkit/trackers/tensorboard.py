@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import stat
 import time
 import warnings
 from typing import Any
@@ -12,11 +15,16 @@ import numpy as np
 import torch
 from typing_extensions import override
 
+from accelkit.trackers._files import make_run_folder, same_path, write_text
+from accelkit.trackers._reference import short
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.values import flatten, is_number, scalar_or_text, to_plain
 
 __all__ = ["TensorBoardTracker"]
+
+_ROLE = "the TensorBoard tracker writes its event files"
+_EVENT_PREFIX = "events.out.tfevents."
 
 
 class TensorBoardTracker(GeneralTracker):
@@ -40,7 +48,14 @@ class TensorBoardTracker(GeneralTracker):
     purge_step=step + 1)``: TensorBoard's readers then drop every point the earlier attempt
     logged after the checkpoint's step (the event files stay on disk), so each step appears
     once, with the resumed job's values. A ``purge_step`` given in ``init_kwargs`` is replaced
-    by the resume's.
+    by the resume's. TensorBoard reads a folder's event files in name order and a purge only
+    drops points read before it, so event files that would be read after the new one (from a
+    clock that ran ahead) are first renamed to be read just before it: their points up to the
+    checkpoint stay, the later ones are purged (nothing is deleted; a warning says which).
+
+    Files: the run folder (``run_name`` under ``logging_dir``) and ``config.json`` are never
+    followed: a link, a pipe, a device or a folder there makes :meth:`start` (or
+    :meth:`store_init_configuration`) raise a ``TrackerFileError`` naming it and the fix.
 
     Args:
         run_name: the sub-folder of ``logging_dir`` the events go to.
@@ -68,9 +83,11 @@ class TensorBoardTracker(GeneralTracker):
     def start(self) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        make_run_folder(self.logging_dir or ".", self.run_name, _ROLE)
         kwargs = dict(self.init_kwargs)
         if self._purge_step is not None:
             kwargs["purge_step"] = self._purge_step
+            _read_before_new_files(self.log_dir, self._purge_step)
             _wait_past_newest_event_file(self.log_dir)
         self.writer = SummaryWriter(log_dir=self.log_dir, **kwargs)
 
@@ -91,9 +108,9 @@ class TensorBoardTracker(GeneralTracker):
             step: the checkpoint's last logged step (``-1``: purge every point).
         """
         recorded = reference.get("log_dir") if isinstance(reference, dict) else None
-        if reference is not None and not _same_folder(recorded, self.log_dir):
+        if reference is not None and not same_path(recorded, self.log_dir):
             warnings.warn(
-                f"Tracker 'tensorboard': the checkpoint's run wrote to {recorded!r}, this job "
+                f"Tracker 'tensorboard': the checkpoint's run wrote to {short(recorded)}, this job "
                 f"writes to {os.path.abspath(self.log_dir)!r}; continuing in this job's folder "
                 f"(purging its points after step {step}), the other one is left alone.",
                 UserWarning,
@@ -116,9 +133,10 @@ class TensorBoardTracker(GeneralTracker):
         flat = {key: scalar_or_text(value) for key, value in flatten(values).items()}
         for summary in hparams(flat, {}):
             self.writer.file_writer.add_summary(summary)
-        os.makedirs(self.log_dir, exist_ok=True)
-        with open(os.path.join(self.log_dir, "config.json"), "w", encoding="utf-8") as file:
-            json.dump(to_plain(values), file, indent=2, default=str)
+        text = json.dumps(to_plain(values), indent=2, default=str)
+        write_text(
+            os.path.join(self.log_dir, "config.json"), text, "the TensorBoard tracker writes"
+        )
 
     @override
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
@@ -149,14 +167,6 @@ class TensorBoardTracker(GeneralTracker):
             self.writer.close()
 
 
-def _same_folder(recorded: Any, folder: str) -> bool:
-    if not isinstance(recorded, str):
-        return False
-    return os.path.normcase(os.path.realpath(recorded)) == os.path.normcase(
-        os.path.realpath(folder)
-    )
-
-
 def _is_array(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() > 0
@@ -185,3 +195,82 @@ def _wait_past_newest_event_file(log_dir: str) -> None:
     wait = max(seconds) + 1 - time.time()
     if 0 < wait <= 1.0:
         time.sleep(wait)
+
+
+def _event_second(name: str) -> int | None:
+    """The second in a standard event file name (``events.out.tfevents.<second>.<host>...``)."""
+    parts = name.split(".")
+    if name.startswith(_EVENT_PREFIX) and len(parts) > 3 and parts[3].isdigit():
+        return int(parts[3])
+    return None
+
+
+def _read_before_new_files(log_dir: str, purge_step: int) -> None:
+    """Rename the event files a new one would be read before, so that they are read after it.
+
+    TensorBoard reads every file of a run folder with ``tfevents`` in its name, in name order,
+    and the purge event at the start of the resumed job's file drops only the points read
+    before it. A new file's name begins with the second it is created in, so a file named
+    from a clock that ran ahead (or any name sorting after ``events.out.tfevents.<next
+    second>``) would be read after the purge and bring the abandoned attempt's points back.
+    Each such file (or link) is renamed to ``events.out.tfevents.<T>.~<n>.<old name>``, where
+    ``T`` is the newest second of the other files (or now): the renamed files keep their
+    order among themselves, sort after every other file and before the new one (see
+    :func:`_wait_past_newest_event_file`), and the purge then applies to them.
+    """
+    now = int(time.time())
+    limit = f"{_EVENT_PREFIX}{now + 1:010d}"
+    try:
+        names = sorted(os.listdir(log_dir))
+    except OSError:
+        return
+    ahead: list[str] = []
+    seconds: list[int] = []
+    for name in names:
+        if "tfevents" not in name:
+            continue
+        if name < limit:
+            second = _event_second(name)
+            if second is not None and second <= now:
+                seconds.append(second)
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISDIR(os.lstat(os.path.join(log_dir, name)).st_mode):
+                ahead.append(name)
+    if not ahead:
+        return
+    base = f"{_EVENT_PREFIX}{max(seconds, default=now):010d}.~"
+    used = [
+        int(n[len(base) :][:6])
+        for n in names
+        if n.startswith(base) and n[len(base) :][:6].isdigit()
+    ]
+    index = max(used, default=-1) + 1
+    renamed: list[str] = []
+    left: list[str] = []
+    for name in ahead:
+        target = f"{base}{index:06d}.{name[:150]}"
+        index += 1
+        try:
+            # An old file that cannot be moved must not cost the resumed run its new points.
+            if os.path.lexists(os.path.join(log_dir, target)):
+                raise FileExistsError(errno.EEXIST, "name taken", target)
+            os.rename(os.path.join(log_dir, name), os.path.join(log_dir, target))
+            renamed.append(target)
+        except OSError as error:
+            left.append(f"{short(name)} ({type(error).__name__}: {error.strerror})")
+    said = (
+        f"Renamed to be read before it (the first is now {short(renamed[0])}): their points "
+        f"before step {purge_step} stay, the later ones are purged"
+        if renamed
+        else "None could be renamed"
+    )
+    if left:
+        said += f". Left as they are, so their later points still show: {', '.join(left[:3])}"
+    warnings.warn(
+        f"Tracker 'tensorboard': {len(ahead)} event file(s) in {log_dir} are named after this "
+        f"second (a clock that ran ahead?), the first {short(ahead[0])}: TensorBoard would read "
+        f"them after this job's file and show the abandoned attempt's points again. {said}.",
+        UserWarning,
+        stacklevel=3,
+    )

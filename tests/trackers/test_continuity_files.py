@@ -244,15 +244,18 @@ def test_jsonl_resume_reads_the_step_of_rows_written_by_hand(tmp_path: Path) -> 
         '{"step": 7.5, "values": {}}',
         '{"step": Infinity, "values": {}}',  # no finite step: kept like a row without one
         '{"step": "3", "values": {}}',
-        "[1, 2]",
+        "[1, 2]",  # not an object: not a row, moved aside
         '{"step": -4, "values": {}}',
     ]
     path.write_text("\n".join(rows) + "\n")
     tracker = JSONLTracker("run", str(tmp_path))
     tracker.continue_run(None, 2)
-    tracker.start()
+    with pytest.warns(UserWarning, match="line 7: '\\[1, 2\\]'"):
+        tracker.start()
     tracker.finish()
-    assert path.read_text().splitlines() == [rows[i] for i in (0, 2, 4, 5, 6, 7)]
+    assert path.read_text().splitlines() == [rows[i] for i in (0, 2, 4, 5, 7)]
+    (rejected,) = path.parent.glob("metrics.jsonl.rejected-*")
+    assert rejected.read_text() == "[1, 2]\n"
 
 
 def test_jsonl_drops_a_torn_last_line_with_a_warning(tmp_path: Path) -> None:
@@ -306,7 +309,7 @@ def test_jsonl_vanished_file_starts_a_new_one(tmp_path: Path) -> None:
     assert [r["step"] for r in read_jsonl(first.path)] == [4]
 
 
-def test_jsonl_failed_rewrite_leaves_the_file_as_it_was(
+def test_jsonl_failed_rewrite_leaves_the_file_as_it_was_and_keeps_logging(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _jsonl_run(tmp_path, range(50)).finish()
@@ -319,10 +322,15 @@ def test_jsonl_failed_rewrite_leaves_the_file_as_it_was(
     monkeypatch.setattr(os, "fsync", disk_error)
     tracker = JSONLTracker("run", str(tmp_path))
     tracker.continue_run(None, 10)
-    with pytest.raises(OSError, match="Input/output"):
+    with pytest.warns(UserWarning, match="could not rewrite .*Input/output.* appends to it"):
         tracker.start()
     assert path.read_bytes() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["metrics.jsonl"]
+    # The old data could not be rewritten: the new rows are still logged, after it.
+    tracker.log({"loss": 1011.0}, step=11)
+    tracker.finish()
+    assert path.read_bytes().startswith(before)
+    assert [r["step"] for r in read_jsonl(str(path))] == [*range(50), 11]
 
 
 KILLED_IN_REWRITE = """
