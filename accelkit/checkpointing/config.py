@@ -102,8 +102,8 @@ class ProjectConfiguration:
 
     def retention_policy(self) -> RetentionPolicy:
         """The :class:`~accelkit.checkpointing.catalog.retention.RetentionPolicy` these settings
-        make
-        (:func:`~accelkit.checkpointing.catalog.retention.build_policy`, as ``ckpt prune`` uses).
+        make (:func:`~accelkit.checkpointing.catalog.retention.build_policy`, as ``ckpt prune``
+        uses).
 
         Raises:
             ValueError: naming the bad setting (e.g. ``total_limit=0``).

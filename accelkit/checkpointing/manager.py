@@ -394,8 +394,9 @@ class CheckpointManager:
         Raises:
             CheckpointError: the folder is not a committed checkpoint (the message says what
                 it is and what to pass instead).
-            CorruptCheckpointError / CheckpointMismatchError: see :func:`~accelkit.
-                checkpointing.contents.read_contents`. Nothing is changed then.
+            CorruptCheckpointError / CheckpointMismatchError: see
+                :func:`~accelkit.checkpointing.objects.contents.read_contents`. Nothing is
+                changed then.
         """
         started = time.perf_counter()
         self.wait()

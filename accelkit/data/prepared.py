@@ -1,8 +1,7 @@
 """The prepared dataloader classes: iteration, end detection, position and skipping.
 
 :func:`accelkit.data.preparation.prepare_data_loader` builds these; this module holds what one
-prepared
-loader does while it is iterated and how its position is saved, restored and skipped.
+prepared loader does while it is iterated and how its position is saved, restored and skipped.
 
 **Resuming.** A position restored by ``load_state_dict`` (what ``Accelerator.load_state`` calls)
 is *pending*: the next pass of the loader, or of a loader that :meth:`skip_first_batches` made

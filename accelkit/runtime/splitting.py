@@ -1,6 +1,5 @@
 """How :meth:`~accelkit.runtime.state.PartialState.split_between_processes` shares inputs out: a
-pure
-function of the inputs, the process count and the process index."""
+pure function of the inputs, the process count and the process index."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ newest intact one (both training and ``ckpt prune`` delete through it; the check
 so this module stays free of I/O). Its inputs are any objects with ``name``,
 ``iteration`` (int or ``None``), ``created`` (float) and ``metrics`` (mapping) -- e.g.
 :class:`~accelkit.checkpointing.catalog.listing.CheckpointInfo` -- and must be *committed*
-checkpoints
-only: the caller never passes incomplete folders or stray ones such as ``checkpoints/best``.
+checkpoints only: the caller never passes incomplete folders or stray ones such as
+``checkpoints/best``.
 
 Public API: :class:`RetentionPolicy` (the base), :class:`KeepAll`, :class:`KeepLast`,
 :class:`KeepEvery`, :class:`KeepBest`, :class:`AnyOf`, :func:`build_policy`,

@@ -11,8 +11,7 @@ switches one save function) with two differences only: *what* is written is a ho
    processes agree on the outcome);
 3. it runs the save pre-hooks and copies this process's share of the state into the reusable
    host buffers of a :class:`~accelkit.checkpointing.commit.snapshot.HostSnapshot` (sharded FSDP
-   state
-   too: each process its own shards, their DTensor layout kept);
+   state too: each process its own shards, their DTensor layout kept);
 4. it starts a writer thread and returns an :class:`AsyncCheckpoint` handle; the writer runs
    the rest of the sequence (agree on the capture, write, exchange, commit, retention, release,
    done) on the separate gloo group, created once at the first asynchronous save, so the

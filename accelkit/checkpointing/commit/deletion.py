@@ -12,9 +12,8 @@ prune`` both delete through :func:`delete_checkpoint`:
    is skipped.
 
 Both run under the project's save lock (:mod:`~accelkit.checkpointing.commit.lock`): retention
-inside
-the save that holds it, a prune by taking it with :func:`pruning_lock` (a prune that meets a
-live save's lock is refused; a save that meets a prune's lock waits for it).
+inside the save that holds it, a prune by taking it with :func:`pruning_lock` (a prune that meets
+a live save's lock is refused; a save that meets a prune's lock waits for it).
 
 Public API: :func:`delete_checkpoint`, :func:`remove_folder`, :func:`apply_retention`,
 :func:`project_of`, :func:`pruning_lock`.

@@ -7,18 +7,16 @@
 
 1. **prepare**: the main process takes the project's save lock for an automatic checkpoint
    (:mod:`~accelkit.checkpointing.commit.lock`) and checks its ``checkpoint_<n>`` name (below);
-   every
-   process refuses a folder that is itself a symbolic link (loading refuses one, so such a save
-   could never be loaded). All processes agree on the outcome, adopt the main process's number
+   every process refuses a folder that is itself a symbolic link (loading refuses one, so such a
+   save could never be loaded). All processes agree on the outcome, adopt the main process's number
    and exchange their folders, resolved (:mod:`~accelkit.checkpointing.commit.per_process`, which
-   lists the refused cases: aliasing or nested folders among them); if each process gave a
-   folder of its own, every process writes and commits a complete checkpoint into its own
-   folder. Nothing is written before this agreement. Then the main process (and, per process,
-   each one) prepares its folder: an automatic one is created exclusively
+   lists the refused cases: aliasing or nested folders among them); if each process gave a folder of
+   its own, every process writes and commits a complete checkpoint into its own folder. Nothing is
+   written before this agreement. Then the main process (and, per process, each one) prepares its
+   folder: an automatic one is created exclusively
    (:func:`~accelkit.checkpointing.commit.lock.claim_folder`), an explicit one holding a manifest is
-   un-committed, and the save marker ``.accelkit-save.json`` goes first into it (what proves
-   to ``ckpt prune`` that accelkit started this save); a failure there is agreed with the
-   capture.
+   un-committed, and the save marker ``.accelkit-save.json`` goes first into it (what proves to
+   ``ckpt prune`` that accelkit started this save); a failure there is agreed with the capture.
 
    An automatic name that is already taken: if an ``accelkit ckpt import`` wrote that folder
    (its save marker says so; the import took the same lock, so it is finished), the save
@@ -28,11 +26,11 @@
    run's counter moves past every existing ``checkpoint_<n>`` so the next save succeeds:
    skipping silently would let two runs rotate away each other's checkpoints, and refusing
    forever would stop training for good (:attr:`SaveSequence.next_iteration`).
-2. **capture**: every process takes its share of the state (a :class:`~accelkit.
-   checkpointing.payload.Payload`: the live objects, or a frozen host copy). The main process
-   clears the ``sharded/`` folder of an earlier save if this one writes sharded state. All
-   processes agree that every one of them captured, so a failed capture never leaves the others
-   waiting inside a collective write.
+2. **capture**: every process takes its share of the state (a
+   :class:`~accelkit.checkpointing.commit.payload.Payload`: the live objects, or a frozen host
+   copy). The main process clears the ``sharded/`` folder of an earlier save if this one writes
+   sharded state. All processes agree that every one of them captured, so a failed capture never
+   leaves the others waiting inside a collective write.
 3. **write**: every process writes its files (each made durable), sharded (FSDP) state first,
    then they exchange the list of what they wrote.
 4. **commit**: if every process succeeded, the main process removes files of an earlier save
@@ -50,9 +48,8 @@ a :class:`~accelkit.checkpointing.errors.CheckpointError` naming the process tha
 The sequence is parameterised by a :class:`Coordinator` (how processes exchange messages:
 :class:`DefaultCoordinator` on the default process group for a synchronous save,
 :class:`GroupCoordinator` on the writer's own gloo group for an asynchronous one) and by the
-payload (what is written). :mod:`~accelkit.checkpointing.commit.async_save` is a driver around it:
-it
-runs phases 1-2 in the caller's thread and the rest in a writer thread.
+payload (what is written). :mod:`~accelkit.checkpointing.commit.async_save` is a driver around
+it: it runs phases 1-2 in the caller's thread and the rest in a writer thread.
 
 Public API: :class:`Coordinator`, :class:`DefaultCoordinator`, :class:`GroupCoordinator`,
 :class:`SaveRequest`, :class:`SaveSequence`, the phase names :data:`PHASES`.

@@ -4,9 +4,8 @@ An asynchronous save must let training change the model, the optimizer and every
 object the moment ``save_state`` returns, while a background thread still writes the files.
 :class:`HostSnapshot` makes that possible: :meth:`HostSnapshot.capture` copies this process's
 share of the checkpoint (a :class:`~accelkit.checkpointing.objects.contents.Snapshot` of live
-tensors)
-into host buffers and returns a :class:`FrozenSnapshot` that no later change of the live
-objects can reach; :meth:`FrozenSnapshot.write` writes it with the same file formats as a
+tensors) into host buffers and returns a :class:`FrozenSnapshot` that no later change of the
+live objects can reach; :meth:`FrozenSnapshot.write` writes it with the same file formats as a
 synchronous save (it is a :class:`~accelkit.checkpointing.commit.payload.Payload`).
 
 Memory: the buffers cost **one host copy of the saved tensors** of this process (model weights,

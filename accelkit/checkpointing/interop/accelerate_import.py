@@ -2,9 +2,8 @@
 
 What ``accelkit ckpt import SRC [DST]`` runs. ``SRC`` is read exactly as ``load_state`` reads
 it (:func:`~accelkit.checkpointing.interop.accelerate_format.read_accelerate`: confined, pickles
-through
-``torch.load(weights_only=True)`` and an exact allow-list) and never written to. ``DST`` gets
-accelkit's files: weights in safetensors, every state in JSON + safetensors, one
+through ``torch.load(weights_only=True)`` and an exact allow-list) and never written to. ``DST``
+gets accelkit's files: weights in safetensors, every state in JSON + safetensors, one
 ``random_states_<rank>`` per process that saved ``SRC``; then the manifest (the commit), then
 every file is read back and checked against it.
 
