@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import accelkit
-import accelkit.runtime.state
+import accelkit.state
 import accelkit.utils
 from accelkit.out_of_scope import OUT_OF_SCOPE as STAND_INS
 from accelkit.out_of_scope import OutOfScopeError
@@ -120,20 +120,20 @@ def test_public_name_exists_and_binds_the_same_way(where: str, name: str) -> Non
 
 _CLASS_PAIRS = {
     "Accelerator": (accelerate.Accelerator, accelkit.Accelerator),
-    "PartialState": (reference_state.PartialState, accelkit.runtime.state.PartialState),
-    "AcceleratorState": (reference_state.AcceleratorState, accelkit.runtime.state.AcceleratorState),
-    "GradientState": (reference_state.GradientState, accelkit.runtime.state.GradientState),
+    "PartialState": (reference_state.PartialState, accelkit.state.PartialState),
+    "AcceleratorState": (reference_state.AcceleratorState, accelkit.state.AcceleratorState),
+    "GradientState": (reference_state.GradientState, accelkit.state.GradientState),
 }
 
 
 @pytest.fixture(scope="module")
 def instances() -> dict[str, Any]:
     """One accelkit object of each class, for members that are instance attributes."""
-    accelkit.runtime.state.AcceleratorState._reset_state()
+    accelkit.state.AcceleratorState._reset_state()
     accelerator = accelkit.Accelerator(cpu=True)
     return {
         "Accelerator": accelerator,
-        "PartialState": accelkit.runtime.state.PartialState(cpu=True),
+        "PartialState": accelkit.state.PartialState(cpu=True),
         "AcceleratorState": accelerator.state,
         "GradientState": accelerator.gradient_state,
     }
