@@ -7,14 +7,11 @@ modules: :mod:`.preparation` (``prepare_data_loader``, ``DataLoaderConfiguration
 and :mod:`.batches` (nested batches: structure, slices, size).
 """
 
-from accelkit.data.preparation import (
-    DataLoaderConfiguration,
-    PreparedDataLoader,
-    SkipDataLoader,
-    prepare_data_loader,
-    resolve_config,
-    skip_first_batches,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from accelkit._lazy import lazy_getattr
 
 __all__ = [
     "DataLoaderConfiguration",
@@ -24,3 +21,18 @@ __all__ = [
     "resolve_config",
     "skip_first_batches",
 ]
+
+# Resolved on first use: importing one module of this room (``accelkit.data.<module>``) runs
+# this file, and must not import what the room's heavier modules need (torch, for the
+# command line's cheap commands).
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "accelkit.data.preparation"))
+
+if TYPE_CHECKING:
+    from accelkit.data.preparation import (
+        DataLoaderConfiguration,
+        PreparedDataLoader,
+        SkipDataLoader,
+        prepare_data_loader,
+        resolve_config,
+        skip_first_batches,
+    )

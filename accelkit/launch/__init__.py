@@ -7,14 +7,11 @@ modules: :mod:`.launcher` (the command and its torchrun arguments), :mod:`.flags
 :mod:`.notebook` (``notebook_launcher``) and :mod:`.debug` (``debug_launcher``).
 """
 
-from accelkit.launch.launcher import (
-    LaunchConfig,
-    add_launch_arguments,
-    config_from_args,
-    launch_command,
-    notebook_launcher,
-    torchrun_args,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from accelkit._lazy import lazy_getattr
 
 __all__ = [
     "LaunchConfig",
@@ -24,3 +21,18 @@ __all__ = [
     "notebook_launcher",
     "torchrun_args",
 ]
+
+# Resolved on first use: importing one module of this room (``accelkit.launch.<module>``) runs
+# this file, and must not import what the room's heavier modules need (torch, for the
+# command line's cheap commands).
+__getattr__ = lazy_getattr(__name__, dict.fromkeys(__all__, "accelkit.launch.launcher"))
+
+if TYPE_CHECKING:
+    from accelkit.launch.launcher import (
+        LaunchConfig,
+        add_launch_arguments,
+        config_from_args,
+        launch_command,
+        notebook_launcher,
+        torchrun_args,
+    )

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from accelkit import Accelerator, ProjectConfiguration
+from tests.helpers.processes import alive, descendants
 
 TRAIN_SCRIPT = textwrap.dedent(
     """
@@ -55,32 +56,6 @@ TRAIN_SCRIPT = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for a reaper has stopped running)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _descendants(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 def _start_job(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], set[int]]:
     """Launch the job in a session of its own (as a shell starts a foreground job) and wait for
     its first committed checkpoint; return the launcher and every process of the job."""
@@ -112,7 +87,7 @@ def _start_job(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], set[i
             pytest.fail(f"the job did not commit a checkpoint:\n{launcher.communicate()[0]}")
         time.sleep(0.1)
     time.sleep(0.3)  # let the signal land in the middle of the save loop
-    job = _descendants(launcher.pid)
+    job = descendants(launcher.pid)
     workers = {int((out / f"pid{rank}").read_text()) for rank in range(2)}
     assert workers <= job, (workers, job)
     return launcher, job
@@ -120,9 +95,9 @@ def _start_job(tmp_path: Path, **env: str) -> tuple[subprocess.Popen[str], set[i
 
 def _assert_job_gone(job: set[int]) -> None:
     deadline = time.monotonic() + 5
-    while {pid for pid in job if _alive(pid)} and time.monotonic() < deadline:
+    while {pid for pid in job if alive(pid)} and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not {pid for pid in job if _alive(pid)}, "processes of the job are still running"
+    assert not {pid for pid in job if alive(pid)}, "processes of the job are still running"
 
 
 def _assert_checkpoint_loads(out: Path) -> None:

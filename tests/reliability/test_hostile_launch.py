@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.processes import alive, descendants
+
 pytestmark = [
     pytest.mark.reliability,
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's"),
@@ -66,32 +68,6 @@ PLAIN_SCRIPT = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its reaper has stopped running)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def _descendants(pid: int) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[-1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
 class Job:
     """A real ``accelkit launch`` job in a session of its own (as a shell starts one)."""
 
@@ -112,7 +88,7 @@ class Job:
         self.seen: set[int] = set()  # every process of the job ever seen, killed in the end
 
     def watch(self) -> set[int]:
-        self.seen |= _descendants(self.launcher.pid)
+        self.seen |= descendants(self.launcher.pid)
         return self.seen
 
     def wait_for(self, condition: str, timeout: float = 240) -> None:
@@ -131,7 +107,7 @@ class Job:
         if condition == "workers":
             return all(self._pid_file(rank) for rank in range(self.processes))
         if condition == "child":
-            return bool(_descendants(self.launcher.pid))
+            return bool(descendants(self.launcher.pid))
         return bool(self.checkpoints())  # "checkpoint"
 
     def _pid_file(self, rank: int) -> int | None:
@@ -196,7 +172,7 @@ def _start(jobs: list[Job], path: Path, script: str, processes: int = 2) -> Job:
 def _gone_within(pids: set[int], seconds: float) -> set[int]:
     """The pids still running after ``seconds`` (empty once all are gone)."""
     deadline = time.monotonic() + seconds
-    while (left := {pid for pid in pids if _alive(pid)}) and time.monotonic() < deadline:
+    while (left := {pid for pid in pids if alive(pid)}) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
 
