@@ -10,6 +10,7 @@ do when a backend raises or hangs. Neither calls the other to report.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -82,7 +83,8 @@ class FailurePolicy:
         timeout: the most seconds a run may take to open, and one backend call may run while
             values pile up behind it.
         max_pending: how many values may wait for a tracker whose backend call has run past
-            ``timeout`` before it is skipped.
+            ``timeout`` before it is skipped; default ``ACCELKIT_TRACKER_MAX_PENDING`` or
+            50 000.
         on_skip: called (without arguments, on the thread that found the failure) once a
             failure is recorded.
 
@@ -99,7 +101,7 @@ class FailurePolicy:
         on_error: str = "warn",
         *,
         timeout: float = 60.0,
-        max_pending: int = _MAX_PENDING,
+        max_pending: int | None = None,
         on_skip: Callable[[], None] | None = None,
     ) -> None:
         if on_error not in _POLICIES:
@@ -108,6 +110,8 @@ class FailurePolicy:
             )
         self.on_error = on_error
         self.timeout = timeout
+        if max_pending is None:
+            max_pending = int(os.environ.get("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
         self.max_pending = max_pending
         self.on_skip = on_skip
         self._lock = threading.Lock()

@@ -62,13 +62,7 @@ from typing import Any
 from accelkit.trackers._worker import Checkpoint, Log, Mark, Resume, Start, Stop, Worker
 from accelkit.trackers.base import GeneralTracker, NullTracker
 from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.failures import (
-    _MAX_PENDING,
-    FailurePolicy,
-    TrackerError,
-    TrackerFailure,
-    TrackerWarning,
-)
+from accelkit.trackers.failures import FailurePolicy, TrackerError, TrackerFailure, TrackerWarning
 from accelkit.trackers.registry import constructor_arguments, resolve_log_with
 from accelkit.trackers.values import snapshot
 
@@ -104,10 +98,7 @@ class TrackerHub:
         timeout: float = 60.0,
         defer_start: bool = False,
     ) -> None:
-        max_pending = int(os.environ.get("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
-        self._policy = FailurePolicy(
-            on_error, timeout=timeout, max_pending=max_pending, on_skip=self._drop_failed
-        )
+        self._policy = FailurePolicy(on_error, timeout=timeout, on_skip=self._drop_failed)
         self.logging_dir = logging_dir
         self.is_main_process = is_main_process
         self.requested_names = [spec.name for spec in specs]
@@ -389,7 +380,7 @@ class TrackerHub:
         if policy.pending is not None:
             policy.raise_pending()
         copied, pending = snapshot(values)
-        for worker in live:  # worker.put() inlined: this is the training loop's hot path
+        for worker in live:  # no helper call per tracker: this is the training loop's hot path
             kwargs = log_kwargs.get(worker.name) if log_kwargs else None
             items = worker.items
             item: Log = (copied, step, kwargs, pending)
