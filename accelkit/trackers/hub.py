@@ -14,6 +14,8 @@ other trackers and the training run go on. With ``on_error="raise"`` the failure
 first use included, see "Continuing runs"). When every tracker of the run has failed, one
 error-level log record (logger ``accelkit.trackers``) says so, naming each of them: training
 goes on, but nothing is being logged any more.
+These decisions are :class:`~accelkit.trackers.failures.FailurePolicy`'s: the hub creates one
+and hands it to every tracker's worker, which reports to it (never to the hub).
 
 No wait is unbounded. ``start`` and ``store_init_configuration`` run on the tracker's worker
 thread, and the hub waits at most ``timeout`` seconds for each tracker to open its run (in
