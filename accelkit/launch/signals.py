@@ -211,6 +211,13 @@ class _Stopper:
                 f"{self.grace_s:g} s or at the next signal"
             )
             if self.proc.poll() is None:
+                # torchrun starts each worker in a session of its own and stops them one after
+                # the other: the second would see the first one's connection drop and fail with
+                # a traceback before its turn. Every worker gets SIGTERM now, as a foreground
+                # job's process group gets Ctrl-C, then torchrun.
+                for pgid in _child_process_groups(self.proc.pid):
+                    if pgid != os.getpgrp():
+                        _signal_group(pgid, signal.SIGTERM)
                 _signal_group(self.proc.pid, signal.SIGTERM)
             self.deadline = time.monotonic() + self.grace_s
         elif not self.killed:

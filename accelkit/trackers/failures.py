@@ -1,10 +1,33 @@
-"""What the hub reports when a tracker fails: `TrackerFailure`, `TrackerWarning`, `TrackerError`."""
+"""What a tracker's failure costs the run: `FailurePolicy`, and what it reports (`TrackerFailure`,
+`TrackerWarning`, `TrackerError`).
+
+A tracker is somebody else's network service. The hub (fan-out and the runs' lifecycle) and each
+tracker's worker (its queue, thread and backend calls) meet here: the hub creates one
+:class:`FailurePolicy` per run of trackers and hands it to every worker, and both ask it what to
+do when a backend raises or hangs. Neither calls the other to report.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from types import FrameType
+from typing import Any
 
-__all__ = ["TrackerError", "TrackerFailure", "TrackerWarning"]
+__all__ = ["FailurePolicy", "TrackerError", "TrackerFailure", "TrackerWarning"]
+
+_POLICIES = ("warn", "raise")
+# A tracker with this many values waiting while one backend call has run longer than the
+# timeout is hung: it is reported and skipped rather than let its queue grow without bound.
+_MAX_PENDING = 50_000
+
+logger = logging.getLogger("accelkit.trackers")
 
 
 class TrackerWarning(UserWarning):
@@ -33,3 +56,212 @@ class TrackerFailure:
             f"Tracker {self.name!r} failed in {self.method}(): {type(self.error).__name__}: "
             f"{self.error}. It is skipped from now on; the other trackers continue."
         )
+
+
+class FailurePolicy:
+    """What happens when a tracker raises or hangs, decided in one place.
+
+    - A failure is recorded and reported once, naming the tracker and the method: a
+      :class:`TrackerWarning` under ``"warn"``; under ``"raise"`` it is kept and raised as a
+      :class:`TrackerError` by :meth:`raise_pending` at the hub's next call. The caller marks
+      the tracker failed first (exactly one caller reports it), and ``on_skip`` is told, so
+      the owner stops feeding it: it is skipped for the rest of the run.
+    - When every tracker of the run has failed, one error-level record (logger
+      ``accelkit.trackers``) says that nothing is being logged any more.
+    - No wait is unbounded: a run that does not open within ``timeout`` seconds, a backend call
+      longer than ``timeout`` with more than ``max_pending`` values waiting behind it, and a
+      ``flush``/``finish`` that does not complete in time are reported, with the setting that
+      fixes them.
+
+    Warnings point at the first caller outside accelkit (the user's ``log()``,
+    ``init_trackers()`` or ``end_training()`` line). A failure found on a tracker's own thread,
+    or at interpreter exit, has no such line: its warning names no file (``<accelkit
+    trackers>``) rather than one inside accelkit.
+
+    Args:
+        on_error: ``"warn"`` or ``"raise"``.
+        timeout: the most seconds a run may take to open, and one backend call may run while
+            values pile up behind it.
+        max_pending: how many values may wait for a tracker whose backend call has run past
+            ``timeout`` before it is skipped; default ``ACCELKIT_TRACKER_MAX_PENDING`` or
+            50 000.
+        on_skip: called (without arguments, on the thread that found the failure) once a
+            failure is recorded.
+
+    Attributes:
+        pending: the failure :meth:`raise_pending` raises next (``on_error="raise"``), or
+            ``None``; a plain attribute, read on every ``log()``.
+
+    Raises:
+        ValueError: ``on_error`` is neither ``"warn"`` nor ``"raise"``.
+    """
+
+    def __init__(
+        self,
+        on_error: str = "warn",
+        *,
+        timeout: float = 60.0,
+        max_pending: int | None = None,
+        on_skip: Callable[[], None] | None = None,
+    ) -> None:
+        if on_error not in _POLICIES:
+            raise ValueError(
+                f"tracker_errors={on_error!r} is not supported; expected 'warn' or 'raise'."
+            )
+        self.on_error = on_error
+        self.timeout = timeout
+        if max_pending is None:
+            max_pending = int(os.environ.get("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
+        self.max_pending = max_pending
+        self.on_skip = on_skip
+        self._lock = threading.Lock()
+        self._failures: list[TrackerFailure] = []
+        self.pending: TrackerFailure | None = None
+        self._run_names: frozenset[str] = frozenset()
+        self._run_start = 0  # index in _failures of this run's first failure
+        self._all_failed_reported = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the settings only: recorded failures (their exceptions may not pickle), the
+        lock and the owner's hook belong to the process that made them."""
+        return (
+            FailurePolicy,
+            (self.on_error,),
+            {"timeout": self.timeout, "max_pending": self.max_pending},
+        )
+
+    @property
+    def failures(self) -> list[TrackerFailure]:
+        """Every failure recorded so far (all runs)."""
+        return list(self._failures)
+
+    def begin_run(self, names: set[str]) -> None:
+        """Start counting the failures of a new run whose trackers are ``names``."""
+        with self._lock:
+            self._run_names = frozenset(names)
+            self._run_start = len(self._failures)
+            self._all_failed_reported = False
+
+    def report(self, failure: TrackerFailure) -> None:
+        """Record a failure and act on it (see the class docstring).
+
+        The caller has marked the tracker failed, and reports each tracker at most once.
+        """
+        with self._lock:
+            self._failures.append(failure)
+            raise_it = self.on_error == "raise"
+            if raise_it and self.pending is None:
+                self.pending = failure
+        if self.on_skip is not None:
+            self.on_skip()
+        if not raise_it:
+            _warn(failure.describe(), TrackerWarning)
+        self._check_all_failed()
+
+    def raise_pending(self) -> None:
+        """Raise the failure kept under ``"raise"``, once.
+
+        Raises:
+            TrackerError: a failure was reported since the last call.
+        """
+        failure, self.pending = self.pending, None
+        if failure is not None:
+            raise TrackerError(failure) from failure.error
+
+    def stuck(self, busy: str | None, since: float) -> bool:
+        """Whether a backend call (``busy``, begun at monotonic ``since``) has run too long."""
+        return busy is not None and time.monotonic() - since > self.timeout
+
+    def start_timed_out(self, name: str, method: str) -> TrackerFailure:
+        """The failure of a tracker whose run did not open within ``timeout`` seconds."""
+        error = TimeoutError(
+            f"{method}() did not return within {self.timeout:g} s; the tracker is left behind. "
+            "If the backend is just slow to start, raise ACCELKIT_TRACKER_TIMEOUT (seconds)"
+        )
+        return TrackerFailure(name, method, error)
+
+    def overflowed(self, name: str, waiting: int, busy: str | None) -> TrackerFailure:
+        """The failure of a tracker whose queue outgrew ``max_pending`` (its backend is hung)."""
+        state = f"busy in {busy}()" if busy else "not draining its queue"
+        error = TimeoutError(
+            f"{waiting} values waiting ({state}): the backend is hung or far slower than the "
+            "training loop. Raise ACCELKIT_TRACKER_MAX_PENDING if it is only slow"
+        )
+        return TrackerFailure(name, "log", error)
+
+    def late(self, name: str, what: str, limit: float, busy: str | None) -> None:
+        """Warn that a tracker did not ``what`` (flush, finish) within ``limit`` seconds; it is
+        not waited for any longer, but not skipped either."""
+        _warn(
+            f"Tracker {name!r} did not {what} within {limit:g} s ("
+            + (f"busy in {busy}()" if busy else "values still queued")
+            + "); not waiting for it any longer. Values it has not written yet may be lost. "
+            "If the backend is just slow, raise ACCELKIT_TRACKER_TIMEOUT (seconds).",
+            TrackerWarning,
+        )
+
+    def degraded(self, name: str, what: str) -> None:
+        """Warn that a tracker's checkpoint records failed (``what``); its values are still
+        logged, so this is not a failure of the tracker."""
+        _warn(
+            f"Tracker {name!r}: {what}; its checkpoint records are skipped, its values are "
+            "still logged.",
+            UserWarning,
+        )
+
+    def unraised(self, error: TrackerError) -> None:
+        """Warn with a failure that had nobody left to raise it to (interpreter exit)."""
+        _warn(str(error), TrackerWarning)
+
+    def _check_all_failed(self) -> None:
+        """Say once, loudly, that every tracker of the run failed and nothing is logged.
+
+        A tracker failing in ``finish()`` does not count: it logged what it was given.
+        """
+        with self._lock:
+            if self._all_failed_reported or not self._run_names or self.on_error == "raise":
+                return
+            run = self._failures[self._run_start :]
+            failed = {f.name for f in run if f.method != "finish"}
+            if not failed >= self._run_names:
+                return
+            self._all_failed_reported = True
+        logger.error(
+            "Every tracker of this run has failed (%s): NOTHING IS BEING LOGGED, while training "
+            "goes on. Each failure was reported with its cause; fix it (or pass "
+            "tracker_errors='raise' to stop at the first failure).",
+            ", ".join(repr(name) for name in sorted(failed)),
+        )
+
+
+def _warn(message: str, category: type[Warning]) -> None:
+    """Warn at the first frame outside accelkit, or at no file where there is none.
+
+    ``stacklevel`` cannot do this: the depth from the user's line differs per entry point, and
+    on a tracker's thread (or at exit) every frame is accelkit's or the interpreter's.
+    """
+    frame = _outside_accelkit(sys._getframe(1))
+    if frame is None:
+        warnings.warn_explicit(message, category, "<accelkit trackers>", 0, "accelkit.trackers")
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module_globals.get("__name__", "<string>"),
+        module_globals.setdefault("__warningregistry__", {}),
+        module_globals,
+    )
+
+
+def _outside_accelkit(frame: FrameType | None) -> FrameType | None:
+    """The first caller outside accelkit, or ``None`` when the stack starts in accelkit (a
+    tracker's thread: ``threading`` only started it; an ``atexit`` hook)."""
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name != "accelkit" and not name.startswith("accelkit."):
+            return None if name == "threading" else frame
+        frame = frame.f_back
+    return None

@@ -14,6 +14,8 @@ other trackers and the training run go on. With ``on_error="raise"`` the failure
 first use included, see "Continuing runs"). When every tracker of the run has failed, one
 error-level log record (logger ``accelkit.trackers``) says so, naming each of them: training
 goes on, but nothing is being logged any more.
+These decisions are :class:`~accelkit.trackers.failures.FailurePolicy`'s: the hub creates one
+and hands it to every tracker's worker, which reports to it (never to the hub).
 
 No wait is unbounded. ``start`` and ``store_init_configuration`` run on the tracker's worker
 thread, and the hub waits at most ``timeout`` seconds for each tracker to open its run (in
@@ -51,7 +53,7 @@ of trackers writing the same run. See :meth:`TrackerHub.__getstate__`.
 from __future__ import annotations
 
 import atexit
-import logging
+import functools
 import os
 import threading
 import time
@@ -59,23 +61,17 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from accelkit.trackers._worker import EVENT, LOG, MARK, START, STOP, Resume, Worker
+from accelkit.trackers._worker import Checkpoint, Log, Mark, Resume, Start, Stop, Worker
 from accelkit.trackers.base import GeneralTracker, NullTracker
 from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.failures import TrackerError, TrackerFailure, TrackerWarning
+from accelkit.trackers.failures import FailurePolicy, TrackerError, TrackerFailure, TrackerWarning
 from accelkit.trackers.registry import constructor_arguments, resolve_log_with
 from accelkit.trackers.values import snapshot
 
 __all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning"]
 
-_POLICIES = ("warn", "raise")
 _WAKE_AT = 256
-# A tracker with this many values waiting while one backend call has run longer than the hub's
-# timeout is hung: it is reported and skipped rather than let its queue grow without bound.
-_MAX_PENDING = 50_000
 _MAX_EARLY_EVENTS = 16
-
-logger = logging.getLogger("accelkit.trackers")
 
 
 class TrackerHub:
@@ -104,26 +100,15 @@ class TrackerHub:
         timeout: float = 60.0,
         defer_start: bool = False,
     ) -> None:
-        if on_error not in _POLICIES:
-            raise ValueError(
-                f"tracker_errors={on_error!r} is not supported; expected 'warn' or 'raise'."
-            )
+        self._policy = FailurePolicy(on_error, timeout=timeout, on_skip=self._drop_failed)
         self.logging_dir = logging_dir
         self.is_main_process = is_main_process
-        self.on_error = on_error
-        self.timeout = timeout
-        self.max_pending = int(os.environ.get("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
         self.requested_names = [spec.name for spec in specs]
         self._specs = [s for s in specs if is_main_process or not s.main_process_only]
         self._workers: list[Worker] = []
         self._live: list[Worker] = []
-        self._failures: list[TrackerFailure] = []
-        self._pending: TrackerFailure | None = None
         self._lock = threading.Lock()
         self._atexit_registered = False
-        self._all_failed_reported = False
-        self._run_names: set[str] = set()  # the trackers of the current run on this process
-        self._run_start = 0  # index in _failures of this run's first failure
         self._next_step = 0  # the step of the next log() called without one
         self._detached = False  # an unpickled copy: no trackers of its own
         self.defer_start = defer_start
@@ -187,20 +172,14 @@ class TrackerHub:
 
         Worker threads, their queues, locks, the started trackers (open files, network runs)
         and the tracker instances given to ``log_with`` stay behind, as do recorded failures
-        (their exceptions may not pickle). The copy keeps the settings, the requested tracker
-        names and the step counter, and is detached (see the module docstring).
+        (their exceptions may not pickle: the policy pickles its settings only). The copy keeps
+        the settings, the requested tracker names and the step counter, and is detached (see
+        the module docstring).
         """
         state = self.__dict__.copy()
-        for key in ("_workers", "_live", "_specs", "_failures", "_unstarted", "_early_events"):
+        for key in ("_workers", "_live", "_specs", "_unstarted", "_early_events"):
             state[key] = []
-        state.update(
-            _lock=None,
-            _pending=None,
-            _atexit_registered=False,
-            _run_names=set(),
-            _run_start=0,
-            _config=None,
-        )
+        state.update(_lock=None, _atexit_registered=False, _config=None)
         state["_detached"] = True
         return state
 
@@ -220,23 +199,27 @@ class TrackerHub:
     @property
     def failures(self) -> list[TrackerFailure]:
         """Every tracker failure reported so far."""
-        return list(self._failures)
+        return self._policy.failures
 
-    def _report(self, failure: TrackerFailure) -> None:
+    @property
+    def on_error(self) -> str:
+        """``"warn"`` or ``"raise"``: what a tracker failure does (see the module docstring)."""
+        return self._policy.on_error
+
+    @property
+    def timeout(self) -> float:
+        """The most seconds a run may take to open and ``flush``/``finish`` wait by default."""
+        return self._policy.timeout
+
+    @property
+    def max_pending(self) -> int:
+        """How many values may wait for a hung tracker before it is skipped."""
+        return self._policy.max_pending
+
+    def _drop_failed(self) -> None:
+        """Stop feeding failed trackers (the policy's ``on_skip``)."""
         with self._lock:
-            self._failures.append(failure)
             self._live = [w for w in self._live if not w.failed]
-            raise_it = self.on_error == "raise"
-            if raise_it and self._pending is None:
-                self._pending = failure
-        if not raise_it:
-            warnings.warn(failure.describe(), TrackerWarning, stacklevel=2)
-        self._check_all_failed()
-
-    def _raise_pending(self) -> None:
-        failure, self._pending = self._pending, None
-        if failure is not None:
-            raise TrackerError(failure) from failure.error
 
     def init(
         self,
@@ -271,9 +254,7 @@ class TrackerHub:
             )
         init_kwargs = dict(init_kwargs or {})
         self._next_step = 0 if self._resume is None else self._resume[1] + 1
-        self._run_start = len(self._failures)
-        self._all_failed_reported = False
-        self._run_names = {spec.name for spec in self._specs}
+        self._policy.begin_run({spec.name for spec in self._specs})
         unknown = sorted(set(init_kwargs) - {spec.name for spec in self._specs})
         if unknown and self.is_main_process:
             warnings.warn(
@@ -294,7 +275,7 @@ class TrackerHub:
             tracker = self._construct(spec, arguments)
             if tracker is None:
                 continue
-            worker = Worker(tracker, self)
+            worker = Worker(tracker, self._policy)
             self._workers.append(worker)
             self._unstarted.append(worker)
         if not self.defer_start:
@@ -305,7 +286,7 @@ class TrackerHub:
             # It also keeps the hub alive until exit, so a dropped Accelerator still flushes.
             atexit.register(self._drain_at_exit)
             self._atexit_registered = True
-        self._raise_pending()
+        self._policy.raise_pending()
 
     def _open_runs(self, wait: bool) -> None:
         """Queue ``start`` (after ``continue_run`` when a checkpoint was loaded) and
@@ -317,14 +298,18 @@ class TrackerHub:
             if not workers:
                 return
             opened = []
+            config = self._config
             for worker in workers:
                 resume: Resume | None = None
                 if self._resume is not None:
                     runs, step = self._resume
                     reference = runs.get(worker.name)
-                    resume = (dict(reference) if isinstance(reference, Mapping) else None, step)
-                opened.append((worker, worker.signal(START, self._config, resume)))
-                worker.items.extend((EVENT, event) for event in self._early_events)
+                    resume = Resume(
+                        dict(reference) if isinstance(reference, Mapping) else None, step
+                    )
+                start = functools.partial(Start, config=config, resume=resume)
+                opened.append((worker, worker.signal(start)))
+                worker.items.extend(Checkpoint(event) for event in self._early_events)
             self._early_events = []
             self._live = self._live + [worker for worker in workers if not worker.failed]
         if wait:
@@ -333,42 +318,13 @@ class TrackerHub:
 
     def _wait_started(self, worker: Worker, done: threading.Event) -> None:
         if not done.wait(self.timeout):
-            self._start_timed_out(worker)
+            worker.timed_out()
 
     def _wait_opened(self) -> None:
         """Wait (at most ``timeout`` seconds in all) for runs whose opening is queued."""
         deadline = time.monotonic() + self.timeout
         for worker in [worker for worker in self._live if not worker.opened.is_set()]:
             worker.opened.wait(max(0.0, deadline - time.monotonic()))
-
-    def _start_timed_out(self, worker: Worker) -> None:
-        """Report and skip a tracker whose run did not open within ``timeout`` seconds."""
-        busy = worker.busy or "start"
-        if not worker.mark_failed():
-            return  # it failed (and was reported) just as the wait ended
-        error = TimeoutError(
-            f"{busy}() did not return within {self.timeout:g} s; the tracker is left behind. "
-            "If the backend is just slow to start, raise ACCELKIT_TRACKER_TIMEOUT (seconds)"
-        )
-        self._report(TrackerFailure(worker.name, busy, error))
-
-    def _check_all_failed(self) -> None:
-        """Say once, loudly, that every tracker of the run failed and nothing is logged.
-
-        A tracker failing in ``finish()`` does not count: it logged what it was given.
-        """
-        if self._all_failed_reported or not self._run_names or self.on_error == "raise":
-            return
-        failed = {f.name for f in self._failures[self._run_start :] if f.method != "finish"}
-        if not failed >= self._run_names:
-            return
-        self._all_failed_reported = True
-        logger.error(
-            "Every tracker of this run has failed (%s): NOTHING IS BEING LOGGED, while training "
-            "goes on. Each failure was reported with its cause; fix it (or pass "
-            "tracker_errors='raise' to stop at the first failure).",
-            ", ".join(repr(name) for name in sorted(failed)),
-        )
 
     def _construct(
         self,
@@ -381,8 +337,8 @@ class TrackerHub:
         try:
             return spec(*args, **named)
         except Exception as error:
-            self._report(TrackerFailure(spec.name, "__init__", error))
-            self._raise_pending()
+            self._policy.report(TrackerFailure(spec.name, "__init__", error))
+            self._policy.raise_pending()
             return None
 
     def log(
@@ -419,19 +375,21 @@ class TrackerHub:
                 self._open_runs(wait=False)
                 live = self._live
             if not live:
-                if self._pending is not None:
-                    self._raise_pending()
+                if self._policy.pending is not None:
+                    self._policy.raise_pending()
                 return
-        if self._pending is not None:
-            self._raise_pending()
+        policy = self._policy
+        if policy.pending is not None:
+            policy.raise_pending()
         copied, pending = snapshot(values)
-        for worker in live:  # worker.put() inlined: this is the training loop's hot path
+        for worker in live:  # no helper call per tracker: this is the training loop's hot path
             kwargs = log_kwargs.get(worker.name) if log_kwargs else None
             items = worker.items
-            items.append((LOG, copied, step, kwargs, pending))
+            item: Log = (copied, step, kwargs, pending)
+            items.append(item)
             if len(items) >= _WAKE_AT:
                 worker.wake.set()
-                if len(items) > self.max_pending and worker.stuck(self.timeout):
+                if len(items) > policy.max_pending and worker.stuck():
                     worker.overflow()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -448,11 +406,17 @@ class TrackerHub:
             TrackerError: a failure, with ``on_error="raise"``.
         """
         self._open_runs(wait=False)
-        done = self._wait(list(self._live), MARK, timeout, "flush")
-        self._raise_pending()
+        done = self._wait(list(self._live), Mark, timeout, "flush")
+        self._policy.raise_pending()
         return done
 
-    def _wait(self, workers: list[Worker], kind: int, timeout: float | None, what: str) -> bool:
+    def _wait(
+        self,
+        workers: list[Worker],
+        kind: type[Mark] | type[Stop],
+        timeout: float | None,
+        what: str,
+    ) -> bool:
         limit = self.timeout if timeout is None else timeout
         # A tracker already reported failed while stuck in a backend call is not waited for
         # (nor reported a second time).
@@ -467,17 +431,9 @@ class TrackerHub:
             if not event.wait(max(0.0, deadline - time.monotonic())):
                 done = False
                 if not worker.opened.is_set():  # still opening its run: hung like in init
-                    self._start_timed_out(worker)
+                    worker.timed_out()
                     continue
-                warnings.warn(
-                    f"Tracker {worker.name!r} did not {what} within {limit:g} s ("
-                    + (f"busy in {worker.busy}()" if worker.busy else "values still queued")
-                    + "); not waiting for it any longer. Values it "
-                    "has not written yet may be lost. If the backend is just slow, raise "
-                    "ACCELKIT_TRACKER_TIMEOUT (seconds).",
-                    TrackerWarning,
-                    stacklevel=3,
-                )
+                self._policy.late(worker.name, what, limit, worker.busy)
         return done
 
     def finish(self, timeout: float | None = None) -> bool:
@@ -498,15 +454,15 @@ class TrackerHub:
         if self._atexit_registered:
             atexit.unregister(self._drain_at_exit)
             self._atexit_registered = False
-        done = self._wait(workers, STOP, timeout, "finish")
-        self._raise_pending()
+        done = self._wait(workers, Stop, timeout, "finish")
+        self._policy.raise_pending()
         return done
 
     def _drain_at_exit(self) -> None:
         try:
             self.finish()
         except TrackerError as error:
-            warnings.warn(str(error), TrackerWarning, stacklevel=1)
+            self._policy.unraised(error)
 
     def get(self, name: str, unwrap: bool = False) -> Any:
         """The tracker called ``name`` (or its backend object with ``unwrap=True``).
@@ -521,7 +477,7 @@ class TrackerHub:
         self._open_runs(wait=False)
         for worker in self._workers:
             if worker.name == name:
-                self._wait([worker], MARK, None, "flush")
+                self._wait([worker], Mark, None, "flush")
                 return worker.tracker.tracker if unwrap else worker.tracker
         if name in self.requested_names and (self._detached or not self.is_main_process):
             stand_in = NullTracker(name)
@@ -586,4 +542,4 @@ class TrackerHub:
             if not live and self._specs and len(self._early_events) < _MAX_EARLY_EVENTS:
                 self._early_events.append(event)
         for worker in live:
-            worker.items.append((EVENT, event))
+            worker.items.append(Checkpoint(event))

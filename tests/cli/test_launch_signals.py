@@ -132,10 +132,11 @@ def test_signal_stops_every_worker(tmp_path: Path, signum: int, to_group: bool) 
     name = signal.Signals(signum).name
     assert f"stopped by {name}; exit code {128 + signum}" in output
     assert "Traceback" not in output and "Error" not in output, output
-    # The launcher's two lines, torchrun's line and one per worker ("Sending process N closing
-    # signal SIGTERM"); nothing more.
+    # The launcher's two lines, torchrun's line and at most one per worker ("Sending process N
+    # closing signal SIGTERM", for a worker still running when torchrun stops them: the
+    # launcher sends every worker SIGTERM first); nothing more.
     assert len(output.strip().splitlines()) <= 6, output
-    assert output.count("closing signal SIGTERM") == 2, output
+    assert output.count("closing signal SIGTERM") <= 2, output
     _assert_job_gone(job)
     _assert_checkpoint_loads(tmp_path / "out")
 
