@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from accelkit.errors import AccelkitError
+
 __all__ = ["TrackerError", "TrackerFailure", "TrackerWarning"]
 
 
@@ -11,7 +13,7 @@ class TrackerWarning(UserWarning):
     """A tracker failed and is skipped from now on (``on_error="warn"``)."""
 
 
-class TrackerError(RuntimeError):
+class TrackerError(AccelkitError, RuntimeError):
     """A tracker failed (``on_error="raise"``); ``failure`` says which and where."""
 
     def __init__(self, failure: TrackerFailure) -> None:
