@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from accelkit._lazy import lazy_getattr
 from accelkit._version import __version__
+from accelkit.errors import AccelkitError
 
 _PUBLIC = {
     "AutocastKwargs": "accelkit.training.kwargs_handlers",
@@ -43,6 +44,7 @@ _PUBLIC = {
 }
 
 __all__ = [
+    "AccelkitError",
     "AcceleratorState",
     "AutocastKwargs",
     "DDPCommunicationHookType",

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from accelkit.errors import AccelkitError
+
 __all__ = ["OUT_OF_SCOPE", "OutOfScopeError", "refusal"]
 
 _DEEPSPEED = "DeepSpeed is not supported by accelkit; use FSDP (FullyShardedDataParallelPlugin)"
@@ -164,7 +166,7 @@ OUT_OF_SCOPE: dict[str, str] = {
 }
 
 
-class OutOfScopeError(NotImplementedError):
+class OutOfScopeError(AccelkitError, NotImplementedError):
     """A feature of the reference that accelkit deliberately does not provide."""
 
 

@@ -20,6 +20,8 @@ PACKAGE = ROOT / "accelkit"
 # The rooms, bottom up: a room may import a room of a lower rank only. Ties are rooms that do
 # not import each other. docs/architecture.md draws the same list.
 RANK = {
+    # the root of every exception, under the leaves that hang their families on it
+    "accelkit.errors": -1,
     # leaves every room may use
     "accelkit._version": 0,
     "accelkit._text": 0,
@@ -59,7 +61,7 @@ RANK = {
     "accelkit.cli": 13,
     "accelkit.testing": 13,
 }
-# The package root holds only these modules: the face, Accelerate's paths and three leaves.
+# The package root holds only these modules: the face, Accelerate's paths and four leaves.
 ROOT_MODULES = {
     "__init__",
     "accelerator",
@@ -71,6 +73,7 @@ ROOT_MODULES = {
     "_version",
     "_text",
     "_lazy",
+    "errors",
 }
 CHECKPOINTING_TOP = {"__init__", "manager", "config", "errors", "listener"}
 

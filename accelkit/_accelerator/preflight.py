@@ -27,6 +27,7 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from accelkit.errors import ConfigurationError
 from accelkit.runtime import ops
 
 if TYPE_CHECKING:
@@ -36,10 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["ConfigurationError", "check_run", "logging_dir_problem", "project_dir_problem"]
 
 _DEFAULT_TIMEOUT_S = 30.0
-
-
-class ConfigurationError(ValueError):
-    """The run's folders or storage cannot be used; the message names the path and the fix."""
 
 
 def check_run(config: ProjectConfiguration, has_trackers: bool, state: PartialState) -> None:

@@ -8,8 +8,8 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.storage` -- ``get_storage``: the storage class of a URL's
   protocol; the public storage names.
 - :mod:`~accelkit.checkpointing.storage.checksum` -- streaming checksums (XXH3-128, SHA-256).
-- :mod:`~accelkit.checkpointing.storage.base` -- the storage contract (``StorageProtocol``),
-  the ``Storage`` base class, ``HashingWriter``.
+- :mod:`~accelkit.checkpointing.storage.base` -- the storage contract: the ``Storage`` base
+  class every storage subclasses and the checkpoint code is typed with; ``HashingWriter``.
 - :mod:`~accelkit.checkpointing.storage.local` -- the local disk (``O_DIRECT``, fsync, rename).
 - :mod:`~accelkit.checkpointing.storage.fsspec` -- any fsspec filesystem, S3 quirks apart; the
   only module that imports fsspec.

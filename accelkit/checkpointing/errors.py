@@ -1,21 +1,38 @@
-"""Errors raised when a checkpoint cannot be saved or loaded.
+"""Errors raised when a checkpoint cannot be saved, loaded, listed or deleted.
 
-Every message names the file (or key) at fault and what to do about it.
+Every message names the file (or key) at fault and what to do about it. The family hangs under
+:class:`~accelkit.errors.AccelkitError`; which of its classes are also ``ValueError`` follows the
+rule written in :mod:`accelkit.errors`: only those that mean "the caller passed a bad argument".
 """
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "CheckpointMismatchError", "CorruptCheckpointError"]
+from accelkit.errors import AccelkitError
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "CheckpointPathError",
+    "CorruptCheckpointError",
+]
 
 
-class CheckpointError(ValueError):
-    """A checkpoint cannot be loaded or saved as asked."""
+class CheckpointError(AccelkitError):
+    """A checkpoint cannot be saved, loaded, listed or deleted as asked: raised as it is for a
+    failure of another process, a storage or a lock, so it is not a ``ValueError``."""
 
 
 class CorruptCheckpointError(CheckpointError):
-    """A file is truncated, damaged, missing, or disagrees with the manifest."""
+    """A file is truncated, damaged, missing, or disagrees with the manifest (a fault of the
+    data read, not of an argument)."""
 
 
-class CheckpointMismatchError(CheckpointError):
+class CheckpointMismatchError(CheckpointError, ValueError):
     """The checkpoint is intact but does not fit what it is loaded into (keys, world size,
-    number of objects)."""
+    number of objects): the objects given are the bad argument."""
+
+
+class CheckpointPathError(CheckpointError, ValueError):
+    """The path given names no checkpoint that can be used as asked: nothing there, a file, a
+    project folder, a save that never finished, a folder a new save may not take, folders that
+    differ between processes. A ``ValueError``, as Accelerate raises for such a path."""

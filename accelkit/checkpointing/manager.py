@@ -55,7 +55,11 @@ from accelkit.checkpointing.commit.protocol import (
     SaveSequence,
 )
 from accelkit.checkpointing.config import ProjectConfiguration
-from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
+from accelkit.checkpointing.errors import (
+    CheckpointError,
+    CheckpointPathError,
+    CorruptCheckpointError,
+)
 from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
 from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.formats.safetensors_io import write_safetensors
@@ -364,7 +368,7 @@ class CheckpointManager:
             # automatic save must not collide with them.
             self.counter.set(max(self.counter.value, next_iteration(infos)))
             others = ", ".join(f"{i.name} ({i.state})" for i in infos) or "nothing"
-            raise CheckpointError(
+            raise CheckpointPathError(
                 f"No committed checkpoint under {root} (found: {others}). Save one with "
                 "save_state() first, or pass the checkpoint's path to load_state()."
             )

@@ -16,7 +16,8 @@ A config file is read as untrusted input, within bounds far above what ``acceler
 writes (a few hundred bytes, two levels, no anchors): a regular file of at most 1 MiB of UTF-8
 text, at most 16 levels deep and 10,000 values with every YAML alias expanded (counted while the
 document is composed, so an alias bomb is refused before anything walks it), with distinct text
-keys. Anything else is a ``ValueError`` of one line naming the file and what is wrong.
+keys. Anything else is a :class:`~accelkit.errors.ConfigurationError` (a ``ValueError``) of one
+line naming the file and what is wrong.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
+from accelkit.errors import ConfigurationError
 from accelkit.launch.flags import Setting, refusal_for, shown
 from accelkit.runtime.environment import parse_mixed_precision
 
@@ -99,18 +101,20 @@ def _read_text(path: str) -> str:
         # O_NONBLOCK: opening a named pipe nobody writes to would block forever.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        raise ValueError(
+        raise ConfigurationError(
             f"Config file {path!r} does not exist. Write one with `accelkit config` (or "
             "`accelkit config default`), or pass an existing file to --config_file."
         ) from None
     except OSError as exc:
-        raise ValueError(f"Config file {path!r} cannot be opened: {exc.strerror}.") from None
+        raise ConfigurationError(
+            f"Config file {path!r} cannot be opened: {exc.strerror}."
+        ) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             # A device (/dev/zero) never ends; a folder or a socket is not a file at all.
             kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
-            raise ValueError(
+            raise ConfigurationError(
                 f"Config file {path!r} is {kind}; pass the path of an `accelerate config` "
                 "YAML file."
             )
@@ -120,20 +124,20 @@ def _read_text(path: str) -> str:
     finally:
         os.close(fd)
     if len(data) > MAX_CONFIG_BYTES:
-        raise ValueError(
+        raise ConfigurationError(
             f"Config file {path!r} is larger than {MAX_CONFIG_BYTES} bytes (1 MiB); a launch "
             "config file is a few hundred bytes. Pass the `accelerate config` YAML file."
         )
     nul = data.find(b"\0")
     if nul >= 0:
-        raise ValueError(
+        raise ConfigurationError(
             f"Config file {path!r} is not a text file (it holds a NUL byte at offset {nul}); "
             "pass the `accelerate config` YAML file."
         )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(
+        raise ConfigurationError(
             f"Config file {path!r} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
             f"{exc.start}); save it as UTF-8."
         ) from None
@@ -241,20 +245,20 @@ def _check_keys(path: str, root: Any) -> None:
                 continue
             if not isinstance(key, yaml.ScalarNode):
                 kind = "a list" if isinstance(key, yaml.SequenceNode) else "a mapping"
-                raise ValueError(
+                raise ConfigurationError(
                     f"Config file {path!r}: a key {place} (line {key.start_mark.line + 1}) is "
                     f"{kind}; keys are setting names such as num_processes."
                 )
             if key.tag != _STR_TAG:
                 kind = key.tag.rsplit(":", 1)[-1]
-                raise ValueError(
+                raise ConfigurationError(
                     f"Config file {path!r}: the key {shown(key.value)} {place} (line "
                     f"{key.start_mark.line + 1}) is read as {'a' if kind != 'int' else 'an'} "
                     f"{kind}, not a setting name; keys are names such as num_processes (quote "
                     "it if it is meant as text)."
                 )
             if key.value in names:
-                raise ValueError(
+                raise ConfigurationError(
                     f"Config file {path!r}: the key {shown(key.value)} appears twice {place} "
                     f"(line {key.start_mark.line + 1}); keep one."
                 )
@@ -269,24 +273,26 @@ def _load(path: str) -> dict[str, Any]:
     try:
         loader = _bounded_loader()(text)
     except yaml.YAMLError as exc:  # the reader refuses control characters at once
-        raise ValueError(f"Config file {path!r} is not valid YAML: {_yaml_problem(exc)}.") from None
+        raise ConfigurationError(
+            f"Config file {path!r} is not valid YAML: {_yaml_problem(exc)}."
+        ) from None
     try:
         try:
             node = loader.get_single_node()
         except _Refused as exc:
-            raise ValueError(
+            raise ConfigurationError(
                 f"Config file {path!r} is refused: {exc}; a launch config file is a short "
                 "mapping of settings."
             ) from None
         except yaml.YAMLError as exc:
-            raise ValueError(
+            raise ConfigurationError(
                 f"Config file {path!r} is not valid YAML: {_yaml_problem(exc)}."
             ) from None
         if node is None:
             return {}
         if not isinstance(node, yaml.MappingNode):
             kind = "a list" if isinstance(node, yaml.SequenceNode) else "a single value"
-            raise ValueError(
+            raise ConfigurationError(
                 f"Config file {path!r} must hold a mapping of settings (key: value lines), "
                 f"got {kind}."
             )
@@ -294,7 +300,7 @@ def _load(path: str) -> dict[str, Any]:
         try:
             data = loader.construct_document(node)
         except yaml.YAMLError as exc:
-            raise ValueError(
+            raise ConfigurationError(
                 f"Config file {path!r} is not valid YAML: {_yaml_problem(exc)}."
             ) from None
     finally:
@@ -306,8 +312,8 @@ def read_config_file(path: str) -> dict[str, Setting]:
     """The launch settings in the config file at ``path``, by flag name.
 
     Raises:
-        ValueError: the file is missing or malformed, or asks for something accelkit refuses
-            (naming the file, the key and the reason).
+        ConfigurationError: (a ``ValueError``) the file is missing or malformed, or asks
+            for something accelkit refuses (naming the file, the key and the reason).
     """
     data = _load(path)
 
@@ -318,7 +324,7 @@ def read_config_file(path: str) -> dict[str, Setting]:
     settings: dict[str, Setting] = {}
     environment = str(data.get("compute_environment", "LOCAL_MACHINE"))
     if environment != "LOCAL_MACHINE":
-        raise ValueError(
+        raise ConfigurationError(
             f"{origin('compute_environment')} ({environment!r}): only LOCAL_MACHINE is "
             "supported (launching on Amazon SageMaker is not)."
         )
@@ -326,9 +332,9 @@ def read_config_file(path: str) -> dict[str, Setting]:
     # YAML 1.1 reads an unquoted NO as false; the reference quotes it, a hand-written file may not.
     kind = "NO" if kind is False else str(kind).upper()
     if kind in _REFUSED_TYPES:
-        raise ValueError(f"{origin('distributed_type')} ({kind!r}): {_REFUSED_TYPES[kind]}")
+        raise ConfigurationError(f"{origin('distributed_type')} ({kind!r}): {_REFUSED_TYPES[kind]}")
     if kind not in _DISTRIBUTED_TYPES:
-        raise ValueError(
+        raise ConfigurationError(
             f"{origin('distributed_type')} ({kind!r}) is not supported; accelkit runs "
             f"{', '.join(_DISTRIBUTED_TYPES)} (CPUs and CUDA GPUs)."
         )
@@ -339,7 +345,7 @@ def read_config_file(path: str) -> dict[str, Setting]:
             continue
         if key in _SECTIONS:
             if not isinstance(value, dict):
-                raise ValueError(f"{origin(key)} must be a mapping, got {value!r}.")
+                raise ConfigurationError(f"{origin(key)} must be a mapping, got {value!r}.")
             prefix = _SECTIONS[key]
             for sub, sub_value in value.items():
                 flag = sub if sub.startswith(prefix) else prefix + sub
@@ -349,7 +355,7 @@ def read_config_file(path: str) -> dict[str, Setting]:
         if key in _TPU_KEYS:
             flag = key if key.startswith("tpu_") else f"tpu_{key}"
         elif key not in _TOP_LEVEL and refusal_for(key) is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{origin(key)} is not a setting of `accelerate launch` that accelkit knows; "
                 "remove it from the file."
             )

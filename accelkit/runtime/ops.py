@@ -17,6 +17,8 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
+from accelkit.errors import AccelkitError
+
 __all__ = [
     "CannotPadNestedTensorWarning",
     "DistributedOperationException",
@@ -52,7 +54,7 @@ class CannotPadNestedTensorWarning(UserWarning):
     """:func:`pad_across_processes` met a nested tensor, which it returns unpadded."""
 
 
-class DistributedOperationException(Exception):
+class DistributedOperationException(AccelkitError):
     """A collective cannot run because the processes passed incompatible tensors (debug mode)."""
 
 

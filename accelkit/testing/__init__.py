@@ -10,11 +10,11 @@ package (nor pytest); import it from your tests only (it needs ``pytest``:
 Testing your own storage
 ------------------------
 
-The checkpoint code calls the methods of
-:class:`accelkit.checkpointing.storage.StorageProtocol`. Subclass
-:class:`accelkit.checkpointing.storage.Storage` (it implements the derived methods on a few
-primitives), or ``FsspecStorage`` from :mod:`accelkit.checkpointing.storage.fsspec` to adjust
-an fsspec filesystem, and serve your URLs with it::
+The checkpoint code is typed with, and calls only the methods of,
+:class:`accelkit.checkpointing.storage.Storage`: subclass it (implement its abstract primitives;
+it writes the derived methods on them), or ``FsspecStorage`` from
+:mod:`accelkit.checkpointing.storage.fsspec` to adjust an fsspec filesystem, and serve your URLs
+with it::
 
     register_storage("myproto", lambda protocol, options: MyStorage(**options))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from accelkit.checkpointing.storage import StorageProtocol, join
+from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.checksum import checksum_bytes
 
 __all__ = ["StorageContract"]
@@ -32,11 +32,14 @@ class StorageContract:
             "(storage, url of a fresh empty folder on it)."
         )
 
-    def test_implements_the_protocol(self, storage_root: tuple[Any, str]) -> None:
+    def test_is_a_storage(self, storage_root: tuple[Any, str]) -> None:
+        """The contract is :class:`~accelkit.checkpointing.storage.Storage`: the checkpoint code
+        is annotated with it and calls nothing it does not declare."""
         storage, _ = storage_root
-        assert isinstance(storage, StorageProtocol), (
-            f"{type(storage).__name__} lacks methods of accelkit.checkpointing.storage."
-            "StorageProtocol"
+        assert isinstance(storage, Storage), (
+            f"{type(storage).__name__} is not a subclass of accelkit.checkpointing.storage."
+            "Storage: subclass it (or FsspecStorage, or WrappedStorage) and implement its "
+            "abstract primitives."
         )
 
     def test_write_read_roundtrip_and_queries(self, storage_root: tuple[Any, str]) -> None:

@@ -20,6 +20,7 @@ import os
 import stat
 from typing import IO
 
+from accelkit.errors import AccelkitError
 from accelkit.trackers._reference import short
 
 __all__ = [
@@ -43,7 +44,7 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
-class TrackerFileError(OSError):
+class TrackerFileError(AccelkitError, OSError):
     """Something other than a regular file (or a real folder) is where a tracker writes.
 
     Raised by the jsonl and TensorBoard trackers (``start``, ``store_init_configuration``) and

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from accelkit.errors import AccelkitError
+
 __all__ = ["FailurePolicy", "TrackerError", "TrackerFailure", "TrackerWarning"]
 
 _POLICIES = ("warn", "raise")
@@ -34,7 +36,7 @@ class TrackerWarning(UserWarning):
     """A tracker failed and is skipped from now on (``on_error="warn"``)."""
 
 
-class TrackerError(RuntimeError):
+class TrackerError(AccelkitError, RuntimeError):
     """A tracker failed (``on_error="raise"``); ``failure`` says which and where."""
 
     def __init__(self, failure: TrackerFailure) -> None:

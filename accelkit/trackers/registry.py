@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from accelkit.errors import ConfigurationError
 from accelkit.trackers.base import GeneralTracker
 
 __all__ = [
@@ -83,7 +84,7 @@ class LoggerType(str, enum.Enum, metaclass=_LoggerTypeMeta):
         return [member.value for member in cls]
 
 
-class TrackerNotBuiltInError(ValueError, NotImplementedError):
+class TrackerNotBuiltInError(ConfigurationError, NotImplementedError):
     """A tracker Accelerate knows (``LoggerType.AIM``, ...) that accelkit does not build in."""
 
 

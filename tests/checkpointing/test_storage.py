@@ -14,7 +14,6 @@ import pytest
 from accelkit.checkpointing.storage import (
     LocalStorage,
     Storage,
-    StorageProtocol,
     get_storage,
     join,
     protocol_of,
@@ -77,7 +76,7 @@ def test_get_storage_picks_the_class_of_the_protocol(tmp_path: Path, s3_server: 
     assert type(get_storage("memory://x")) is FsspecStorage
     assert type(get_storage(s3_server.url(), s3_server.storage_options)) is S3Storage
     view = confine(get_storage(str(tmp_path)), str(tmp_path))
-    assert isinstance(view, ConfinedStorage) and isinstance(view, StorageProtocol)
+    assert isinstance(view, ConfinedStorage) and isinstance(view, Storage)
 
 
 def test_register_storage_serves_a_protocol_and_refuses_a_duplicate(tmp_path: Path) -> None:
@@ -142,3 +141,28 @@ def test_sync_batch_defers_fsync_and_waits_for_it(root: Root) -> None:
     with pytest.raises(KeyError, match="inner"), sync_batch():
         s.write_bytes(join(root.url, "g"), b"x")
         raise KeyError("inner")  # the block's own error is not masked
+
+
+def test_s3_create_exclusive_reads_the_servers_412_from_the_error_code_not_its_text() -> None:
+    from botocore.exceptions import ClientError
+
+    from accelkit.checkpointing.storage.fsspec import _precondition_failed
+
+    def translated(code: str, status: int, message: str) -> OSError:
+        # What s3fs raises for a ClientError it has no class for: an OSError caused by it.
+        cause = ClientError(
+            {
+                "Error": {"Code": code, "Message": message},
+                "ResponseMetadata": {"HTTPStatusCode": status},
+            },
+            "PutObject",
+        )
+        error = OSError(22, message)
+        error.__cause__ = cause
+        return error
+
+    assert _precondition_failed(translated("PreconditionFailed", 412, "At least one failed"))
+    assert _precondition_failed(translated("", 412, "no words at all"))
+    # A message that merely mentions a condition is another failure, raised as it is.
+    assert not _precondition_failed(translated("AccessDenied", 403, "condition: no access"))
+    assert not _precondition_failed(OSError("the precondition text alone"))

@@ -34,7 +34,7 @@ from accelkit.checkpointing.catalog.listing import (
 )
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, plan_retention
 from accelkit.checkpointing.commit.lock import PRUNE, RunLock
-from accelkit.checkpointing.errors import CheckpointError
+from accelkit.checkpointing.errors import CheckpointPathError
 from accelkit.checkpointing.formats.layout import (
     CHECKPOINTS_DIRNAME,
     MANIFEST_NAME,
@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 def _check_inside(root: str, info: CheckpointInfo) -> None:
     # Defence in depth: only direct children of the folder being cleaned are ever deleted.
     if "/" in info.name or info.name in ("", ".", "..") or info.path != join(root, info.name):
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"refusing to delete {info.path!r}: it is not directly inside {root!r}."
         )
 
@@ -73,7 +73,7 @@ def delete_checkpoint(storage: Storage, root: str, info: CheckpointInfo) -> bool
     """
     _check_inside(root, info)
     if info.state not in (COMMITTED, INCOMPLETE):
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"refusing to delete {info.path!r}: it is {info.state}, and accelkit deletes only "
             "committed or incomplete checkpoints it wrote."
         )

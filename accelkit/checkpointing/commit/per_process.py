@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from accelkit.checkpointing.catalog.listing import CheckpointInfo
-from accelkit.checkpointing.errors import CheckpointError
+from accelkit.checkpointing.errors import CheckpointError, CheckpointPathError
 from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.restore.loading import agree_on_load, check_loadable
 from accelkit.checkpointing.storage import Storage
@@ -185,7 +185,7 @@ def folders_per_process(folders: Sequence[Folder], automatic: bool, sharded: boo
     """
     alias = _aliases(folders)
     if alias is not None:
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"save_state got folders that are different names for one folder: {alias}. Each "
             "process would remove the other's files as left over from an earlier save. Pass "
             "the same output_dir on every process (one shared checkpoint), or folders that are "
@@ -196,13 +196,13 @@ def folders_per_process(folders: Sequence[Folder], automatic: bool, sharded: boo
         return False
     shown = [f.name for f in folders]
     if automatic:
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"The automatically named checkpoint folder differs between processes "
             f"({_by_process(shown)}): project_dir must name the same folder on every "
             "process. Pass the same project_dir everywhere, or give save_state an output_dir."
         )
     if len(set(names)) != len(names):
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"save_state got one folder from several processes and other folders from the "
             f"rest ({_by_folder(shown)}; {_by_process(shown)}). Pass the same output_dir "
             "on every process (one shared checkpoint), or a different one on each (a "
@@ -210,14 +210,14 @@ def folders_per_process(folders: Sequence[Folder], automatic: bool, sharded: boo
         )
     nested = _nested(folders)
     if nested is not None:
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"save_state got a folder inside another process's folder: {nested} "
             f"({_by_process(shown)}). A checkpoint folder holds only its own files: the "
             "outer save would list or remove the inner one's. Pass folders side by side "
             "(e.g. ckpt/rank0 and ckpt/rank1); nothing was written."
         )
     if sharded:
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"save_state got a different folder on each process ({_by_process(shown)}), but "
             "sharded (FSDP) state is written by all processes together into one folder "
             "(torch.distributed.checkpoint). Pass the same output_dir on every process, on a "
@@ -236,7 +236,7 @@ def check_owner(manifest: Manifest, path: str, rank: int) -> None:
     writer = manifest.process_index
     if writer is None or writer == rank:
         return
-    raise CheckpointError(
+    raise CheckpointPathError(
         f"{path} is the checkpoint that process {writer} saved into a folder of its own (each "
         f"of the {manifest.world_size} processes saved into its own folder): it holds process "
         f"{writer}'s random states and data position, not those of process {rank}. Pass each "

@@ -73,7 +73,7 @@ from accelkit.checkpointing.commit.deletion import remove_folder
 from accelkit.checkpointing.commit.lock import RunLock, claim_folder
 from accelkit.checkpointing.commit.payload import Payload
 from accelkit.checkpointing.commit.per_process import folders_per_process, resolve_folder
-from accelkit.checkpointing.errors import CheckpointError
+from accelkit.checkpointing.errors import CheckpointError, CheckpointPathError
 from accelkit.checkpointing.formats.jsonio import load_json
 from accelkit.checkpointing.formats.layout import (
     MANIFEST_NAME,
@@ -407,7 +407,7 @@ class SaveSequence:
         while storage.exists(self.target):
             if not _imported(storage, self.target):
                 self.next_iteration = max(self.request.iteration, _next_free(storage, root))
-                raise CheckpointError(
+                raise CheckpointPathError(
                     f"{self.target} already exists: accelkit never overwrites an automatic "
                     "checkpoint, and this save was not written. The next save uses "
                     f"{checkpoint_name(self.next_iteration)}. Call load_state() first (it sets "
@@ -425,7 +425,7 @@ class SaveSequence:
     def _refuse_link(self) -> None:
         folder = self.target.rstrip("/") or self.target
         if self.storage.is_symlink(folder):
-            raise CheckpointError(
+            raise CheckpointPathError(
                 f"{self.target} is a symbolic link: loading never follows a link to a "
                 "checkpoint folder (it could point anywhere), so a checkpoint saved through it "
                 "could never be loaded. Save into the real folder "

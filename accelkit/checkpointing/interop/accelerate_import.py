@@ -40,7 +40,11 @@ from accelkit.checkpointing.catalog.listing import next_iteration as _next_free
 from accelkit.checkpointing.commit.deletion import project_of, remove_folder
 from accelkit.checkpointing.commit.lock import IMPORT, RunLock, claim_folder
 from accelkit.checkpointing.commit.per_process import resolve_folder
-from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
+from accelkit.checkpointing.errors import (
+    CheckpointError,
+    CheckpointPathError,
+    CorruptCheckpointError,
+)
 from accelkit.checkpointing.formats.layout import (
     SAVE_MARKER_NAME,
     checkpoint_name,
@@ -143,7 +147,7 @@ def import_accelerate(
         )
     info = inspect_folder(src_storage, source)
     if info.state != ACCELERATE:
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"{source} is not a checkpoint written by Hugging Face accelerate (state "
             f"{info.state!r}{': ' + info.error if info.error else ''}). Give a folder that "
             "save_state of accelerate wrote (optimizer.bin, random_states_0.pkl, ...)."

@@ -29,7 +29,11 @@ from accelkit.checkpointing.catalog.listing import (
     list_checkpoints,
     loadable_automatic,
 )
-from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
+from accelkit.checkpointing.errors import (
+    CheckpointError,
+    CheckpointPathError,
+    CorruptCheckpointError,
+)
 from accelkit.checkpointing.formats.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import ConfinedStorage
@@ -56,7 +60,7 @@ def _missing(storage: Storage, path: str) -> CheckpointError:
         hint = f" Did you mean {', '.join(repr(join(parent, c)) for c in close)}?"
     elif names:
         hint = f" `accelkit ckpt ls {parent}` lists what is there."
-    return CheckpointError(f"No checkpoint at {path}: it does not exist.{hint}")
+    return CheckpointPathError(f"No checkpoint at {path}: it does not exist.{hint}")
 
 
 def _project_or_root(storage: Storage, path: str) -> CheckpointError | None:
@@ -70,14 +74,14 @@ def _project_or_root(storage: Storage, path: str) -> CheckpointError | None:
     kind = "project folder" if root != path else "folder of checkpoints"
     if committed:
         newest = committed[-1].path
-        return CheckpointError(
+        return CheckpointPathError(
             f"{path} is a {kind} with {len(committed)} committed checkpoint(s), not one "
             f"checkpoint: call load_state() with no argument to load the newest (with "
             f"project_dir={path if root != path else _parent(path)!r}), or pass one of them, "
             f"e.g. load_state({newest!r})."
         )
     names = ", ".join(f"{i.name} ({i.state})" for i in infos)
-    return CheckpointError(
+    return CheckpointPathError(
         f"{path} is a {kind}, not one checkpoint, and none of its checkpoints is committed "
         f"({names}). Pass a committed checkpoint folder."
     )
@@ -104,7 +108,7 @@ def check_loadable(storage: Storage, path: str) -> CheckpointInfo:
     if not outside.exists(path):
         raise _missing(outside, path)
     if outside.isfile(path) and not outside.is_symlink(path):
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"{path} is a file, not a checkpoint folder. Pass the folder that holds "
             f"{MANIFEST_NAME} (for model weights alone, use load_checkpoint_in_model)."
         )
@@ -121,11 +125,11 @@ def check_loadable(storage: Storage, path: str) -> CheckpointInfo:
             "checkpoint (`accelkit ckpt verify` checks them)."
         )
     if info.state != INCOMPLETE:  # foreign
-        raise CheckpointError(
+        raise CheckpointPathError(
             f"{path} is {info.error}. accelkit loads only checkpoints it committed "
             f"(with an {MANIFEST_NAME}); nothing was restored."
         )
-    raise CheckpointError(
+    raise CheckpointPathError(
         f"{path} has no {MANIFEST_NAME}: it is an accelkit save that did not finish (it was "
         "interrupted, or is still being written). Load another checkpoint; `accelkit ckpt ls` "
         "lists them."

@@ -17,9 +17,10 @@ Public API:
 - :func:`register_storage(protocol, factory) <register_storage>` -- serve a protocol with
   another class (a subclass of :class:`FsspecStorage` with a backend's quirks, say).
 - :func:`join(base, *names) <join>` and :func:`protocol_of`.
-- :class:`Storage` (the base class), :class:`StorageProtocol` (the narrow contract the
-  checkpoint code relies on), :class:`WrappedStorage`, :class:`HashingWriter`,
-  :class:`Entry`, :class:`WrittenFile`: see :mod:`~accelkit.checkpointing.storage.base`.
+- :class:`Storage` (the contract: the base class every storage subclasses, and the type the
+  checkpoint code is annotated with), :class:`WrappedStorage`, :class:`HashingWriter`,
+  :class:`Entry`, :class:`WrittenFile`, :class:`StorageError`: see
+  :mod:`~accelkit.checkpointing.storage.base`.
 - :func:`sync_batch` -- a context manager: local files written inside it are ``fsync``-ed in
   background threads, overlapping the next writes; leaving it waits for all of them.
 
@@ -38,13 +39,14 @@ from accelkit.checkpointing.storage.base import (
     Entry,
     HashingWriter,
     Storage,
-    StorageProtocol,
+    StorageError,
     WrappedStorage,
     WrittenFile,
     join,
     protocol_of,
 )
 from accelkit.checkpointing.storage.local import LocalStorage
+from accelkit.errors import ConfigurationError
 
 __all__ = [
     "Entry",
@@ -52,7 +54,7 @@ __all__ = [
     "LocalStorage",
     "Storage",
     "StorageFactory",
-    "StorageProtocol",
+    "StorageError",
     "WrappedStorage",
     "WrittenFile",
     "get_storage",
@@ -114,8 +116,8 @@ def get_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> S
             ``key``, ``secret``, ``client_kwargs``...).
 
     Raises:
-        ValueError: if the protocol is unknown or its package is not installed (the message
-            names the package to install).
+        ConfigurationError: (a ``ValueError``) if the protocol is unknown or its package is not
+            installed (the message names the package to install).
     """
     protocol = protocol_of(url)
     options = dict(storage_options or {})
@@ -128,12 +130,12 @@ def get_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> S
         storage = factory(protocol, options)
     except ImportError as exc:
         hint = "pip install 'accelkit[s3]'" if protocol in ("s3", "s3a") else str(exc)
-        raise ValueError(
+        raise ConfigurationError(
             f"Cannot open {url!r}: the package for protocol {protocol!r} is not installed. "
             f"Fix: {hint}"
         ) from exc
     except ValueError as exc:
-        raise ValueError(
+        raise ConfigurationError(
             f"Cannot open {url!r}: unknown storage protocol {protocol!r} ({exc})."
         ) from exc
     _STORAGES[key] = storage

@@ -42,6 +42,7 @@ from concurrent.futures import Future
 
 from accelkit.checkpointing.storage._pools import thread_pool
 from accelkit.checkpointing.storage._writeback import start_writeback
+from accelkit.checkpointing.storage.base import StorageError
 
 __all__ = [
     "ALIGN",
@@ -189,7 +190,7 @@ class LocalFile:
                     self._set_direct(False)
                 continue
             if n <= 0:
-                raise OSError(errno.EIO, f"writing {self.name!r} made no progress")
+                raise StorageError(errno.EIO, f"writing {self.name!r} made no progress")
             view, offset = view[n:], offset + n
             if n % ALIGN and self._direct:
                 self._set_direct(False)  # a short, unaligned write: go on buffered

@@ -1,14 +1,32 @@
 """The storage contract of accelkit's checkpoints, and what every backend shares.
 
-- :class:`StorageProtocol` -- the narrow, ``runtime_checkable`` protocol that the checkpoint
-  code (save, commit, load, list, retention, the CLI) relies on: queries, streaming and atomic
-  writes, an exclusive create, removal. Anything that has these methods is a storage.
-- :class:`Storage` -- the base class of accelkit's backends: it implements the protocol's
-  derived methods (:meth:`~Storage.walk_files`, :meth:`~Storage.read_bytes`,
-  :meth:`~Storage.open_write`, a streamed :meth:`~Storage.write_bytes`) on top of a few
-  primitives a backend provides, and gives harmless defaults to the optional ones
-  (``invalidate``, ``fsync_dir``, ``local_path``, ``is_symlink``, ``links_out``). The backends
-  are :class:`~accelkit.checkpointing.storage.local.LocalStorage` and
+The contract is :class:`Storage`: a storage *is* a subclass of it, and every function of the
+checkpoint code that takes a storage is annotated with it (mypy then checks that nothing is
+called on a storage that the contract does not declare; ``tests/checkpointing/
+test_storage_contract.py`` checks the same from the source). Each public method says in one
+line what it promises.
+
+Why a base class and not a ``typing.Protocol`` (torchtitan's ``CheckpointStorage`` is one):
+the checkpoint code needs more than torchtitan's four queries. It needs a streamed write that
+hashes what it writes and removes a partial file when the block fails
+(:meth:`Storage.open_write` returns a :class:`HashingWriter`), and the views built on top of a
+storage (:class:`~accelkit.checkpointing.storage.confined.ConfinedStorage`, the CLI's
+counting view) forward a backend's primitive :meth:`Storage.open_sink`. A protocol would make
+every storage re-implement those sequences, where a second copy drifts (the durability and
+checksum promises are the point), and a ``runtime_checkable`` protocol checks only that the
+names exist. So a backend subclasses :class:`Storage`: its abstract primitives must be
+implemented (a class that lacks one cannot be instantiated, which
+``accelkit.testing.StorageContract`` reports), the derived methods are written once here, and
+the optional hooks have harmless defaults. The previous ``StorageProtocol``, which declared
+part of this and was annotated nowhere, is gone.
+
+- :class:`Storage` -- the contract and base class: abstract primitives (``exists``,
+  ``isdir``, ``isfile``, ``size``, ``listdir``, ``open_read``, ``open_sink``,
+  ``create_exclusive``, ``makedirs``, ``remove``, ``rmtree``), derived methods
+  (:meth:`~Storage.walk_files`, :meth:`~Storage.read_bytes`, :meth:`~Storage.open_write`,
+  :meth:`~Storage.write_bytes`) and optional hooks (``invalidate``, ``fsync_dir``,
+  ``local_path``, ``is_symlink``, ``links_out``). The backends are
+  :class:`~accelkit.checkpointing.storage.local.LocalStorage` and
   :class:`~accelkit.checkpointing.storage.fsspec.FsspecStorage` (S3 quirks in its subclass
   :class:`~accelkit.checkpointing.storage.fsspec.S3Storage`).
 - :class:`WrappedStorage` -- a storage that forwards every primitive to another one; views such
@@ -16,6 +34,7 @@
 - :class:`HashingWriter` -- the stream a file is written through: hashes and counts the bytes
   on the way, makes the file durable on close, removes it when the block fails.
 - :class:`Sink` -- what a backend opens for :class:`HashingWriter` to write into.
+- :class:`StorageError` -- a storage failure accelkit detects itself (an ``OSError``).
 - :class:`Entry`, :class:`WrittenFile`, :func:`join`, :func:`protocol_of`.
 
 A location is a plain string: a local path or an fsspec URL. URLs stay strings on purpose:
@@ -31,18 +50,19 @@ import abc
 import contextlib
 from dataclasses import dataclass
 from types import TracebackType
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO, Protocol
 
 from typing_extensions import override
 
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, format_checksum, new_hasher
+from accelkit.errors import AccelkitError
 
 __all__ = [
     "Entry",
     "HashingWriter",
     "Sink",
     "Storage",
-    "StorageProtocol",
+    "StorageError",
     "WrappedStorage",
     "WrittenFile",
     "join",
@@ -116,42 +136,13 @@ class Sink(Protocol):
         ...
 
 
-@runtime_checkable
-class StorageProtocol(Protocol):
-    """What accelkit's checkpoint code needs from a storage. Every argument is a full path or
-    URL of the same filesystem. See :class:`Storage` for each method's contract."""
+class StorageError(AccelkitError, OSError):
+    """A storage failed in a way accelkit detected itself (a write that makes no progress).
 
-    def exists(self, url: str) -> bool: ...
-
-    def isdir(self, url: str) -> bool: ...
-
-    def isfile(self, url: str) -> bool: ...
-
-    def size(self, url: str) -> int: ...
-
-    def listdir(self, url: str) -> list[Entry]: ...
-
-    def walk_files(self, url: str) -> dict[str, int]: ...
-
-    def open_read(self, url: str) -> BinaryIO: ...
-
-    def read_bytes(self, url: str, start: int | None = None, end: int | None = None) -> bytes: ...
-
-    def open_write(self, url: str, algorithm: str = DEFAULT_ALGORITHM) -> HashingWriter: ...
-
-    def write_bytes(
-        self, url: str, data: bytes | bytearray | memoryview, atomic: bool = False
-    ) -> WrittenFile: ...
-
-    def create_exclusive(self, url: str, data: bytes) -> bool: ...
-
-    def makedirs(self, url: str) -> None: ...
-
-    def remove(self, url: str) -> None: ...
-
-    def rmtree(self, url: str) -> None: ...
-
-    def fsync_dir(self, url: str) -> None: ...
+    An ``OSError`` like every other storage failure (those the OS or an fsspec backend raise
+    are let through as they are, ``FileNotFoundError`` included), so ``except OSError`` catches
+    all of them; never a ``ValueError``.
+    """
 
 
 class HashingWriter:
@@ -196,7 +187,7 @@ class HashingWriter:
             while done < len(piece):  # an unbuffered write may take only part of the piece
                 written = self._sink.write(piece[done:])
                 if not written:
-                    raise OSError(f"writing {self._url!r} made no progress (0 bytes written)")
+                    raise StorageError(f"writing {self._url!r} made no progress (0 bytes written)")
                 done += written
         self._size += total
         return total

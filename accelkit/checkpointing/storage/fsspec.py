@@ -173,8 +173,10 @@ class S3Storage(FsspecStorage):
     Two quirks are handled here:
 
     - :meth:`create_exclusive` is a conditional PUT (``If-None-Match: *``); a server that finds
-      the key already there answers 412 Precondition Failed, which s3fs raises as a plain
-      ``OSError``.
+      the key already there answers 412 Precondition Failed. s3fs raises ``FileExistsError``
+      when the answer names the ``If-None-Match`` condition, and a plain ``OSError`` caused by
+      botocore's ``ClientError`` when it does not (SeaweedFS): that error's code or HTTP status
+      is read, never its message.
     - some servers (SeaweedFS) keep an empty "folder" after its keys are deleted; it would be
       listed as an empty incomplete checkpoint, so :meth:`rmtree` deletes such markers.
     """
@@ -184,7 +186,7 @@ class S3Storage(FsspecStorage):
         try:
             return super().create_exclusive(url, data)
         except OSError as exc:
-            if "condition" not in str(exc).lower():  # 412 Precondition Failed: it exists
+            if not _precondition_failed(exc):
                 raise
             return False
 
@@ -202,6 +204,25 @@ class S3Storage(FsspecStorage):
         with contextlib.suppress(Exception):
             if self.fs.exists(path):
                 self.fs.rm_file(path.rstrip("/") + "/")
+
+
+_PRECONDITION_FAILED = 412
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` (or the botocore ``ClientError`` s3fs raised it from) is the server's
+    412 Precondition Failed, read from the error's code and HTTP status."""
+    for error in (exc, exc.__cause__, exc.__context__):
+        response = getattr(error, "response", None)  # botocore's ClientError.response
+        if not isinstance(response, Mapping):
+            continue
+        code = str((response.get("Error") or {}).get("Code", ""))
+        status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        if code in ("PreconditionFailed", str(_PRECONDITION_FAILED)):
+            return True
+        if status == _PRECONDITION_FAILED:
+            return True
+    return False
 
 
 def fsspec_storage(protocol: str, options: Mapping[str, Any]) -> FsspecStorage:
