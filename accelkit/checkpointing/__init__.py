@@ -59,6 +59,9 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.restore` -- the layer's face (no names of its own).
 - :mod:`~accelkit.checkpointing.restore.loading` -- what ``load_state`` checks before restoring,
   and what it says when it cannot.
+- :mod:`~accelkit.checkpointing.restore.sequence` -- the one load sequence every ``load_state``
+  runs (resolve, confine, check, read, agree, apply, counter, meet); readers plug into it.
+- :mod:`~accelkit.checkpointing.restore.native` -- the reader of accelkit's own checkpoints.
 
 **Commit** -- the save sequence, its driver and what it writes:
 
@@ -76,7 +79,7 @@ Layers, bottom up; each imports only from the layers below it (and from
 
 - :mod:`~accelkit.checkpointing.interop` -- the layer's face (no names of its own).
 - :mod:`~accelkit.checkpointing.interop.accelerate_format` -- accelerate's folders, read safely
-  (their pickles checked as data first).
+  (their pickles checked as data first); the load sequence's reader for them.
 - :mod:`~accelkit.checkpointing.interop.accelerate_import` -- convert such a folder into a
   committed accelkit checkpoint (``accelkit ckpt import``).
 

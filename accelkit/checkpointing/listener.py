@@ -5,17 +5,26 @@ the manager a :class:`CheckpointListener` (``accelkit._accelerator.experiment.Ex
 manager asks it, on the main process, what to record in a new checkpoint's manifest
 (``experiment``), and tells it when a checkpoint was committed (on the main process, from the
 thread that committed it) and when one was loaded (on every process).
+
+The manager calls a listener through :class:`SafeListener`, which logs a failing method (naming
+it) and carries on: a tracker's trouble never fails a save or a load.
+
+Public API: :class:`CheckpointListener`, :class:`SafeListener`, :class:`CommitReport`,
+:class:`LoadReport`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from accelkit.checkpointing.formats.manifest import Manifest
 
-__all__ = ["CheckpointListener", "CommitReport", "LoadReport"]
+__all__ = ["CheckpointListener", "CommitReport", "LoadReport", "SafeListener"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,3 +79,37 @@ class CheckpointListener(Protocol):
     def checkpoint_loaded(self, report: LoadReport) -> None:
         """On every process, after a load restored the state."""
         ...
+
+
+class SafeListener:
+    """A :class:`CheckpointListener` that calls another one and logs its failures instead of
+    raising them (with the method's name and the traceback): what the manager calls.
+
+    Args:
+        listener: the listener to call.
+    """
+
+    def __init__(self, listener: CheckpointListener) -> None:
+        self.listener = listener
+
+    def checkpoint_record(self) -> Mapping[str, Any]:
+        """The listener's record; ``{}`` (nothing recorded) if it fails."""
+        try:
+            return self.listener.checkpoint_record()
+        except Exception:
+            logger.warning("Checkpoint listener checkpoint_record failed:", exc_info=True)
+            return {}
+
+    def checkpoint_committed(self, report: CommitReport) -> None:
+        """Tell the listener about a commit."""
+        try:
+            self.listener.checkpoint_committed(report)
+        except Exception:
+            logger.warning("Checkpoint listener checkpoint_committed failed:", exc_info=True)
+
+    def checkpoint_loaded(self, report: LoadReport) -> None:
+        """Tell the listener about a load."""
+        try:
+            self.listener.checkpoint_loaded(report)
+        except Exception:
+            logger.warning("Checkpoint listener checkpoint_loaded failed:", exc_info=True)

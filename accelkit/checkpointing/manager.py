@@ -11,24 +11,30 @@ own gloo group). Retention and ``accelkit ckpt prune`` delete through
 The run's counter (the number of the next automatic checkpoint) is an
 :class:`IterationCounter` the manager owns; users read it as ``ProjectConfiguration.iteration``.
 
-Loading reads and checks every file first and changes the live objects only when all of it is
-good; it never writes to storage.
+A load runs the load sequence of :mod:`~accelkit.checkpointing.restore.sequence` (resolve,
+confine, check, read, agree, apply, counter, meet) with one of two readers plugged in: accelkit's
+own (:mod:`~accelkit.checkpointing.restore.native`) or the safe reader of Hugging Face
+accelerate's folders (:mod:`~accelkit.checkpointing.interop.accelerate_format`). It reads and
+checks every file first, changes the live objects only when all of it is good, and never writes
+to storage.
+
+The run's listener (:class:`~accelkit.checkpointing.listener.CheckpointListener`) is called
+through :class:`~accelkit.checkpointing.listener.SafeListener`: its failures are logged, never
+raised into a save or a load.
 
 Public API: :class:`CheckpointManager` (``register``, ``register_save_pre_hook``,
 ``register_load_pre_hook``, ``save``, ``wait``, ``load``, ``list_checkpoints``, ``latest``,
-``checkpoints_root``, ``save_object``), :class:`IterationCounter` and :class:`LoadResult`.
+``checkpoints_root``, ``save_object``), :class:`IterationCounter` and
+:class:`~accelkit.checkpointing.restore.sequence.LoadResult` (what ``load`` returns).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
-import logging
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -36,18 +42,15 @@ from torch.utils.hooks import RemovableHandle
 
 from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
-    CORRUPT,
+    COMMITTED,
     CheckpointInfo,
     latest_checkpoint,
     list_checkpoints,
-    loadable_automatic,
-    next_iteration,
 )
 from accelkit.checkpointing.commit.async_save import AsyncCheckpoint, AsyncSaver
 from accelkit.checkpointing.commit.deletion import apply_retention
 from accelkit.checkpointing.commit.lock import RunLock
 from accelkit.checkpointing.commit.payload import LivePayload, capture_live
-from accelkit.checkpointing.commit.per_process import check_loadable_here
 from accelkit.checkpointing.commit.protocol import (
     Coordinator,
     DefaultCoordinator,
@@ -55,26 +58,19 @@ from accelkit.checkpointing.commit.protocol import (
     SaveSequence,
 )
 from accelkit.checkpointing.config import ProjectConfiguration
-from accelkit.checkpointing.errors import (
-    CheckpointError,
-    CheckpointPathError,
-    CorruptCheckpointError,
-)
 from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
-from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.formats.safetensors_io import write_safetensors
-from accelkit.checkpointing.interop.accelerate_format import load_accelerate
-from accelkit.checkpointing.listener import CheckpointListener, CommitReport, LoadReport
-from accelkit.checkpointing.objects.contents import (
-    TrainingObjects,
-    apply_contents,
-    read_contents,
-    unwrap_model,
+from accelkit.checkpointing.interop.accelerate_format import AccelerateReader
+from accelkit.checkpointing.listener import (
+    CheckpointListener,
+    CommitReport,
+    LoadReport,
+    SafeListener,
 )
-from accelkit.checkpointing.restore.loading import agree_on_load
-from accelkit.checkpointing.sharded import check_load_compatible, load_sharded, sharded_targets
+from accelkit.checkpointing.objects.contents import TrainingObjects, unwrap_model
+from accelkit.checkpointing.restore.native import NativeReader
+from accelkit.checkpointing.restore.sequence import LoadResult, LoadSequence
 from accelkit.checkpointing.storage import Storage, get_storage, join
-from accelkit.checkpointing.storage.confined import confine
 from accelkit.fsdp.runtime import is_sharded
 
 __all__ = [
@@ -84,8 +80,6 @@ __all__ = [
     "ProcessInfo",
     "TrainingObjects",
 ]
-
-logger = logging.getLogger(__name__)
 
 
 class ProcessInfo(Protocol):
@@ -105,23 +99,6 @@ class ProcessInfo(Protocol):
     def is_local_main_process(self) -> bool: ...
 
     def wait_for_everyone(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    """What :meth:`CheckpointManager.load` loaded."""
-
-    path: str
-    manifest: Manifest
-
-
-def _warn_damaged(path: str, why: str | None) -> None:
-    logger.warning(
-        "Not resuming from %s: it is damaged (%s). Resuming from the newest older checkpoint "
-        "that loads; the damaged one is left in place (`accelkit ckpt verify` shows it).",
-        path,
-        why,
-    )
 
 
 class IterationCounter:
@@ -282,7 +259,7 @@ class CheckpointManager:
         if async_save is None:
             async_save = bool(self.config.async_save)
         target, automatic = self._output_dir(output_dir)
-        listener = self.listener if self.state.is_main_process else None
+        listener = self._listener() if self.state.is_main_process else None
         request = SaveRequest(
             target=target,
             automatic=automatic,
@@ -291,7 +268,7 @@ class CheckpointManager:
             metrics={str(k): float(v) for k, v in (metrics or {}).items()},
             metadata=dict(metadata or {}),
             max_shard_size=max_shard_size,
-            experiment=_ask(listener, "checkpoint_record", {}) if listener else {},
+            experiment=listener.checkpoint_record() if listener else {},
             sharded=any(is_sharded(unwrap_model(m)) for m in objects.models),
         )
         if async_save:
@@ -352,32 +329,6 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ loading
 
-    def resolve_input_dir(self, input_dir: str | os.PathLike[str] | None) -> str:
-        """``input_dir``, or the newest committed checkpoint under ``project_dir``."""
-        if input_dir is not None:
-            return os.fspath(input_dir)
-        return self._committed_newest_first()[0].path
-
-    def _committed_newest_first(self) -> list[CheckpointInfo]:
-        root = self.checkpoints_root()
-        storage = self.storage(root)
-        infos = list_checkpoints(storage, root)
-        committed = loadable_automatic(infos)  # Accelerate's checkpoint_<n> folders count too
-        if not committed:
-            # A run killed inside its first save left checkpoint_<n> folders: the next
-            # automatic save must not collide with them.
-            self.counter.set(max(self.counter.value, next_iteration(infos)))
-            others = ", ".join(f"{i.name} ({i.state})" for i in infos) or "nothing"
-            raise CheckpointPathError(
-                f"No committed checkpoint under {root} (found: {others}). Save one with "
-                "save_state() first, or pass the checkpoint's path to load_state()."
-            )
-        newest = committed[-1].iteration or 0
-        for info in infos:
-            if info.state == CORRUPT and info.is_automatic and (info.iteration or 0) > newest:
-                _warn_damaged(info.path, info.error)
-        return committed[::-1]
-
     def load(
         self,
         input_dir: str | os.PathLike[str] | None,
@@ -386,7 +337,11 @@ class CheckpointManager:
     ) -> LoadResult:
         """Restore ``objects`` from a committed checkpoint; must be called on every process.
 
-        Waits for the asynchronous save in flight first (and raises its failure).
+        Runs the load sequence of :mod:`~accelkit.checkpointing.restore.sequence`, with
+        accelkit's reader for its own checkpoints and the safe reader of
+        :mod:`~accelkit.checkpointing.interop.accelerate_format` for folders Hugging Face
+        accelerate wrote. Waits for the asynchronous save in flight first (and raises its
+        failure).
 
         With ``input_dir=None``, the newest committed checkpoint under ``project_dir`` that
         loads: one whose files fail their checks is skipped with a warning naming it and why
@@ -404,92 +359,29 @@ class CheckpointManager:
         """
         started = time.perf_counter()
         self.wait()
-        if input_dir is not None:
-            return self._loaded(self._load_from(os.fspath(input_dir), objects, verify), started)
-        candidates = self._committed_newest_first()
-        skipped: list[str] = []
-        for info in candidates:
-            try:
-                return self._loaded(self._load_from(info.path, objects, verify), started)
-            except CorruptCheckpointError as exc:
-                skipped.append(f"{info.name}: {exc}")
-                _warn_damaged(info.path, str(exc))
-        raise CorruptCheckpointError(
-            f"Every committed checkpoint under {self.checkpoints_root()} is damaged; nothing "
-            f"was restored: {' | '.join(skipped)}"
+        path = None if input_dir is None else os.fspath(input_dir)
+        # Without a folder to load, the project's checkpoints are needed (this raises when no
+        # project_dir is set); with one, they only move the counter past their numbers.
+        root = self.checkpoints_root() if path is None or self.config.project_dir else None
+        sequence = LoadSequence(
+            self.state,
+            self.storage,
+            {COMMITTED: NativeReader, ACCELERATE: AccelerateReader},
+            self.counter,
+            root=root,
+            hooks=list(self._load_hooks.values()),
+            verify=self.config.verify_checksums if verify is None else verify,
         )
-
-    def _loaded(self, result: LoadResult, started: float) -> LoadResult:
-        if self.listener is not None:
+        result = sequence.run(path, objects)
+        listener = self._listener()
+        if listener is not None:
             seconds = time.perf_counter() - started
-            report = LoadReport(result.path, result.manifest, seconds)
-            _ask(self.listener, "checkpoint_loaded", None, report)
+            listener.checkpoint_loaded(LoadReport(result.path, result.manifest, seconds))
         return result
 
-    def _load_from(self, path: str, objects: TrainingObjects, verify: bool | None) -> LoadResult:
-        storage = confine(self.storage(path), path)
-        # Agreed: the processes may load different folders (per-process checkpoints).
-        info = check_loadable_here(storage, path, self.state.process_index)
-        if info.state == ACCELERATE:  # written by Hugging Face accelerate: read safely
-            return self._load_accelerate(storage, path, objects, info)
-        manifest = info.manifest
-        assert manifest is not None
-        targets = sharded_targets(objects.models, objects.optimizers)
-        check_load_compatible(storage, path, targets)
-        if manifest.world_size != self.state.num_processes and not targets:
-            # Weights and optimizer states are the same on every process; only the random
-            # states are per process. Those of processes the saving run did not have are
-            # seeded from (step, iteration, rank) instead: deterministic, but not the
-            # continuation an equal process count gives.
-            logger.warning(
-                "%s was saved by %d process(es) and this run has %d: processes without saved "
-                "random states are seeded deterministically, and a mid-epoch dataloader "
-                "position refers to the old process count. Resume with --num_processes %d for "
-                "an exact continuation.",
-                path,
-                manifest.world_size,
-                self.state.num_processes,
-                manifest.world_size,
-            )
-        models = list(objects.models)
-        for hook in list(self._load_hooks.values()):
-            hook(models, path)
-        objects = dataclasses.replace(objects, models=models)
-        verify = self.config.verify_checksums if verify is None else verify
-        plain = targets.remaining(objects)
-        error: CheckpointError | None = None
-        try:
-            loaded = read_contents(storage, path, manifest, plain, self.state.process_index, verify)
-        except CheckpointError as exc:
-            error = exc
-        agree_on_load(error, path)
-        if targets:  # a collective; DCP reshards to this run's process count
-            load_sharded(storage, path, targets, manifest, verify)
-        apply_contents(loaded, plain)
-        self.counter.set(self._next_iteration(info))
-        # Every process lists the folder before any of them can start the next save (whose
-        # new folder would otherwise push one process's numbering past the others').
-        self.state.wait_for_everyone()
-        return LoadResult(path, manifest)
-
-    def _load_accelerate(
-        self, storage: Storage, path: str, objects: TrainingObjects, info: CheckpointInfo
-    ) -> LoadResult:
-        models = list(objects.models)
-        for hook in list(self._load_hooks.values()):
-            hook(models, path)
-        objects = dataclasses.replace(objects, models=models)
-        manifest = load_accelerate(storage, path, objects, self.state)
-        self.config.iteration = self._next_iteration(info)
-        self.state.wait_for_everyone()
-        return LoadResult(path, manifest)
-
-    def _next_iteration(self, info: CheckpointInfo) -> int:
-        candidates = [0 if info.iteration is None else info.iteration + 1]
-        if self.config.project_dir:
-            root = self.checkpoints_root()
-            candidates.append(next_iteration(list_checkpoints(self.storage(root), root)))
-        return max(candidates)
+    def _listener(self) -> SafeListener | None:
+        """:attr:`listener`, its failures logged instead of raised into a save or load."""
+        return None if self.listener is None else SafeListener(self.listener)
 
     # ------------------------------------------------------------------ Accelerator.save
 
@@ -536,17 +428,8 @@ class CheckpointManager:
             torch.save(obj, f)
 
 
-def _ask(listener: CheckpointListener, method: str, default: Any, *args: Any) -> Any:
-    """Call a listener method; a failure is logged, never raised into a save or load."""
-    try:
-        return getattr(listener, method)(*args)
-    except Exception:
-        logger.warning("Checkpoint listener %s failed:", method, exc_info=True)
-        return default
-
-
 def _reporter(
-    listener: CheckpointListener, started: float, asynchronous: bool
+    listener: SafeListener, started: float, asynchronous: bool
 ) -> Callable[[SaveSequence], None]:
     """The ``on_commit`` of a save: report it to ``listener`` with its timings."""
 
@@ -555,6 +438,6 @@ def _reporter(
         seconds = time.perf_counter() - started
         blocking = sequence.captured_at - started if asynchronous else seconds
         commit = CommitReport(sequence.target, sequence.manifest, seconds, blocking, asynchronous)
-        _ask(listener, "checkpoint_committed", None, commit)
+        listener.checkpoint_committed(commit)
 
     return report

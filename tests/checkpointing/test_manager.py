@@ -225,7 +225,7 @@ def test_fewer_processes_load_with_a_warning(
     acc, model, *_ = _setup(str(tmp_path), seed=3)
     box = Box(-1.0)
     acc.register_for_checkpointing(box)
-    with caplog.at_level("WARNING", logger="accelkit.checkpointing.manager"):
+    with caplog.at_level("WARNING", logger="accelkit.checkpointing.restore.native"):
         acc.load_state(path)
     assert "saved by 2 process(es) and this run has 1" in caplog.text
     assert "--num_processes 2" in caplog.text

@@ -17,11 +17,12 @@ import torch
 
 from accelkit.checkpointing.commit.lock import LOCK_NAME, RunLock
 from accelkit.checkpointing.commit.payload import LivePayload
-from accelkit.checkpointing.commit.per_process import check_owner, folder_key
+from accelkit.checkpointing.commit.per_process import folder_key
 from accelkit.checkpointing.commit.protocol import PHASES, SaveRequest, SaveSequence
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.manifest import Manifest, ManifestError
 from accelkit.checkpointing.objects.contents import Snapshot
+from accelkit.checkpointing.restore.loading import check_owner
 from accelkit.checkpointing.storage import get_storage
 from tests.checkpointing.fake_coordinator import FakeCoordinator, FakeGroup, run_ranks
 

@@ -31,13 +31,13 @@ existing folder taken; a URL normalised (``s3://b//run/./x/`` is ``s3://b/run/x`
 refusal comes before any process writes anything (the main process prepares its folder only
 after the processes agreed).
 
-Loading (:func:`check_loadable_here`): a per-process checkpoint is restored by the process that
-wrote it, with any process count (``load_state`` warns when the count differs, as for any
-checkpoint); another process is refused, since the random states and data positions in it are
-the writer's.
+Loading: a per-process checkpoint is restored by the process that wrote it, with any process
+count; another process is refused (:func:`~accelkit.checkpointing.restore.loading.check_owner`,
+a check of the load sequence), since the random states and data positions in it are the
+writer's.
 
 Public API: :class:`Folder`, :func:`resolve_folder`, :func:`folder_key`,
-:func:`folders_per_process`, :func:`check_owner`, :func:`check_loadable_here`.
+:func:`folders_per_process`.
 """
 
 from __future__ import annotations
@@ -48,16 +48,10 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from accelkit.checkpointing.catalog.listing import CheckpointInfo
-from accelkit.checkpointing.errors import CheckpointError, CheckpointPathError
-from accelkit.checkpointing.formats.manifest import Manifest
-from accelkit.checkpointing.restore.loading import agree_on_load, check_loadable
-from accelkit.checkpointing.storage import Storage
+from accelkit.checkpointing.errors import CheckpointPathError
 
 __all__ = [
     "Folder",
-    "check_loadable_here",
-    "check_owner",
     "folder_key",
     "folders_per_process",
     "resolve_folder",
@@ -224,42 +218,3 @@ def folders_per_process(folders: Sequence[Folder], automatic: bool, sharded: boo
             "file system or bucket they all reach."
         )
     return True
-
-
-def check_owner(manifest: Manifest, path: str, rank: int) -> None:
-    """Refuse a per-process checkpoint that another process wrote.
-
-    Raises:
-        CheckpointError: ``path`` is the per-process checkpoint of a process other than
-            ``rank``.
-    """
-    writer = manifest.process_index
-    if writer is None or writer == rank:
-        return
-    raise CheckpointPathError(
-        f"{path} is the checkpoint that process {writer} saved into a folder of its own (each "
-        f"of the {manifest.world_size} processes saved into its own folder): it holds process "
-        f"{writer}'s random states and data position, not those of process {rank}. Pass each "
-        "process the folder it saved into; nothing was restored."
-    )
-
-
-def check_loadable_here(storage: Storage, path: str, rank: int) -> CheckpointInfo:
-    """:func:`~accelkit.checkpointing.restore.loading.check_loadable`, then :func:`check_owner`;
-    every process learns whether any of them cannot load its folder (the processes may load
-    different folders), so all of them raise or none does.
-
-    Raises:
-        CheckpointError: as those two, on this process or (naming it) on another one.
-    """
-    info: CheckpointInfo | None = None
-    error: CheckpointError | None = None
-    try:
-        info = check_loadable(storage, path)
-        if info.manifest is not None:
-            check_owner(info.manifest, path, rank)
-    except CheckpointError as exc:
-        error = exc
-    agree_on_load(error, path)
-    assert info is not None
-    return info

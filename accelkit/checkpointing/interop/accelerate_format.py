@@ -39,9 +39,10 @@ Public API:
 - :class:`AccelerateCheckpoint` and :func:`read_accelerate(storage, folder, ranks)
   <read_accelerate>` -- everything in a folder, checked, as accelkit-shaped states (random
   states as :func:`~accelkit.checkpointing.objects.rng.capture_rng_state` returns them).
-- :func:`load_accelerate(storage, folder, objects, rank) <load_accelerate>` -- what
-  ``load_state`` does with such a folder; returns a stand-in
-  :class:`~accelkit.checkpointing.formats.manifest.Manifest` (no files; ``step`` is Accelerate's).
+- :class:`AccelerateReader` -- what ``load_state`` does with such a folder: the reader the
+  checkpoint manager plugs into the load sequence
+  (:class:`~accelkit.checkpointing.restore.sequence.LoadSequence`); its manifest is a stand-in
+  (no files; ``step`` is Accelerate's).
 """
 
 from __future__ import annotations
@@ -79,14 +80,14 @@ from accelkit.checkpointing.objects.contents import (
     unwrap_model,
 )
 from accelkit.checkpointing.objects.rng import check_rng_state
-from accelkit.checkpointing.restore.loading import agree_on_load
+from accelkit.checkpointing.restore.sequence import LoadSource
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.verified import open_checkpoint_file
 
 __all__ = [
     "ALLOWED_GLOBALS",
     "AccelerateCheckpoint",
-    "load_accelerate",
+    "AccelerateReader",
     "load_pickle",
     "read_accelerate",
 ]
@@ -661,57 +662,70 @@ def _file_name(kind: str, index: int) -> str:
     return f"{kind}.bin" if index == 0 else f"{kind}_{index}.bin"
 
 
-def load_accelerate(
-    storage: Storage, folder: str, objects: TrainingObjects, process: Any
-) -> Manifest:
-    """Restore ``objects`` from the Accelerate checkpoint ``folder``; call it on every process.
+class AccelerateReader:
+    """Reads one folder written by Hugging Face accelerate's ``save_state`` for one load: the
+    :class:`~accelkit.checkpointing.restore.sequence.FolderReader` that the checkpoint manager
+    plugs into :class:`~accelkit.checkpointing.restore.sequence.LoadSequence` for folders in
+    state ``accelerate``.
 
-    Every file is read and checked first (on every process); the live objects change only when
-    all of it is good on all processes. The main process says in one log line that it read an
-    Accelerate checkpoint.
+    Every file is read and checked in the read phase (on every process); the sequence changes
+    the live objects only when all of it is good on all processes. The main process says in
+    one log line that it read an Accelerate checkpoint.
 
     Args:
-        storage: a confined view of ``folder``.
-        folder: the checkpoint folder.
-        objects: the live objects.
-        process: this process (``process_index``, ``num_processes``, ``is_main_process``).
-
-    Returns:
-        A stand-in manifest: ``iteration`` from a ``checkpoint_<n>`` name, Accelerate's
-        ``step``, ``world_size`` = the number of ``random_states_<rank>.pkl`` files.
-
-    Raises:
-        CorruptCheckpointError: a file refused (naming it, and the global it wanted).
-        CheckpointMismatchError: counts of objects, a model's keys or an optimizer's groups
-            that do not match.
+        source: the checked folder (a confined view of it).
     """
-    rank = process.process_index
-    error = None
-    checkpoint = AccelerateCheckpoint(folder)
-    loaded = LoadedContents()
-    try:
-        checkpoint = read_accelerate(storage, folder, ranks=[rank])
-        loaded = _plan(checkpoint, objects, rank)
-    except (CorruptCheckpointError, CheckpointMismatchError) as exc:
-        error = exc
-    agree_on_load(error, folder)
-    apply_contents(loaded, objects)
-    if process.is_main_process:
-        logger.info(
-            "Loaded %s, a checkpoint written by Hugging Face accelerate (%d process(es), step "
-            "%d); its pickles were read with an allow-list. `accelkit ckpt import` converts it.",
-            folder,
-            checkpoint.world_size,
-            checkpoint.step,
-        )
-        if checkpoint.world_size != process.num_processes:
-            logger.warning(
-                "%s was saved by %d process(es) and this run has %d: processes without saved "
-                "random states are seeded deterministically. Resume with --num_processes %d "
-                "for an exact continuation.",
-                folder,
+
+    def __init__(self, source: LoadSource) -> None:
+        self.source = source
+        self._checkpoint = AccelerateCheckpoint(source.path)
+        self._objects = TrainingObjects()
+        self._loaded = LoadedContents()
+
+    def check(self, objects: TrainingObjects) -> None:
+        """Nothing to refuse before the files are read: the counts and keys are checked with
+        them."""
+
+    def read(self, objects: TrainingObjects) -> None:
+        """Read every file (this process's random states only) and plan the restore of
+        ``objects``; change nothing.
+
+        Raises:
+            CorruptCheckpointError: a file refused (naming it, and the global it wanted).
+            CheckpointMismatchError: counts of objects, a model's keys or an optimizer's groups
+                that do not match.
+        """
+        source = self.source
+        self._checkpoint = read_accelerate(source.storage, source.path, ranks=[source.rank])
+        self._loaded = _plan(self._checkpoint, objects, source.rank)
+        self._objects = objects
+
+    def apply(self) -> Manifest:
+        """Restore the live objects from what :meth:`read` planned.
+
+        Returns:
+            A stand-in manifest: ``iteration`` from a ``checkpoint_<n>`` name, Accelerate's
+            ``step``, ``world_size`` = the number of ``random_states_<rank>.pkl`` files.
+        """
+        source, checkpoint = self.source, self._checkpoint
+        apply_contents(self._loaded, self._objects)
+        if source.is_main:
+            logger.info(
+                "Loaded %s, a checkpoint written by Hugging Face accelerate (%d process(es), "
+                "step %d); its pickles were read with an allow-list. `accelkit ckpt import` "
+                "converts it.",
+                source.path,
                 checkpoint.world_size,
-                process.num_processes,
-                checkpoint.world_size,
+                checkpoint.step,
             )
-    return stand_in_manifest(folder, checkpoint)
+            if checkpoint.world_size != source.world_size:
+                logger.warning(
+                    "%s was saved by %d process(es) and this run has %d: processes without "
+                    "saved random states are seeded deterministically. Resume with "
+                    "--num_processes %d for an exact continuation.",
+                    source.path,
+                    checkpoint.world_size,
+                    source.world_size,
+                    checkpoint.world_size,
+                )
+        return stand_in_manifest(source.path, checkpoint)

@@ -1,2 +1,3 @@
-"""The load sequence: what ``load_state`` checks before anything is restored, and what it says
-when it cannot (:mod:`.loading`)."""
+"""The load sequence (:mod:`.sequence`): the phases every ``load_state`` runs, what is checked
+before anything is restored and what is said when it cannot be (:mod:`.loading`), and the reader
+of accelkit's own checkpoints (:mod:`.native`)."""

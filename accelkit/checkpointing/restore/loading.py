@@ -9,10 +9,14 @@
   finish, a folder written by somebody else, a damaged one. A folder written by Hugging Face
   accelerate's ``save_state`` passes (state ``accelerate``): it is read by
   :mod:`~accelkit.checkpointing.interop.accelerate_format`.
+- :func:`check_owner` -- a per-process checkpoint (one whose manifest names its writer,
+  :mod:`~accelkit.checkpointing.commit.per_process`) is loaded only by the process that wrote it.
 - :func:`agree_on_load` -- every process learns whether any process failed to read its part,
   so all of them raise (the same kind of error) or none does.
 
-Public API: :func:`check_loadable`, :func:`agree_on_load`.
+:mod:`~accelkit.checkpointing.restore.sequence` runs them in its check and agree phases.
+
+Public API: :func:`check_loadable`, :func:`check_owner`, :func:`agree_on_load`.
 """
 
 from __future__ import annotations
@@ -35,11 +39,12 @@ from accelkit.checkpointing.errors import (
     CorruptCheckpointError,
 )
 from accelkit.checkpointing.formats.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME
+from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import ConfinedStorage
 from accelkit.runtime import ops
 
-__all__ = ["agree_on_load", "check_loadable"]
+__all__ = ["agree_on_load", "check_loadable", "check_owner"]
 
 
 def _parent(path: str) -> str:
@@ -133,6 +138,24 @@ def check_loadable(storage: Storage, path: str) -> CheckpointInfo:
         f"{path} has no {MANIFEST_NAME}: it is an accelkit save that did not finish (it was "
         "interrupted, or is still being written). Load another checkpoint; `accelkit ckpt ls` "
         "lists them."
+    )
+
+
+def check_owner(manifest: Manifest, path: str, rank: int) -> None:
+    """Refuse a per-process checkpoint that another process wrote.
+
+    Raises:
+        CheckpointError: ``path`` is the per-process checkpoint of a process other than
+            ``rank``.
+    """
+    writer = manifest.process_index
+    if writer is None or writer == rank:
+        return
+    raise CheckpointPathError(
+        f"{path} is the checkpoint that process {writer} saved into a folder of its own (each "
+        f"of the {manifest.world_size} processes saved into its own folder): it holds process "
+        f"{writer}'s random states and data position, not those of process {rank}. Pass each "
+        "process the folder it saved into; nothing was restored."
     )
 
 

@@ -1,0 +1,112 @@
+"""The reader of accelkit's own checkpoints, plugged into
+:class:`~accelkit.checkpointing.restore.sequence.LoadSequence` for folders in state ``committed``.
+
+- **check**: sharded (FSDP) state is loaded only into sharded models and the reverse
+  (:func:`~accelkit.checkpointing.sharded.check_load_compatible`); a checkpoint saved by another
+  number of processes, without sharded state, loads with a warning (its weights and optimizer
+  states are the same on every process; the random states of processes the saving run did not
+  have are seeded from ``(step, iteration, rank)``: deterministic, but not the continuation an
+  equal process count gives).
+- **read**: :func:`~accelkit.checkpointing.objects.contents.read_contents` reads and checks the
+  files of the objects that are not sharded (sizes and, with ``verify``, checksums against the
+  manifest).
+- **apply**: the sharded state first, a collective that reshards to this run's process count
+  (:func:`~accelkit.checkpointing.sharded.load_sharded`, which checks its files before DCP
+  loads into the live parameters), then the rest
+  (:func:`~accelkit.checkpointing.objects.contents.apply_contents`).
+
+Public API: :class:`NativeReader`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.objects.contents import (
+    LoadedContents,
+    TrainingObjects,
+    apply_contents,
+    read_contents,
+)
+from accelkit.checkpointing.restore.sequence import LoadSource
+from accelkit.checkpointing.sharded import (
+    ShardedTargets,
+    check_load_compatible,
+    load_sharded,
+    sharded_targets,
+)
+
+__all__ = ["NativeReader"]
+
+logger = logging.getLogger(__name__)
+
+
+class NativeReader:
+    """Reads one committed accelkit checkpoint for one load (a
+    :class:`~accelkit.checkpointing.restore.sequence.FolderReader`).
+
+    Args:
+        source: the checked folder; its ``info.manifest`` is set.
+    """
+
+    def __init__(self, source: LoadSource) -> None:
+        manifest = source.info.manifest
+        assert manifest is not None, "a committed checkpoint has a manifest"
+        self.source = source
+        self.manifest: Manifest = manifest
+        self._targets: ShardedTargets | None = None
+        self._plain = TrainingObjects()
+        self._loaded = LoadedContents()
+
+    def check(self, objects: TrainingObjects) -> None:
+        """Refuse sharded state for unsharded models and the reverse; warn about another
+        process count.
+
+        Raises:
+            CheckpointMismatchError: naming what is missing and what to do.
+        """
+        source = self.source
+        # From the objects as prepared, before the load pre-hooks: whether the run is sharded
+        # is judged on what the user prepared, not on what a hook left in the list.
+        targets = sharded_targets(objects.models, objects.optimizers)
+        check_load_compatible(source.storage, source.path, targets)
+        self._targets = targets
+        if self.manifest.world_size != source.world_size and not targets:
+            logger.warning(
+                "%s was saved by %d process(es) and this run has %d: processes without saved "
+                "random states are seeded deterministically, and a mid-epoch dataloader "
+                "position refers to the old process count. Resume with --num_processes %d for "
+                "an exact continuation.",
+                source.path,
+                self.manifest.world_size,
+                source.world_size,
+                self.manifest.world_size,
+            )
+
+    def read(self, objects: TrainingObjects) -> None:
+        """Read and check the files of every object that is not sharded; change nothing.
+
+        Raises:
+            CorruptCheckpointError / CheckpointMismatchError: see
+                :func:`~accelkit.checkpointing.objects.contents.read_contents`.
+        """
+        assert self._targets is not None, "check() runs first"
+        source = self.source
+        self._plain = self._targets.remaining(objects)
+        self._loaded = read_contents(
+            source.storage, source.path, self.manifest, self._plain, source.rank, source.verify
+        )
+
+    def apply(self) -> Manifest:
+        """Load the sharded state (every process together), then restore the rest.
+
+        Returns:
+            The checkpoint's manifest.
+        """
+        assert self._targets is not None, "check() runs first"
+        source = self.source
+        if self._targets:
+            load_sharded(source.storage, source.path, self._targets, self.manifest, source.verify)
+        apply_contents(self._loaded, self._plain)
+        return self.manifest
