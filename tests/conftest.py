@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +27,32 @@ def _cpu_unless_marked_cuda(request: pytest.FixtureRequest) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ACCELKIT_USE_CPU", "1")
         yield
+
+
+# The fast tier (`pytest -m "not slow"`, CONTRIBUTING.md) leaves out every test of these folders
+# (real multi-process jobs, servers, kill trials, Accelerate's own scripts) and these files (each
+# starts launchers, tracker servers or whole training jobs), besides tests marked slow by hand.
+_SLOW_FOLDERS = ("distributed", "reliability", "compat", "examples")
+_SLOW_FILES = {
+    "cli/test_launch.py",
+    "cli/test_launch_signals.py",
+    "checkpointing/test_accelerate_import.py",
+    "trackers/test_continuity_wandb_comet.py",
+    "trackers/test_continuity_mlflow.py",
+    "trackers/test_continuity_files.py",
+    "test_readme_snippets.py",
+    "trackers/test_accelerate_compat.py",
+    "trackers/test_process.py",
+    "trackers/test_distributed.py",
+    "trackers/test_comet_with_others.py",
+    "checkpointing/test_acceptance.py",
+    "testing/test_contracts.py",
+}
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        relative = item.path.resolve().relative_to(_TESTS).as_posix()
+        if relative.split("/", 1)[0] in _SLOW_FOLDERS or relative in _SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
