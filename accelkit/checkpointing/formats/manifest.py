@@ -342,7 +342,9 @@ def verify_files(
     Returns:
         The problems found, empty if the checkpoint is intact.
     """
-    listing = dict(sizes) if sizes is not None else storage.walk_files(folder)
+    # Not copied: callers pass the listing once per entry (`accelkit ckpt verify`), and a copy
+    # each time made a folder of many files cost the square of its size.
+    listing = sizes if sizes is not None else storage.walk_files(folder)
     problems: list[FileProblem] = []
     for entry in manifest.files:
         url = join(folder, entry.path)
