@@ -63,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accelkit.launch_flags import explain_unknown
 
         sub = getattr(args, "_parser", parser)
-        sub.error(explain_unknown(unknown, sub._option_string_actions))
+        # The arguments are the user's, but may come from a script or a pasted line: escaped.
+        sub.error(escape(explain_unknown(unknown, sub._option_string_actions)))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
