@@ -33,6 +33,7 @@ from typing import Any
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.jsonio import load_json
 from accelkit.checkpointing.formats.layout import MANIFEST_NAME, check_relative_path
+from accelkit.checkpointing.formats.safetensors_header import read_header
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 from accelkit.checkpointing.storage.checksum import parse_checksum
 from accelkit.checkpointing.storage.verified import file_checksum
@@ -372,4 +373,29 @@ def verify_files(
                         entry.path, "checksum", f"checksum {actual}, manifest says {entry.checksum}"
                     )
                 )
+                continue
+            malformed = _malformed(storage, url, entry.path)
+            if malformed is not None:
+                problems.append(FileProblem(entry.path, "format", malformed))
     return problems
+
+
+def _malformed(storage: Storage, url: str, path: str) -> str | None:
+    """Why the file at ``url`` cannot be read as its kind (JSON, safetensors header), if so.
+
+    A manifest re-signed over a damaged or crafted file matches every checksum, so a full
+    verification also parses what the loader would parse first: otherwise ``ckpt verify``
+    said OK and ``ckpt prune`` kept such a checkpoint as the newest intact one, deleting the
+    older one that ``load_state()`` could still restore. Only the headers and JSON documents
+    are read (tensor data is covered by the checksum); how well the contents fit a model is
+    for ``load_state()`` to say.
+    """
+    try:
+        if path.endswith(".safetensors"):
+            with storage.open_read(url) as stream:
+                read_header(stream, url, storage.size(url))
+        elif path.endswith(".json"):
+            load_json(storage.read_bytes(url), url)
+    except CorruptCheckpointError as exc:
+        return str(exc).removeprefix(f"{url}: ")
+    return None
