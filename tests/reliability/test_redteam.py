@@ -460,3 +460,48 @@ def test_ctrl_c_ends_in_one_line(
         assert names in ([], ["config.yaml"]), names
         if names:
             assert "num_processes" in config.read_text()
+
+
+# --------------------------------------------------------------------------- class 6
+
+_SAVER = """
+import sys
+from torch import nn
+from accelkit import Accelerator, ProjectConfiguration
+config = ProjectConfiguration(project_dir=sys.argv[1], automatic_checkpoint_naming=True)
+accelerator = Accelerator(project_config=config, cpu=True)
+accelerator.prepare(nn.Linear(2, 2))
+accelerator.save_state()
+print("saved")
+"""
+
+
+@pytest.mark.parametrize("kind", ["named pipe", "folder"])
+def test_a_planted_save_lock_never_blocks_a_save(tmp_path: Path, kind: str) -> None:
+    """``.accelkit-run.lock`` as a named pipe: opening it waited for a writer forever (save and
+    import hung). It is now read as a file that is not one: an unreadable lock (stale), taken
+    over; a folder there cannot be, and the save says which path is in the way."""
+    project = tmp_path / "project"
+    project.mkdir()
+    lock = project / ".accelkit-run.lock"
+    if kind == "named pipe":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", _SAVER, str(project)],
+        capture_output=True,
+        env=_env(),
+        timeout=60,  # a hang fails here
+        check=False,
+    )
+    err = _printable(done.stderr, "save_state")
+    if kind == "named pipe":
+        assert done.stdout.decode().strip() == "saved", err[-3000:]
+        assert (project / "checkpoints" / "checkpoint_0" / "accelkit.json").is_file()
+        code, out, _ = _accelkit("ckpt", "verify", str(project))
+        assert code == 0, out
+    else:
+        assert "saved" not in done.stdout.decode()
+        assert str(lock) in err.strip().splitlines()[-1], err[-3000:]
+        assert lock.is_dir()  # not deleted: accelkit did not make it
