@@ -33,7 +33,7 @@ from accelkit.checkpointing.catalog import (
 from accelkit.checkpointing.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.layout import MANIFEST_NAME
-from accelkit.checkpointing.formats.manifest import verify_files
+from accelkit.checkpointing.formats.manifest import malformed, verify_files
 from accelkit.checkpointing.retention import (
     KeepBest,
     KeepEvery,
@@ -43,7 +43,7 @@ from accelkit.checkpointing.retention import (
     build_policy,
     plan_retention,
 )
-from accelkit.checkpointing.storage import Storage
+from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli import ckpt_import
 from accelkit.cli._ckpt_common import (
@@ -491,7 +491,11 @@ def _verify_one(storage: Storage, info: CheckpointInfo, bar: Any) -> tuple[list[
         # One entry at a time so the bar moves per file; verify_files does the checking.
         one = dataclasses.replace(manifest, files=[entry])
         try:
-            problems.extend(str(p) for p in verify_files(storage, info.path, one, sizes=listing))
+            found = verify_files(storage, info.path, one, sizes=listing)
+            if not found:  # the checksum matches; a re-signed manifest needs the file to parse
+                bad = malformed(storage, join(info.path, entry.path), entry.path)
+                found = [] if bad is None else [bad]
+            problems.extend(str(p) for p in found)
         except OSError as exc:
             problems.append(f"{entry.path}: cannot be read ({type(exc).__name__}: {exc})")
         bar.update(entry.size)

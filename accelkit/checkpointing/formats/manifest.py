@@ -45,6 +45,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "file_checksum",
+    "malformed",
     "read_manifest",
     "verify_files",
     "write_manifest",
@@ -373,22 +374,26 @@ def verify_files(
                         entry.path, "checksum", f"checksum {actual}, manifest says {entry.checksum}"
                     )
                 )
-                continue
-            malformed = _malformed(storage, url, entry.path)
-            if malformed is not None:
-                problems.append(FileProblem(entry.path, "format", malformed))
     return problems
 
 
-def _malformed(storage: Storage, url: str, path: str) -> str | None:
-    """Why the file at ``url`` cannot be read as its kind (JSON, safetensors header), if so.
+def malformed(storage: Storage, url: str, path: str) -> FileProblem | None:
+    """Why the checkpoint file at ``url`` cannot be read as its kind, if so.
 
-    A manifest re-signed over a damaged or crafted file matches every checksum, so a full
-    verification also parses what the loader would parse first: otherwise ``ckpt verify``
-    said OK and ``ckpt prune`` kept such a checkpoint as the newest intact one, deleting the
-    older one that ``load_state()`` could still restore. Only the headers and JSON documents
-    are read (tensor data is covered by the checksum); how well the contents fit a model is
-    for ``load_state()`` to say.
+    A manifest re-signed over a damaged or crafted file matches every checksum, so
+    ``accelkit ckpt verify`` (and ``ckpt prune``, which verifies what it keeps) also parses
+    what the loader parses first: otherwise verify said OK and prune kept such a checkpoint
+    as the newest intact one, deleting the older one that ``load_state()`` could still
+    restore. Only safetensors headers and JSON documents are read (tensor data is covered by
+    the checksum); how well the contents fit a model is for ``load_state()`` to say.
+
+    Args:
+        storage: the storage of ``url``.
+        url: the file.
+        path: its path relative to the checkpoint (``model.safetensors``), which names it.
+
+    Returns:
+        The problem (kind ``"format"``), or ``None`` if the file parses.
     """
     try:
         if path.endswith(".safetensors"):
@@ -397,5 +402,5 @@ def _malformed(storage: Storage, url: str, path: str) -> str | None:
         elif path.endswith(".json"):
             load_json(storage.read_bytes(url), url)
     except CorruptCheckpointError as exc:
-        return str(exc).removeprefix(f"{url}: ")
+        return FileProblem(path, "format", str(exc).removeprefix(f"{url}: "))
     return None
