@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from accelkit._text import clip
 from accelkit.checkpointing.accelerate_format import load_accelerate
 from accelkit.checkpointing.async_save import AsyncCheckpoint, AsyncSaver
 from accelkit.checkpointing.catalog import (
@@ -114,8 +115,8 @@ def _warn_damaged(path: str, why: str | None) -> None:
     logger.warning(
         "Not resuming from %s: it is damaged (%s). Resuming from the newest older checkpoint "
         "that loads; the damaged one is left in place (`accelkit ckpt verify` shows it).",
-        path,
-        why,
+        clip(path, 1000),
+        clip(why or "", 2000),  # the reason quotes the checkpoint's own names and may be huge
     )
 
 
