@@ -16,14 +16,17 @@ a value is formatted and again where the whole message is printed. The price is 
 holding a literal backslash sequence reads like an escaped one; the characters that could act
 on a terminal never pass.
 
-Public API: :func:`escape`, :func:`short` (its work depends on ``limit``, not on the value).
+Public API: :func:`escape`, :func:`short` (its work depends on ``limit``, not on the value),
+:func:`clip` (a message escaped and cut to a bounded length, its start and end kept),
+:func:`at_most` (the first items of a list that may be huge, and how many were left out).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["escape", "short"]
+__all__ = ["at_most", "clip", "escape", "short"]
 
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -85,6 +88,51 @@ def short(value: Any, limit: int = 80) -> str:
     text = "".join(pieces)
     text = escape(text)  # a custom __repr__ need not escape
     return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
+
+
+def clip(text: str, limit: int = 4000) -> str:
+    """``text`` escaped (:func:`escape`) and, when longer than ``limit``, cut in the middle.
+
+    For whole messages that quote untrusted values (an error naming every file a crafted
+    manifest lists, a warning quoting a checkpoint's problems): the start says what is wrong
+    and the end says what to do, so both are kept and the middle gives way, with a note of how
+    much was left out. Idempotent for texts within ``limit``, like :func:`escape`.
+
+    Args:
+        text: the message.
+        limit: the most characters returned (at least 200).
+
+    Returns:
+        A printable, one-line text of at most ``limit`` characters.
+
+    Example:
+        >>> len(clip("missing: " + "x; " * 1_000_000, 300)) <= 300
+        True
+    """
+    limit = max(limit, 200)
+    # Escaping makes a character at most 10 long; escaping only the ends keeps the work bounded.
+    head = escape(text[:limit])
+    if len(text) <= limit and len(head) <= limit:
+        return head
+    note = f" [... cut: {len(text):,} characters in all ...] "
+    room = limit - len(note)
+    tail = escape(text[-limit:])[-(room // 4) :]
+    return head[: room - len(tail)] + note + tail
+
+
+def at_most(items: Sequence[str], limit: int) -> list[str]:
+    """The first ``limit`` of ``items``, and a last one saying how many more there are.
+
+    For lists read from a file (the problems of a checkpoint whose crafted manifest lists
+    200,000 missing files): what is shown stays a few lines, and says that it is not all.
+
+    Example:
+        >>> at_most(["a", "b", "c"], 2)
+        ['a', 'b', '... and 1 more']
+    """
+    if len(items) <= limit:
+        return list(items)
+    return [*items[:limit], f"... and {len(items) - limit:,} more"]
 
 
 _MAX_DEPTH = 20

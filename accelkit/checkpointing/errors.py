@@ -7,6 +7,7 @@ rule written in :mod:`accelkit.errors`: only those that mean "the caller passed 
 
 from __future__ import annotations
 
+from accelkit._text import clip
 from accelkit.errors import AccelkitError
 
 __all__ = [
@@ -19,7 +20,16 @@ __all__ = [
 
 class CheckpointError(AccelkitError):
     """A checkpoint cannot be saved, loaded, listed or deleted as asked: raised as it is for a
-    failure of another process, a storage or a lock, so it is not a ``ValueError``."""
+    failure of another process, a storage or a lock, so it is not a ``ValueError``.
+
+    Its text (``str(error)``, which tracebacks, logs and the ``accelkit`` command show) is
+    printable and at most 4,000 characters: messages quote names and values read from a
+    checkpoint, which may hold terminal escape sequences or list a crafted manifest's million
+    files (:func:`accelkit._text.clip`). ``error.args[0]`` keeps the message as it was built.
+    """
+
+    def __str__(self) -> str:
+        return clip(super().__str__())
 
 
 class CorruptCheckpointError(CheckpointError):

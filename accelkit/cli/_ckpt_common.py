@@ -99,7 +99,7 @@ def storage_option(text: str) -> tuple[str, Any]:
         )
     try:
         parsed: Any = json.loads(value)  # numbers, booleans, {"nested": "dicts"}
-    except ValueError:
+    except (ValueError, RecursionError):  # "[[[[..." too deep for JSON is text as well
         parsed = value
     return key, parsed
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from accelkit._text import escape
 
-__all__ = ["format_age", "format_runs", "format_size", "render_table"]
+__all__ = ["format_age", "format_runs", "format_size", "one_entry", "render_table"]
 
 # The keys holding a run's id in the trackers' run references (MLflow and W&B, Comet).
 _RUN_ID_KEYS = ("run_id", "experiment_key")
@@ -65,17 +65,38 @@ def format_runs(experiment: Mapping[str, Any] | None) -> str:
     """
     runs = (experiment or {}).get("runs") or {}
     entries = []
-    for name in sorted(runs):
+    names = sorted(runs)
+    for name in names[:_MAX_RUNS]:
         reference = runs[name]
         ids = [reference.get(key) for key in _RUN_ID_KEYS] if isinstance(reference, Mapping) else []
         run_id = next((value for value in ids if isinstance(value, str) and value), None)
         label = _one_entry(str(name)[:40])
         entries.append(label if run_id is None else f"{label}:{_one_entry(run_id[:8])}")
+    if len(names) > _MAX_RUNS:  # a crafted record may name 200,000 trackers: one cell
+        entries.append(f"+{len(names) - _MAX_RUNS}")
     return ",".join(entries) or "-"
+
+
+_MAX_RUNS = 8
 
 
 def _one_entry(text: str) -> str:
     return _SEPARATORS.sub("?", escape(text))
+
+
+def one_entry(text: str, separators: str) -> str:
+    """``text`` escaped, with whitespace and each of ``separators`` shown as ``?``.
+
+    For a name inside a table cell that holds several ``name=value`` entries: a name holding
+    ``" "`` or ``"="`` could otherwise fake another entry (``"acc=0.99 loss"`` shown as
+    ``acc=0.99 loss=5``).
+
+    Example:
+        >>> one_entry("acc=0.99 loss", "=")
+        'acc?0.99?loss'
+    """
+    escaped = escape(text)
+    return "".join("?" if c.isspace() or c in separators else c for c in escaped)
 
 
 def render_table(

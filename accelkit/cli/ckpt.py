@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from accelkit._text import at_most
 from accelkit.checkpointing.catalog.listing import (
     COMMITTED,
     CORRUPT,
@@ -41,8 +42,8 @@ from accelkit.checkpointing.catalog.retention import (
 from accelkit.checkpointing.commit.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.layout import MANIFEST_NAME
-from accelkit.checkpointing.formats.manifest import verify_files
-from accelkit.checkpointing.storage import Storage
+from accelkit.checkpointing.formats.manifest import malformed, verify_files
+from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli import ckpt_import
 from accelkit.cli._ckpt_common import (
@@ -59,7 +60,7 @@ from accelkit.cli._ckpt_common import (
     say_json,
     usage,
 )
-from accelkit.cli._table import format_age, format_runs, format_size, render_table
+from accelkit.cli._table import format_age, format_runs, format_size, one_entry, render_table
 
 __all__ = ["register"]
 
@@ -219,7 +220,16 @@ def _as_json(info: CheckpointInfo) -> dict[str, Any]:
 
 
 def _format_metrics(metrics: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:.6g}" for k, v in sorted(metrics.items())) or "-"
+    # One cell of a table: a crafted manifest's names may be megabytes long, number in the
+    # hundreds of thousands, or hold " " and "=" to fake another metric's value ("acc=0.99 x").
+    names = sorted(metrics)
+    cells = [f"{one_entry(k[:40], '=')}={metrics[k]:.6g}" for k in names[:_MAX_METRICS]]
+    if len(names) > _MAX_METRICS:
+        cells.append(f"(+{len(names) - _MAX_METRICS} more: --json)")
+    return " ".join(cells) or "-"
+
+
+_MAX_METRICS = 8
 
 
 def _opt(value: int | None) -> str:
@@ -481,7 +491,11 @@ def _verify_one(storage: Storage, info: CheckpointInfo, bar: Any) -> tuple[list[
         # One entry at a time so the bar moves per file; verify_files does the checking.
         one = dataclasses.replace(manifest, files=[entry])
         try:
-            problems.extend(str(p) for p in verify_files(storage, info.path, one, sizes=listing))
+            found = verify_files(storage, info.path, one, sizes=listing)
+            if not found:  # the checksum matches; a re-signed manifest needs the file to parse
+                bad = malformed(storage, join(info.path, entry.path), entry.path)
+                found = [] if bad is None else [bad]
+            problems.extend(str(p) for p in found)
         except OSError as exc:
             problems.append(f"{entry.path}: cannot be read ({type(exc).__name__}: {exc})")
         bar.update(entry.size)
@@ -516,13 +530,14 @@ def _run_verify(args: argparse.Namespace) -> int:
             problems, extra = _verify_one(storage, info, bar)
             if problems:
                 bad += 1
-                say(f"FAIL  {info.name}", *(f"      {line}" for line in problems))
+                # Every problem counts, but a crafted manifest can list a million: 50 lines.
+                say(f"FAIL  {info.name}", *(f"      {line}" for line in at_most(problems, 50)))
             else:
                 n = len(info.manifest.files) if info.manifest is not None else 0
                 say(f"OK    {info.name}: {n} files, {format_size(info.size_bytes)}")
             if extra:
                 # Not part of the checkpoint (never loaded), so not a failure; worth knowing.
-                say(f"      not in the manifest (ignored): {', '.join(extra)}")
+                say(f"      not in the manifest (ignored): {', '.join(at_most(extra, 20))}")
     if not todo:
         raise Fail(
             f"no committed checkpoint to verify under {root!r} (only incomplete ones or folders "

@@ -54,7 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``accelkit`` command; returns the process exit code."""
+    """Run the ``accelkit`` command; returns the process exit code (130 after Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Ctrl-C at a prompt of `accelkit config`, or while a command starts, is the user's
+        # answer, not a defect: one line, no traceback. Files are written whole under a
+        # temporary name (config) or by the commit protocol (ckpt), so nothing is half done.
+        print("accelkit: interrupted; stopped.", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -63,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accelkit.launch.flags import explain_unknown
 
         sub = getattr(args, "_parser", parser)
-        sub.error(explain_unknown(unknown, sub._option_string_actions))
+        # The arguments are the user's, but may come from a script or a pasted line: escaped.
+        sub.error(escape(explain_unknown(unknown, sub._option_string_actions)))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

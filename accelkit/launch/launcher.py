@@ -87,6 +87,7 @@ _TORCHRUN_OPTIONS = {
 
 # No count, rank or port of a launch comes near this; a larger number is a mistake.
 _MAX_INTEGER = 2**31 - 1
+_MAX_LOCAL_PROCESSES = 4096
 
 
 class _Settings:
@@ -260,6 +261,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     machine_rank = s.integer("machine_rank", 0) or 0
     gpu_ids = None if cpu else _gpu_ids(s)
     num_processes = s.integer("num_processes", 1)
+    if num_processes is not None and num_processes // num_machines > _MAX_LOCAL_PROCESSES:
+        # torchrun builds every worker's settings before starting any: 10**8 of them took
+        # minutes and GiBs before the first process, with nothing on screen.
+        raise ValueError(
+            f"{s.origin('num_processes')}: {num_processes} process(es) over {num_machines} "
+            f"machine(s) is more than {_MAX_LOCAL_PROCESSES} per machine; give the total "
+            "over all machines, at most one per CPU core or GPU of each."
+        )
     if num_processes is None:
         gpus = 0 if cpu else len(gpu_ids) if gpu_ids else _cuda_device_count()
         num_processes = max(gpus, 1) * num_machines
@@ -274,6 +283,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             "(ranks count from 0)."
         )
     port = s.integer("main_process_port", 0)
+    if port is not None and port > 65535:
+        raise ValueError(f"{s.origin('main_process_port')}: must be <= 65535, got {port}.")
     if not port:
         port = 29500 if num_machines > 1 and port is None else _free_port()
     env = _fsdp_env(s)

@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from accelkit._text import at_most
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.layout import (
     CHECKPOINTS_DIRNAME,
@@ -173,7 +174,8 @@ def inspect_folder(storage: Storage, path: str, name: str | None = None) -> Chec
         return info(state, error=None if detail is None else detail.format(files=shown))
     problems = verify_files(storage, path, manifest, checksums=False, sizes=listing)
     if problems:
-        return info(CORRUPT, manifest, "; ".join(str(p) for p in problems))
+        # A crafted manifest may list a million missing files: the reason stays a few of them.
+        return info(CORRUPT, manifest, "; ".join(at_most([str(p) for p in problems], 5)))
     return info(COMMITTED, manifest)
 
 

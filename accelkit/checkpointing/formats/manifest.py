@@ -33,6 +33,7 @@ from typing import Any
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.jsonio import load_json
 from accelkit.checkpointing.formats.layout import MANIFEST_NAME, check_relative_path
+from accelkit.checkpointing.formats.safetensors_header import read_header
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 from accelkit.checkpointing.storage.checksum import parse_checksum
 from accelkit.checkpointing.storage.verified import file_checksum
@@ -44,6 +45,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "file_checksum",
+    "malformed",
     "read_manifest",
     "verify_files",
     "write_manifest",
@@ -342,7 +344,9 @@ def verify_files(
     Returns:
         The problems found, empty if the checkpoint is intact.
     """
-    listing = dict(sizes) if sizes is not None else storage.walk_files(folder)
+    # Not copied: callers pass the listing once per entry (`accelkit ckpt verify`), and a copy
+    # each time made a folder of many files cost the square of its size.
+    listing = sizes if sizes is not None else storage.walk_files(folder)
     problems: list[FileProblem] = []
     for entry in manifest.files:
         url = join(folder, entry.path)
@@ -371,3 +375,32 @@ def verify_files(
                     )
                 )
     return problems
+
+
+def malformed(storage: Storage, url: str, path: str) -> FileProblem | None:
+    """Why the checkpoint file at ``url`` cannot be read as its kind, if so.
+
+    A manifest re-signed over a damaged or crafted file matches every checksum, so
+    ``accelkit ckpt verify`` (and ``ckpt prune``, which verifies what it keeps) also parses
+    what the loader parses first: otherwise verify said OK and prune kept such a checkpoint
+    as the newest intact one, deleting the older one that ``load_state()`` could still
+    restore. Only safetensors headers and JSON documents are read (tensor data is covered by
+    the checksum); how well the contents fit a model is for ``load_state()`` to say.
+
+    Args:
+        storage: the storage of ``url``.
+        url: the file.
+        path: its path relative to the checkpoint (``model.safetensors``), which names it.
+
+    Returns:
+        The problem (kind ``"format"``), or ``None`` if the file parses.
+    """
+    try:
+        if path.endswith(".safetensors"):
+            with storage.open_read(url) as stream:
+                read_header(stream, url, storage.size(url))
+        elif path.endswith(".json"):
+            load_json(storage.read_bytes(url), url)
+    except CorruptCheckpointError as exc:
+        return FileProblem(path, "format", str(exc).removeprefix(f"{url}: "))
+    return None

@@ -59,6 +59,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from accelkit._text import clip
 from accelkit.checkpointing.catalog.listing import (
     CORRUPT,
     CheckpointInfo,
@@ -226,8 +227,8 @@ def _warn_damaged(path: str, why: str | None) -> None:
     logger.warning(
         "Not resuming from %s: it is damaged (%s). Resuming from the newest older checkpoint "
         "that loads; the damaged one is left in place (`accelkit ckpt verify` shows it).",
-        path,
-        why,
+        clip(path, 1000),
+        clip(why or "", 2000),  # the reason quotes the checkpoint's own names and may be huge
     )
 
 

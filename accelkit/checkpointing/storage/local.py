@@ -21,11 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import uuid
 from typing import BinaryIO
 
 from typing_extensions import override
 
+from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage._localfile import LocalFile
 from accelkit.checkpointing.storage.base import Entry, HashingWriter, Sink, Storage, WrittenFile
 
@@ -102,16 +104,29 @@ class LocalStorage(Storage):
         Raises:
             FileNotFoundError: if there is no such file.
             PermissionError: if the file is a symbolic link.
+            CorruptCheckpointError: if it is a folder, a device or a named pipe.
         """
         path = self._path(url)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            # O_NONBLOCK: opening a named pipe planted at the name (the project's save lock,
+            # say) must not wait for a writer that never comes; regular files ignore it.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except OSError as exc:
             if os.path.islink(path):
                 raise PermissionError(
                     f"Refusing to read {url!r}: it is a symbolic link; a checkpoint's files "
                     "must be regular files inside it. Replace the link by the file."
                 ) from exc
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise CorruptCheckpointError(
+                    f"{url}: not a regular file (a folder, device or pipe); a checkpoint's files "
+                    "are regular files."
+                )
+            os.set_blocking(fd, True)
+        except BaseException:
+            os.close(fd)
             raise
         return os.fdopen(fd, "rb")
 
