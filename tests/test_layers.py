@@ -20,12 +20,12 @@ PACKAGE = ROOT / "accelkit"
 # The rooms, bottom up: a room may import a room of a lower rank only. Ties are rooms that do
 # not import each other. docs/architecture.md draws the same list.
 RANK = {
-    # the root of every exception, under the leaves that hang their families on it
+    # leaves every room may use: the version, the one escape for untrusted text, lazy names
+    "accelkit._version": -2,
+    "accelkit._text": -2,
+    "accelkit._lazy": -2,
+    # the root of every exception, then the checkpoint errors that hang on it
     "accelkit.errors": -1,
-    # leaves every room may use
-    "accelkit._version": 0,
-    "accelkit._text": 0,
-    "accelkit._lazy": 0,
     "accelkit.checkpointing.errors": 0,
     # the process runtime, FSDP2, the trackers
     "accelkit.runtime": 1,

@@ -207,7 +207,7 @@ def test_no_committed_checkpoint_error_escapes_folder_names(saved: Path, tmp_pat
         subprocess.run(["rm", "-r", str(_ckpt(project, n))], check=True)
     _ckpt(project, 2).rename(project / "checkpoints" / FOLDER)
     out, err = _load_state(project)
-    assert "CheckpointError: No committed checkpoint" in err and escape(FOLDER) in err
+    assert "CheckpointPathError: No committed checkpoint" in err and escape(FOLDER) in err
     assert "restored" not in out
 
 
