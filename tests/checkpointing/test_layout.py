@@ -84,3 +84,23 @@ def test_bad_kinds_and_indexes_are_refused() -> None:
         object_stem("optimiser")
     with pytest.raises(ValueError, match="only one 'scaler'"):
         object_stem("scaler", 1)
+
+
+def test_accelerates_file_names_come_from_one_table() -> None:
+    from accelkit.checkpointing.formats.layout import ACCELERATE_KINDS
+    from accelkit.checkpointing.interop import accelerate_format as reader
+
+    for kind, pattern in reader._INDEXED.items():
+        if kind != "model":
+            assert pattern.pattern == ACCELERATE_KINDS[kind].regex().pattern, kind
+    assert reader._RNG_FILE.pattern == ACCELERATE_KINDS["random_states"].regex().pattern
+    model = reader._INDEXED["model"]
+    written = [
+        "model.safetensors",
+        "model_1.safetensors",
+        "pytorch_model.bin",
+        "pytorch_model_2.bin",
+    ]
+    never = ["model_1.bin", "pytorch_model_1.safetensors", "model-00001-of-00002.safetensors"]
+    assert all(model.match(n) for n in written)
+    assert not any(model.match(n) for n in never)

@@ -19,6 +19,9 @@ file                                holds
 ``custom_checkpoint_<i>.pkl``       each registered object's ``state_dict()`` (pickle)
 ==================================  ================================================================
 
+The file names are those of :data:`~accelkit.checkpointing.formats.layout.ACCELERATE_KINDS`
+(the one table of them; this one says what each file holds).
+
 Every pickle is read by :func:`load_pickle` as data, never as a program nor an amplifier.
 Before torch sees a file, :mod:`~accelkit.checkpointing.formats._torch_pickle` checks its zip
 (stored records only, each name once, nothing around them; the legacy non-zip format refused)
@@ -68,7 +71,12 @@ from accelkit.checkpointing.formats._torch_pickle import (
     tensor_extent,
     torch_rules,
 )
-from accelkit.checkpointing.formats.layout import parse_checkpoint_name
+from accelkit.checkpointing.formats.layout import (
+    ACCELERATE_KINDS,
+    KINDS,
+    TENSORS_SUFFIX,
+    parse_checkpoint_name,
+)
 from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.formats.model_io import check_model_keys
 from accelkit.checkpointing.formats.safetensors_io import read_safetensors
@@ -178,14 +186,18 @@ def _accelerate_rules() -> Rules:
 
 
 _RULES = _accelerate_rules()
-_RNG_FILE = re.compile(r"^random_states_(\d+)\.pkl$")
+# Accelerate's file names, from the one table of them (formats/layout.py's ACCELERATE_KINDS);
+# its models are model[_i].safetensors, named as accelkit's (KINDS["model"], one file each),
+# or pytorch_model[_i].bin with safe_serialization=False.
+_RNG_FILE = ACCELERATE_KINDS["random_states"].regex()
 _INDEXED = {
-    "model": re.compile(r"^(?:model|pytorch_model)(?:_(\d+))?\.(?:safetensors|bin)$"),
-    "optimizer": re.compile(r"^optimizer(?:_(\d+))?\.bin$"),
-    "scheduler": re.compile(r"^scheduler(?:_(\d+))?\.bin$"),
-    "dataloader": re.compile(r"^dl_state_dict(?:_(\d+))?\.bin$"),
-    "sampler": re.compile(r"^sampler(?:_(\d+))?\.bin$"),
-    "custom": re.compile(r"^custom_checkpoint_(\d+)\.pkl$"),
+    "model": re.compile(
+        f"^(?:{KINDS['model'].pattern((TENSORS_SUFFIX,), shards=False)}"
+        f"|{ACCELERATE_KINDS['model'].pattern()})$"
+    ),
+    **{kind: ACCELERATE_KINDS[kind].regex() for kind in ("optimizer", "scheduler", "sampler")},
+    "dataloader": ACCELERATE_KINDS["dataloader"].regex(),
+    "custom": ACCELERATE_KINDS["custom"].regex(),
 }
 _RNG_KEYS = {"step", "random_state", "numpy_random_seed", "torch_manual_seed"}
 _CUDA_KEY = "torch_cuda_manual_seed"
@@ -458,7 +470,7 @@ def _indexed(names: Iterable[str], kind: str) -> dict[int, str]:
         match = _INDEXED[kind].match(name)
         if match is None:
             continue
-        index = int(match.group(1) or 0)
+        index = int(next((g for g in match.groups() if g is not None), 0))
         if index in found:  # model.safetensors and pytorch_model.bin both present
             if name.endswith(".safetensors"):
                 found[index] = name  # Accelerate itself prefers the safetensors file
