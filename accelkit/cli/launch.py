@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
         usage="accelkit launch [options] script [script_args ...]",
         allow_abbrev=False,
     )
-    from accelkit import __version__
+    from accelkit._version import __version__
 
     parser.add_argument("--version", action="version", version=f"accelkit {__version__}")
     add_launch_arguments(parser)

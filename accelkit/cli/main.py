@@ -28,7 +28,7 @@ _SUBCOMMANDS = (
 
 
 def _version() -> str:
-    from accelkit import __version__
+    from accelkit._version import __version__
 
     return __version__
 

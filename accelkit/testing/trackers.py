@@ -116,7 +116,7 @@ class TrackerContract:
         tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        from accelkit import Accelerator
+        from accelkit.accelerator import Accelerator
 
         workdir = tmp_path / "cwd"  # a backend writing outside the logging dir shows up here
         workdir.mkdir()
@@ -173,7 +173,8 @@ class TrackerContract:
     ) -> None:
         import json
 
-        from accelkit import Accelerator, ProjectConfiguration
+        from accelkit.accelerator import Accelerator
+        from accelkit.checkpointing.config import ProjectConfiguration
 
         monkeypatch.chdir(tmp_path)
         name = self.log_with
