@@ -36,10 +36,13 @@ import contextvars
 import errno
 import mmap
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
+from typing import BinaryIO
 
+from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage._pools import thread_pool
 from accelkit.checkpointing.storage._writeback import start_writeback
 from accelkit.checkpointing.storage.base import StorageError
@@ -51,6 +54,7 @@ __all__ = [
     "LocalFile",
     "direct_io_enabled",
     "finish_local",
+    "open_regular",
     "sync_batch",
 ]
 
@@ -307,3 +311,23 @@ def finish_local(file: LocalFile, deferred: bool = False) -> None:
         _fsync_and_close(file)
     else:
         batch.append(thread_pool("fsync", 4).submit(_fsync_and_close, file))
+
+
+def open_regular(fd: int, url: str) -> BinaryIO:
+    """A file object for ``fd``, opened with ``O_NONBLOCK`` (a named pipe planted at the name
+    must not block the open), once it is known to be a regular file; ``fd`` is closed if not.
+
+    Raises:
+        CorruptCheckpointError: ``url`` is a folder, a device or a named pipe.
+    """
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptCheckpointError(
+                f"{url}: not a regular file (a folder, device or pipe); a checkpoint's files "
+                "are regular files."
+            )
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")

@@ -38,6 +38,7 @@ from typing import BinaryIO
 from typing_extensions import override
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.storage._localfile import open_regular
 from accelkit.checkpointing.storage.base import Entry, Storage, WrappedStorage
 
 __all__ = [
@@ -274,17 +275,7 @@ class ConfinedStorage(WrappedStorage):
             raise IsADirectoryError(errno.EISDIR, f"{url!r} is a folder", url)
         with self._parent_fd(parts) as parent:
             fd = self._open_below(parent, parts[-1], parts, directory=False)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise CorruptCheckpointError(
-                    f"{url}: not a regular file (a folder, device or pipe); a checkpoint's files "
-                    "are regular files."
-                )
-            os.set_blocking(fd, True)
-        except BaseException:
-            os.close(fd)
-            raise
-        return os.fdopen(fd, "rb")
+        return open_regular(fd, url)
 
     @override
     def local_path(self, url: str) -> str | None:

@@ -21,14 +21,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
 import uuid
 from typing import BinaryIO
 
 from typing_extensions import override
 
-from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.storage._localfile import LocalFile
+from accelkit.checkpointing.storage._localfile import LocalFile, open_regular
 from accelkit.checkpointing.storage.base import Entry, HashingWriter, Sink, Storage, WrittenFile
 
 __all__ = ["LocalStorage"]
@@ -118,17 +116,7 @@ class LocalStorage(Storage):
                     "must be regular files inside it. Replace the link by the file."
                 ) from exc
             raise
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise CorruptCheckpointError(
-                    f"{url}: not a regular file (a folder, device or pipe); a checkpoint's files "
-                    "are regular files."
-                )
-            os.set_blocking(fd, True)
-        except BaseException:
-            os.close(fd)
-            raise
-        return os.fdopen(fd, "rb")
+        return open_regular(fd, url)
 
     # ------------------------------------------------------------------ writing
 
