@@ -29,11 +29,11 @@ from accelkit.trackers.not_built_in import (
     TrackioTracker,
 )
 from accelkit.trackers.registry import (
+    TRACKER_CLASSES,
     LoggerType,
     TrackerNotBuiltInError,
     installed_trackers,
     register_tracker,
-    registered_trackers,
     resolve_log_with,
 )
 from accelkit.trackers.tensorboard import TensorBoardTracker
@@ -46,6 +46,7 @@ __all__ = [
     "DVCLiveTracker",
     "GeneralTracker",
     "JSONLTracker",
+    "LOGGER_TYPE_TO_CLASS",
     "LoggerType",
     "MLflowTracker",
     "SwanLabTracker",
@@ -59,6 +60,12 @@ __all__ = [
     "register_tracker",
     "register_tracker_class",
 ]
+
+
+LOGGER_TYPE_TO_CLASS = TRACKER_CLASSES
+"""Tracker name -> class, as Accelerate's table of the same name: built-ins, the stand-ins for
+Accelerate's trackers accelkit does not build in, and registered classes (a live view of the
+registry that :func:`register_tracker_class` fills)."""
 
 
 def _as_logger_type(name: str) -> LoggerType | str:
@@ -81,7 +88,9 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
         tracker_class: the tracker class, with a non-empty ``name``.
 
     Raises:
-        ValueError: ``tracker_class`` is not a `GeneralTracker` subclass or has no ``name``.
+        ValueError: ``tracker_class`` is not a `GeneralTracker` subclass, has no ``name``, or
+            does not set ``requires_logging_directory`` itself (Accelerate's base class has no
+            default for it).
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
         raise ValueError(
@@ -94,8 +103,18 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
             f"Tracker class {tracker_class.__qualname__} has no `name`; set a class attribute "
             'such as `name = "my_tracker"` before registering it.'
         )
-    taken = name in registered_trackers() or name in installed_trackers()
-    if taken and registered_trackers().get(name) is not tracker_class:
+    # accelkit's GeneralTracker gives requires_logging_directory a default (False); Accelerate's
+    # does not, and refuses a class that does not set it. A class that relies on the default
+    # would run here and fail on Accelerate, so it is refused here too.
+    own = [klass for klass in tracker_class.__mro__ if klass is not GeneralTracker]
+    if not any("requires_logging_directory" in vars(klass) for klass in own):
+        raise ValueError(
+            f"Tracker class {tracker_class.__qualname__} does not set "
+            "`requires_logging_directory`; set the class attribute to True if the tracker "
+            "needs a logging directory, or False otherwise."
+        )
+    # As Accelerate: replacing any known tracker (installed or not) is said.
+    if name in LOGGER_TYPE_TO_CLASS and LOGGER_TYPE_TO_CLASS[name] is not tracker_class:
         warnings.warn(
             f"A tracker named {name!r} already exists and is replaced by {tracker_class!r}.",
             UserWarning,

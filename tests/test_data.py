@@ -390,3 +390,68 @@ def test_a_batch_sampler_given_as_sampler_is_sharded_by_batch() -> None:
     per = [[list(b) for b in shard(r)] for r in range(2)]
     assert per == [[[0, 1, 2, 3], [8, 9, 0, 1]], [[4, 5, 6, 7], [2, 3, 4, 5]]]
     assert shard(0).total_batch_size == 8 and shard(0).remainder == 2
+
+
+class _EpochSampler(SequentialSampler):
+    """An inner sampler that records the epochs it is told (as a DistributedSampler needs)."""
+
+    def __init__(self, data: Any, log: list[Any]) -> None:
+        super().__init__(data)
+        self.log = log
+
+    def set_epoch(self, epoch: int) -> None:
+        self.log.append(("sampler", epoch))
+
+
+class _EpochBatches(BatchSampler):
+    """A custom batch sampler with its own set_epoch."""
+
+    def __init__(self, sampler: Any, log: list[Any]) -> None:
+        super().__init__(sampler, 2, False)
+        self.log = log
+
+    def set_epoch(self, epoch: int) -> None:
+        self.log.append(("batch_sampler", epoch))
+
+
+def _epoch_calls(prepare: Any) -> list[Any]:
+    """The set_epoch calls a custom batch sampler and its sampler get through a prepared
+    loader: at set_epoch(3), and as each of two passes starts."""
+    log: list[Any] = []
+    data = torch.arange(8)
+    loader = prepare(DataLoader(data, batch_sampler=_EpochBatches(_EpochSampler(data, log), log)))
+    log.append("prepared")
+    loader.set_epoch(3)
+    log.append("set_epoch(3)")
+    for _ in range(2):
+        list(loader)
+        log.append("pass")
+    return log
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_set_epoch_reaches_a_custom_batch_sampler_and_its_sampler_as_in_accelerate(
+    procs: int,
+) -> None:
+    accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
+    theirs = _epoch_calls(
+        lambda loader: accelerate_data_loader.prepare_data_loader(
+            loader, num_processes=procs, process_index=0
+        )
+    )
+    ours = _epoch_calls(lambda loader: _prepare(loader, procs, 0))
+
+    def without_batch_sampler(log: list[Any]) -> list[Any]:
+        return [
+            entry for entry in log if not (isinstance(entry, tuple) and entry[0] == "batch_sampler")
+        ]
+
+    assert without_batch_sampler(ours) == without_batch_sampler(theirs)
+    if procs == 1:
+        assert ours == theirs
+    else:
+        # Accelerate's shard sits between the loader and the user's batch sampler, so only
+        # the inner sampler hears the epoch; accelkit tells the batch sampler too, with the
+        # same epochs, whatever the number of processes.
+        told = [entry for entry in ours if entry not in without_batch_sampler(ours)]
+        assert told == [("batch_sampler", 3), ("batch_sampler", 3), ("batch_sampler", 4)]

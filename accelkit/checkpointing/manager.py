@@ -128,6 +128,12 @@ class IterationCounter:
         self._config.iteration = value
 
 
+def _pretty_name(obj: Any) -> str:
+    """The name a user knows ``obj`` by: its own for a class or function, else its class's."""
+    named = obj if hasattr(obj, "__qualname__") else type(obj)
+    return str(named.__qualname__)
+
+
 class CheckpointManager:
     """Everything ``save_state``/``load_state`` do, for one run.
 
@@ -154,19 +160,24 @@ class CheckpointManager:
         """Add objects to save and restore with every checkpoint.
 
         Raises:
-            TypeError: naming the object, if one lacks ``state_dict`` or ``load_state_dict``.
+            ValueError: listing each object (its position and type) that lacks a callable
+                ``state_dict`` or ``load_state_dict``; Accelerate raises ``ValueError`` here too.
         """
         bad = [
-            obj
-            for obj in objects
+            (index, obj)
+            for index, obj in enumerate(objects)
             if not callable(getattr(obj, "state_dict", None))
             or not callable(getattr(obj, "load_state_dict", None))
         ]
         if bad:
-            names = ", ".join(f"{type(o).__name__} ({o!r:.60})" for o in bad)
-            raise TypeError(
-                f"register_for_checkpointing needs objects with state_dict() and "
-                f"load_state_dict(); these lack them: {names}. Add both methods to the class."
+            items = "".join(
+                f"\n\t- Item at index {index}, `{_pretty_name(obj)}` ({obj!r:.60})"
+                for index, obj in bad
+            )
+            raise ValueError(
+                "register_for_checkpointing needs objects with state_dict() and "
+                "load_state_dict() methods; add both to the class of each of these inputs, "
+                f"or leave it out:{items}"
             )
         self.custom.extend(objects)
 

@@ -225,8 +225,31 @@ class PreparedLoaderMixin:
         self.set_epoch(value)
 
     def set_epoch(self, epoch: int) -> None:
-        """Use the shuffling order (and dataset epoch) of ``epoch`` from the next pass on."""
+        """Use the shuffling order (and dataset epoch) of ``epoch`` from the next pass on.
+
+        A batch sampler of the user's that has ``set_epoch``, and its ``sampler`` if that has
+        one (a ``DistributedSampler``, say), are told at once, and again as each pass starts,
+        as Accelerate tells them.
+        """
         self._pos.epoch = int(epoch)
+        self._tell_user_samplers(self._pos.epoch)
+
+    def _tell_user_samplers(self, epoch: int) -> None:
+        """Call ``set_epoch(epoch)`` on the user's batch sampler and its inner sampler."""
+        batch_sampler: Any
+        if self._shard is not None:
+            batch_sampler = self._shard.batch_sampler
+        else:  # dispatch_batches: the main process batches with the user's batch sampler
+            batch_sampler = self._recipe.dispatch_batching.get("batch_sampler")
+        told: list[Any] = []
+        for sampler in (batch_sampler, getattr(batch_sampler, "sampler", None)):
+            # accelkit's own seedable sampler is set in _begin; each object is told once.
+            if sampler is None or sampler is self._random_sampler:
+                continue
+            set_epoch = getattr(sampler, "set_epoch", None)
+            if callable(set_epoch) and all(sampler is not seen for seen in told):
+                set_epoch(epoch)
+                told.append(sampler)
 
     def __len__(self) -> int:
         """Batches of a full pass; for a ``skip_first_batches`` loader, until its skipped pass
@@ -268,6 +291,7 @@ class PreparedLoaderMixin:
         pos = self._pos
         if self._random_sampler is not None:
             self._random_sampler.set_epoch(pos.epoch)
+        self._tell_user_samplers(pos.epoch)
         if self._iterable_shard is not None:
             self._iterable_shard.set_epoch(pos.epoch)
         elif self._recipe.dispatch is not None and hasattr(self._recipe.dataset, "set_epoch"):

@@ -31,6 +31,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _callable_name(function: Callable[..., Any], attribute: str) -> str:
+    """``function``'s ``attribute`` name, looking through partials, else its type's name."""
+    while isinstance(function, functools.partial):
+        function = function.func
+    name = getattr(function, attribute, None)
+    return name if isinstance(name, str) else type(function).__name__
+
+
 class _Entrypoint:
     """Picklable worker body: run the function, then leave the process group cleanly."""
 
@@ -38,6 +46,11 @@ class _Entrypoint:
         self.function = function
         # torch's agent names the run (and its logs) after the entrypoint's __qualname__.
         functools.update_wrapper(self, function)
+        # A functools.partial, or any callable object, has no __name__ to copy, and the agent
+        # fails reading it: name the entrypoint after what it calls.
+        for attribute in ("__name__", "__qualname__"):
+            if attribute not in vars(self):
+                setattr(self, attribute, _callable_name(function, attribute))
 
     def __call__(self, *args: Any) -> Any:
         try:

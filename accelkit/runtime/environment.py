@@ -6,14 +6,17 @@ free of heavy imports; :mod:`accelkit.runtime.state` re-exports what a training 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
+from collections.abc import Iterator
 
 __all__ = [
     "ENV_MIXED_PRECISION",
     "ENV_USE_CPU",
     "PrecisionType",
     "SUPPORTED_PRECISIONS",
+    "clear_environment",
     "env_flag",
     "env_value",
     "parse_mixed_precision",
@@ -86,3 +89,19 @@ def parse_mixed_precision(value: str | PrecisionType | None) -> PrecisionType:
         raise ValueError(
             f"Unknown mixed_precision {value!r}. Expected one of {accepted}."
         ) from None
+
+
+@contextlib.contextmanager
+def clear_environment() -> Iterator[None]:
+    """Empty ``os.environ`` inside the block; restore it after.
+
+    Here, on the runtime floor, because the kwargs handlers compute their environment-free
+    defaults with it (``accelkit.utils`` re-exports it for scripts written for Accelerate).
+    """
+    saved = dict(os.environ)
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

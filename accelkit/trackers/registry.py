@@ -16,7 +16,7 @@ import importlib.util
 import inspect
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -26,6 +26,8 @@ from accelkit.trackers.base import GeneralTracker
 
 __all__ = [
     "NOT_BUILT_IN",
+    "TRACKER_CLASSES",
+    "TrackerClassTable",
     "LoggerType",
     "TrackerNotBuiltInError",
     "available_trackers",
@@ -386,6 +388,88 @@ def resolve_log_with(
                 "project_config=ProjectConfiguration(project_dir=..., logging_dir=...)."
             )
     return list(unique.values())
+
+
+# The stand-in classes of accelkit.trackers.not_built_in, by tracker name.
+_NOT_BUILT_IN_CLASSES: dict[str, str] = {
+    "aim": "AimTracker",
+    "trackio": "TrackioTracker",
+    "clearml": "ClearMLTracker",
+    "dvclive": "DVCLiveTracker",
+    "swanlab": "SwanLabTracker",
+}
+
+
+class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
+    """Tracker name -> class, the table Accelerate calls ``tracking.LOGGER_TYPE_TO_CLASS``.
+
+    A live view of this registry, not a copy: the built-in trackers, Accelerate's trackers that
+    accelkit does not build in (their stand-in classes, which explain how to add them), and the
+    classes registered with :func:`register_tracker` (which shadow a built-in of the same name).
+    Entry-point trackers are not listed: loading them runs third-party code, which a membership
+    test should not do. Reading a built-in's class imports its accelkit module, never the
+    backend's SDK.
+
+    Setting ``table[name] = cls`` registers ``cls`` (replacing any tracker of that name), as
+    assigning into Accelerate's dict does; deleting removes a registration (a shadowed
+    built-in comes back). Built-ins cannot be deleted.
+    """
+
+    def _names(self) -> list[str]:
+        return list(dict.fromkeys([*_BUILTINS, *_NOT_BUILT_IN_CLASSES, *_registered]))
+
+    def __getitem__(self, name: str) -> type[GeneralTracker]:
+        key = str(name)
+        if key in _registered:
+            return _registered[key]
+        if key in _BUILTINS:
+            spec = _BUILTINS[key]
+            cls: type[GeneralTracker] = getattr(importlib.import_module(spec.module), spec.attr)
+            return cls
+        if key in _NOT_BUILT_IN_CLASSES:
+            module = importlib.import_module("accelkit.trackers.not_built_in")
+            stand_in: type[GeneralTracker] = getattr(module, _NOT_BUILT_IN_CLASSES[key])
+            return stand_in
+        raise KeyError(key)
+
+    def __contains__(self, name: object) -> bool:
+        # Without this, Mapping's __contains__ would import a built-in's module to answer.
+        return isinstance(name, str) and name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __setitem__(self, name: str, cls: type[GeneralTracker]) -> None:
+        if isinstance(cls, type) and getattr(cls, "name", None) != name:
+            # The registry keys a class by its `name`; a different key would be a second
+            # name that log_with could not resolve to the same class.
+            raise ValueError(
+                f"Cannot store {cls!r} under {name!r}: its `name` is "
+                f"{getattr(cls, 'name', None)!r}. Set `name = {name!r}` on the class, or use "
+                "accelkit.tracking.register_tracker_class(cls)."
+            )
+        register_tracker(cls, overwrite=True)
+
+    def __delitem__(self, name: str) -> None:
+        if name in _registered:
+            unregister_tracker(name)
+            return
+        if name in self:
+            raise ValueError(
+                f"{name!r} is a built-in tracker and cannot be removed. To replace it, register "
+                f"a GeneralTracker subclass with name = {name!r}."
+            )
+        raise KeyError(name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._names()})"
+
+
+TRACKER_CLASSES = TrackerClassTable()
+"""Every tracker name and its class (see :class:`TrackerClassTable`)."""
 
 
 def constructor_arguments(

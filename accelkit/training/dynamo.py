@@ -134,6 +134,14 @@ class TorchDynamoPlugin(KwargsHandler):
         out["backend"] = _backend(self.backend).value.lower()
         return out
 
+    def to_kwargs(self) -> dict[str, Any]:
+        """The settings that differ from the defaults (``backend`` lower-case), without
+        ``use_regional_compilation``, which is accelkit's choice, not ``torch.compile``'s (as
+        Accelerate leaves it out)."""
+        kwargs = super().to_kwargs()
+        kwargs.pop("use_regional_compilation", None)
+        return kwargs
+
     def compile_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``torch.compile``."""
         kwargs: dict[str, Any] = {

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from accelkit.runtime.environment import clear_environment
+
 __all__ = [
     "AutocastKwargs",
     "DDPCommunicationHookType",
@@ -35,14 +37,21 @@ class KwargsHandler:
     """Base of the kwargs handlers: :meth:`to_kwargs` returns the fields that differ from the
     defaults."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field and its value (a handler may report a field as a plain value)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
     def to_kwargs(self) -> dict[str, Any]:
-        """The fields set to something other than their default."""
-        default = type(self)()
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)  # type: ignore[arg-type]
-            if getattr(self, f.name) != getattr(default, f.name)
-        }
+        """The fields set to something other than their default, as :meth:`to_dict` reports
+        them.
+
+        The default is the class built with an empty environment, as in Accelerate: a value a
+        handler read from an environment variable (``ACCELERATE_DYNAMO_MODE``, ...) is one the
+        launch set, so it is passed on, not mistaken for the default.
+        """
+        with clear_environment():
+            default = type(self)().to_dict()
+        return {name: value for name, value in self.to_dict().items() if default[name] != value}
 
 
 @dataclasses.dataclass

@@ -18,12 +18,15 @@ __all__ = [
 ]
 
 # Messages PyTorch's allocators put in out-of-memory errors that are not
-# torch.OutOfMemoryError (a cuDNN / CPU allocator failure surfaces as a RuntimeError).
+# torch.OutOfMemoryError (a cuDNN / CPU allocator failure surfaces as a RuntimeError). The list
+# is Accelerate's (should_reduce_batch_size), so a run retries on the same failures on either.
 _OOM_MARKERS = (
-    "CUDA out of memory.",
+    " out of memory.",  # CUDA, HIP, XPU and NPU: "<device> out of memory. Tried to allocate ..."
+    "MPS backend out of memory",
     "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",
     "DefaultCPUAllocator: can't allocate memory",
-    "CUDA error: out of memory",
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",  # HPU (Gaudi)
+    "CUDA error: out of memory",  # an asynchronous CUDA OOM, reported without the period
 )
 
 

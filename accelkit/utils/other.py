@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from accelkit.data.batches import find_batch_size
+from accelkit.runtime.environment import clear_environment
 from accelkit.runtime.ops import recursively_apply
 
 __all__ = [
@@ -95,18 +96,6 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = old
-
-
-@contextlib.contextmanager
-def clear_environment() -> Iterator[None]:
-    """Empty ``os.environ`` inside the block; restore it after."""
-    saved = dict(os.environ)
-    os.environ.clear()
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def listify(data: Any) -> Any:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -285,10 +287,24 @@ def test_hooks_signatures_handles_and_extra_files(tmp_path: Any) -> None:
     acc.load_state(path)
 
 
-def test_register_rejects_objects_without_state_dict(tmp_path: Any) -> None:
+def test_register_rejects_objects_without_state_dict_as_accelerate(tmp_path: Any) -> None:
+    accelerate = pytest.importorskip("accelerate")
+    invalid = (Box(), object(), Box(), [1, 2])
+    # Accelerate's method reads only self._custom_objects: called on a stand-in, it shows
+    # its error without creating Accelerate's process-wide state in this process.
+    stand_in = SimpleNamespace(_custom_objects=[])
+    with pytest.raises(Exception) as theirs:
+        accelerate.Accelerator.register_for_checkpointing(stand_in, *invalid)
     acc = Accelerator(project_dir=str(tmp_path))
-    with pytest.raises(TypeError, match=r"object \(<object object"):
-        acc.register_for_checkpointing(Box(), object())
+    with pytest.raises(Exception) as ours:
+        acc.register_for_checkpointing(*invalid)
+    assert type(ours.value) is type(theirs.value) is ValueError
+    # Both list the invalid items by name; accelkit gives their positions among the arguments.
+    listed = re.findall(r"Item at index (\d+), `(\w+)`", str(ours.value))
+    assert listed == [("1", "object"), ("3", "list")]
+    assert [name for _, name in listed] == re.findall(r"`(\w+)`$", str(theirs.value), re.M)
+    assert "state_dict() and load_state_dict()" in str(ours.value)
+    assert stand_in._custom_objects == []
 
 
 def test_resaving_into_a_folder_removes_stale_files(tmp_path: Any) -> None:

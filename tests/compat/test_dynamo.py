@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -57,3 +59,40 @@ def test_regional_compilation_compiles_repeated_blocks_in_place() -> None:
 def test_bad_dynamo_settings_are_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Accelerator(cpu=True, **kwargs)  # type: ignore[arg-type]
+
+
+_LAUNCH_ENV = {
+    "ACCELERATE_DYNAMO_BACKEND": "INDUCTOR",
+    "ACCELERATE_DYNAMO_MODE": "reduce-overhead",
+    "ACCELERATE_DYNAMO_USE_FULLGRAPH": "true",
+    "ACCELERATE_DYNAMO_USE_DYNAMIC": "true",
+    "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION": "true",
+}
+
+
+@pytest.mark.parametrize(
+    ("environment", "kwargs"),
+    [
+        ({}, {}),
+        ({}, {"backend": "eager", "mode": "max-autotune", "use_regional_compilation": True}),
+        (_LAUNCH_ENV, {}),
+        ({"ACCELERATE_DYNAMO_BACKEND": "AOT_EAGER"}, {"fullgraph": True, "dynamic": False}),
+    ],
+)
+def test_to_kwargs_equals_accelerates(
+    environment: dict[str, str], kwargs: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The settings a launch put in the environment are settings, not defaults: to_kwargs
+    # passes them on, with the backend as a lower-case name.
+    accelerate_dataclasses = pytest.importorskip("accelerate.utils.dataclasses")
+    for name in list(os.environ):
+        if "_DYNAMO_" in name:
+            monkeypatch.delenv(name)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    theirs = accelerate_dataclasses.TorchDynamoPlugin(**kwargs).to_kwargs()
+    before = dict(os.environ)
+    ours = TorchDynamoPlugin(**kwargs).to_kwargs()
+    assert ours == theirs
+    assert dict(os.environ) == before  # the environment emptied for the defaults is back
+    assert all(type(value) is not DynamoBackend for value in ours.values())

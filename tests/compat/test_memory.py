@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from accelkit import find_executable_batch_size
-from accelkit.utils import release_memory
+from accelkit.utils import release_memory, should_reduce_batch_size
 
 
 def _oom() -> torch.OutOfMemoryError:
@@ -73,3 +75,41 @@ def test_release_memory_returns_one_none_per_object() -> None:
     a, b = torch.ones(3), torch.nn.Linear(2, 2)
     a, b = release_memory(a, b)
     assert (a, b) == (None, None)
+
+
+# Out-of-memory messages of each backend, and errors that only look alike.
+_MESSAGES = [
+    "CUDA out of memory. Tried to allocate 2.00 GiB",
+    "HIP out of memory. Tried to allocate 2.00 GiB",
+    "XPU out of memory. Tried to allocate 2.00 GiB",
+    "NPU out of memory. Tried to allocate 2.00 GiB",
+    "Allocation on device 0 would exceed allowed memory. (out of memory.)",
+    "MPS backend out of memory (MPS allocated: 1.00 GB, other allocations: 0 bytes)",
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed: out of device memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if ...",
+    "DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 GB",
+    "shape mismatch: out of memory budget",
+    "Expected all tensors to be on the same device",
+]
+
+
+@pytest.mark.parametrize("message", _MESSAGES)
+def test_retries_on_the_errors_accelerate_retries_on(message: str) -> None:
+    accelerate_memory = pytest.importorskip("accelerate.utils.memory")
+    expected = accelerate_memory.should_reduce_batch_size(RuntimeError(message))
+    assert should_reduce_batch_size(RuntimeError(message)) is expected
+    tried: list[int] = []
+
+    @find_executable_batch_size(starting_batch_size=8)
+    def train(batch_size: int) -> int:
+        tried.append(batch_size)
+        if batch_size == 8:
+            raise RuntimeError(message)
+        return batch_size
+
+    if expected:
+        assert train() == 7 and tried == [8, 7]
+    else:
+        with pytest.raises(RuntimeError, match=re.escape(message)):
+            train()
+        assert tried == [8]

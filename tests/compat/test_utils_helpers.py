@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -60,6 +61,32 @@ def test_debug_launcher_runs_the_function_on_cpu_processes(tmp_path: Path) -> No
     debug_launcher(_record_rank, args=(str(tmp_path),), num_processes=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0-of-2", "1-of-2"]
     assert {p.read_text() for p in tmp_path.iterdir()} == {"cpu"}
+
+
+def _record_tagged(folder: str, tag: str, *, suffix: str) -> None:
+    from accelkit import PartialState
+
+    Path(folder, f"{tag}{PartialState().process_index}{suffix}").touch()
+
+
+class _Recorder:
+    """A callable object: it has no __name__, as a partial has none."""
+
+    def __call__(self, folder: str) -> None:
+        _record_tagged(folder, "object", suffix="")
+
+
+def test_debug_launcher_runs_partials_and_callable_objects(tmp_path: Path) -> None:
+    # Accelerate's debug_launcher runs any picklable callable; torch's agent reads the
+    # entrypoint's __name__, which neither of these has.
+    debug_launcher(functools.partial(_record_tagged, str(tmp_path), "partial", suffix=".x"))
+    debug_launcher(_Recorder(), args=(str(tmp_path),), num_processes=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "object0",
+        "object1",
+        "partial0.x",
+        "partial1.x",
+    ]
 
 
 def test_write_basic_config_writes_a_file_both_launchers_read(

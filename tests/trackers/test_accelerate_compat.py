@@ -249,3 +249,87 @@ def test_compat_functions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("RANK", "0")
     tracker.log({"x": 1}, step=0)
     assert tracker.records == [(0, {"x": 1})]
+
+
+def _candidate(base: type, case: str) -> Any:
+    """The same tracker class for Accelerate's GeneralTracker (``base``) or accelkit's."""
+    if case == "not a tracker":
+        return dict
+    attrs: dict[str, Any] = {"name": "candidate", "requires_logging_directory": False}
+    if case == "no name":
+        del attrs["name"]
+    elif case == "no requires_logging_directory":
+        del attrs["requires_logging_directory"]
+    elif case == "shadows a tracker not built in":
+        attrs["name"] = "aim"
+    elif case == "shadows an uninstalled built-in":
+        attrs["name"] = "comet_ml"
+    return type("Candidate", (base,), attrs)
+
+
+def _register_outcome(register: Any, tracker_class: Any) -> tuple[str, bool]:
+    """What registering does: the exception type (or "ok") and whether it warned."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            register(tracker_class)
+        except Exception as error:
+            return type(error).__name__, bool(caught)
+    return "ok", any(issubclass(w.category, UserWarning) for w in caught)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "not a tracker",
+        "no name",
+        "no requires_logging_directory",
+        "new name",
+        "shadows a tracker not built in",
+        "shadows an uninstalled built-in",
+    ],
+)
+def test_register_tracker_class_accepts_refuses_and_warns_as_accelerate(case: str) -> None:
+    table = accelerate_tracking.LOGGER_TYPE_TO_CLASS
+    saved = dict(table)
+    try:
+        theirs = _register_outcome(
+            accelerate_tracking.register_tracker_class,
+            _candidate(accelerate_tracking.GeneralTracker, case),
+        )
+    finally:
+        table.clear()
+        table.update(saved)
+    ours = _register_outcome(
+        accelkit.tracking.register_tracker_class, _candidate(accelkit.tracking.GeneralTracker, case)
+    )
+    assert ours == theirs
+
+
+def test_logger_type_to_class_lists_accelerates_names_and_registered_classes() -> None:
+    table = accelkit.tracking.LOGGER_TYPE_TO_CLASS
+    assert set(accelerate_tracking.LOGGER_TYPE_TO_CLASS) <= set(table)
+    for name in accelerate_tracking.LOGGER_TYPE_TO_CLASS:
+        assert issubclass(table[name], accelkit.tracking.GeneralTracker)
+        assert table[name].name == name
+    assert table["tensorboard"] is accelkit.tracking.TensorBoardTracker
+    assert table["aim"] is accelkit.tracking.AimTracker
+    assert "accelerate_style" not in table
+
+    accelkit.tracking.register_tracker_class(AccelerateStyleTracker)
+    assert table["accelerate_style"] is AccelerateStyleTracker
+    assert accelkit.tracking.filter_trackers("accelerate_style") == ["accelerate_style"]
+    del table["accelerate_style"]
+    assert "accelerate_style" not in table
+    with pytest.raises(ValueError, match="Unknown tracker 'accelerate_style'"):
+        accelkit.tracking.filter_trackers("accelerate_style")
+
+    # Assigning registers, as assigning into Accelerate's dict makes the name usable.
+    table["accelerate_style"] = AccelerateStyleTracker
+    assert accelkit.tracking.filter_trackers("accelerate_style") == ["accelerate_style"]
+    with pytest.raises(ValueError, match=r"`name` is 'accelerate_style'.*name = 'other'"):
+        table["other"] = AccelerateStyleTracker
+    with pytest.raises(ValueError, match="'tensorboard' is a built-in tracker"):
+        del table["tensorboard"]
+    with pytest.raises(KeyError):
+        table["no_such_tracker"]
