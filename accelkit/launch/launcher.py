@@ -252,6 +252,12 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         ValueError: naming the bad value, where it came from (flag or config file key) and the
             fix.
     """
+    if not args.script:
+        raise ValueError(
+            "no script to run: give the training script (or a module with -m) after the "
+            "options, and its own arguments after it, e.g. "
+            "`accelkit launch --cpu --num_processes 2 train.py --lr 1e-3`."
+        )
     s = _merged_settings(args)
     module, no_python = s.flag("module"), s.flag("no_python")
     if module and no_python:
