@@ -105,3 +105,55 @@ def test_config_without_a_terminal_says_what_it_wrote(tmp_path: Path) -> None:
         check=False,
     )
     assert again.returncode == 0 and again.stderr == "", again.stderr
+
+
+FAILING = """\
+import os, sys, time
+
+rank = int(os.environ["RANK"])
+if rank == 1:
+    if sys.argv[1:] == ["exit"]:
+        sys.exit(3)
+
+    class CheckpointError(Exception):
+        pass
+
+    raise CheckpointError("cannot write /ckpt/x: [Errno 28] No space left on device\\n\\x1b[2J")
+time.sleep(2)  # rank 0 is still running when rank 1 fails: torchrun stops it (SIGTERM)
+"""
+
+
+def test_a_failed_worker_is_named_in_the_last_line(tmp_path: Path) -> None:
+    (tmp_path / "fails.py").write_text(FAILING)
+    proc = _accelkit("launch", "--cpu", "--num_processes", "2", "fails.py", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr  # the worker's exit code
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == (
+        "accelkit launch: rank 1 failed: CheckpointError: cannot write /ckpt/x: [Errno 28] "
+        "No space left on device\\n\\x1b[2J"
+    )
+    # The worker's traceback reads as python's own: the start-up frames are not in it.
+    assert f'File "{tmp_path / "fails.py"}", line 11, in <module>' in proc.stderr
+    assert "runpy" not in proc.stderr and "_failure.py" not in proc.stderr
+    # A worker that exits with a code of its own: that code, and the line says so.
+    proc = _accelkit("launch", "--cpu", "--num_processes", "2", "fails.py", "exit", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "accelkit launch: rank 1 failed: exit code 3"
+
+
+def test_one_process_and_a_module_get_the_line_too(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text(
+        "import sys\n"
+        "print(sys.argv[0].endswith('train.py'), sys.argv[1:])\n"
+        "raise ValueError('x' * 5000)\n"
+    )
+    proc = _accelkit("launch", "--cpu", "-m", "pkg.train", "--lr", "1", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stdout.strip() == "True ['--lr', '1']"
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("accelkit launch: rank 0 failed: ValueError: xxx")
+    assert last.endswith("...") and len(last) < 500  # cut to a sane length
+    assert "runpy" not in proc.stderr
