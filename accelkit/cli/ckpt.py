@@ -81,11 +81,13 @@ def _wrap(text: str) -> str:
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``ckpt`` subcommand (``ls``, ``prune``, ``verify``, ``inspect``)."""
+    """Add the ``ckpt`` subcommand (``ls``, ``prune``, ``verify``, ``inspect``, ``import``)."""
     fmt = argparse.RawDescriptionHelpFormatter
     ckpt = subparsers.add_parser(
         "ckpt",
-        help="list, prune, verify and inspect checkpoints (local or fsspec URL)",
+        # `accelkit --help` is where users look for a command: every action is named here.
+        help="checkpoints (local or fsspec URL): ls, prune, verify, inspect, import "
+        "(from accelerate)",
         description="Manage the checkpoints of a run without writing Python.",
         epilog=_EPILOG,
         formatter_class=fmt,

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from accelkit._text import escape
 from accelkit.launch.config import default_config_path, default_settings, write_config_file
 
 _PRECISIONS = ("no", "fp16", "bf16")
@@ -83,6 +84,12 @@ def _run_default(args: argparse.Namespace) -> int:
     return _write(args.config_file, default_settings(args.mixed_precision))
 
 
+# The questions that took their default because stdin had no answer left (a pipe or file that
+# ended, /dev/null): `accelkit config` names them after writing, so nobody mistakes the file for
+# the answers they meant to give.
+_unanswered: list[tuple[str, Any]] = []
+
+
 def _ask(
     question: str, default: Any, convert: Callable[[str], Any] = str, choices: Sequence[Any] = ()
 ) -> Any:
@@ -91,7 +98,8 @@ def _ask(
         try:
             answer = input(f"{question}{hint} [{default}]: ").strip()
         except EOFError:
-            answer = ""
+            _unanswered.append((question, default))
+            return default
         if not answer:
             return default
         try:
@@ -162,4 +170,18 @@ def ask_settings() -> dict[str, Any]:
 
 
 def _run_questions(args: argparse.Namespace) -> int:
-    return _write(args.config_file, ask_settings())
+    _unanswered.clear()
+    code = _write(args.config_file, ask_settings())
+    if _unanswered and code == 0:
+        # Without a terminal the prompts went nowhere anyone reads: say, on stderr and on a
+        # line of its own, which answers are defaults and where they went.
+        target = escape(args.config_file or default_config_path())
+        taken = "; ".join(f"{question}: {default}" for question, default in _unanswered)
+        print(
+            f"\naccelkit config: stdin had no answer for {len(_unanswered)} question(s) (it is "
+            f"not a terminal, or ended), so they took their defaults ({taken}); wrote "
+            f"{target}. Run `accelkit config` in a terminal to choose, `accelkit config "
+            "default` for this machine's settings, or edit the file.",
+            file=sys.stderr,
+        )
+    return code

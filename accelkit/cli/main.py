@@ -50,7 +50,23 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.register(subparsers)
+    _own_parser_default(parser)
     return parser
+
+
+def _own_parser_default(parser: argparse.ArgumentParser) -> None:
+    """Give every parser of the tree the default ``_parser=<itself>``.
+
+    argparse copies the innermost sub-parser's defaults over its parents', so after parsing,
+    ``args._parser`` is the parser of the (sub)command the user typed: an unknown flag is then
+    reported with that command's usage and matched against that command's flags
+    (``accelkit ckpt verify X --jsn`` suggests ``--json``, not the top level's ``--version``).
+    """
+    parser.set_defaults(_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                _own_parser_default(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,8 +90,12 @@ def _main(argv: Sequence[str] | None) -> int:
         from accelkit.launch.flags import explain_unknown
 
         sub = getattr(args, "_parser", parser)
+        # Only `accelkit launch` takes `accelerate launch`'s flags, so only it explains a
+        # refused one (`ckpt ls --use_deepspeed` is a typo there, not a DeepSpeed request).
+        launch = sub.prog.split()[1:2] == ["launch"]
         # The arguments are the user's, but may come from a script or a pasted line: escaped.
-        sub.error(escape(explain_unknown(unknown, sub._option_string_actions)))
+        message = explain_unknown(unknown, sub._option_string_actions, refusals=launch)
+        sub.error(escape(message))
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2

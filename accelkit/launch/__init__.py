@@ -3,7 +3,8 @@
 ``accelkit.launch`` is a public path: its names are those of :mod:`.launcher`. The room's
 modules: :mod:`.launcher` (the command and its torchrun arguments), :mod:`.flags` (every
 ``accelerate launch`` flag, accepted or refused), :mod:`.config` (Accelerate's config files),
-:mod:`.signals` (stopping a launched job), :mod:`._torchrun` (torchrun as the launcher's child),
+:mod:`.signals` (stopping a launched job), :mod:`._failure` (the failed worker's error, for
+the launcher's last line), :mod:`._torchrun` (torchrun as the launcher's child),
 :mod:`.notebook` (``notebook_launcher``) and :mod:`.debug` (``debug_launcher``).
 """
 

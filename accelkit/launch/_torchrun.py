@@ -4,7 +4,10 @@ child of ``accelkit launch``.
 This runs torchrun's own ``main`` unchanged, with one difference: when a signal stops the job,
 torchrun's agent stops the workers and then re-raises ``SignalException``, which would print some
 twenty lines of traceback. Here that one exception ends the process with ``128 + signal``, and
-``accelkit launch`` reports the stop in one line (see :mod:`accelkit.launch.signals`).
+``accelkit launch`` reports the stop in one line (see :mod:`accelkit.launch.signals`). A failed
+worker's ``ChildFailedError`` likewise ends it with torchrun's report alone (no stack of torchrun's
+own), the first failure written for the launcher's last line (:mod:`accelkit.launch._failure`),
+and the failed worker's exit code.
 
 Before anything else, torchrun arms its death signal (it dies with the launcher, even a SIGKILLed
 one) and announces its own pid to the workers, which arm theirs against it.
@@ -15,6 +18,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
+
+from accelkit.launch._failure import ENV_FAILURE_FILE, Failure, write_failure
 
 
 def main(argv: Sequence[str]) -> int:
@@ -24,13 +30,53 @@ def main(argv: Sequence[str]) -> int:
     die_with_parent()
     os.environ[ENV_PARENT_PID] = str(os.getpid())  # the workers' parent: torchrun's agent
     from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     try:
         torchrun_main(list(argv))
     except SignalException as exc:
         return 128 + int(exc.sigval)
+    except ChildFailedError as exc:
+        # torchrun's report of every failed rank, without the twenty lines of torchrun's own
+        # stack above it; the launcher ends with one line from the failure written here.
+        print(exc.format_msg(), file=sys.stderr, flush=True)
+        failure = _first_failure(exc)
+        path = os.environ.get(ENV_FAILURE_FILE)
+        if path:
+            write_failure(path, failure)
+        return failure.exitcode or 1
     return 0
+
+
+def _first_failure(exc: Any) -> Failure:
+    """The root cause among the failed ranks of a ``ChildFailedError``.
+
+    A rank that raised (it wrote an error file) comes first, then one that exited with a code
+    of its own, then one killed by a signal (torchrun SIGTERMs the others after a failure);
+    among equals, the earliest, then the lowest rank.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    def raised(failure: ProcessFailure) -> bool:
+        # torch names the error file only where the worker wrote one.
+        return os.path.isfile(failure.error_file)
+
+    def key(item: tuple[int, ProcessFailure]) -> tuple[bool, bool, int, int]:
+        rank, failure = item
+        # Then a rank that exited on its own before ranks killed by a signal (which torchrun
+        # sends to the survivors of a failure; timestamps are whole seconds, often equal).
+        return (not raised(failure), failure.exitcode < 0, int(failure.timestamp), rank)
+
+    rank, failure = min(exc.failures.items(), key=key)
+    code = int(failure.exitcode)
+    exitcode = 128 - code if code < 0 else code  # a signal, as a shell reports it
+    # torch keeps the error file's "message" as it is: a string, or torch's own
+    # {"message": "Type: text", "extraInfo": ...} (what accelkit's workers write).
+    message: Any = failure.message if raised(failure) else ""
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    return Failure(int(rank), exitcode, str(message))
 
 
 if __name__ == "__main__":

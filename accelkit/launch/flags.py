@@ -445,7 +445,9 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         "waits up to 40 s, and exits with 128 + signal; if the launcher itself is killed (even "
         "with SIGKILL), torchrun and every worker are killed with it."
     )
-    parser.add_argument("script", help="the training script (or module with -m)")
+    # Optional to argparse so that a launch without a script gets our message (what is missing,
+    # with an example) from config_from_args, not argparse's "script, script_args are required".
+    parser.add_argument("script", nargs="?", help="the training script (or module with -m)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments of the script")
 
 
@@ -475,13 +477,20 @@ def check_refused(settings: dict[str, Setting]) -> None:
             raise ValueError(f"{setting.origin}{given}: {refusal.why}")
 
 
-def explain_unknown(flags: Iterable[str], known: Iterable[str]) -> str:
-    """The error for unrecognised flags: the reason for a refused family, or the nearest flag."""
+def explain_unknown(flags: Iterable[str], known: Iterable[str], *, refusals: bool = True) -> str:
+    """The error for unrecognised flags: the reason for a refused family, or the nearest flag.
+
+    Args:
+        flags: the unrecognised arguments, as typed.
+        known: the option strings of the parser that refused them.
+        refusals: whether to explain flags of `accelerate launch` that accelkit refuses (only
+            for ``accelkit launch``; other commands just suggest the nearest of ``known``).
+    """
     known = list(known)
     parts = []
     for flag in flags:
         dest = flag.split("=", 1)[0].lstrip("-").replace("-", "_")
-        refusal = refusal_for(dest) if flag.startswith("--") else None
+        refusal = refusal_for(dest) if refusals and flag.startswith("--") else None
         if refusal is not None:
             parts.append(f"{flag}: {refusal.why}")
             continue

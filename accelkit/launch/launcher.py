@@ -16,6 +16,7 @@ import argparse
 import os
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,14 @@ from accelkit.fsdp.plugin import (
     FullyShardedDataParallelPlugin,
 )
 from accelkit.fsdp.plugin import launch_env as fsdp_launch_env
+from accelkit.launch._failure import (
+    ENV_ERROR_FILE,
+    ENV_FAILURE_FILE,
+    Failure,
+    failure_line,
+    read_error_file,
+    read_failure,
+)
 from accelkit.launch.config import default_config_path, read_config_file
 from accelkit.launch.flags import (
     ACCEPTED,
@@ -252,6 +261,12 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         ValueError: naming the bad value, where it came from (flag or config file key) and the
             fix.
     """
+    if not args.script:
+        raise ValueError(
+            "no script to run: give the training script (or a module with -m) after the "
+            "options, and its own arguments after it, e.g. "
+            "`accelkit launch --cpu --num_processes 2 train.py --lr 1e-3`."
+        )
     s = _merged_settings(args)
     module, no_python = s.flag("module"), s.flag("no_python")
     if module and no_python:
@@ -391,10 +406,35 @@ def launch_command(config: LaunchConfig) -> int:
     before the script runs): no process of the job outlives it.
     """
     env = launch_env(config)
-    if config.num_processes == 1 and config.num_machines == 1:
-        env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
-        cmd = guarded_command(sys.executable, config.script, config.script_args, _mode(config))
-        return run_child(cmd, env, "the script", via_torchrun=False)
-    cmd = [sys.executable, "-m", "accelkit.launch._torchrun", *torchrun_args(config)]
-    what = f"{config.nproc_per_node} worker(s) (through torchrun)"
-    return run_child(cmd, env, what, via_torchrun=True)
+    # Where the failing worker's error is recorded, for one last line that names it (see
+    # accelkit.launch._failure): the temporary folder outlives the job, and only it.
+    with tempfile.TemporaryDirectory(prefix="accelkit-launch-") as tmp:
+        path = os.path.join(tmp, "failure.json")
+        if config.num_processes == 1 and config.num_machines == 1:
+            env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
+            env[ENV_ERROR_FILE] = path  # torchrun's variable; without torchrun, ours to set
+
+            def summarise(code: int) -> None:
+                _say_failure(Failure(0, code, read_error_file(path) or ""))
+
+            cmd = guarded_command(sys.executable, config.script, config.script_args, _mode(config))
+            return run_child(cmd, env, "the script", via_torchrun=False, on_failure=summarise)
+        env[ENV_FAILURE_FILE] = path
+        # torchrun's @record copies the root cause's error file to its own error file, and
+        # logs an error line where it has none.
+        env.setdefault(ENV_ERROR_FILE, os.path.join(tmp, "torchrun_error.json"))
+
+        def summarise_torchrun(code: int) -> None:
+            # torchrun itself failing (a rendezvous timeout) writes no failure: its own
+            # report is the last thing printed.
+            failure = read_failure(path)
+            if failure is not None:
+                _say_failure(failure)
+
+        cmd = [sys.executable, "-m", "accelkit.launch._torchrun", *torchrun_args(config)]
+        what = f"{config.nproc_per_node} worker(s) (through torchrun)"
+        return run_child(cmd, env, what, via_torchrun=True, on_failure=summarise_torchrun)
+
+
+def _say_failure(failure: Failure) -> None:
+    print(f"accelkit launch: {failure_line(failure)}", file=sys.stderr, flush=True)

@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -121,6 +121,13 @@ def die_with_parent() -> bool:
 _GUARD_CODE = "-1; from accelkit.launch.signals import exec_guarded; exec_guarded()"
 
 
+# `python -c` code that runs a script or module as python would, recording its exception.
+_RUN_CODE = (
+    "import sys; from accelkit.launch._failure import run_script; "
+    "run_script(sys.argv[1], sys.argv[2], sys.argv[3:])"
+)
+
+
 def guarded_command(python: str, script: str, args: Sequence[str], mode: str) -> list[str]:
     """The command that runs ``script`` as a process that dies with its parent.
 
@@ -138,7 +145,11 @@ def guarded_command(python: str, script: str, args: Sequence[str], mode: str) ->
 
 
 def exec_guarded(argv: Sequence[str] | None = None) -> None:
-    """Arm the death signal (:func:`die_with_parent`), then ``exec`` the script in this process.
+    r"""Arm the death signal (:func:`die_with_parent`), then ``exec`` the script in this process.
+
+    A Python script or module runs through :func:`accelkit.launch._failure.run_script` (in a
+    ``python -u`` process, as torchrun would start it), which records an uncaught exception for
+    the launcher's summary line; an executable (``--no_python``) is ``exec``\ d as it is.
 
     Args:
         argv: ``["--python"|"--module"|"--exec", script, *args]`` (default: ``sys.argv[1:]``).
@@ -147,10 +158,10 @@ def exec_guarded(argv: Sequence[str] | None = None) -> None:
     die_with_parent()
     os.environ.pop(ENV_PARENT_PID, None)  # the script's own children are not ours to guard
     python = os.environ.get("PYTHON_EXEC", sys.executable)  # as torchrun picks it
-    if mode == "--python":
-        cmd = [python, "-u", script, *args]
-    elif mode == "--module":
-        cmd = [python, "-u", "-m", script, *args]
+    if mode in ("--python", "--module"):
+        # python -u, running the script or module through accelkit.launch._failure, which
+        # records an uncaught exception for the launcher's last line.
+        cmd = [python, "-u", "-c", _RUN_CODE, mode, script, *args]
     else:
         cmd = [script, *args]
     sys.stdout.flush()
@@ -316,7 +327,14 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def run_child(cmd: Sequence[str], env: dict[str, str], what: str, *, via_torchrun: bool) -> int:
+def run_child(
+    cmd: Sequence[str],
+    env: dict[str, str],
+    what: str,
+    *,
+    via_torchrun: bool,
+    on_failure: Callable[[int], None] | None = None,
+) -> int:
     """Run ``cmd`` to its end, stopping it as described in this module when the launcher is
     signalled.
 
@@ -327,6 +345,8 @@ def run_child(cmd: Sequence[str], env: dict[str, str], what: str, *, via_torchru
         what: how the one-line messages name the job, e.g. ``"2 workers (torchrun pid 7)"``.
         via_torchrun: the child is torchrun, which needs its own shutdown timeout before the
             launcher steps in.
+        on_failure: called with the exit code when the child failed on its own (not stopped
+            by the launcher), last: for a summary line after everything the job printed.
 
     Returns:
         The child's exit code, or ``128 + signal`` when a signal stopped the job.
@@ -370,7 +390,10 @@ def run_child(cmd: Sequence[str], env: dict[str, str], what: str, *, via_torchru
     if stop.signum is None:
         # A child killed by a signal (the OOM killer, a SIGKILL to torchrun) exits the launcher
         # as a shell reports it, 128 + signal, rather than Python's 256 - signal.
-        return 128 - returncode if returncode < 0 else returncode
+        code = 128 - returncode if returncode < 0 else returncode
+        if code and on_failure is not None:
+            on_failure(code)
+        return code
     code = 128 + stop.signum
     _say(f"stopped by {_name(stop.signum)}; exit code {code}")
     return code
