@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 
@@ -79,6 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # temporary name (config) or by the commit protocol (ckpt), so nothing is half done.
         print("accelkit: interrupted; stopped.", file=sys.stderr)
         return 130
+    finally:
+        if argv is None and threading.current_thread() is threading.main_thread():
+            # The command's work is done and its status chosen: a Ctrl-C now, while the
+            # interpreter shuts down, would kill the process by SIGINT instead (exit -2, a
+            # status the command never chose).
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _main(argv: Sequence[str] | None) -> int:

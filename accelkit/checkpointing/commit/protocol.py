@@ -73,7 +73,11 @@ from accelkit.checkpointing.commit.deletion import remove_folder
 from accelkit.checkpointing.commit.lock import RunLock, claim_folder
 from accelkit.checkpointing.commit.payload import Payload
 from accelkit.checkpointing.commit.per_process import folders_per_process, resolve_folder
-from accelkit.checkpointing.errors import CheckpointError, CheckpointPathError
+from accelkit.checkpointing.errors import (
+    CheckpointError,
+    CheckpointPathError,
+    CorruptCheckpointError,
+)
 from accelkit.checkpointing.formats.jsonio import load_json
 from accelkit.checkpointing.formats.layout import (
     MANIFEST_NAME,
@@ -240,7 +244,7 @@ def _imported(storage: Storage, folder: str) -> bool:
     try:
         raw = storage.read_bytes(join(folder, SAVE_MARKER_NAME), 0, _MARKER_READ_LIMIT)
         doc = load_json(raw, join(folder, SAVE_MARKER_NAME), max_depth=2)
-    except (OSError, ValueError):
+    except (OSError, CorruptCheckpointError):  # unreadable, cut or not JSON: not an import's
         return False
     return isinstance(doc, dict) and isinstance(doc.get("imported_from"), str)
 
