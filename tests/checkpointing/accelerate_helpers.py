@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from tests.helpers.distributed import free_port
 
-__all__ = ["RUN_SCRIPT", "run_script"]
+__all__ = ["RUN_SCRIPT", "accelerate_checkpoint", "copy_into_project", "run_script"]
 
 RUN_SCRIPT = Path(__file__).with_name("accelerate_run.py")
 _ROOT = Path(__file__).resolve().parents[2]
@@ -61,3 +62,17 @@ def run_script(
         data = json.loads((out / f"losses_{rank}.json").read_text())
         results.append({Path(k).name: v for k, v in data.items()})
     return results
+
+
+def accelerate_checkpoint(root: Path) -> Path:
+    """A real ``checkpoint_0`` written by accelerate's ``save_state`` (1 process) under ``root``."""
+    folder = root / "checkpoint_0"
+    run_script("accelerate", [folder], root / "out", 1)
+    return folder
+
+
+def copy_into_project(tmp_path: Path, source: Path) -> Path:
+    """A copy of ``source`` as ``<tmp_path>/project/checkpoints/checkpoint_3``, to plant in."""
+    folder = tmp_path / "project" / "checkpoints" / "checkpoint_3"
+    shutil.copytree(source, folder)
+    return folder

@@ -30,7 +30,10 @@ import torch
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.cli.main import main as cli
-from tests.checkpointing.accelerate_helpers import run_script
+from tests.checkpointing.accelerate_helpers import (
+    accelerate_checkpoint,
+    copy_into_project,
+)
 
 
 class _System:
@@ -79,16 +82,7 @@ FILES = [
 
 @pytest.fixture(scope="module")
 def accelerate_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("hostile-acc")
-    folder = root / "checkpoint_0"
-    run_script("accelerate", [folder], root / "out", 1)
-    return folder
-
-
-def _project(tmp_path: Path, source: Path) -> Path:
-    folder = tmp_path / "project" / "checkpoints" / "checkpoint_3"
-    shutil.copytree(source, folder)
-    return folder
+    return accelerate_checkpoint(tmp_path_factory.mktemp("hostile-acc"))
 
 
 def _plant(folder: Path, name: str, payload: Any) -> None:
@@ -156,7 +150,7 @@ def test_payload_in_each_file_is_refused_naming_file_and_global(
     name: str,
     payload: str,
 ) -> None:
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     marker = tmp_path / "PWNED"
     cls, wanted = PAYLOADS[payload]
     _plant(folder, name, cls(marker))
@@ -171,7 +165,7 @@ def test_object_array_is_refused(
 ) -> None:
     """NumPy's allowed globals cannot build an object array (whose items could be anything):
     only the uint32 dtype of the generator's key is allowed."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     state = torch.load(folder / "random_states_0.pkl", weights_only=False)
     key = state["numpy_random_seed"]
     state["numpy_random_seed"] = (key[0], np.array([1, 2], dtype=object), *key[2:])
@@ -183,7 +177,7 @@ def test_plain_pickle_is_refused(
     tmp_path: Path, accelerate_folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A raw pickle (not a torch.save archive) never reaches an unpickler."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     marker = tmp_path / "PWNED"
     (folder / "optimizer.bin").write_bytes(pickle.dumps(_System(marker)))
     assert not _refused_everywhere(folder, capsys, "optimizer.bin", "not a torch.save archive")
@@ -207,7 +201,7 @@ def test_malformed_random_states_name_the_key(
     value: Any,
     field: str,
 ) -> None:
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     state = torch.load(folder / "random_states_0.pkl", weights_only=False)
     state[key] = value
     torch.save(state, folder / "random_states_0.pkl")
@@ -217,7 +211,7 @@ def test_malformed_random_states_name_the_key(
 def test_a_link_inside_is_never_followed(
     tmp_path: Path, accelerate_folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     outside = tmp_path / "outside.bin"
     shutil.copy(folder / "scheduler.bin", outside)
     (folder / "scheduler.bin").unlink()
@@ -258,6 +252,6 @@ def test_storage_claiming_a_terabyte_is_refused(
 ) -> None:
     """A tensor whose storage claims 1 TiB in a file of a few KiB: refused naming the file,
     never a MemoryError or an attempt to allocate it."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     _claim_huge_storage(folder / "random_states_0.pkl")
     assert not _refused_everywhere(folder, capsys, "random_states_0.pkl")

@@ -21,7 +21,6 @@ import io
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import warnings
@@ -41,7 +40,10 @@ from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointErro
 from accelkit.checkpointing.formats.state_io import read_state
 from accelkit.checkpointing.interop.accelerate_format import load_pickle
 from accelkit.checkpointing.storage import get_storage
-from tests.checkpointing.accelerate_helpers import run_script
+from tests.checkpointing.accelerate_helpers import (
+    accelerate_checkpoint,
+    copy_into_project,
+)
 from tests.reliability.conftest import trials
 
 pytestmark = pytest.mark.reliability
@@ -144,16 +146,7 @@ def _numpy_key(folder: Path, key: Any) -> None:
 
 @pytest.fixture(scope="module")
 def accelerate_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("hostile-pickles")
-    folder = root / "checkpoint_0"
-    run_script("accelerate", [folder], root / "out", 1)
-    return folder
-
-
-def _project(tmp_path: Path, source: Path) -> Path:
-    folder = tmp_path / "project" / "checkpoints" / "checkpoint_3"
-    shutil.copytree(source, folder)
-    return folder
+    return accelerate_checkpoint(tmp_path_factory.mktemp("hostile-pickles"))
 
 
 def console(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -239,7 +232,7 @@ NUMPY_KEYS: dict[str, tuple[Callable[[], Any], str]] = {
 def test_numpy_key_not_from_the_file_is_refused(
     tmp_path: Path, accelerate_folder: Path, case: str
 ) -> None:
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     make, why = NUMPY_KEYS[case]
     _numpy_key(folder, make())
     problems = refused_everywhere(
@@ -254,7 +247,7 @@ def test_object_arrays_are_refused_in_a_registered_object(
 ) -> None:
     """An object array's items could be anything, and ``import`` said 'verified' for one it
     could not load back: refused wherever it is, as the dtype it is."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     torch.save({"seen": 3, "table": np.zeros(2, dtype=dtype)}, folder / "custom_checkpoint_0.pkl")
     assert not refused_everywhere(folder, "custom_checkpoint_0.pkl", "only dtype('u4'")
 
@@ -287,7 +280,7 @@ PLACES = {
 def test_tensor_claiming_more_than_its_storage_is_refused(
     tmp_path: Path, accelerate_folder: Path, case: str, name: str
 ) -> None:
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     storage, tensor, why = TENSORS[case]
     if name == "pytorch_model.bin":  # read only where there is no model.safetensors
         (folder / "model.safetensors").unlink()
@@ -298,7 +291,7 @@ def test_tensor_claiming_more_than_its_storage_is_refused(
 
 def test_storage_record_of_another_size_is_refused(tmp_path: Path, accelerate_folder: Path) -> None:
     """A storage claiming 16 elements over a record of 8 bytes (or of 1 KiB)."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     for record in (bytes(8), bytes(1024)):
         value = PLACES["optimizer.bin"](Tensor(_SMALL, (16,), (1,)))
         craft(folder / "optimizer.bin", value, {"0": record})
@@ -311,7 +304,7 @@ def test_storage_record_of_another_size_is_refused(tmp_path: Path, accelerate_fo
 
 @pytest.mark.parametrize("name", ["optimizer.bin", "scheduler.bin", "random_states_0.pkl"])
 def test_compressed_records_are_refused(tmp_path: Path, accelerate_folder: Path, name: str) -> None:
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     rewrite(folder / name, zipfile.ZIP_DEFLATED)
     problems = refused_everywhere(folder, name, "is compressed", automatic=name == "scheduler.bin")
     assert not problems, "\n".join(problems)
@@ -325,7 +318,7 @@ def test_duplicate_record_names_are_refused(
     tmp_path: Path, accelerate_folder: Path, name: str, record: str
 ) -> None:
     """Two records of one name: which one a reader takes is the reader's choice."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     rewrite(folder / name, duplicate=record)
     assert not refused_everywhere(folder, name, "appears twice")
 
@@ -336,7 +329,7 @@ def test_bytes_around_the_archive_are_refused(
 ) -> None:
     """Bytes before the first record (another reader starts there), after the end record, or
     in the archive comment: only what torch.save writes is read."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     path = folder / "scheduler.bin"
     data = path.read_bytes()
     if where == "before":
@@ -353,7 +346,7 @@ def test_bytes_around_the_archive_are_refused(
 def test_legacy_format_is_refused(tmp_path: Path, accelerate_folder: Path, name: str) -> None:
     """torch's pre-1.6 format (no zip: storages after the pickle, unbounded by any directory):
     Accelerate's save_state never wrote it on a torch it supports."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     value = torch.load(folder / name, weights_only=False)
     torch.save(value, folder / name, _use_new_zipfile_serialization=False)
     assert not refused_everywhere(folder, name, "legacy (pre-1.6")
@@ -364,7 +357,7 @@ def test_legacy_pickle_with_a_zip_appended_is_refused(
 ) -> None:
     """A polyglot: torch would read the legacy pickle at the front, a zip reader the archive
     at the back."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     path = folder / "scheduler.bin"
     legacy = io.BytesIO()
     torch.save({"last_epoch": 999}, legacy, _use_new_zipfile_serialization=False)
@@ -380,7 +373,7 @@ def test_memo_shared_list_that_multiplies_is_refused(
 ) -> None:
     """One list of 1,000 numbers placed 100,000 times (a 200 KB pickle): 10**8 numbers once
     written out as JSON by the import."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     row = list(range(1000))
     torch.save({"seen": 3, "rows": [row] * 100_000}, folder / "custom_checkpoint_0.pkl")
     assert (folder / "custom_checkpoint_0.pkl").stat().st_size < 400_000
@@ -391,14 +384,14 @@ def test_memo_shared_tensor_that_multiplies_is_refused(
     tmp_path: Path, accelerate_folder: Path
 ) -> None:
     """One 1 MiB tensor placed 2,000 times: 2 GiB of safetensors from a 1 MiB file."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     tensor = torch.zeros(MiB // 4)
     torch.save({"seen": 3, "t": [tensor] * 2000}, folder / "custom_checkpoint_0.pkl")
     assert not refused_everywhere(folder, "custom_checkpoint_0.pkl", "expands to")
 
 
 def test_list_holding_itself_is_refused(tmp_path: Path, accelerate_folder: Path) -> None:
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     loop: list[Any] = [1]
     loop.append(loop)
     torch.save({"seen": 3, "loop": loop}, folder / "custom_checkpoint_0.pkl")
@@ -489,7 +482,7 @@ def test_two_imports_of_a_good_folder_are_identical(
     """Every byte an import writes comes from the source: two imports agree on every data
     file (the save marker and manifest differ only by time and process), and the NumPy key is
     the source's."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     outputs = []
     for i in range(2):
         destination = tmp_path / f"imported_{i}"
@@ -515,7 +508,7 @@ def test_plain_data_of_every_kind_still_loads(tmp_path: Path, accelerate_folder:
     """What the rules must keep accepting: tied and transposed tensors over one storage,
     bfloat16, sets, dtypes, sizes, devices, bytes, NaN, and an archive assembled by this test's
     own writer (so the refusals above are the attacks', not the writer's)."""
-    folder = _project(tmp_path, accelerate_folder)
+    folder = copy_into_project(tmp_path, accelerate_folder)
     weight = torch.arange(6.0).view(2, 3)
     state = {
         "seen": 3,
