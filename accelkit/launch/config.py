@@ -29,8 +29,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
+from accelkit._text import clip, short
 from accelkit.errors import ConfigurationError
-from accelkit.launch.flags import Setting, refusal_for, shown
+from accelkit.launch.flags import Setting, refusal_for
 from accelkit.runtime.environment import parse_mixed_precision
 
 __all__ = [
@@ -215,10 +216,10 @@ def _yaml_problem(exc: Exception) -> str:
         problem = " ".join(part for part in (exc.context, exc.problem) if part)
         mark = exc.problem_mark or exc.context_mark
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        return f"{shown(problem, 200)[1:-1]}{where}"
+        return f"{clip(problem, 200)}{where}"
     if isinstance(exc, ReaderError):
         return f"character #x{exc.character:04x} at position {exc.position} is not allowed in YAML"
-    return shown(str(exc), 200)[1:-1]
+    return clip(str(exc), 200)
 
 
 def _check_keys(path: str, root: Any) -> None:
@@ -252,14 +253,14 @@ def _check_keys(path: str, root: Any) -> None:
             if key.tag != _STR_TAG:
                 kind = key.tag.rsplit(":", 1)[-1]
                 raise ConfigurationError(
-                    f"Config file {path!r}: the key {shown(key.value)} {place} (line "
+                    f"Config file {path!r}: the key {short(key.value)} {place} (line "
                     f"{key.start_mark.line + 1}) is read as {'a' if kind != 'int' else 'an'} "
                     f"{kind}, not a setting name; keys are names such as num_processes (quote "
                     "it if it is meant as text)."
                 )
             if key.value in names:
                 raise ConfigurationError(
-                    f"Config file {path!r}: the key {shown(key.value)} appears twice {place} "
+                    f"Config file {path!r}: the key {short(key.value)} appears twice {place} "
                     f"(line {key.start_mark.line + 1}); keep one."
                 )
             names.add(key.value)
@@ -319,7 +320,7 @@ def read_config_file(path: str) -> dict[str, Setting]:
 
     def origin(key: str) -> str:
         # A key is named as it is when it looks like one, and cut short when it does not.
-        return f"config file {path}: {key if len(key) <= 80 and key.isprintable() else shown(key)}"
+        return f"config file {path}: {key if len(key) <= 80 and key.isprintable() else short(key)}"
 
     settings: dict[str, Setting] = {}
     environment = str(data.get("compute_environment", "LOCAL_MACHINE"))

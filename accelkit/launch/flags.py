@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from accelkit._text import short
+
 __all__ = [
     "ACCEPTED",
     "REFUSED",
@@ -29,7 +31,6 @@ __all__ = [
     "parse_bool",
     "refusal_for",
     "settings_from_args",
-    "shown",
 ]
 
 
@@ -39,44 +40,6 @@ class Setting:
 
     value: Any
     origin: str  # "--num_processes" or "config file /x.yaml, key 'num_processes'"
-
-
-def shown(value: Any, limit: int = 60) -> str:
-    """``value`` for an error message: like ``repr``, on one line, at most about ``limit``
-    characters, and never formatting more of it than it shows.
-
-    Settings come from files a user may not have written: a string of a mebibyte, or a
-    structure whose YAML aliases make it 9**9 elements wide, must cost a message nothing
-    (``repr`` first and cut afterwards would hang on the latter).
-    """
-    if isinstance(value, str):
-        text = repr(value[: limit + 1])  # escapes newlines and control characters
-        return text if len(value) <= limit and len(text) <= limit + 2 else text[:limit] + "...'"
-    if value is None or isinstance(value, (bool, float)):
-        return repr(value)
-    if isinstance(value, int):
-        if value.bit_length() <= 3 * limit:
-            return repr(value)
-        return f"<an integer of about {int(value.bit_length() * 0.30103)} digits>"
-    if isinstance(value, (list, tuple, dict)):
-        opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
-        parts: list[str] = []
-        used = 2
-        items = value.items() if isinstance(value, dict) else value
-        for index, item in enumerate(items):
-            if index >= limit // 4 or used > limit:
-                parts.append(f"... ({len(value)} items)")
-                break
-            budget = max(8, limit - used)
-            part = (
-                f"{shown(item[0], budget)}: {shown(item[1], budget)}"
-                if isinstance(value, dict)
-                else shown(item, budget)
-            )
-            parts.append(part)
-            used += len(part) + 2
-        return opening + ", ".join(parts) + closing
-    return f"<{type(value).__name__}>"
 
 
 def parse_bool(value: Any, origin: str) -> bool:
@@ -92,7 +55,7 @@ def parse_bool(value: Any, origin: str) -> bool:
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{origin}: expected true or false, got {shown(value)}.")
+    raise ValueError(f"{origin}: expected true or false, got {short(value)}.")
 
 
 # The settings accelkit supports (flag names without the leading dashes).
@@ -473,7 +436,7 @@ def check_refused(settings: dict[str, Setting]) -> None:
     for dest, setting in settings.items():
         refusal = refusal_for(dest)
         if refusal is not None and not refusal.inert(setting.value):
-            given = "" if setting.value is True else f" ({shown(setting.value)})"
+            given = "" if setting.value is True else f" ({short(setting.value)})"
             raise ValueError(f"{setting.origin}{given}: {refusal.why}")
 
 

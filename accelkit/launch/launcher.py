@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from accelkit._text import short
 from accelkit.fsdp.plugin import (
     AUTO_WRAP_POLICIES,
     STATE_DICT_TYPES,
@@ -43,7 +44,6 @@ from accelkit.launch.flags import (
     parse_bool,
     refusal_for,
     settings_from_args,
-    shown,
 )
 from accelkit.launch.notebook import notebook_launcher
 from accelkit.launch.signals import guarded_command, run_child
@@ -124,11 +124,11 @@ class _Settings:
             number = int(value)
         except (TypeError, ValueError, OverflowError):  # OverflowError: YAML's .inf
             raise ValueError(
-                f"{self.origin(name)}: expected an integer, got {shown(value)}."
+                f"{self.origin(name)}: expected an integer, got {short(value)}."
             ) from None
         if number > _MAX_INTEGER:
             raise ValueError(
-                f"{self.origin(name)}: must be <= {_MAX_INTEGER}, got {shown(number)}."
+                f"{self.origin(name)}: must be <= {_MAX_INTEGER}, got {short(number)}."
             )
         if number < minimum:
             raise ValueError(f"{self.origin(name)}: must be >= {minimum}, got {number}.")
@@ -166,7 +166,7 @@ def _mixed_precision(s: _Settings) -> str:
         value = "no"
     if not isinstance(value, str) or len(value) > 16:
         raise ValueError(
-            f"{s.origin('mixed_precision')} ({shown(value)}): expected no, fp16 or bf16."
+            f"{s.origin('mixed_precision')} ({short(value)}): expected no, fp16 or bf16."
         )
     if str(value).strip().lower() == "fp8":
         raise ValueError(
@@ -186,7 +186,7 @@ def _gpu_ids(s: _Settings) -> list[str] | None:
     ids = [part.strip() for part in str(value).split(",") if part.strip()]
     if not ids or not all(part.isdigit() for part in ids):
         raise ValueError(
-            f"{s.origin('gpu_ids')} ({shown(value)}): expected comma-separated GPU numbers such as "
+            f"{s.origin('gpu_ids')} ({short(value)}): expected comma-separated GPU numbers such as "
             "0,1 or 'all'."
         )
     return ids
@@ -210,7 +210,7 @@ def _fsdp_env(s: _Settings) -> dict[str, str]:
         reshard = mapped.get(str(strategy).strip().upper())
         if reshard is None:
             raise ValueError(
-                f"{s.origin('fsdp_sharding_strategy')} ({shown(strategy)}): FSDP2 offers "
+                f"{s.origin('fsdp_sharding_strategy')} ({short(strategy)}): FSDP2 offers "
                 "FULL_SHARD (1) and SHARD_GRAD_OP (2); NO_SHARD is plain DDP (drop --use_fsdp) "
                 "and hybrid sharding is not supported."
             )
@@ -219,13 +219,13 @@ def _fsdp_env(s: _Settings) -> dict[str, str]:
         policy = str(policy).strip().lower()
         if policy not in AUTO_WRAP_POLICIES:
             raise ValueError(
-                f"{s.origin('fsdp_auto_wrap_policy')} ({shown(s.raw('fsdp_auto_wrap_policy'))}): "
+                f"{s.origin('fsdp_auto_wrap_policy')} ({short(s.raw('fsdp_auto_wrap_policy'))}): "
                 f"expected one of {', '.join(p.upper() for p in AUTO_WRAP_POLICIES)}."
             )
     state_dict = s.raw("fsdp_state_dict_type")
     if state_dict is not None and str(state_dict).strip().upper() not in STATE_DICT_TYPES:
         raise ValueError(
-            f"{s.origin('fsdp_state_dict_type')} ({shown(state_dict)}): save_state writes "
+            f"{s.origin('fsdp_state_dict_type')} ({short(state_dict)}): save_state writes "
             f"{STATE_DICT_TYPES[0]} (resumable on any process count); for one consolidated "
             "model file call accelerator.save_model(model, folder)."
         )
