@@ -330,6 +330,9 @@ def test_an_import_waits_for_a_save_in_flight_and_a_save_waits_for_an_import(
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads(done.stdout)["destination"] == str(project / "checkpoints" / "checkpoint_1")
     assert holder.returncode == 0 and waited >= 3.0, waited
+    # The wait is said once, with who holds the lock, not silent for up to PRUNE_WAIT_S.
+    assert done.stderr.count("waiting for pid") == 1, done.stderr
+    assert f"pid {holder.pid} " in done.stderr and "'save'" in done.stderr, done.stderr
 
     # An import in flight (role import) holds it: a training save waits, then commits past it.
     accelerator, _, _ = _accelerator(project)

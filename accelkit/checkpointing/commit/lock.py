@@ -45,12 +45,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import socket
 import time
 import uuid
 from typing import Any
 
+from accelkit._text import short
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.formats.jsonio import load_json
 from accelkit.checkpointing.storage import Storage, join
@@ -74,6 +76,8 @@ PRUNE = "prune"
 IMPORT = "import"
 _ROLES = (SAVE, PRUNE, IMPORT)
 _POLL_S = 0.05
+
+logger = logging.getLogger(__name__)
 
 
 def _start_time(pid: int) -> str | None:
@@ -227,12 +231,24 @@ class RunLock:
         self.storage.makedirs(self.root)
         deadline = time.monotonic() + PRUNE_WAIT_S
         tries = 0
+        told = False
         while tries < 3:
             tries += 1
             holder = self._read()
             if holder is not None and not self._ours(holder):
                 if not self._stale(holder):
                     if self._waits_for(holder) and time.monotonic() < deadline:
+                        if not told:  # a silent wait of minutes looks like a hang
+                            told = True
+                            logger.warning(
+                                "%s: waiting for pid %s on host %s (%s) to release its save "
+                                "lock, up to %.0f s",
+                                self.root,
+                                short(holder.get("pid")),
+                                short(holder.get("host")),
+                                short(holder.get("role")),
+                                PRUNE_WAIT_S,
+                            )
                         time.sleep(_POLL_S)  # a prune takes seconds: the save goes on after it
                         tries -= 1
                         continue
