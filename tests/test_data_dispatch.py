@@ -167,12 +167,6 @@ def test_dispatching_refuses_what_it_cannot_do() -> None:
         reference_style_prepare(loader, CPU, 1, 0, dispatch_batches=True)
     with pytest.raises(ValueError, match="needs the batches placed on the device"):
         prepare_data_loader(loader, config=DataLoaderConfiguration(dispatch_batches=True))
-    with pytest.raises(ValueError, match="StatefulDataLoader"):
-        prepare_data_loader(
-            loader,
-            device=CPU,
-            config=DataLoaderConfiguration(dispatch_batches=True, use_stateful_dataloader=True),
-        )
     with pytest.raises(ValueError, match="batch_size=3 for 2 processes"):
         prepare_data_loader(
             loader,
