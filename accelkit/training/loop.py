@@ -134,7 +134,7 @@ def unwrap_model(
     if keep_torch_compile and compiled is not None:
         if getattr(compiled, "_orig_mod", None) is model:
             return compiled
-        return type(compiled)(model, compiled.dynamo_ctx)  # type: ignore[call-arg]
+        return type(compiled)(model, compiled.dynamo_ctx)
     return model
 
 
