@@ -174,3 +174,29 @@ def test_dispatching_refuses_what_it_cannot_do() -> None:
             device=CPU,
             config=DataLoaderConfiguration(dispatch_batches=True, split_batches=True),
         )
+
+
+class _Stream(IterableDataset[torch.Tensor]):
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(torch.arange(10))
+
+
+def test_one_process_passes_non_tensor_values_through_as_accelerate_does() -> None:
+    """On one process nothing is sent: a batch holding strings (an IterableDataset's default
+    loader dispatches) and ``broadcast`` of non-tensors come back as they are."""
+    from accelkit import Accelerator
+    from accelkit.utils import broadcast
+
+    def collate(features: list[torch.Tensor]) -> dict[str, Any]:
+        return {"tensor": torch.stack(features), "non_tensor": "non_tensor_value"}
+
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare_data_loader(
+        DataLoader(_Stream(), batch_size=4, collate_fn=collate)
+    )
+    batches = list(loader)
+    assert [b["tensor"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(b["non_tensor"] == "non_tensor_value" for b in batches)
+    assert loader.remainder == 2
+    value = {"a": "text", "b": [1, torch.ones(2)]}
+    assert broadcast(value) is value
