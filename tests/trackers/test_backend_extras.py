@@ -126,3 +126,38 @@ def test_mlflow_environment_overrides_and_nested_runs(
     assert run.data.tags["team"] == "vision" and run.info.run_name == "child"
     experiment = MlflowClient(mlflow_db).get_experiment(run.info.experiment_id)
     assert experiment.name == "from-env"
+
+
+def test_mlflow_active_run_and_log_metrics_keywords_as_in_accelerate(
+    tmp_path: Path, mlflow_db: str
+) -> None:
+    """``tracker.active_run.info.run_id`` (Accelerate's attribute) and ``log``'s keywords,
+    which Accelerate passes to ``mlflow.log_metrics``: ``timestamp``, ``model_id``, ``dataset``
+    reach the stored metric."""
+    import mlflow.data
+    import numpy as np
+    from mlflow import MlflowClient
+
+    assert MLflowTracker("never-started").active_run is None
+    accelerator = Accelerator(log_with="mlflow", project_dir=str(tmp_path / "project"))
+    store = (tmp_path / "store").as_uri()
+    accelerator.init_trackers(
+        "keywords",
+        init_kwargs={"mlflow": {"tracking_uri": mlflow_db, "artifact_location": store}},
+    )
+    tracker = accelerator.get_tracker("mlflow")
+    assert isinstance(tracker, MLflowTracker)
+    run_id = tracker.active_run.info.run_id
+    assert run_id == tracker.run_id
+    client = MlflowClient(tracking_uri=mlflow_db)
+    model = client.create_logged_model(tracker.active_run.info.experiment_id)
+    dataset = mlflow.data.from_numpy(np.arange(6.0), name="train-set")
+    tracker.log(
+        {"loss": 0.5}, step=3, timestamp=1_700_000_000_000, model_id=model.model_id, dataset=dataset
+    )
+    accelerator.end_training()
+    (metric,) = client.get_metric_history(run_id, "loss")
+    assert (metric.value, metric.step, metric.timestamp) == (0.5, 3, 1_700_000_000_000)
+    (linked,) = client.get_logged_model(model.model_id).metrics
+    assert (linked.key, linked.value, linked.run_id) == ("loss", 0.5, run_id)
+    assert (linked.dataset_name, linked.dataset_digest) == ("train-set", dataset.digest)
