@@ -161,3 +161,25 @@ def test_mlflow_active_run_and_log_metrics_keywords_as_in_accelerate(
     (linked,) = client.get_logged_model(model.model_id).metrics
     assert (linked.key, linked.value, linked.run_id) == ("loss", 0.5, run_id)
     assert (linked.dataset_name, linked.dataset_digest) == ("train-set", dataset.digest)
+
+
+@pytest.mark.parametrize(
+    ("name", "variable", "inside"),
+    [("wandb", "WANDB_DIR", "wandb"), ("comet_ml", "COMET_OFFLINE_DIRECTORY", "")],
+)
+def test_the_backends_own_directory_variable_wins_over_the_logging_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, variable: str, inside: str
+) -> None:
+    """accelkit puts a backend's files under the project's logging directory unless the user
+    said where with the backend's documented variable (as Accelerate leaves it to the backend)."""
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    monkeypatch.setenv(variable, str(chosen))
+    project = tmp_path / "project"
+    accelerator = Accelerator(log_with=name, project_dir=str(project))
+    accelerator.init_trackers("directory-variable")
+    accelerator.log({"loss": 1.0}, step=1)
+    accelerator.end_training()
+    written = [p for p in (chosen / inside).rglob("*") if p.is_file()]
+    assert written, f"{name} wrote nothing under {variable}={chosen}"
+    assert not (project / name).exists(), sorted(str(p) for p in project.rglob("*"))
