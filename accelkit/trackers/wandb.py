@@ -93,8 +93,11 @@ class WandBTracker(GeneralTracker):
         import wandb
 
         kwargs = dict(self.init_kwargs)
-        if self.logging_dir is not None and not os.environ.get("WANDB_DIR"):
-            kwargs.setdefault("dir", self.logging_dir)  # an explicit WANDB_DIR wins
+        # An explicit WANDB_DIR wins over the logging directory (passed on as dir=: wandb's
+        # settings, once set up in this process, would not read the variable again).
+        folder = os.environ.get("WANDB_DIR") or self.logging_dir
+        if folder is not None:
+            kwargs.setdefault("dir", folder)
         if kwargs.get("dir") is not None:
             os.makedirs(kwargs["dir"], exist_ok=True)
         resume, self._resume = self._resume, None
