@@ -26,6 +26,7 @@ import accelkit.training.kwargs_handlers as _kwargs
 import accelkit.training.loop as _training
 import accelkit.training.optim as _optim
 import accelkit.training.precision as _precision
+import accelkit.training.profiling as _profiling
 from accelkit._accelerator.checkpointing import Checkpointing
 from accelkit._accelerator.delegation import documented_by, forward
 from accelkit._accelerator.experiment import ExperimentLink
@@ -586,3 +587,69 @@ class Accelerator:
     def fp8_backend(self) -> None:
         """Always None: FP8 training is out of accelkit's scope."""
         return None
+
+    @property
+    def ddp_handler(self) -> _kwargs.DistributedDataParallelKwargs | None:
+        """The ``DistributedDataParallelKwargs`` given in ``kwargs_handlers`` (or None)."""
+        return self._settings.ddp_handler
+
+    @property
+    def scaler_handler(self) -> _kwargs.GradScalerKwargs | None:
+        """The ``GradScalerKwargs`` given in ``kwargs_handlers`` (or None)."""
+        return self._settings.scaler_handler
+
+    @property
+    def init_handler(self) -> _kwargs.InitProcessGroupKwargs | None:
+        """The ``InitProcessGroupKwargs`` given in ``kwargs_handlers`` (or None)."""
+        return self._settings.init_handler
+
+    @property
+    def autocast_handler(self) -> _kwargs.AutocastKwargs | None:
+        """The ``AutocastKwargs`` given in ``kwargs_handlers`` (or None)."""
+        return self._settings.autocast_handler
+
+    @property
+    def profile_handler(self) -> _profiling.ProfileKwargs | None:
+        """The ``ProfileKwargs`` given in ``kwargs_handlers`` (or None)."""
+        return self._settings.profile_handler
+
+    @property
+    def fp8_recipe_handler(self) -> None:
+        """Always None: FP8 training is out of accelkit's scope (its recipe handlers are
+        refused by name); Accelerate's scripts read it (``if ... is not None``)."""
+        return None
+
+    @property
+    def te_recipe_handler(self) -> None:
+        """Always None (FP8 through Transformer Engine is out of scope)."""
+        return None
+
+    @property
+    def ao_recipe_handler(self) -> None:
+        """Always None (FP8 through torchao is out of scope)."""
+        return None
+
+    @property
+    def msamp_recipe_handler(self) -> None:
+        """Always None (FP8 through MS-AMP is out of scope)."""
+        return None
+
+    @property
+    def has_fp8_handler(self) -> bool:
+        """Always False: FP8 training is out of accelkit's scope."""
+        return False
+
+    @property
+    def fp8_enabled(self) -> bool:
+        """Always False: ``mixed_precision="fp8"`` is refused by name."""
+        return False
+
+    @property
+    def delayed_fp8_autocast(self) -> bool:
+        """Always False: FP8 training is out of accelkit's scope."""
+        return False
+
+    @property
+    def has_lomo_optimizer(self) -> bool:
+        """Always False: LOMO optimizers (``fused_backward``) are not supported."""
+        return False

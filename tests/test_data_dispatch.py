@@ -167,12 +167,6 @@ def test_dispatching_refuses_what_it_cannot_do() -> None:
         reference_style_prepare(loader, CPU, 1, 0, dispatch_batches=True)
     with pytest.raises(ValueError, match="needs the batches placed on the device"):
         prepare_data_loader(loader, config=DataLoaderConfiguration(dispatch_batches=True))
-    with pytest.raises(ValueError, match="StatefulDataLoader"):
-        prepare_data_loader(
-            loader,
-            device=CPU,
-            config=DataLoaderConfiguration(dispatch_batches=True, use_stateful_dataloader=True),
-        )
     with pytest.raises(ValueError, match="batch_size=3 for 2 processes"):
         prepare_data_loader(
             loader,
@@ -180,3 +174,29 @@ def test_dispatching_refuses_what_it_cannot_do() -> None:
             device=CPU,
             config=DataLoaderConfiguration(dispatch_batches=True, split_batches=True),
         )
+
+
+class _Stream(IterableDataset[torch.Tensor]):
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(torch.arange(10))
+
+
+def test_one_process_passes_non_tensor_values_through_as_accelerate_does() -> None:
+    """On one process nothing is sent: a batch holding strings (an IterableDataset's default
+    loader dispatches) and ``broadcast`` of non-tensors come back as they are."""
+    from accelkit import Accelerator
+    from accelkit.utils import broadcast
+
+    def collate(features: list[torch.Tensor]) -> dict[str, Any]:
+        return {"tensor": torch.stack(features), "non_tensor": "non_tensor_value"}
+
+    accelerator = Accelerator(cpu=True)
+    loader = accelerator.prepare_data_loader(
+        DataLoader(_Stream(), batch_size=4, collate_fn=collate)
+    )
+    batches = list(loader)
+    assert [b["tensor"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(b["non_tensor"] == "non_tensor_value" for b in batches)
+    assert loader.remainder == 2
+    value = {"a": "text", "b": [1, torch.ones(2)]}
+    assert broadcast(value) is value

@@ -47,6 +47,20 @@ PUBLIC_SURFACE = {
     "end_training": "(self)",
     "even_batches": "property+setter",
     "fp8_backend": "property",
+    # Attributes Accelerate's scripts read (issue 30): kwargs handlers, FP8 and LOMO constants.
+    "ao_recipe_handler": "property",
+    "autocast_handler": "property",
+    "ddp_handler": "property",
+    "delayed_fp8_autocast": "property",
+    "fp8_enabled": "property",
+    "fp8_recipe_handler": "property",
+    "has_fp8_handler": "property",
+    "has_lomo_optimizer": "property",
+    "init_handler": "property",
+    "msamp_recipe_handler": "property",
+    "profile_handler": "property",
+    "scaler_handler": "property",
+    "te_recipe_handler": "property",
     "free_memory": "(self, *objects)",
     "gather": "(self, tensor)",
     "gather_for_metrics": "(self, input_data, use_gather_object=False)",
@@ -272,3 +286,24 @@ def test_no_module_declares_another_classs_attributes() -> None:
         if declared:
             found[str(path.relative_to(package))] = declared
     assert found == {}
+
+
+def test_the_attributes_accelerate_scripts_read_exist() -> None:
+    """``config_yaml_templates/run_me.py`` reads ``fp8_recipe_handler``; the handler views
+    give back what ``kwargs_handlers`` holds, as Accelerate's attributes do."""
+    from accelkit.utils import DistributedDataParallelKwargs, GradScalerKwargs, ProfileKwargs
+
+    plain = Accelerator(cpu=True)
+    for name in ("fp8_recipe_handler", "te_recipe_handler", "ao_recipe_handler"):
+        assert getattr(plain, name) is None
+    assert (plain.has_fp8_handler, plain.fp8_enabled, plain.has_lomo_optimizer) == (
+        False,
+        False,
+        False,
+    )
+    assert plain.ddp_handler is None and plain.profile_handler is None
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=True)
+    profile = ProfileKwargs(activities=["cpu"])
+    given = Accelerator(cpu=True, kwargs_handlers=[ddp, profile, GradScalerKwargs()])
+    assert given.ddp_handler is ddp and given.profile_handler is profile
+    assert isinstance(given.scaler_handler, GradScalerKwargs) and given.init_handler is None

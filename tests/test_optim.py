@@ -167,3 +167,31 @@ def test_plugin_validation() -> None:
         resolve_plugin(GradientAccumulationPlugin(num_steps=2), 3)
     with pytest.raises(TypeError, match="dict"):
         resolve_plugin({"num_steps": 2})  # type: ignore[arg-type]
+
+
+def test_gradient_state_without_a_plugin_is_the_newest_accelerators() -> None:
+    """Accelerate's ``GradientState()`` is a shared state: a script's own ``GradientState()``
+    sees the accelerator's accumulation settings and sync flag."""
+    import pickle
+
+    from accelkit import Accelerator
+    from accelkit.state import GradientState as FaceGradientState
+
+    accelerator = Accelerator(cpu=True)
+    state = FaceGradientState()
+    assert state is accelerator.gradient_state and state.num_steps == 1
+    accelerator.gradient_accumulation_steps = 4
+    assert state.num_steps == 4
+    accelerator.sync_gradients = False
+    assert GradientState().sync_gradients is False
+    # A copy is its own object and does not become the shared state.
+    copied = pickle.loads(pickle.dumps(state))
+    assert copied is not state and copied.num_steps == 4 and GradientState() is state
+    # A plugin makes a new state (each Accelerator does), which becomes the shared one.
+    newer = Accelerator(cpu=True, gradient_accumulation_steps=3)
+    assert GradientState() is newer.gradient_state is not state
+    assert accelerator.gradient_state.num_steps == 4  # the first accelerator keeps its own
+    GradientState._reset_state()
+    fresh = GradientState()
+    assert fresh is not newer.gradient_state and fresh.num_steps == 1
+    assert GradientState() is fresh

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 __all__ = ["Checkpointing"]
 
 
+#: ``torch.nn.Module.load_state_dict``'s keyword arguments, which ``load_state`` forwards.
+_MODEL_LOAD_KWARGS = frozenset({"strict", "assign"})
+
+
 class Checkpointing:
     """``save_state``/``load_state`` and friends (see the ``Accelerator`` methods of the same
     names, whose documentation is this class's).
@@ -149,12 +153,28 @@ class Checkpointing:
         Args:
             input_dir: the checkpoint's folder or URL.
             load_kwargs: accepted for compatibility (nothing is unpickled, so it is unused).
-            **kwargs: ``verify=False`` skips the checksum check this once.
+            **kwargs: ``verify=False`` skips the checksum check this once; the model-loading
+                arguments of ``torch.nn.Module.load_state_dict`` (``strict``, ``assign``) go
+                to every model's ``load_state_dict``, as in Accelerate (``strict=False``
+                loads the keys both sides have; shapes are still checked).
 
         Returns:
             The path or URL that was loaded.
+
+        Raises:
+            TypeError: for any other keyword argument (before anything is loaded).
         """
-        result = self.manager.load(input_dir, self.training_objects(), **kwargs)
+        unknown = sorted(set(kwargs) - {"verify", *_MODEL_LOAD_KWARGS})
+        if unknown:
+            raise TypeError(
+                f"load_state() got unexpected keyword arguments {unknown}; it takes verify= "
+                f"and the model-loading arguments {sorted(_MODEL_LOAD_KWARGS)} (passed to each "
+                "model's load_state_dict). Remove the others."
+            )
+        verify = kwargs.pop("verify", None)
+        objects = self.training_objects()
+        objects.model_load_kwargs = kwargs
+        result = self.manager.load(input_dir, objects, verify=verify)
         # The manifest's step counts optimizer steps. Gradients are not saved, so accumulation
         # restarts at a boundary: a partial accumulation from before the save cannot be resumed.
         self.gradient_state.optimizer_steps = result.manifest.step

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+import accelkit.training.kwargs_handlers as _handlers
 import accelkit.training.profiling as _profiling
 from accelkit.runtime.state import DistributedType
 from accelkit.training.kwargs_handlers import find as _find_handler
@@ -47,6 +48,46 @@ class Settings:
         self.kwargs_handlers = kwargs_handlers
         self.mixed_precision = state.mixed_precision
         self.requested_log_with = log_with
+
+    @property
+    def ddp_handler(self) -> _handlers.DistributedDataParallelKwargs | None:
+        """The ``DistributedDataParallelKwargs`` given in ``kwargs_handlers`` (or None)."""
+        found: _handlers.DistributedDataParallelKwargs | None = _find_handler(
+            self.kwargs_handlers, _handlers.DistributedDataParallelKwargs
+        )
+        return found
+
+    @property
+    def scaler_handler(self) -> _handlers.GradScalerKwargs | None:
+        """The ``GradScalerKwargs`` given in ``kwargs_handlers`` (or None)."""
+        found: _handlers.GradScalerKwargs | None = _find_handler(
+            self.kwargs_handlers, _handlers.GradScalerKwargs
+        )
+        return found
+
+    @property
+    def init_handler(self) -> _handlers.InitProcessGroupKwargs | None:
+        """The ``InitProcessGroupKwargs`` given in ``kwargs_handlers`` (or None)."""
+        found: _handlers.InitProcessGroupKwargs | None = _find_handler(
+            self.kwargs_handlers, _handlers.InitProcessGroupKwargs
+        )
+        return found
+
+    @property
+    def autocast_handler(self) -> _handlers.AutocastKwargs | None:
+        """The ``AutocastKwargs`` given in ``kwargs_handlers`` (or None)."""
+        found: _handlers.AutocastKwargs | None = _find_handler(
+            self.kwargs_handlers, _handlers.AutocastKwargs
+        )
+        return found
+
+    @property
+    def profile_handler(self) -> _profiling.ProfileKwargs | None:
+        """The ``ProfileKwargs`` given in ``kwargs_handlers`` (or None)."""
+        found: _profiling.ProfileKwargs | None = _find_handler(
+            self.kwargs_handlers, _profiling.ProfileKwargs
+        )
+        return found
 
     @property
     def split_batches(self) -> bool:

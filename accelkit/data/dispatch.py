@@ -110,6 +110,10 @@ def dispatched_batches(
     slice is yielded (the prepared loader keeps the last one as its ``remainder``).
     """
     n, rank = dispatch.num_processes, dispatch.process_index
+    if n == 1:
+        # Nothing to send: the batches as they are, non-tensor values included (as Accelerate).
+        yield from _undispatched(base, dispatch, on_round)
+        return
     slice_fn = dispatch.slice_fn or slice_tensors
     first: Any = None
     while True:
@@ -134,3 +138,17 @@ def dispatched_batches(
         on_round(size)
         part = slice(rank * share, (rank + 1) * share)
         yield slice_fn(batch, part, process_index=rank, num_processes=n)
+
+
+def _undispatched(
+    base: Iterator[Any] | None, dispatch: Dispatch, on_round: Callable[[int], None]
+) -> Iterator[Any]:
+    """One process's rounds: the user's batches, placed on the device."""
+    while (batch := _read_round(base, dispatch)) is not None:
+        if dispatch.device is not None:
+            batch = ops.send_to_device(batch, dispatch.device, dispatch.non_blocking)
+        try:
+            on_round(find_batch_size(batch))
+        except ValueError:  # no tensor in the batch: its size is unknown
+            pass
+        yield batch

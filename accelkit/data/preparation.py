@@ -211,7 +211,7 @@ def prepare_data_loader(
     Raises:
         TypeError: if ``dataloader`` is not a ``DataLoader``.
         ValueError: for ``split_batches`` with a batch size not divisible by ``num_processes``;
-            for dispatching without a ``device`` or with ``use_stateful_dataloader``.
+            for dispatching without a ``device``.
     """
     if is_prepared(dataloader):
         return dataloader
@@ -237,7 +237,7 @@ def prepare_data_loader(
         total_dataset_length=length,
         drop_last=dataloader.drop_last,
     )
-    if _dispatches(config, dataset, device, recipe.stateful):
+    if _dispatches(config, dataset, device):
         recipe.dispatch = Dispatch(
             num_processes,
             process_index,
@@ -252,19 +252,23 @@ def prepare_data_loader(
         _iterable_recipe(recipe, dataloader, config, num_processes, process_index)
     else:
         _map_recipe(recipe, dataloader, config, num_processes, process_index)
-    return build(recipe)
+    loader = build(recipe)
+    if config.use_stateful_dataloader:
+        loader.premake_iterator()  # draws where Accelerate draws (see its docstring)
+    return loader
 
 
-def _dispatches(
-    config: DataLoaderConfiguration, dataset: Any, device: torch.device | None, stateful: bool
-) -> bool:
+def _dispatches(config: DataLoaderConfiguration, dataset: Any, device: torch.device | None) -> bool:
     """Whether the loader dispatches (``dispatch_batches``, resolving Accelerate's default).
 
+    With a ``StatefulDataLoader`` the main process's loader is the stateful one: its state
+    (what the main process has read) is what a resume fast-forwards.
+
     Raises:
-        ValueError: for ``dispatch_batches=True`` without a device or with a stateful loader.
+        ValueError: for ``dispatch_batches=True`` without a device.
     """
     if config.dispatch_batches is None:
-        return device is not None and isinstance(dataset, IterableDataset) and not stateful
+        return device is not None and isinstance(dataset, IterableDataset)
     if not config.dispatch_batches:
         return False
     if device is None:
@@ -272,11 +276,6 @@ def _dispatches(
             "dispatch_batches=True needs the batches placed on the device (the main process "
             "broadcasts them there): use put_on_device=True / device_placement=True, or "
             "dispatch_batches=False."
-        )
-    if stateful:
-        raise ValueError(
-            "dispatch_batches=True with a StatefulDataLoader (use_stateful_dataloader=True) is "
-            "not supported; use dispatch_batches=False, or a plain DataLoader."
         )
     return True
 
@@ -315,6 +314,17 @@ def _dispatch_recipe(
             recipe.random_sampler = seedable
             batch_sampler = BatchSampler(
                 seedable, batch_sampler.batch_size, batch_sampler.drop_last
+            )
+        elif _is_plain_shuffle(batch_sampler, sampler) and sampler.generator is None:
+            # Shuffles as the user's sampler does, and records the pass's seed so that a
+            # resumed pass replays the interrupted one's order.
+            recorded = recipe.recorded_sampler = RecordedRandomSampler(
+                sampler.data_source,
+                bool(getattr(sampler, "replacement", False)),
+                getattr(sampler, "_num_samples", None),
+            )
+            batch_sampler = BatchSampler(
+                recorded, batch_sampler.batch_size, batch_sampler.drop_last
             )
         recipe.dispatch_batching = {"batch_sampler": batch_sampler}
     if bs is not None:
@@ -410,16 +420,32 @@ class SkipDataLoader(DataLoader[Any]):
     Used by :func:`skip_first_batches` for unprepared loaders over iterable datasets, whose
     batches cannot be skipped without reading them.
 
+    With ``use_stateful_dataloader=True`` the object is built on torchdata's
+    ``StatefulDataLoader`` (it is an instance of both classes, as in Accelerate): its
+    ``state_dict()`` is the ``StatefulDataLoader``'s, counting the dropped batches too, so a
+    loader that loads it (skipping nothing) continues with the next batch.
+
     Args:
         dataset: the dataset.
         skip_batches: batches to drop at the start of every pass.
-        use_stateful_dataloader: only False (prepare the loader with
-            ``use_stateful_dataloader=True`` and skip with :func:`skip_first_batches`).
+        use_stateful_dataloader: build on torchdata's ``StatefulDataLoader``.
         **kwargs: the ``DataLoader`` arguments.
 
     Raises:
-        ValueError: for ``use_stateful_dataloader=True``.
+        ImportError: for ``use_stateful_dataloader=True`` without torchdata (with the pip
+            command that installs it).
     """
+
+    def __new__(
+        cls,
+        dataset: Any,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Any,
+    ) -> Any:
+        if use_stateful_dataloader and cls is SkipDataLoader:
+            cls = _stateful_skip_class()
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -428,14 +454,14 @@ class SkipDataLoader(DataLoader[Any]):
         use_stateful_dataloader: bool = False,
         **kwargs: Any,
     ) -> None:
-        if use_stateful_dataloader:
-            raise ValueError(
-                "SkipDataLoader(use_stateful_dataloader=True) is not supported; prepare the "
-                "loader with DataLoaderConfiguration(use_stateful_dataloader=True) and use "
-                "skip_first_batches(prepared_loader, n)."
-            )
         super().__init__(dataset, **kwargs)
         self.skip_batches = skip_batches
+        self.use_stateful_dataloader = use_stateful_dataloader
+
+    @property
+    def base_dataloader(self) -> Any:
+        """The loader that reads the data: this object itself (Accelerate's name)."""
+        return self
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         for index, batch in enumerate(super().__iter__()):
@@ -444,6 +470,32 @@ class SkipDataLoader(DataLoader[Any]):
 
     def __len__(self) -> int:
         return max(0, super().__len__() - self.skip_batches)
+
+
+_STATEFUL_SKIP: type | None = None
+
+
+def _stateful_skip_class() -> type:
+    """``SkipDataLoader`` over torchdata's ``StatefulDataLoader`` (made on first use, so that
+    importing accelkit does not import torchdata)."""
+    global _STATEFUL_SKIP
+    if _STATEFUL_SKIP is None:
+        try:
+            from torchdata.stateful_dataloader import StatefulDataLoader
+        except ImportError:
+            raise ImportError(
+                "SkipDataLoader(use_stateful_dataloader=True) needs torchdata: "
+                "pip install 'torchdata>=0.8'"
+            ) from None
+        _STATEFUL_SKIP = type(
+            "StatefulSkipDataLoader",
+            (SkipDataLoader, StatefulDataLoader),
+            {
+                "__doc__": "A :class:`SkipDataLoader` built on ``StatefulDataLoader``.",
+                "__module__": __name__,
+            },
+        )
+    return _STATEFUL_SKIP
 
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:

@@ -196,6 +196,8 @@ class PreparedLoaderMixin:
         self._pos = _Position()
         self._skip = skip  # skip_first_batches(n): the first pass starts at batch n
         self._len_skip = skip or 0  # what len() leaves out until that pass is over
+        self._premade = False  # premake_iterator made the first pass's iterator
+        self._drawn = False  # that iterator's draw stands for this loader's first pass
         # The device copy is decided once here, not per batch.
         self._on_device = device_is_remote(recipe.device)
 
@@ -223,6 +225,17 @@ class PreparedLoaderMixin:
     @iteration.setter
     def iteration(self, value: int) -> None:
         self.set_epoch(value)
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Whether this loader is built on torchdata's ``StatefulDataLoader``."""
+        return bool(self._stateful)
+
+    @property
+    def base_dataloader(self) -> Any:
+        """The loader that reads the data: this object itself (Accelerate's adapters wrap one;
+        a prepared loader *is* its ``DataLoader`` or ``StatefulDataLoader``)."""
+        return self
 
     def set_epoch(self, epoch: int) -> None:
         """Use the shuffling order (and dataset epoch) of ``epoch`` from the next pass on.
@@ -298,6 +311,9 @@ class PreparedLoaderMixin:
             self._recipe.dataset.set_epoch(pos.epoch)
         restored, pending, inner, offset, randomness = pos.take_pending()
         resumed = restored and pending > 0
+        if restored or pos.epoch != 0 or self._skip:
+            self._drop_premade()
+        self._premade = False
         self._restore_randomness(randomness, resumed)
         explicit, self._skip = self._skip, None
         self._len_skip = explicit or 0
@@ -328,12 +344,37 @@ class PreparedLoaderMixin:
             self._shard.pass_skip = sampler_skip
         return drop, resumed
 
+    def premake_iterator(self) -> None:
+        """Make the first pass's ``StatefulDataLoader`` iterator now (``prepare`` calls this
+        with ``use_stateful_dataloader=True``).
+
+        Making it draws the workers' base seed from the global torch RNG (without a loader
+        generator). Accelerate makes it when the loader is prepared (it asks the new loader for
+        its ``state_dict``), so the first epoch's shuffle and every later random number
+        (dropout) depend on that draw's place in the RNG stream: doing the same here gives the
+        same results as Accelerate for the same script. The iterator serves only a first pass
+        that starts at the beginning of epoch 0 with nothing restored; any other pass makes its
+        own (a resumed pass without drawing, see ``_new_iterator``).
+        """
+        if self._stateful:
+            super().state_dict()  # type: ignore[misc]
+            self._premade = True
+
+    def _drop_premade(self) -> None:
+        """Forget the iterator :meth:`premake_iterator` made (its draw stays made)."""
+        if getattr(self, "_premade", False):
+            self._premade = False
+            self._iterator = None
+            self._initial_iter_for_state_dict = False
+
     def _new_iterator(self, resumed: bool) -> Iterator[Any]:
         # Making an iterator draws the workers' base seed from the loader's generator, or from
         # the global torch RNG when it has none (as PyTorch and the reference do). A resumed
         # pass made that draw before the checkpoint, whose RNG state is restored, so drawing
         # again would shift every later random number (dropout...): draw from a throwaway
         # generator instead. (With workers, their seeds then differ from the interrupted pass.)
+        # The same holds for a skip_first_batches loader whose original's premade iterator
+        # made the draw of this pass.
         if not resumed or self._recipe.loader_kwargs.get("generator") is not None:
             return super().__iter__()  # type: ignore[misc]
         self.generator: torch.Generator | None = torch.Generator()
@@ -348,7 +389,8 @@ class PreparedLoaderMixin:
         state = self.gradient_state
         state.enter_loader(self)
         try:
-            it = self._new_iterator(resumed)
+            drawn, self._drawn = self._drawn, False
+            it = self._new_iterator(resumed or drawn)
             if self._recipe.dispatch is not None:
                 it = self._dispatch(it)
             for _ in range(drop):
@@ -447,9 +489,17 @@ class PreparedLoaderMixin:
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Resume at the position ``state_dict`` describes, on the next pass (only).
 
+        A loader built on ``StatefulDataLoader`` also takes that class's own ``state_dict()``
+        (what Accelerate's stateful loaders save): the next pass continues where it stopped.
+
         Raises:
             KeyError: naming the missing entry when ``state_dict`` is not one of ours.
         """
+        # A restored pass makes its own iterator (the checkpoint's RNG states decide its draws).
+        self._drop_premade()
+        if self._stateful and _is_torchdata_state(state_dict):
+            self._load_torchdata_state(state_dict)
+            return
         for key in ("epoch", "batches_yielded"):
             if key not in state_dict:
                 raise KeyError(
@@ -469,6 +519,17 @@ class PreparedLoaderMixin:
         pos.pending_offset = pos.offset = int(state_dict.get("sampler_offset") or 0)
         pos.pending_randomness = state_dict.get("randomness")
 
+    def _load_torchdata_state(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a ``StatefulDataLoader`` state (the epoch is kept: it holds none)."""
+        pos = self._pos
+        yielded = _torchdata_yielded(state_dict)
+        pos.restored = True
+        pos.pending = pos.yielded = yielded
+        pos.end = False
+        pos.pending_inner = pos.snapshot = dict(state_dict)
+        pos.pending_offset = pos.offset = 0
+        pos.pending_randomness = None
+
     # ------------------------------------------------------------- skipping
 
     def skip_first_batches(self, num_batches: int) -> Any:
@@ -482,10 +543,32 @@ class PreparedLoaderMixin:
         """
         clone = build(self._recipe, num_batches)
         clone._pos = self._pos
+        if self._premade:  # the first pass is the clone's: it must not draw a second time
+            self._drop_premade()
+            clone._drawn = self._pos.epoch == 0
         return clone
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         return _rebuild_pickled, (self._recipe, self._pos, self._skip, self._len_skip)
+
+
+def _is_torchdata_state(state_dict: Any) -> bool:
+    """Whether ``state_dict`` is a torchdata ``StatefulDataLoader``'s own state."""
+    return (
+        isinstance(state_dict, dict)
+        and "batches_yielded" not in state_dict
+        and ("_num_yielded" in state_dict or "_snapshot" in state_dict)
+    )
+
+
+def _torchdata_yielded(state_dict: dict[str, Any]) -> int:
+    """Batches a ``StatefulDataLoader`` state says were yielded in its pass (0 if unknown)."""
+    if "_num_yielded" in state_dict:
+        return max(0, int(state_dict["_num_yielded"]))
+    snapshot = state_dict.get("_snapshot") or {}
+    main = snapshot.get("_main_snapshot") or {}
+    steps = int(state_dict.get("_steps_since_snapshot") or 0)
+    return max(0, int(main.get("_num_yielded") or 0) + steps)
 
 
 def _warn_skip_mismatch(explicit: int, pending: int, epoch: int) -> None:

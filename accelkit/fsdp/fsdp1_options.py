@@ -11,9 +11,14 @@ reference's FSDP2 mode ignores it too, or is refused with what to do instead.
 * ``cpu_offload``: FSDP1's ``CPUOffload(offload_params=...)`` is its ``offload_params``.
 * ignored with a warning, as in the reference's FSDP2 mode: ``backward_prefetch``,
   ``use_orig_params``, ``sync_module_states``, ``limit_all_gathers``.
+* ``state_dict_config``: a ``FullStateDictConfig`` asks for what ``save_model`` writes (one
+  full state dict, gathered into CPU memory on the main process) and is accepted; its
+  ``offload_to_cpu=False``/``rank0_only=False`` are ignored with a warning, as are the other
+  state-dict configs (``save_state`` writes sharded state through torch.distributed.checkpoint)
+  and every ``optim_state_dict_config``. Anything that is not a torch state-dict config is
+  refused.
 * refused unless left at their defaults: ``forward_prefetch``, ``param_init_fn``,
-  ``state_dict_config``, ``optim_state_dict_config``, ``ignored_modules``,
-  ``activation_checkpointing``, ``activation_checkpointing_offload``,
+  ``ignored_modules``, ``activation_checkpointing``, ``activation_checkpointing_offload``,
   ``cpu_ram_efficient_loading``.
 """
 
@@ -148,14 +153,6 @@ _REFUSED: dict[str, str] = {
         "FSDP1-only: FSDP2 shards modules that already hold their parameters; create the model "
         "on a real device"
     ),
-    "state_dict_config": (
-        "FSDP1-only (its state_dict_type context); save_state writes sharded state through "
-        "torch.distributed.checkpoint and save_model writes one consolidated file"
-    ),
-    "optim_state_dict_config": (
-        "FSDP1-only (its state_dict_type context); save_state writes sharded optimizer state "
-        "through torch.distributed.checkpoint"
-    ),
     "ignored_modules": "not supported by accelkit: every parameter of the model is sharded",
     "activation_checkpointing": (
         "not supported by accelkit's plugin: apply torch.utils.checkpoint in the model's forward"
@@ -169,6 +166,48 @@ _REFUSED: dict[str, str] = {
 }
 
 
+def _check_state_dict_configs(values: dict[str, Any]) -> None:
+    """Accept a ``FullStateDictConfig`` (``save_model``'s full state dict), warn about the
+    rest of the state-dict configs, refuse what is not one (see the module docstring)."""
+    from torch.distributed.fsdp import FullStateDictConfig, OptimStateDictConfig, StateDictConfig
+
+    for option, kind in (
+        ("state_dict_config", StateDictConfig),
+        ("optim_state_dict_config", OptimStateDictConfig),
+    ):
+        value = values.get(option)
+        if value is None:
+            continue
+        if not isinstance(value, kind):
+            raise ValueError(
+                f"FullyShardedDataParallelPlugin({option}={value!r}) is not supported: expected "
+                f"a torch.distributed.fsdp {kind.__name__} (e.g. FullStateDictConfig()) or None. "
+                f"Remove {option}."
+            )
+        if isinstance(value, FullStateDictConfig):
+            ignored = [f for f in ("offload_to_cpu", "rank0_only") if not getattr(value, f)]
+            if ignored:
+                warnings.warn(
+                    f"FullyShardedDataParallelPlugin({option}={value!r}): "
+                    f"{', '.join(f'{f}=False' for f in ignored)} is ignored: save_model gathers "
+                    "the full state dict into CPU memory on the main process (as in "
+                    "Accelerate's FSDP2 mode).",
+                    stacklevel=5,
+                )
+            continue
+        why = (
+            "save_state writes sharded optimizer state through torch.distributed.checkpoint"
+            if option == "optim_state_dict_config"
+            else "save_state writes sharded state through torch.distributed.checkpoint and "
+            "save_model one full state dict"
+        )
+        warnings.warn(
+            f"FullyShardedDataParallelPlugin({option}={value!r}) is ignored: {why} (as in "
+            "Accelerate's FSDP2 mode).",
+            stacklevel=5,
+        )
+
+
 def check_fsdp1_options(values: dict[str, Any]) -> None:
     """Warn about FSDP1 options FSDP2 ignores; refuse those it cannot honour.
 
@@ -178,6 +217,7 @@ def check_fsdp1_options(values: dict[str, Any]) -> None:
     Raises:
         ValueError: naming the first refused option, its value and the reason.
     """
+    _check_state_dict_configs(values)
     for option, why in _REFUSED.items():
         value = values.get(option)
         if value is not None and value is not False:

@@ -132,8 +132,10 @@ class FullyShardedDataParallelPlugin:
             ``"SHARDED_STATE_DICT"`` (every process writes its shards through
             ``torch.distributed.checkpoint``); a consolidated model is written by
             ``save_model``. Names, ``StateDictType`` members or their numbers.
-        state_dict_config: FSDP1-only; only None.
-        optim_state_dict_config: FSDP1-only; only None.
+        state_dict_config: None, or a ``FullStateDictConfig`` (what ``save_model`` writes:
+            one full state dict); other torch state-dict configs are ignored with a warning.
+        optim_state_dict_config: ignored with a warning (``save_state`` writes sharded
+            optimizer state).
         limit_all_gathers: FSDP1-only; False is ignored with a warning.
         use_orig_params: FSDP1-only; False is ignored with a warning (FSDP2 always does).
         param_init_fn: FSDP1-only; only None.

@@ -259,13 +259,18 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
 
 
 def broadcast(tensor: Any, from_process: int = 0) -> Any:
-    """Copy tensors from ``from_process`` to every process (in place; also returned)."""
+    """Copy tensors from ``from_process`` to every process (in place; also returned).
+
+    On one process ``tensor`` is returned as it is, non-tensor values included (as
+    Accelerate does); on several, only tensors (in lists, tuples and dicts) can be sent.
+    """
 
     def _one(t: torch.Tensor) -> torch.Tensor:
-        if _world_size() > 1:
-            dist.broadcast(t, src=from_process)
+        dist.broadcast(t, src=from_process)
         return t
 
+    if _world_size() <= 1:
+        return tensor
     _verify("broadcast", tensor)
     return recursively_apply(_one, tensor, error_on_other_type=True)
 

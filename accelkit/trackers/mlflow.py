@@ -153,6 +153,12 @@ class MLflowTracker(GeneralTracker):
         """The ``mlflow.entities.Run`` as it was when the run started."""
         return self.run
 
+    @property
+    def active_run(self) -> Any:
+        """The open run (an ``mlflow.entities.Run``; ``None`` before ``start``), under
+        Accelerate's name: ``tracker.active_run.info.run_id``."""
+        return self.run
+
     def _resolve_uri(self) -> tuple[str | None, str | None]:
         if self.tracking_uri:
             return self.tracking_uri, self.artifact_location
@@ -365,24 +371,37 @@ class MLflowTracker(GeneralTracker):
 
     @override
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log the numbers of ``values`` (and of one level of nested dicts) as metrics.
+
+        ``kwargs`` are ``mlflow.log_metrics``'s, as in Accelerate: ``timestamp`` (ms),
+        ``model_id``, ``dataset`` (its name and digest go with each metric), ``run_id`` (log
+        to that run instead) and ``synchronous``.
+        """
         from mlflow.entities import Metric
 
-        timestamp = int(time.time() * 1000)
+        timestamp = kwargs.pop("timestamp", None) or int(time.time() * 1000)
+        dataset = kwargs.pop("dataset", None)
+        extra = {
+            "model_id": kwargs.pop("model_id", None),
+            "dataset_name": None if dataset is None else dataset.name,
+            "dataset_digest": None if dataset is None else dataset.digest,
+        }
+        run_id = kwargs.pop("run_id", None) or self.run_id
         mlflow_step = 0 if step is None else int(step)
         metrics = []
         for key, value in values.items():
             if is_number(value):
-                metrics.append(Metric(self._key(key), float(value), timestamp, mlflow_step))
+                metrics.append(
+                    Metric(self._key(key), float(value), timestamp, mlflow_step, **extra)
+                )
             elif isinstance(value, dict) and value and all(is_number(v) for v in value.values()):
                 for inner, number in value.items():
                     name = self._key(f"{key}/{inner}")
-                    metrics.append(Metric(name, float(number), timestamp, mlflow_step))
+                    metrics.append(Metric(name, float(number), timestamp, mlflow_step, **extra))
             else:
                 self.warn_skipped(key, value, "skipped by MLflow (metrics are numbers)")
         for i in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
-            self.client.log_batch(
-                self.run_id, metrics=metrics[i : i + _MAX_METRICS_PER_BATCH], **kwargs
-            )
+            self.client.log_batch(run_id, metrics=metrics[i : i + _MAX_METRICS_PER_BATCH], **kwargs)
 
     def _started_client(self, method: str) -> Any:
         if self.client is None or self.run_id is None:

@@ -34,7 +34,8 @@ class WandBTracker(GeneralTracker):
 
     Unlike the reference tracker, which lets wandb write to ``./wandb`` whatever the project
     directory, the run's files go to ``<logging_dir>/wandb`` when a logging directory is set
-    (``dir=`` in ``init_kwargs`` overrides it). The configuration is converted to plain data
+    (``dir=`` in ``init_kwargs``, or the ``WANDB_DIR`` environment variable, overrides it).
+    The configuration is converted to plain data
     (tensors to numbers or lists, paths to text) so wandb can serialise it. wandb stores numbers,
     strings, arrays and its media objects itself; any other value is logged as its text with one
     warning per key.
@@ -92,8 +93,11 @@ class WandBTracker(GeneralTracker):
         import wandb
 
         kwargs = dict(self.init_kwargs)
-        if self.logging_dir is not None:
-            kwargs.setdefault("dir", self.logging_dir)
+        # An explicit WANDB_DIR wins over the logging directory (passed on as dir=: wandb's
+        # settings, once set up in this process, would not read the variable again).
+        folder = os.environ.get("WANDB_DIR") or self.logging_dir
+        if folder is not None:
+            kwargs.setdefault("dir", folder)
         if kwargs.get("dir") is not None:
             os.makedirs(kwargs["dir"], exist_ok=True)
         resume, self._resume = self._resume, None

@@ -117,6 +117,12 @@ def unwrap_model(
 ) -> torch.nn.Module:
     """Peel off what ``prepare`` (and ``torch.compile``) put around ``model``.
 
+    With ``keep_torch_compile`` the result is compiled around the bare model, as in Accelerate
+    (state-dict keys ``_orig_mod.*``): for ``torch.compile(DDP(m))`` a new compiled wrapper
+    of ``m`` (same parameters, same compile settings). Accelerate instead swaps the inner
+    module of the compiled model it was given, so the model being trained no longer runs
+    through DDP; here the given model is left as it is.
+
     Args:
         model: a prepared model.
         keep_fp32_wrapper: keep the autocast forward (False removes it from the model).
@@ -126,7 +132,9 @@ def unwrap_model(
     if not keep_fp32_wrapper:
         precision.unwrap_forward(model)
     if keep_torch_compile and compiled is not None:
-        return compiled
+        if getattr(compiled, "_orig_mod", None) is model:
+            return compiled
+        return type(compiled)(model, compiled.dynamo_ctx)
     return model
 
 

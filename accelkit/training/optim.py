@@ -12,6 +12,7 @@ drives the fp16 grad scaler; :class:`AcceleratedScheduler` steps only when the o
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -86,8 +87,22 @@ class _Loader(Protocol):
     remainder: int
 
 
+_CURRENT: weakref.ref[GradientState] | None = None
+
+
+def _current_state() -> GradientState | None:
+    """The process's current :class:`GradientState`, if one is alive."""
+    return None if _CURRENT is None else _CURRENT()
+
+
 class GradientState:
     """Shared accumulation state: one per accelerator, read by its optimizers and dataloaders.
+
+    As in Accelerate, ``GradientState()`` without a plugin is the process's current state: the
+    one the newest ``Accelerator`` made (or, without one, the first ``GradientState()``), so it
+    sees that accelerator's ``num_steps`` and ``sync_gradients``. ``GradientState(plugin)``
+    makes a new state and makes it current (each ``Accelerator`` does). The current state is
+    held by a weak reference (it goes with its accelerator) and :meth:`_reset_state` forgets it.
 
     Attributes:
         num_steps: micro-steps per optimizer step.
@@ -97,9 +112,21 @@ class GradientState:
         optimizer_steps: optimizer steps actually taken (not skipped) so far.
     """
 
+    def __new__(
+        cls, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None
+    ) -> GradientState:
+        current = _current_state()
+        if gradient_accumulation_plugin is None and isinstance(current, cls):
+            return current
+        return super().__new__(cls)
+
     def __init__(
         self, gradient_accumulation_plugin: GradientAccumulationPlugin | None = None
     ) -> None:
+        global _CURRENT
+        if gradient_accumulation_plugin is None and _current_state() is self:
+            return  # GradientState() is the current state, kept as it is
+        _CURRENT = weakref.ref(self)
         plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
         self.plugin = plugin
         self.num_steps = plugin.num_steps
@@ -108,11 +135,16 @@ class GradientState:
         self.optimizer_steps = 0
         self._loaders: list[_Loader] = []
 
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        # A copy (pickle, copy) is a new object, never the current state.
+        return (self.plugin,)
+
     @classmethod
     def _reset_state(cls) -> None:
-        """Accepted for scripts written for the reference, where this state is shared by every
-        accelerator of the process; here each accelerator owns its own, so there is nothing to
-        reset."""
+        """Forget the current state: the next ``GradientState()`` is a new one (the states
+        accelerators hold are theirs and stay as they are)."""
+        global _CURRENT
+        _CURRENT = None
 
     @property
     def initialized(self) -> bool:

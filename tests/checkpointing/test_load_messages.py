@@ -87,3 +87,34 @@ def test_a_folder_written_by_somebody_else_is_not_called_an_interrupted_save(
     assert "foreign folder, not an accelkit checkpoint" in message, message
     assert "did not finish" not in message
     assert (folder / "notes.txt").read_text() == "mine"
+
+
+class _Grown(nn.Module):
+    """The saved model plus a head the checkpoint does not have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 2)
+        self.head = nn.Linear(2, 1)
+
+
+def test_load_state_forwards_strict_to_the_models_as_accelerate_does(tmp_path: Path) -> None:
+    saver = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    saved = nn.Module()
+    saved.layer = nn.Linear(3, 2)
+    saved = saver.prepare(saved)
+    saver.save_state(str(tmp_path / "ckpt"))
+
+    loader = Accelerator(cpu=True)
+    torch.manual_seed(1)
+    grown = loader.prepare(_Grown())
+    head = grown.head.weight.detach().clone()
+    with pytest.raises(CheckpointError, match="missing keys"):
+        loader.load_state(str(tmp_path / "ckpt"))  # strict by default, as torch's
+    assert not torch.equal(grown.layer.weight, saved.layer.weight)  # nothing restored
+    with pytest.raises(TypeError, match=r"\['stric'\]"):
+        loader.load_state(str(tmp_path / "ckpt"), stric=False)
+    loader.load_state(str(tmp_path / "ckpt"), strict=False)
+    assert torch.equal(grown.layer.weight, saved.layer.weight)
+    assert torch.equal(grown.head.weight, head)  # the key the checkpoint lacks is kept

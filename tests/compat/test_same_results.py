@@ -93,3 +93,48 @@ def test_same_results_as_accelerate(tmp_path: Path) -> None:
         for key, same in DIFFERENCES.items():
             assert mine[key] != ref[key] and same(mine.pop(key), ref.pop(key)), (rank, key)
         assert mine == ref, f"rank {rank}"
+
+
+STATEFUL_PROBE = Path(__file__).parent / "probes" / "stateful_rng.py"
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_stateful_dataloader_training_matches_accelerate(processes: int, tmp_path: Path) -> None:
+    """With ``use_stateful_dataloader=True`` Accelerate draws from the global RNG inside
+    ``prepare`` for every loader: the first epoch's shuffle (1 process) and the dropout stream
+    (any number) depend on it, so batches and losses match only if accelkit draws there too."""
+    reference_dir, ported_dir = tmp_path / "accelerate", tmp_path / "accelkit"
+    reference_dir.mkdir()
+    ported_dir.mkdir()
+    reference = reference_dir / STATEFUL_PROBE.name
+    reference.write_text(STATEFUL_PROBE.read_text())
+    ported = port_script(STATEFUL_PROBE, ported_dir)
+    if processes == 1:
+        _run([sys.executable, str(reference), str(reference_dir / "out.json")], reference_dir)
+        _run([sys.executable, str(ported), str(ported_dir / "out.json")], ported_dir)
+    else:
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc_per_node={processes}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={free_port()}",
+                str(reference),
+                str(reference_dir / "out.json"),
+            ],
+            reference_dir,
+        )
+        _run(
+            [
+                *(sys.executable, "-m", "accelkit.cli.main", "launch", "--cpu"),
+                *("--num_processes", str(processes), str(ported), str(ported_dir / "out.json")),
+            ],
+            ported_dir,
+        )
+    theirs = json.loads((reference_dir / "out.json").read_text())
+    ours = json.loads((ported_dir / "out.json").read_text())
+    assert len(ours) == len(theirs) == processes
+    assert len(theirs[0]["losses"]) == 2 * (24 // 4 // processes) + 2 * -(-24 // 8 // processes)
+    assert ours == theirs

@@ -373,11 +373,30 @@ def test_accelerates_fsdp1_options_translate_warn_or_are_refused_by_name() -> No
         plugin(backward_prefetch="BACKWARD_PRE")
     with pytest.warns(UserWarning, match=r"sync_module_states=True.*ignored"):
         plugin(sync_module_states=True)
+    # A full state dict is what save_model writes: accepted (its FSDP1-only fields warn); the
+    # other state-dict configs are ignored with a warning, as in Accelerate's FSDP2 mode.
+    from torch.distributed.fsdp import (
+        FullOptimStateDictConfig,
+        FullStateDictConfig,
+        ShardedStateDictConfig,
+    )
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        full = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
+        assert plugin(state_dict_config=full).state_dict_config is full
+    with pytest.warns(UserWarning, match=r"offload_to_cpu=False, rank0_only=False is ignored"):
+        plugin(state_dict_config=FullStateDictConfig())
+    with pytest.warns(UserWarning, match=r"ShardedStateDictConfig.*is ignored: save_state"):
+        plugin(state_dict_config=ShardedStateDictConfig())
+    with pytest.warns(UserWarning, match=r"optim_state_dict_config=.*is ignored: save_state"):
+        plugin(optim_state_dict_config=FullOptimStateDictConfig())
+    with pytest.raises(ValueError, match=r"expected a torch.distributed.fsdp StateDictConfig"):
+        plugin(state_dict_config=object())
     # What FSDP2 cannot honour is refused by name.
     refused = {
         "forward_prefetch": True,
         "param_init_fn": lambda m: None,
-        "state_dict_config": object(),
         "ignored_modules": [nn.Linear(1, 1)],
         "activation_checkpointing": True,
         "cpu_ram_efficient_loading": True,

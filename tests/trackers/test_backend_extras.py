@@ -126,3 +126,60 @@ def test_mlflow_environment_overrides_and_nested_runs(
     assert run.data.tags["team"] == "vision" and run.info.run_name == "child"
     experiment = MlflowClient(mlflow_db).get_experiment(run.info.experiment_id)
     assert experiment.name == "from-env"
+
+
+def test_mlflow_active_run_and_log_metrics_keywords_as_in_accelerate(
+    tmp_path: Path, mlflow_db: str
+) -> None:
+    """``tracker.active_run.info.run_id`` (Accelerate's attribute) and ``log``'s keywords,
+    which Accelerate passes to ``mlflow.log_metrics``: ``timestamp``, ``model_id``, ``dataset``
+    reach the stored metric."""
+    import mlflow.data
+    import numpy as np
+    from mlflow import MlflowClient
+
+    assert MLflowTracker("never-started").active_run is None
+    accelerator = Accelerator(log_with="mlflow", project_dir=str(tmp_path / "project"))
+    store = (tmp_path / "store").as_uri()
+    accelerator.init_trackers(
+        "keywords",
+        init_kwargs={"mlflow": {"tracking_uri": mlflow_db, "artifact_location": store}},
+    )
+    tracker = accelerator.get_tracker("mlflow")
+    assert isinstance(tracker, MLflowTracker)
+    run_id = tracker.active_run.info.run_id
+    assert run_id == tracker.run_id
+    client = MlflowClient(tracking_uri=mlflow_db)
+    model = client.create_logged_model(tracker.active_run.info.experiment_id)
+    dataset = mlflow.data.from_numpy(np.arange(6.0), name="train-set")
+    tracker.log(
+        {"loss": 0.5}, step=3, timestamp=1_700_000_000_000, model_id=model.model_id, dataset=dataset
+    )
+    accelerator.end_training()
+    (metric,) = client.get_metric_history(run_id, "loss")
+    assert (metric.value, metric.step, metric.timestamp) == (0.5, 3, 1_700_000_000_000)
+    (linked,) = client.get_logged_model(model.model_id).metrics
+    assert (linked.key, linked.value, linked.run_id) == ("loss", 0.5, run_id)
+    assert (linked.dataset_name, linked.dataset_digest) == ("train-set", dataset.digest)
+
+
+@pytest.mark.parametrize(
+    ("name", "variable", "inside"),
+    [("wandb", "WANDB_DIR", "wandb"), ("comet_ml", "COMET_OFFLINE_DIRECTORY", "")],
+)
+def test_the_backends_own_directory_variable_wins_over_the_logging_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, variable: str, inside: str
+) -> None:
+    """accelkit puts a backend's files under the project's logging directory unless the user
+    said where with the backend's documented variable (as Accelerate leaves it to the backend)."""
+    chosen = tmp_path / "chosen"
+    chosen.mkdir()
+    monkeypatch.setenv(variable, str(chosen))
+    project = tmp_path / "project"
+    accelerator = Accelerator(log_with=name, project_dir=str(project))
+    accelerator.init_trackers("directory-variable")
+    accelerator.log({"loss": 1.0}, step=1)
+    accelerator.end_training()
+    written = [p for p in (chosen / inside).rglob("*") if p.is_file()]
+    assert written, f"{name} wrote nothing under {variable}={chosen}"
+    assert not (project / name).exists(), sorted(str(p) for p in project.rglob("*"))

@@ -621,7 +621,8 @@ def _plan(checkpoint: AccelerateCheckpoint, objects: TrainingObjects, rank: int)
         target = unwrap_model(model)
         tensors = _retie(target, tensors)
         name = next(n for n in names if _INDEXED["model"].match(n) and _index(n) == i)
-        check_model_keys(target, tensors, join(folder, name))
+        strict = bool(objects.model_load_kwargs.get("strict", True))
+        check_model_keys(target, tensors, join(folder, name), strict=strict)
         out.models.append((target, tensors))
     pairs: list[tuple[str, Sequence[Any], list[Any], str]] = [
         ("optimizer", objects.optimizers, checkpoint.optimizers, "Prepare the same optimizers."),

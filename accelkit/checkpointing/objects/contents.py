@@ -90,6 +90,9 @@ class TrainingObjects:
         dataloaders: prepared dataloaders; those with ``state_dict`` have their position saved.
         scaler: a ``torch.amp.GradScaler`` or ``None``.
         custom: objects given to ``register_for_checkpointing``.
+        model_load_kwargs: keyword arguments for each model's ``load_state_dict`` when
+            loading (``strict=False``: keys the checkpoint or the model lacks are left out,
+            shapes are still checked; ``assign``).
     """
 
     models: Sequence[torch.nn.Module] = ()
@@ -98,6 +101,7 @@ class TrainingObjects:
     dataloaders: Sequence[Any] = ()
     scaler: Any = None
     custom: Sequence[Any] = ()
+    model_load_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -297,7 +301,8 @@ def read_contents(
         tensors = read_model_files(
             storage, folder, model_stem(i), _only(expected, names), zero_copy=True
         )
-        check_model_keys(target, tensors, join(folder, model_file(i)))
+        strict = bool(objects.model_load_kwargs.get("strict", True))
+        check_model_keys(target, tensors, join(folder, model_file(i)), strict=strict)
         out.models.append((target, tensors))
 
     groups: list[tuple[str, Sequence[tuple[int, Any]], str]] = [
@@ -414,7 +419,7 @@ def _fast_param_lookup(state: Any) -> Any:
 def apply_contents(loaded: LoadedContents, objects: TrainingObjects) -> None:
     """Restore the objects from what :func:`read_contents` read (models first, RNG last)."""
     for model, tensors in loaded.models:
-        model.load_state_dict(tensors)
+        model.load_state_dict(tensors, **objects.model_load_kwargs)
     for obj, state, source in loaded.states:
         try:
             obj.load_state_dict(_fast_param_lookup(state))
