@@ -97,9 +97,9 @@ class Accelerator:
             ``"raise"``.
         dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
             :mod:`accelkit.training.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
-        deepspeed_plugin, deepspeed_plugins, megatron_lm_plugin, torch_tp_plugin,
-            parallelism_config: accepted by name for compatibility and refused with
-            ``ValueError`` unless None (out of accelkit's scope).
+        deepspeed_plugin: accepted by name for compatibility and refused with ``ValueError``
+            unless None (out of accelkit's scope), as are ``deepspeed_plugins``,
+            ``megatron_lm_plugin``, ``torch_tp_plugin`` and ``parallelism_config``.
 
     Example:
         >>> accelerator = Accelerator()
