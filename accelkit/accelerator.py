@@ -213,6 +213,10 @@ class Accelerator:
         _preflight.check_run(
             self.project_configuration, bool(self._trackers.requested_names), self.state
         )
+        # Checkpoints of an earlier run that training would collide with: warned about at the
+        # first backward() (or save_state()) unless load_state() ran first.
+        self._checkpointing.look_for_earlier_checkpoints()
+        self._training.on_first_backward = self._checkpointing.before_training
 
     # Who this process is (AcceleratorState), process control, collectives (accelkit.runtime.ops).
 

@@ -8,6 +8,9 @@ storage) and reads only the objects ``prepare`` registered in the
 
 from __future__ import annotations
 
+import logging
+import sys
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,13 +19,23 @@ import torch
 import accelkit.checkpointing.formats.model_io as _ckpt_model_io
 import accelkit.checkpointing.manager as _ckpt_manager
 import accelkit.fsdp.runtime as _fsdp
+from accelkit.checkpointing.catalog.listing import loadable_automatic
+from accelkit.checkpointing.formats.layout import checkpoint_name
+from accelkit.errors import AccelkitError
 
 if TYPE_CHECKING:
     from accelkit._accelerator.prepared_objects import PreparedObjects
     from accelkit.checkpointing.config import ProjectConfiguration
     from accelkit.training.optim import GradientState
 
-__all__ = ["Checkpointing"]
+__all__ = ["Checkpointing", "UnresumedProjectWarning"]
+
+logger = logging.getLogger(__name__)
+
+
+class UnresumedProjectWarning(UserWarning):
+    """Training starts in a project that holds checkpoints, without loading one: the run's
+    automatic checkpoint names start again at ``checkpoint_0`` and collide with them."""
 
 
 class Checkpointing:
@@ -50,6 +63,59 @@ class Checkpointing:
         self.gradient_state = gradient_state
         self.project_configuration = project_configuration
         self.unwrap_model = unwrap_model
+        # The iterations of the loadable checkpoint_<n> found when the run started (main
+        # process, automatic naming), until training starts or a load makes them moot.
+        self._earlier: list[int] = []
+        self._resumed = False
+
+    def look_for_earlier_checkpoints(self) -> None:
+        """Note, on the main process, the project's loadable ``checkpoint_<n>`` (committed or
+        Accelerate's) when automatic naming is on: :meth:`before_training` warns about them if
+        training starts without a load. Called when the ``Accelerator`` is built."""
+        config = self.project_configuration
+        if not (config.automatic_checkpoint_naming and config.project_dir):
+            return
+        if not self.manager.state.is_main_process:
+            return
+        try:
+            infos = loadable_automatic(self.manager.list_checkpoints())
+        except (OSError, AccelkitError) as error:  # save_state and load_state report it
+            logger.debug("Not looking for earlier checkpoints: %s", error)
+            return
+        self._earlier = [i.iteration for i in infos if i.iteration is not None]
+
+    def before_training(self) -> None:
+        """Warn once, on the main process, when training starts (the first ``backward()``,
+        or a ``save_state()`` before any) in a project whose loadable checkpoints would meet
+        this run's automatic names, and nothing loaded one: ``iteration`` is still at or below
+        theirs, so the first save collides with one of them (``checkpoint_0 already exists``)
+        or, older by number, is rotated away by ``total_limit`` at once.
+        """
+        earlier, self._earlier = self._earlier, []
+        if not earlier or self._resumed:
+            return
+        iteration = self.manager.counter.value
+        if iteration > max(earlier):
+            return  # the user set iteration past them: a new series after the old one
+        root = self.manager.checkpoints_root()
+        names = ", ".join(checkpoint_name(n) for n in sorted(earlier)[-3:])
+        more = len(earlier) - 3
+        shown = f"{names} and {more} more" if more > 0 else names
+        _warn_at_caller(
+            f"{root} already holds {len(earlier)} checkpoint(s) ({shown}) and training starts "
+            f"without loading one: this run's next automatic save is "
+            f"{checkpoint_name(iteration)}, which "
+            + (
+                "exists already, so the save will fail"
+                if iteration in earlier
+                else "is older by number, so total_limit would rotate it away"
+            )
+            + ". To resume, call accelerator.load_state() after prepare() (it loads the newest "
+            "and numbers the next save past it); to start afresh, give this run a new "
+            "project_dir; to keep the old checkpoints and number on, pass "
+            f"ProjectConfiguration(iteration={max(earlier) + 1}).",
+            UnresumedProjectWarning,
+        )
 
     @property
     def project_dir(self) -> str | None:
@@ -125,6 +191,8 @@ class Checkpointing:
         Returns:
             The checkpoint's path or URL; with ``async_save``, the handle of the save.
         """
+        if self._earlier:
+            self.before_training()
         step = self.gradient_state.optimizer_steps
         objects = self.training_objects()
         return self.manager.save(output_dir, objects, step, async_save=async_save, **kwargs)
@@ -155,6 +223,7 @@ class Checkpointing:
             The path or URL that was loaded.
         """
         result = self.manager.load(input_dir, self.training_objects(), **kwargs)
+        self._resumed = True
         # The manifest's step counts optimizer steps. Gradients are not saved, so accumulation
         # restarts at a boundary: a partial accumulation from before the save cannot be resumed.
         self.gradient_state.optimizer_steps = result.manifest.step
@@ -209,3 +278,23 @@ class Checkpointing:
             )
         if sharded:
             self.manager.state.wait_for_everyone()
+
+
+def _warn_at_caller(message: str, category: type[Warning]) -> None:
+    """Warn at the first frame outside accelkit: the user's ``backward()`` or
+    ``save_state()`` line, whichever entry point and wrappers led here."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+        ("accelkit.", "torch.")
+    ):
+        frame = frame.f_back
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module_globals.get("__name__", "<string>"),
+        module_globals.setdefault("__warningregistry__", {}),
+        module_globals,
+    )
