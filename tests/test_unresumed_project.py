@@ -103,7 +103,9 @@ def test_a_save_that_would_be_rotated_away_is_warned_at_save_state(tmp_path: Pat
     at its first save_state()."""
     _earlier_run(tmp_path, saves=3, total_limit=2)
     accelerator, _model, _ = _run(tmp_path, total_limit=2)
-    with pytest.warns(UnresumedProjectWarning, match="total_limit would rotate it away") as caught:
+    with pytest.warns(
+        UnresumedProjectWarning, match="total_limit deletes this run's checkpoints first"
+    ) as caught:
         accelerator.save_state()
     assert caught[0].filename == __file__
     assert "ProjectConfiguration(iteration=3)" in str(caught[0].message)

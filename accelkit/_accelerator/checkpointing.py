@@ -98,18 +98,26 @@ class Checkpointing:
         if iteration > max(earlier):
             return  # the user set iteration past them: a new series after the old one
         root = self.manager.checkpoints_root()
-        names = ", ".join(checkpoint_name(n) for n in sorted(earlier)[-3:])
-        more = len(earlier) - 3
-        shown = f"{names} and {more} more" if more > 0 else names
+        numbers = sorted(earlier)
+        shown = ", ".join(checkpoint_name(n) for n in numbers)
+        if len(numbers) > 3:
+            shown = f"{checkpoint_name(numbers[0])}, ..., {checkpoint_name(numbers[-1])}"
+        newest = checkpoint_name(numbers[-1])
+        if iteration in earlier:
+            consequence = "which exists already, so that save will fail"
+        elif self.project_configuration.total_limit is not None:
+            consequence = (
+                f"which is numbered below {newest}, so total_limit deletes this run's "
+                "checkpoints first, as the oldest"
+            )
+        else:
+            consequence = (
+                f"which is numbered below {newest}, the one load_state() would take as the newest"
+            )
         _warn_at_caller(
             f"{root} already holds {len(earlier)} checkpoint(s) ({shown}) and training starts "
             f"without loading one: this run's next automatic save is "
-            f"{checkpoint_name(iteration)}, which "
-            + (
-                "exists already, so the save will fail"
-                if iteration in earlier
-                else "is older by number, so total_limit would rotate it away"
-            )
+            f"{checkpoint_name(iteration)}, {consequence}"
             + ". To resume, call accelerator.load_state() after prepare() (it loads the newest "
             "and numbers the next save past it); to start afresh, give this run a new "
             "project_dir; to keep the old checkpoints and number on, pass "
