@@ -23,8 +23,10 @@ from typing import Any
 
 from accelkit._text import at_most
 from accelkit.checkpointing.catalog.listing import (
+    ACCELERATE,
     COMMITTED,
     CORRUPT,
+    FOREIGN,
     INCOMPLETE,
     NOT_OURS,
     CheckpointInfo,
@@ -48,6 +50,7 @@ from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli import ckpt_import
 from accelkit.cli._ckpt_common import (
     Fail,
+    accelerate_note,
     add_common,
     collect,
     command,
@@ -59,6 +62,7 @@ from accelkit.cli._ckpt_common import (
     say,
     say_json,
     usage,
+    with_accelerate_steps,
 )
 from accelkit.cli._table import format_age, format_runs, format_size, one_entry, render_table
 
@@ -245,8 +249,11 @@ def _run_ls(args: argparse.Namespace) -> int:
         if args.json:
             say_json([])
         raise nothing_found(args.path, root)
+    infos, unknown_steps = with_accelerate_steps(storage, infos)
     if args.json:
         say_json([_as_json(i) for i in infos])
+        for line in unknown_steps:  # stderr: the JSON stays whole
+            say(line, err=True)
         return 0
     now = time.time()
     rows = [
@@ -271,8 +278,13 @@ def _run_ls(args: argparse.Namespace) -> int:
                 f"{info.name}: corrupt: {info.error}. Run `accelkit ckpt verify {info.path}`.",
                 err=True,
             )
-        elif info.state in NOT_OURS:
+        elif info.state == FOREIGN:
             say(f"{info.name}: {info.error}.", err=True)
+    note = accelerate_note(
+        infos, "STEP is the optimizer steps read from their optimizer state (no code runs);"
+    )
+    for line in [*([note] if note else []), *unknown_steps]:
+        say(line, err=True)
     return 0
 
 
@@ -372,12 +384,17 @@ def _report_kept(infos: list[CheckpointInfo], retention: RetentionPlan[Checkpoin
                 "verify` and delete it by hand if unwanted.",
                 err=True,
             )
-        elif info.state in NOT_OURS:
+        elif info.state == FOREIGN:
             say(
                 f"Keeping {info.name}: {info.error}. accelkit deletes only what it wrote; "
                 "delete it by hand if unwanted.",
                 err=True,
             )
+    note = accelerate_note(
+        infos, "prune keeps them (accelkit deletes only what it wrote: delete by hand if unwanted);"
+    )
+    if note:
+        say(note, err=True)
     for info, why in retention.damaged:
         say(
             f"Keeping damaged {info.name} ({why}): its files do not match its manifest, so it "
@@ -526,6 +543,9 @@ def _run_verify(args: argparse.Namespace) -> int:
             if info.state == INCOMPLETE:
                 say(f"SKIP  {info.name}: incomplete (no {MANIFEST_NAME}); not a checkpoint")
                 continue
+            if info.state == ACCELERATE:
+                say(f"SKIP  {info.name}: accelerate (no accelkit manifest to verify against)")
+                continue
             if info.state in NOT_OURS:
                 say(f"SKIP  {info.name}: {info.error}")
                 continue
@@ -540,6 +560,9 @@ def _run_verify(args: argparse.Namespace) -> int:
             if extra:
                 # Not part of the checkpoint (never loaded), so not a failure; worth knowing.
                 say(f"      not in the manifest (ignored): {', '.join(at_most(extra, 20))}")
+    note = accelerate_note(infos, "verify has no manifest of theirs to check;")
+    if note:
+        say(note)
     if not todo:
         raise Fail(
             f"no committed checkpoint to verify under {root!r} (only incomplete ones or folders "
