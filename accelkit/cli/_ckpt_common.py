@@ -34,7 +34,6 @@ from accelkit.checkpointing.formats.layout import (
     MANIFEST_NAME,
     parse_checkpoint_name,
 )
-from accelkit.checkpointing.interop.accelerate_format import read_optimizer_steps
 from accelkit.checkpointing.storage import (
     Storage,
     WrappedStorage,
@@ -234,6 +233,9 @@ def with_accelerate_steps(
     """``infos`` with the STEP of each ``accelerate`` folder filled in: the optimizer steps
     read from its optimizer state (Accelerate records only its ``accumulate`` counter), and a
     line for each folder whose optimizer file was refused (its STEP stays unknown)."""
+    # Deferred: reading a pickle needs torch, which `accelkit --help` must not import.
+    from accelkit.checkpointing.interop.accelerate_format import read_optimizer_steps
+
     out, refused = [], []
     for info in infos:
         if info.state == ACCELERATE and info.step is None:
