@@ -1,6 +1,6 @@
 """The module maps people read stay true: ``accelkit/checkpointing/__init__.py``'s list of
-modules (its sub-packages' modules included) and the "Project layout" block of docs/layout.md name every
-module that exists, and only those.
+modules (its sub-packages' modules included) and the "Project layout" block of docs/layout.md
+name every module that exists, and only those.
 """
 
 from __future__ import annotations
@@ -68,4 +68,6 @@ def test_docs_project_layout_names_every_top_level_module() -> None:
     # a room's modules may be named too, where they exist
     anywhere = {p.stem for p in PACKAGE.rglob("*.py")} | {p.name for p in PACKAGE.rglob("*/")}
     stale = named - present - anywhere - top_level
-    assert not stale, f"docs/layout.md's Project layout names modules that do not exist: {sorted(stale)}"
+    assert not stale, (
+        f"docs/layout.md's Project layout names modules that do not exist: {sorted(stale)}"
+    )
