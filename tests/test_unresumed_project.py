@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit._accelerator.checkpointing import UnresumedProjectWarning
-from accelkit.checkpointing.errors import CheckpointPathError
+from accelkit.checkpointing.errors import CheckpointPathError, UnresumedProjectWarning
 from tests.helpers.distributed import run_distributed
 
 

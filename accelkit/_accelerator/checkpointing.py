@@ -20,6 +20,7 @@ import accelkit.checkpointing.formats.model_io as _ckpt_model_io
 import accelkit.checkpointing.manager as _ckpt_manager
 import accelkit.fsdp.runtime as _fsdp
 from accelkit.checkpointing.catalog.listing import loadable_automatic
+from accelkit.checkpointing.errors import UnresumedProjectWarning
 from accelkit.checkpointing.formats.layout import checkpoint_name
 from accelkit.errors import AccelkitError
 
@@ -28,14 +29,9 @@ if TYPE_CHECKING:
     from accelkit.checkpointing.config import ProjectConfiguration
     from accelkit.training.optim import GradientState
 
-__all__ = ["Checkpointing", "UnresumedProjectWarning"]
+__all__ = ["Checkpointing"]
 
 logger = logging.getLogger(__name__)
-
-
-class UnresumedProjectWarning(UserWarning):
-    """Training starts in a project that holds checkpoints, without loading one: the run's
-    automatic checkpoint names start again at ``checkpoint_0`` and collide with them."""
 
 
 class Checkpointing:
