@@ -98,9 +98,9 @@ class Accelerator:
             ``"raise"``.
         dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
             :mod:`accelkit.training.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
-        deepspeed_plugin, deepspeed_plugins, megatron_lm_plugin, torch_tp_plugin,
-            parallelism_config: accepted by name for compatibility and refused with
-            ``ValueError`` unless None (out of accelkit's scope).
+        deepspeed_plugin: accepted by name for compatibility and refused with ``ValueError``
+            unless None (out of accelkit's scope), as are ``deepspeed_plugins``,
+            ``megatron_lm_plugin``, ``torch_tp_plugin`` and ``parallelism_config``.
 
     Example:
         >>> accelerator = Accelerator()
@@ -214,6 +214,10 @@ class Accelerator:
         _preflight.check_run(
             self.project_configuration, bool(self._trackers.requested_names), self.state
         )
+        # Checkpoints of an earlier run that training would collide with: warned about at the
+        # first backward() (or save_state()) unless load_state() ran first.
+        self._checkpointing.look_for_earlier_checkpoints()
+        self._training.on_first_backward = self._checkpointing.before_training
 
     # Who this process is (AcceleratorState), process control, collectives (accelkit.runtime.ops).
 

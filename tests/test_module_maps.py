@@ -1,6 +1,6 @@
 """The module maps people read stay true: ``accelkit/checkpointing/__init__.py``'s list of
-modules (its sub-packages' modules included) and the README's "Project layout" block name every
-module that exists, and only those.
+modules (its sub-packages' modules included) and the "Project layout" block of docs/layout.md
+name every module that exists, and only those.
 """
 
 from __future__ import annotations
@@ -51,20 +51,23 @@ def test_checkpointing_docstring_lists_every_module() -> None:
 
 
 def _layout_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Project layout", 1)[1]
+    """The layout drawn in ``docs/layout.md`` (the README's Project layout moved there)."""
+    page = (ROOT / "docs" / "layout.md").read_text()
+    section = page.split("# Project layout", 1)[1]
     return section.split("```", 2)[1]
 
 
-def test_readme_project_layout_names_every_top_level_module() -> None:
+def test_docs_project_layout_names_every_top_level_module() -> None:
     block = _layout_block()
     named = set(re.findall(r"\b(_?[a-z][a-z0-9_]*)(?:\.py\b|/)", block))
     present = {name.rstrip("/") for name in _public_modules(PACKAGE)}
     # checkpointing's layers are named in the block too (their modules: the docstring above)
     present |= {name.rstrip("/") for name in _public_modules(CHECKPOINTING) if name.endswith("/")}
     top_level = {"accelkit", "examples", "tests", "benchmarks"}
-    assert present <= named, f"README's Project layout misses {sorted(present - named)}"
+    assert present <= named, f"docs/layout.md's Project layout misses {sorted(present - named)}"
     # a room's modules may be named too, where they exist
     anywhere = {p.stem for p in PACKAGE.rglob("*.py")} | {p.name for p in PACKAGE.rglob("*/")}
     stale = named - present - anywhere - top_level
-    assert not stale, f"README's Project layout names modules that do not exist: {sorted(stale)}"
+    assert not stale, (
+        f"docs/layout.md's Project layout names modules that do not exist: {sorted(stale)}"
+    )

@@ -22,3 +22,14 @@ def test_readme_main_job_points_at_an_existing_example() -> None:
     main_job = next(b for b in _bash_blocks() if "accelkit launch" in b)
     script = re.search(r"(examples/\S+\.py)", main_job)
     assert script is not None and (ROOT / script.group(1)).is_file()
+
+
+def test_readme_is_a_first_visit_with_links_that_resolve() -> None:
+    """The README stays short (the guides hold the reference) and its relative links name
+    files of the repository (the site's strict build checks the pages' own links)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 300
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
+    assert "docs/getting-started.md" in links
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert not missing, missing

@@ -8,6 +8,9 @@ storage) and reads only the objects ``prepare`` registered in the
 
 from __future__ import annotations
 
+import logging
+import sys
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +19,10 @@ import torch
 import accelkit.checkpointing.formats.model_io as _ckpt_model_io
 import accelkit.checkpointing.manager as _ckpt_manager
 import accelkit.fsdp.runtime as _fsdp
+from accelkit.checkpointing.catalog.listing import loadable_automatic
+from accelkit.checkpointing.errors import UnresumedProjectWarning
+from accelkit.checkpointing.formats.layout import checkpoint_name
+from accelkit.errors import AccelkitError
 
 if TYPE_CHECKING:
     from accelkit._accelerator.prepared_objects import PreparedObjects
@@ -23,6 +30,8 @@ if TYPE_CHECKING:
     from accelkit.training.optim import GradientState
 
 __all__ = ["Checkpointing"]
+
+logger = logging.getLogger(__name__)
 
 
 #: ``torch.nn.Module.load_state_dict``'s keyword arguments, which ``load_state`` forwards.
@@ -54,6 +63,67 @@ class Checkpointing:
         self.gradient_state = gradient_state
         self.project_configuration = project_configuration
         self.unwrap_model = unwrap_model
+        # The iterations of the loadable checkpoint_<n> found when the run started (main
+        # process, automatic naming), until training starts or a load makes them moot.
+        self._earlier: list[int] = []
+        self._resumed = False
+
+    def look_for_earlier_checkpoints(self) -> None:
+        """Note, on the main process, the project's loadable ``checkpoint_<n>`` (committed or
+        Accelerate's) when automatic naming is on: :meth:`before_training` warns about them if
+        training starts without a load. Called when the ``Accelerator`` is built."""
+        config = self.project_configuration
+        if not (config.automatic_checkpoint_naming and config.project_dir):
+            return
+        if not self.manager.state.is_main_process:
+            return
+        try:
+            infos = loadable_automatic(self.manager.list_checkpoints())
+        except (OSError, AccelkitError) as error:  # save_state and load_state report it
+            logger.debug("Not looking for earlier checkpoints: %s", error)
+            return
+        self._earlier = [i.iteration for i in infos if i.iteration is not None]
+
+    def before_training(self) -> None:
+        """Warn once, on the main process, when training starts (the first ``backward()``,
+        or a ``save_state()`` before any) in a project whose loadable checkpoints would meet
+        this run's automatic names, and nothing loaded one: ``iteration`` is still at or below
+        theirs, so the first save collides with one of them (``checkpoint_0 already exists``)
+        or, older by number, is rotated away by ``total_limit`` at once.
+        """
+        earlier, self._earlier = self._earlier, []
+        if not earlier or self._resumed:
+            return
+        iteration = self.manager.counter.value
+        if iteration > max(earlier):
+            return  # the user set iteration past them: a new series after the old one
+        root = self.manager.checkpoints_root()
+        numbers = sorted(earlier)
+        shown = ", ".join(checkpoint_name(n) for n in numbers)
+        if len(numbers) > 3:
+            shown = f"{checkpoint_name(numbers[0])}, ..., {checkpoint_name(numbers[-1])}"
+        newest = checkpoint_name(numbers[-1])
+        if iteration in earlier:
+            consequence = "which exists already, so that save will fail"
+        elif self.project_configuration.total_limit is not None:
+            consequence = (
+                f"which is numbered below {newest}, so total_limit deletes this run's "
+                "checkpoints first, as the oldest"
+            )
+        else:
+            consequence = (
+                f"which is numbered below {newest}, the one load_state() would take as the newest"
+            )
+        _warn_at_caller(
+            f"{root} already holds {len(earlier)} checkpoint(s) ({shown}) and training starts "
+            f"without loading one: this run's next automatic save is "
+            f"{checkpoint_name(iteration)}, {consequence}"
+            + ". To resume, call accelerator.load_state() after prepare() (it loads the newest "
+            "and numbers the next save past it); to start afresh, give this run a new "
+            "project_dir; to keep the old checkpoints and number on, pass "
+            f"ProjectConfiguration(iteration={max(earlier) + 1}).",
+            UnresumedProjectWarning,
+        )
 
     @property
     def project_dir(self) -> str | None:
@@ -129,6 +199,8 @@ class Checkpointing:
         Returns:
             The checkpoint's path or URL; with ``async_save``, the handle of the save.
         """
+        if self._earlier:
+            self.before_training()
         step = self.gradient_state.optimizer_steps
         objects = self.training_objects()
         return self.manager.save(output_dir, objects, step, async_save=async_save, **kwargs)
@@ -175,6 +247,7 @@ class Checkpointing:
         objects = self.training_objects()
         objects.model_load_kwargs = kwargs
         result = self.manager.load(input_dir, objects, verify=verify)
+        self._resumed = True
         # The manifest's step counts optimizer steps. Gradients are not saved, so accumulation
         # restarts at a boundary: a partial accumulation from before the save cannot be resumed.
         self.gradient_state.optimizer_steps = result.manifest.step
@@ -229,3 +302,23 @@ class Checkpointing:
             )
         if sharded:
             self.manager.state.wait_for_everyone()
+
+
+def _warn_at_caller(message: str, category: type[Warning]) -> None:
+    """Warn at the first frame outside accelkit: the user's ``backward()`` or
+    ``save_state()`` line, whichever entry point and wrappers led here."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
+        ("accelkit.", "torch.")
+    ):
+        frame = frame.f_back
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module_globals.get("__name__", "<string>"),
+        module_globals.setdefault("__warningregistry__", {}),
+        module_globals,
+    )

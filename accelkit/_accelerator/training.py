@@ -9,7 +9,7 @@ What each prepared kind becomes is documented in :mod:`accelkit.training.loop`,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -71,6 +71,9 @@ class Training:
         self.fsdp = fsdp
         ddp = _kwargs.DistributedDataParallelKwargs
         self.ddp_kwargs = _kwargs.collect(kwargs_handlers, ddp)
+        # Called once, at the first backward(): training starts there (the facade checks
+        # that a resumable project is resumed, before the first optimizer step).
+        self.on_first_backward: Callable[[], None] | None = None
         self.ddp_handler: _kwargs.DistributedDataParallelKwargs | None = _kwargs.find(
             kwargs_handlers, ddp
         )
@@ -183,6 +186,9 @@ class Training:
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()``, divided by the accumulation steps and scaled in fp16."""
+        if self.on_first_backward is not None:
+            hook, self.on_first_backward = self.on_first_backward, None
+            hook()
         steps = self.gradient_state.num_steps
         if steps > 1:
             loss = loss / steps

@@ -15,6 +15,7 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointPathError",
     "CorruptCheckpointError",
+    "UnresumedProjectWarning",
 ]
 
 
@@ -46,3 +47,12 @@ class CheckpointPathError(CheckpointError, ValueError):
     """The path given names no checkpoint that can be used as asked: nothing there, a file, a
     project folder, a save that never finished, a folder a new save may not take, folders that
     differ between processes. A ``ValueError``, as Accelerate raises for such a path."""
+
+
+class UnresumedProjectWarning(UserWarning):
+    """Training starts in a project that already holds checkpoints and nothing loaded one:
+    the run's automatic names start again at ``checkpoint_0``, so its first save collides with
+    an old checkpoint, or its checkpoints are the first that ``total_limit`` deletes. Warned
+    once, on the main process, at the first ``backward()`` (or ``save_state()``); the message
+    names the folder and the fixes (``load_state()``, a new ``project_dir``, or
+    ``ProjectConfiguration(iteration=...)``)."""

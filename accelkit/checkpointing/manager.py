@@ -281,6 +281,7 @@ class CheckpointManager:
             max_shard_size=max_shard_size,
             experiment=listener.checkpoint_record() if listener else {},
             sharded=any(is_sharded(unwrap_model(m)) for m in objects.models),
+            total_limit=self.config.total_limit,
         )
         if async_save:
             coordinator: Coordinator = self.background.coordinator(self.state)

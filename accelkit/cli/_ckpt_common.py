@@ -12,6 +12,7 @@ terminal.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -20,7 +21,14 @@ from typing import Any
 from typing_extensions import override
 
 from accelkit._text import escape
-from accelkit.checkpointing.catalog.listing import CheckpointInfo, inspect_folder, list_checkpoints
+from accelkit.checkpointing.catalog.listing import (
+    ACCELERATE,
+    CheckpointInfo,
+    holds_accelerate_files,
+    inspect_folder,
+    list_checkpoints,
+)
+from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.layout import (
     CHECKPOINTS_DIRNAME,
     MANIFEST_NAME,
@@ -36,6 +44,7 @@ from accelkit.checkpointing.storage import (
 
 __all__ = [
     "Fail",
+    "accelerate_note",
     "add_common",
     "collect",
     "command",
@@ -47,6 +56,7 @@ __all__ = [
     "say",
     "say_json",
     "usage",
+    "with_accelerate_steps",
 ]
 
 
@@ -210,7 +220,45 @@ def is_single_checkpoint(storage: Storage, path: str) -> bool:
     name = path.rstrip("/").rsplit("/", 1)[-1]
     if storage.isdir(join(path, CHECKPOINTS_DIRNAME)):
         return False
-    return parse_checkpoint_name(name) is not None or storage.exists(join(path, MANIFEST_NAME))
+    return (
+        parse_checkpoint_name(name) is not None
+        or storage.exists(join(path, MANIFEST_NAME))
+        or holds_accelerate_files(storage, path)
+    )
+
+
+def with_accelerate_steps(
+    storage: Storage, infos: list[CheckpointInfo]
+) -> tuple[list[CheckpointInfo], list[str]]:
+    """``infos`` with the STEP of each ``accelerate`` folder filled in: the optimizer steps
+    read from its optimizer state (Accelerate records only its ``accumulate`` counter), and a
+    line for each folder whose optimizer file was refused (its STEP stays unknown)."""
+    # Deferred: reading a pickle needs torch, which `accelkit --help` must not import.
+    from accelkit.checkpointing.interop.accelerate_format import read_optimizer_steps
+
+    out, refused = [], []
+    for info in infos:
+        if info.state == ACCELERATE and info.step is None:
+            try:
+                info = dataclasses.replace(info, step=read_optimizer_steps(storage, info.path))
+            except (CorruptCheckpointError, OSError) as error:
+                refused.append(f"{info.name}: STEP unknown: {error}")
+        out.append(info)
+    return out, refused
+
+
+def accelerate_note(infos: list[CheckpointInfo], what: str) -> str | None:
+    """The one line that explains every ``accelerate`` folder of a command's output (not one
+    per folder); ``what`` says what the command does with them."""
+    names = [i.name for i in infos if i.state == ACCELERATE]
+    if not names:
+        return None
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (
+        f"accelerate: {len(names)} folder(s) written by Hugging Face accelerate's save_state "
+        f"({escape(shown)}); {what} load_state() reads them as they are and `accelkit ckpt "
+        "import` converts one to an accelkit checkpoint."
+    )
 
 
 class _CountingStorage(WrappedStorage):

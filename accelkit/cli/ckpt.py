@@ -23,12 +23,15 @@ from typing import Any
 
 from accelkit._text import at_most
 from accelkit.checkpointing.catalog.listing import (
+    ACCELERATE,
     COMMITTED,
     CORRUPT,
+    FOREIGN,
     INCOMPLETE,
     NOT_OURS,
     CheckpointInfo,
     committed_automatic,
+    latest_checkpoint,
 )
 from accelkit.checkpointing.catalog.retention import (
     KeepBest,
@@ -41,13 +44,14 @@ from accelkit.checkpointing.catalog.retention import (
 )
 from accelkit.checkpointing.commit.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.formats.layout import MANIFEST_NAME
+from accelkit.checkpointing.formats.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME
 from accelkit.checkpointing.formats.manifest import malformed, verify_files
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli import ckpt_import
 from accelkit.cli._ckpt_common import (
     Fail,
+    accelerate_note,
     add_common,
     collect,
     command,
@@ -59,6 +63,7 @@ from accelkit.cli._ckpt_common import (
     say,
     say_json,
     usage,
+    with_accelerate_steps,
 )
 from accelkit.cli._table import format_age, format_runs, format_size, one_entry, render_table
 
@@ -175,6 +180,9 @@ def register(subparsers: Any) -> None:
         formatter_class=fmt,
     )
     add_common(verify, "one checkpoint, a checkpoints folder or a project dir")
+    verify.add_argument(
+        "--json", action="store_true", help="print the verdicts as JSON (same exit codes)"
+    )
     verify.set_defaults(func=command("verify", _run_verify))
 
     inspect = actions.add_parser(
@@ -183,7 +191,8 @@ def register(subparsers: Any) -> None:
         description=_wrap(
             "List the tensors of a checkpoint, a save_model folder, a "
             "model.safetensors.index.json or one .safetensors file, read from the safetensors "
-            "headers (no tensor data is loaded). Exits 1 if there is no safetensors file or a "
+            "headers (no tensor data is loaded). A project dir or checkpoints folder stands "
+            "for its newest committed checkpoint. Exits 1 if there is no safetensors file or a "
             "header is damaged."
         ),
         epilog=_EPILOG,
@@ -245,8 +254,11 @@ def _run_ls(args: argparse.Namespace) -> int:
         if args.json:
             say_json([])
         raise nothing_found(args.path, root)
+    infos, unknown_steps = with_accelerate_steps(storage, infos)
     if args.json:
         say_json([_as_json(i) for i in infos])
+        for line in unknown_steps:  # stderr: the JSON stays whole
+            say(line, err=True)
         return 0
     now = time.time()
     rows = [
@@ -271,8 +283,13 @@ def _run_ls(args: argparse.Namespace) -> int:
                 f"{info.name}: corrupt: {info.error}. Run `accelkit ckpt verify {info.path}`.",
                 err=True,
             )
-        elif info.state in NOT_OURS:
+        elif info.state == FOREIGN:
             say(f"{info.name}: {info.error}.", err=True)
+    note = accelerate_note(
+        infos, "STEP is the optimizer steps read from their optimizer state (no code runs);"
+    )
+    for line in [*([note] if note else []), *unknown_steps]:
+        say(line, err=True)
     return 0
 
 
@@ -372,12 +389,17 @@ def _report_kept(infos: list[CheckpointInfo], retention: RetentionPlan[Checkpoin
                 "verify` and delete it by hand if unwanted.",
                 err=True,
             )
-        elif info.state in NOT_OURS:
+        elif info.state == FOREIGN:
             say(
                 f"Keeping {info.name}: {info.error}. accelkit deletes only what it wrote; "
                 "delete it by hand if unwanted.",
                 err=True,
             )
+    note = accelerate_note(
+        infos, "prune keeps them (accelkit deletes only what it wrote: delete by hand if unwanted);"
+    )
+    if note:
+        say(note, err=True)
     for info, why in retention.damaged:
         say(
             f"Keeping damaged {info.name} ({why}): its files do not match its manifest, so it "
@@ -520,33 +542,35 @@ def _run_verify(args: argparse.Namespace) -> int:
         raise Fail(f"{infos[0].path!r} is {infos[0].error}; there is nothing to verify.", 1)
     todo = [i for i in infos if i.state in (COMMITTED, CORRUPT)]
     total = sum(i.manifest.total_size for i in todo if i.manifest is not None)
-    bad = 0
+    results = []
     with progress(total, "B", "verifying") as bar:
         for info in infos:
-            if info.state == INCOMPLETE:
-                say(f"SKIP  {info.name}: incomplete (no {MANIFEST_NAME}); not a checkpoint")
-                continue
-            if info.state in NOT_OURS:
-                say(f"SKIP  {info.name}: {info.error}")
-                continue
-            problems, extra = _verify_one(storage, info, bar)
-            if problems:
-                bad += 1
-                # Every problem counts, but a crafted manifest can list a million: 50 lines.
-                say(f"FAIL  {info.name}", *(f"      {line}" for line in at_most(problems, 50)))
-            else:
-                n = len(info.manifest.files) if info.manifest is not None else 0
-                say(f"OK    {info.name}: {n} files, {format_size(info.size_bytes)}")
-            if extra:
-                # Not part of the checkpoint (never loaded), so not a failure; worth knowing.
-                say(f"      not in the manifest (ignored): {', '.join(at_most(extra, 20))}")
+            results.append(_verify_result(storage, info, bar))
+    bad = sum(r["result"] == "fail" for r in results)
+    note = accelerate_note(infos, "verify has no manifest of theirs to check;")
+    if args.json:
+        say_json(
+            {
+                "root": root,
+                "checked": len(todo),
+                "intact": len(todo) - bad,
+                "failed": bad,
+                "checkpoints": results,
+            }
+        )
+    else:
+        for r in results:
+            _say_result(r)
+        if note:
+            say(note)
     if not todo:
         raise Fail(
             f"no committed checkpoint to verify under {root!r} (only incomplete ones or folders "
             "accelkit did not write).",
             1,
         )
-    say(f"{len(todo) - bad} of {len(todo)} checkpoint(s) intact.")
+    if not args.json:
+        say(f"{len(todo) - bad} of {len(todo)} checkpoint(s) intact.")
     if bad:
         say(
             f"accelkit ckpt verify: {bad} checkpoint(s) under {root!r} failed: they cannot be "
@@ -555,6 +579,48 @@ def _run_verify(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _verify_result(storage: Storage, info: CheckpointInfo, bar: Any) -> dict[str, Any]:
+    """One checkpoint's verdict, as ``--json`` prints it: ``result`` is ``ok``, ``fail`` or
+    ``skip``; ``files`` counts what was checked (the manifest's files and the manifest, as
+    ``ls`` counts FILES), ``problems`` the failures, ``not_in_manifest`` files ignored."""
+    out: dict[str, Any] = {"name": info.name, "path": info.path, "state": info.state}
+    if info.state == INCOMPLETE:
+        return {**out, "result": "skip", "reason": f"incomplete (no {MANIFEST_NAME})"}
+    if info.state == ACCELERATE:
+        return {**out, "result": "skip", "reason": "accelerate (no accelkit manifest)"}
+    if info.state in NOT_OURS:
+        return {**out, "result": "skip", "reason": info.error}
+    problems, extra = _verify_one(storage, info, bar)
+    checked = len(info.manifest.files) + 1 if info.manifest is not None else 0
+    return {
+        **out,
+        "result": "fail" if problems else "ok",
+        "files": checked,
+        "size_bytes": info.size_bytes,
+        # Every problem counts, but a crafted manifest can list a million: 50 of them.
+        "problems": at_most(problems, 50),
+        "not_in_manifest": at_most(extra, 20),
+    }
+
+
+def _say_result(r: dict[str, Any]) -> None:
+    if r["result"] == "skip":
+        reason = r["reason"]
+        if r["state"] == INCOMPLETE:
+            reason += "; not a checkpoint"
+        elif r["state"] == ACCELERATE:
+            reason = "accelerate (no accelkit manifest to verify against)"
+        say(f"SKIP  {r['name']}: {reason}")
+        return
+    if r["result"] == "fail":
+        say(f"FAIL  {r['name']}", *(f"      {line}" for line in r["problems"]))
+    else:
+        say(f"OK    {r['name']}: {r['files']} files, {format_size(r['size_bytes'])}")
+    if r["not_in_manifest"]:
+        # Not part of the checkpoint (never loaded), so not a failure; worth knowing.
+        say(f"      not in the manifest (ignored): {', '.join(r['not_in_manifest'])}")
 
 
 # --------------------------------------------------------------------------- inspect
@@ -581,12 +647,28 @@ def _state_names(
         return {}
 
 
+def _newest_if_project(storage: Storage, path: str) -> str:
+    """A project dir or checkpoints folder stands for its newest committed checkpoint (the
+    one ``load_state()`` takes), said on stderr; anything else is inspected as given. Listing
+    every checkpoint's files together mixed their tensors, an incomplete save's first."""
+    if not storage.isdir(path) or storage.exists(join(path, MANIFEST_NAME)):
+        return path
+    root = join(path, CHECKPOINTS_DIRNAME)
+    if not storage.isdir(root):
+        root = path
+    newest = latest_checkpoint(storage, root)
+    if newest is None:
+        return path
+    say(f"inspecting {newest.path}, the newest committed checkpoint under {path}", err=True)
+    return newest.path
+
+
 def _run_inspect(args: argparse.Namespace) -> int:
     from accelkit.checkpointing.catalog.inspect import read_safetensors_header, safetensors_files
     from accelkit.checkpointing.formats.dcp_metadata import has_sharded_state, sharded_tensor_infos
 
     storage = open_storage(args)
-    path = args.path.rstrip("/") or args.path
+    path = _newest_if_project(storage, args.path.rstrip("/") or args.path)
     # Never follow a link inside what is inspected: a folder, or a file's own folder.
     folder = path if storage.isdir(path) else (path.rpartition("/")[0] or ".")
     try:

@@ -248,6 +248,9 @@ def test_full_disk_fails_naming_the_path_and_commits_nothing(
     message = str(info.value)
     assert "checkpoint_1" in message and "No space left" in message, message
     assert "not committed" in message, message
+    # It says what a full disk means for a save (total_limit=2 here), and the fix.
+    assert "room for total_limit + 1 = 3 checkpoints" in message, message
+    assert "lower total_limit" in message, message
     states = _states(project, {})
     assert states.get("checkpoint_0") == "committed", states
     assert "checkpoint_1" not in states or states["checkpoint_1"] == "incomplete", states
@@ -263,6 +266,7 @@ def test_full_disk_fails_naming_the_path_and_commits_nothing(
         accelerator.save_state()
     second = str(info2.value)
     assert "checkpoint_2" in second and "No space left" in second, second
+    assert "total_limit + 1 = 3" in second, second
     manifest_failed = "Committing" in second
     states = _states(project, {})
     assert "corrupt" not in states.values(), states

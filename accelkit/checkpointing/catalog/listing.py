@@ -9,7 +9,9 @@ marker, but the files of a Hugging Face accelerate checkpoint) and ``foreign`` (
 marker: a folder accelkit did not write). Checksums are not read here (see
 :func:`~accelkit.checkpointing.formats.manifest.verify_files`). A folder that is neither named
 ``checkpoint_<n>`` nor holds a manifest (for example ``checkpoints/best`` made by the user) is
-not a checkpoint and is never listed. Every folder is read through
+not a checkpoint and is never listed, unless it holds Hugging Face accelerate's files (its
+examples name their folders ``step_<n>`` and ``epoch_<n>``): those are listed as
+``accelerate``. Every folder is read through
 :func:`~accelkit.checkpointing.storage.confined.confine`: no link inside it is followed.
 
 Public API:
@@ -35,6 +37,7 @@ Public API:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -64,6 +67,7 @@ __all__ = [
     "INCOMPLETE",
     "CheckpointInfo",
     "committed_automatic",
+    "holds_accelerate_files",
     "inspect_folder",
     "latest_checkpoint",
     "list_checkpoints",
@@ -189,14 +193,33 @@ def unmanifested_state(names: Iterable[str]) -> str:
     return ACCELERATE if looks_like_accelerate(names) else FOREIGN
 
 
-def _sort_key(info: CheckpointInfo) -> tuple[int, float, str]:
-    return (-1 if info.iteration is None else info.iteration, info.created, info.name)
+def _sort_key(info: CheckpointInfo) -> tuple[int, float, int, str]:
+    # Folders without an iteration (Accelerate's step_50, step_100) by the number in their name.
+    number = re.search(r"(\d+)$", info.name)
+    return (
+        -1 if info.iteration is None else info.iteration,
+        info.created,
+        int(number.group(1)[:18]) if number else -1,
+        info.name,
+    )
+
+
+def holds_accelerate_files(storage: Storage, path: str) -> bool:
+    """Whether the folder ``path`` holds files of a Hugging Face accelerate ``save_state``
+    directly (Accelerate's own examples name them ``step_<n>`` and ``epoch_<n>``; any name
+    counts). One listing of the folder; an unreadable one does not."""
+    try:
+        entries = storage.listdir(path)
+    except OSError:
+        return False
+    return looks_like_accelerate(e.name for e in entries if not e.is_dir and not e.is_symlink)
 
 
 def list_checkpoints(storage: Storage, root: str) -> list[CheckpointInfo]:
     """Every checkpoint directly under ``root``, oldest first.
 
-    Lists ``checkpoint_<n>`` folders in any state and other folders that hold a manifest;
+    Lists ``checkpoint_<n>`` folders in any state, other folders that hold a manifest, and
+    folders of any name that hold Hugging Face accelerate's files (``step_<n>``, ``epoch_<n>``);
     anything else (``best/``, ``logs/``, loose files) is ignored.
     """
     try:
@@ -208,8 +231,10 @@ def list_checkpoints(storage: Storage, root: str) -> list[CheckpointInfo]:
         if not entry.is_dir or entry.is_symlink:
             continue
         path = join(root, entry.name)
-        if parse_checkpoint_name(entry.name) is None and not storage.exists(
-            join(path, MANIFEST_NAME)
+        if (
+            parse_checkpoint_name(entry.name) is None
+            and not storage.exists(join(path, MANIFEST_NAME))
+            and not holds_accelerate_files(storage, path)
         ):
             continue
         infos.append(inspect_folder(storage, path, entry.name))

@@ -57,6 +57,7 @@ Public API: :class:`Coordinator`, :class:`DefaultCoordinator`, :class:`GroupCoor
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -200,6 +201,7 @@ class SaveRequest:
         experiment: the tracker runs the checkpoint belongs to (the manifest's
             ``experiment``).
         sharded: whether sharded (FSDP) state is written (it needs one folder shared by all).
+        total_limit: how many checkpoints retention keeps (for a full disk's message).
     """
 
     target: str
@@ -211,6 +213,7 @@ class SaveRequest:
     max_shard_size: int | str = "10GB"
     experiment: Mapping[str, Any] = field(default_factory=dict)
     sharded: bool = False
+    total_limit: int | None = None
 
 
 def _save_marker() -> bytes:
@@ -220,6 +223,33 @@ def _save_marker() -> bytes:
 
 def _detail(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
+
+
+def _out_of_space(error: BaseException | None) -> bool:
+    """Whether ``error`` (or an error it was raised from) is a full disk or quota."""
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
+def _space_hint(total_limit: int | None) -> str:
+    """What a full disk means for a save: the new checkpoint is written, and committed, before
+    retention removes the oldest, so the storage needs room for one checkpoint more than are
+    kept."""
+    if total_limit is None:
+        room = "one more checkpoint beside all those kept (total_limit is not set: none is removed)"
+    else:
+        room = (
+            f"total_limit + 1 = {total_limit + 1} checkpoints (the new one is written and "
+            "committed before retention removes the oldest)"
+        )
+    return (
+        f" The storage is full: a save needs room for {room}. Free space, lower total_limit, "
+        "or save elsewhere."
+    )
 
 
 _MARKER_READ_LIMIT = 1 << 16  # a save marker is ~150 bytes; a bigger one is not ours
@@ -334,8 +364,13 @@ class SaveSequence:
         (it already names the folder and the fix); any other failure of this process is
         wrapped, and the others name the first failing process.
         """
-        detail = None if error is None else _detail(error)
+        detail = None if error is None else self._describe(error)
         return self._check(phase, error, self._exchange(phase, (detail, item)))
+
+    def _describe(self, error: BaseException) -> str:
+        """``Type: message``, with what a full disk means for a save where it is one."""
+        hint = _space_hint(self.request.total_limit) if _out_of_space(error) else ""
+        return _detail(error) + hint
 
     def _check(self, phase: str, error: BaseException | None, gathered: list[Any]) -> list[Any]:
         """Raise the failure of this process or of another one in ``gathered`` (see
@@ -343,7 +378,7 @@ class SaveSequence:
         if error is not None:
             if phase == PREPARE and isinstance(error, CheckpointError):
                 raise error
-            raise self._failed(self.coordinator.rank, phase, _detail(error)) from error
+            raise self._failed(self.coordinator.rank, phase, self._describe(error)) from error
         for rank, (failure, _) in enumerate(gathered):
             if failure is not None:
                 raise self._failed(rank, phase, failure)

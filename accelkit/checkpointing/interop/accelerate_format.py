@@ -45,12 +45,17 @@ Public API:
 - :class:`AccelerateReader` -- what ``load_state`` does with such a folder: the reader the
   checkpoint manager plugs into the load sequence
   (:class:`~accelkit.checkpointing.restore.sequence.LoadSequence`); its manifest is a stand-in
-  (no files; ``step`` is Accelerate's).
+  (no files; ``step`` is the optimizer steps read from the optimizer state, else
+  Accelerate's own counter).
+- :func:`optimizer_steps(states) <optimizer_steps>` and :func:`read_optimizer_steps(storage,
+  folder) <read_optimizer_steps>` -- the optimizer steps an Accelerate checkpoint was saved at
+  (Accelerate records only its ``accumulate`` counter), for ``load_state`` and ``ckpt ls``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -90,6 +95,7 @@ from accelkit.checkpointing.objects.contents import (
 from accelkit.checkpointing.objects.rng import check_rng_state
 from accelkit.checkpointing.restore.sequence import LoadSource
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.confined import confine
 from accelkit.checkpointing.storage.verified import open_checkpoint_file
 
 __all__ = [
@@ -97,7 +103,9 @@ __all__ = [
     "AccelerateCheckpoint",
     "AccelerateReader",
     "load_pickle",
+    "optimizer_steps",
     "read_accelerate",
+    "read_optimizer_steps",
 ]
 
 logger = logging.getLogger(__name__)
@@ -447,7 +455,10 @@ class AccelerateCheckpoint:
         scaler: the grad scaler's state, if saved.
         rng: accelkit random states by rank (only the ranks asked for).
         world_size: number of ``random_states_<rank>.pkl`` files (processes that saved it).
-        step: Accelerate's ``step`` (micro-steps counted by ``accumulate``).
+        step: Accelerate's ``step`` (micro-steps counted by ``accumulate``; 0 without it).
+        optimizer_steps: the optimizer steps taken, from the optimizers' states (what
+            accelkit's ``step`` means), or ``None`` where no state records one (SGD without
+            momentum, no optimizer saved).
         files: what was read, by relative name (for messages and the import's metadata).
     """
 
@@ -461,7 +472,14 @@ class AccelerateCheckpoint:
     rng: dict[int, dict[str, Any]] = field(default_factory=dict)
     world_size: int = 0
     step: int = 0
+    optimizer_steps: int | None = None
     files: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        """The checkpoint's step as accelkit counts it: optimizer steps where the optimizer
+        state records them, else Accelerate's own counter."""
+        return self.step if self.optimizer_steps is None else self.optimizer_steps
 
 
 def _indexed(names: Iterable[str], kind: str) -> dict[int, str]:
@@ -552,14 +570,52 @@ def read_accelerate(
             out.rng[rank], step = rng_from_accelerate(load_pickle(storage, url), url)
             steps.add(step)
     out.step = max(steps) if steps else 0
+    out.optimizer_steps = optimizer_steps(out.optimizers)
     return out
+
+
+def optimizer_steps(states: Iterable[Any]) -> int | None:
+    """The optimizer steps recorded in optimizer ``state_dict()``\\ s: the largest per-parameter
+    ``step`` (Adam, AdamW, RMSprop... keep one; a tensor or a number), or ``None`` if no state
+    has one. Accelerate's own ``step`` counts ``accumulate`` calls, not optimizer steps."""
+    found: list[int] = []
+    for state in states:
+        per_param = state.get("state") if isinstance(state, dict) else None
+        if not isinstance(per_param, dict):
+            continue
+        for entry in per_param.values():
+            step = entry.get("step") if isinstance(entry, dict) else None
+            if isinstance(step, torch.Tensor) and step.numel() == 1:
+                step = step.item()
+            if isinstance(step, bool) or not isinstance(step, (int, float)):
+                continue
+            if math.isfinite(step) and step >= 0:
+                found.append(int(step))
+    return max(found) if found else None
+
+
+def read_optimizer_steps(storage: Storage, folder: str) -> int | None:
+    """The optimizer steps of the Accelerate checkpoint ``folder``, read from its
+    ``optimizer*.bin`` files alone (through :func:`load_pickle`: no code runs, memory stays
+    within a small multiple of the file's size); ``None`` if no optimizer state records one.
+
+    Raises:
+        CorruptCheckpointError: an optimizer file refused by :func:`load_pickle`, naming it.
+    """
+    storage = confine(storage, folder)
+    names = [n for n in storage.walk_files(folder) if "/" not in n]
+    states = []
+    for name in _indexed(names, "optimizer").values():
+        url = join(folder, name)
+        states.append(_state_dict(load_pickle(storage, url), url, "optimizer"))
+    return optimizer_steps(states)
 
 
 def stand_in_manifest(folder: str, checkpoint: AccelerateCheckpoint) -> Manifest:
     """A manifest describing an Accelerate folder for ``load_state``'s caller (no files)."""
     return Manifest(
         iteration=parse_checkpoint_name(folder),
-        step=checkpoint.step,
+        step=checkpoint.steps,
         world_size=checkpoint.world_size,
         files=[],
         created=0.0,
@@ -723,13 +779,16 @@ class AccelerateReader:
         source, checkpoint = self.source, self._checkpoint
         apply_contents(self._loaded, self._objects)
         if source.is_main:
-            logger.info(
+            # WARNING, so that it shows without any logging set up (Python prints warnings of
+            # an unconfigured logger to stderr): a run resumed from another tool's files
+            # should say so where the user looks.
+            logger.warning(
                 "Loaded %s, a checkpoint written by Hugging Face accelerate (%d process(es), "
-                "step %d); its pickles were read with an allow-list. `accelkit ckpt import` "
-                "converts it.",
+                "optimizer step %d); its pickles were read with an allow-list. `accelkit ckpt "
+                "import` converts it to an accelkit checkpoint.",
                 source.path,
                 checkpoint.world_size,
-                checkpoint.step,
+                checkpoint.steps,
             )
             if checkpoint.world_size != source.world_size:
                 logger.warning(

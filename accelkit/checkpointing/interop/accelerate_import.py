@@ -260,10 +260,14 @@ def _write_and_commit(
     files.update((n, FileEntry.from_written(w, n)) for n, w in written.items())
     manifest = Manifest(
         iteration=parse_checkpoint_name(destination),
-        step=checkpoint.step,
+        step=checkpoint.steps,
         world_size=checkpoint.world_size,
         files=sorted(files.values(), key=_path),
-        metadata={"imported_from": source, "imported_format": "accelerate"},
+        metadata={
+            "imported_from": source,
+            "imported_format": "accelerate",
+            "accelerate_step": checkpoint.step,
+        },
         accelkit_version=__version__,
         torch_version=torch.__version__,
     )

@@ -1,14 +1,17 @@
-"""The README's code runs, and the output it shows is what a real run prints.
+"""The code of the README and the documentation pages runs, and the output they show is what
+a real run prints.
 
-The Usage snippet is run as written (in a temporary working directory, so its relative
-``runs/demo`` lands there). The quickstart is run the way the README runs it, with one process
-and half the samples instead of two processes: the same 64 optimizer steps per epoch, so the
-checkpoint names, epochs, steps and ``accelkit ckpt ls`` columns must match the README exactly;
-only losses, speeds, sizes, ages and checksums (and file counts, one ``random_states`` pair
-fewer) differ, and are masked. The same run then goes through the Checkpoints section's
-walk-through (an incomplete save, a damaged file, ``accelkit ckpt verify / prune / inspect``,
-the run that resumes past the damaged checkpoint), taking its steps from the README's text and
-commands.
+The Usage example (in the README and in ``docs/getting-started.md``, the same code) is run as
+written, twice (in a temporary working directory, so its relative ``runs/demo`` lands there):
+the second run resumes. The quickstart is run the way the getting-started page runs it, with
+one process and half the samples instead of two processes: the same 64 optimizer steps per
+epoch, so the checkpoint names, epochs, steps and ``accelkit ckpt ls`` columns must match the
+page exactly; only losses, speeds, sizes, ages and checksums (and file counts, one
+``random_states`` pair fewer) differ, and are masked. The same run then goes through the
+checkpoints guide's walk-through (an incomplete save, a damaged file, ``accelkit ckpt verify /
+prune / inspect`` from the CLI guide, the run that resumes past the damaged checkpoint), taking
+its steps from the pages' text and commands. Every other Python block of the pages is at least
+valid Python.
 """
 
 from __future__ import annotations
@@ -27,9 +30,14 @@ from accelkit.cli._table import format_runs
 from accelkit.trackers.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+# The README and every page of the documentation site, by path.
+PAGES = {
+    str(path.relative_to(ROOT)): path.read_text(encoding="utf-8")
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+}
+DOCS = "\n".join(PAGES.values())
 
-# Per process 2048 samples / batch 32 = 64 steps, as the README's 4096 samples on 2 processes.
+# Per process 2048 samples / batch 32 = 64 steps, as the page's 4096 samples on 2 processes.
 ONE_PROCESS = ["--samples", "2048"]
 
 
@@ -39,18 +47,12 @@ def _fenced(text: str) -> list[tuple[str, str]]:
 
 
 def _block(containing: str, language: str | None = None) -> str:
-    """The first fenced block of the README containing ``containing``."""
-    for lang, body in _fenced(README):
+    """The first fenced block of the README or a documentation page containing
+    ``containing``."""
+    for lang, body in _fenced(DOCS):
         if containing in body and (language is None or lang == language):
             return body
-    raise AssertionError(f"README.md has no code block containing {containing!r}")
-
-
-def _section(title: str) -> str:
-    """The README's text from the heading ``## title`` to the next ``## `` heading."""
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", README, re.S | re.M)
-    assert match, f"README.md has no '## {title}' section"
-    return match.group(1)
+    raise AssertionError(f"no page has a code block containing {containing!r}")
 
 
 def _console(body: str) -> list[tuple[str, list[str]]]:
@@ -97,12 +99,12 @@ class Run(NamedTuple):
 
 
 def _quickstart(cwd: Path, readme_command: str, expect: int = 0) -> Run:
-    """Run the README's quickstart command, with one process for two (see ``ONE_PROCESS``)."""
+    """Run the page's quickstart command, with one process for two (see ``ONE_PROCESS``)."""
     args = shlex.split(readme_command)
     script = next(i for i, a in enumerate(args) if a.endswith("examples/quickstart.py"))
     example = str(ROOT / "examples" / "quickstart.py")
     proc = _run([sys.executable, example, *args[script + 1 :], *ONE_PROCESS], cwd, expect)
-    # tqdm redraws with "\r"; keep each bar's last drawing, as the README shows them.
+    # tqdm redraws with "\r"; keep each bar's last drawing, as the pages show them.
     bars: dict[str, str] = {}
     for piece in re.split(r"[\r\n]", proc.stderr):
         match = re.match(r"(epoch \d+/\d+): ", piece)
@@ -112,14 +114,14 @@ def _quickstart(cwd: Path, readme_command: str, expect: int = 0) -> Run:
 
 
 def _accelkit(cwd: Path, readme_command: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    """Run a README ``.venv/bin/accelkit ...`` command (a ``| head`` after it left off)."""
+    """Run a page's ``.venv/bin/accelkit ...`` command (a ``| head`` after it left off)."""
     args = shlex.split(readme_command.split("|")[0])
     assert args[0].endswith("accelkit"), readme_command
     return _run([sys.executable, "-m", "accelkit.cli.main", *args[1:]], cwd, expect)
 
 
 def _split_output(lines: list[str]) -> tuple[list[str], list[str]]:
-    """README output lines as (printed lines, progress bars)."""
+    """A page's output lines as (printed lines, progress bars)."""
     bars = [line for line in lines if re.match(r"epoch \d+/\d+: ", line)]
     return [line for line in lines if line and line not in bars], bars
 
@@ -149,38 +151,113 @@ def _ls_rows(text: str) -> tuple[str, list[dict[str, str]]]:
     return header, rows
 
 
-def test_usage_snippet_commits_checkpoints_and_logs_increasing_steps(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard", reason="the Usage snippet logs to TensorBoard")
+EXAMPLE_MARK = "accelerator.register_for_checkpointing(progress)"
+
+
+def _usage_examples() -> dict[str, str]:
+    """The Usage example of each page that shows it, by page."""
+    found = {
+        page: body
+        for page, text in PAGES.items()
+        for lang, body in _fenced(text)
+        if lang == "python" and EXAMPLE_MARK in body
+    }
+    assert {"README.md", "docs/getting-started.md"} <= set(found), sorted(found)
+    return found
+
+
+def _logged(logs: Path) -> tuple[list[int], list[int], list[str]]:
+    """TensorBoard's and ``metrics.jsonl``'s steps of ``loss``, and the checkpoints saved."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    snippet = re.search(r"```python\n(.*?)```", _section("Usage"), re.S)
-    assert snippet, "README.md's Usage section has no python block"
-    (tmp_path / "train.py").write_text(snippet.group(1))
-    _run([sys.executable, "train.py"], tmp_path)
-
-    # What the snippet's comments promise: one committed checkpoint per epoch, newest 3 kept.
-    checkpoints = tmp_path / "runs" / "demo" / "checkpoints"
-    names = sorted(p.name for p in checkpoints.iterdir())
-    assert names == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
-    manifest = json.loads((checkpoints / "checkpoint_2" / "accelkit.json").read_text())
-    assert manifest["step"] == 3 * 16  # 512 samples / batch 32, 3 epochs of optimizer steps
-
-    # Every logged point has its own, increasing step in TensorBoard (not all at step 0).
-    logs = tmp_path / "runs" / "demo" / "demo"
     events = EventAccumulator(str(logs))
     events.Reload()
-    steps = [event.step for event in events.Scalars("loss")]
-    assert steps == list(range(1, 49))
-    records = read_jsonl(str(logs / "metrics.jsonl"), metrics_only=True)
-    assert [r["step"] for r in records] == steps
-    # Each checkpoint reached the trackers too, at its save's step (jsonl: an event row).
-    saves = [r for r in read_jsonl(str(logs / "metrics.jsonl")) if r.get("event")]
-    assert [r["event"] for r in saves] == ["checkpoint_save"] * 3
-    assert [r["path"].rsplit("/", 1)[-1] for r in saves] == [f"checkpoint_{i}" for i in range(3)]
+    tensorboard = [event.step for event in events.Scalars("loss")]
+    jsonl = [r["step"] for r in read_jsonl(str(logs / "metrics.jsonl"), metrics_only=True)]
+    saves = [
+        r["path"].rsplit("/", 1)[-1]
+        for r in read_jsonl(str(logs / "metrics.jsonl"))
+        if r.get("event") == "checkpoint_save"
+    ]
+    return tensorboard, jsonl, saves
+
+
+@pytest.mark.slow  # three short training runs in fresh interpreters: about 10 s
+def test_usage_example_runs_and_a_second_run_resumes(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the Usage example logs to TensorBoard")
+    examples = _usage_examples()
+    assert len(set(examples.values())) == 1, f"the pages show different examples: {examples}"
+    code = examples["README.md"]
+    (tmp_path / "train.py").write_text(code)
+    checkpoints = tmp_path / "runs" / "demo" / "checkpoints"
+    logs = tmp_path / "runs" / "demo" / "demo"
+
+    # What the example's comments promise: one committed checkpoint per epoch, newest 3 kept.
+    _run([sys.executable, "train.py"], tmp_path)
+    assert sorted(p.name for p in checkpoints.iterdir()) == [f"checkpoint_{i}" for i in range(3)]
+    manifest = json.loads((checkpoints / "checkpoint_2" / "accelkit.json").read_text())
+    assert manifest["step"] == 3 * 16  # 512 samples / batch 32, 3 epochs of optimizer steps
+    # Every logged point has its own, increasing step (not all at step 0).
+    assert _logged(logs) == (list(range(1, 49)), list(range(1, 49)), _names(0, 3))
+
+    # Run again: it resumes (no `checkpoint_0 already exists`), counts on, logs each step once.
+    second = _run([sys.executable, "train.py"], tmp_path)
+    assert "Traceback" not in second.stderr and "Warning" not in second.stderr, second.stderr
+    assert sorted(p.name for p in checkpoints.iterdir()) == _names(3, 6)
+    manifest = json.loads((checkpoints / "checkpoint_5" / "accelkit.json").read_text())
+    assert manifest["step"] == 6 * 16
+    assert _logged(logs) == (list(range(1, 97)), list(range(1, 97)), _names(0, 6))
+
+    # Without its load_state() line, a third run is warned, once, at its backward() line, as
+    # the getting-started page shows.
+    resume = next(line for line in code.splitlines() if "accelerator.load_state()" in line)
+    forgetful = code.replace(resume, "    pass")
+    (tmp_path / "train.py").write_text(forgetful)
+    third = _run([sys.executable, "train.py"], tmp_path)
+    warned = [line for line in third.stderr.splitlines() if "UnresumedProjectWarning" in line]
+    shown = _block("UnresumedProjectWarning: runs/demo").strip()
+    backward = 1 + forgetful.splitlines().index("        accelerator.backward(loss)")
+    assert len(warned) == 1 and warned[0].endswith(shown.split(":", 1)[1]), third.stderr
+    assert warned[0].startswith(f"{tmp_path / 'train.py'}:{backward}: ")
+    assert shown.startswith(f"train.py:{backward}: ")
+
+
+def _names(start: int, stop: int) -> list[str]:
+    return [f"checkpoint_{i}" for i in range(start, stop)]
+
+
+def _python_blocks() -> list[tuple[str, str]]:
+    return [
+        (page, body)
+        for page, text in PAGES.items()
+        for lang, body in _fenced(text)
+        if lang == "python"
+    ]
+
+
+@pytest.mark.parametrize(("page", "code"), _python_blocks(), ids=lambda v: v[:40])
+def test_every_python_block_is_valid_python(page: str, code: str) -> None:
+    """A block that is not a whole program (``...`` for the rest, names defined elsewhere) is
+    at least Python that parses, so a renamed argument or a typo shows up here."""
+    compile(code, page, "exec")
+
+
+def test_the_storage_guides_configuration_builds() -> None:
+    """The S3 configuration of the storage guide is a valid ``ProjectConfiguration`` (its
+    names as the guide writes them; nothing is contacted until a save)."""
+    code = _block('project_dir="s3://my-bucket/runs/run-7"', "python")
+    namespace: dict[str, Any] = {}
+    exec(
+        compile("from accelkit import ProjectConfiguration\n" + code, "storage.md", "exec"),
+        namespace,
+    )
+    config = namespace["config"]
+    assert config.project_dir == "s3://my-bucket/runs/run-7" and config.total_limit == 3
+    assert config.storage_options == {"endpoint_url": "http://127.0.0.1:8333"}
 
 
 def _assert_ls_matches(listing: str, shown: list[str], project: Path) -> None:
-    """``accelkit ckpt ls`` printed the README's rows, and its columns say what manifests say."""
+    """``accelkit ckpt ls`` printed the page's rows, and its columns say what manifests say."""
     header, rows = _ls_rows(listing)
     shown_header, shown_rows = _ls_rows("\n".join(shown))
     assert header.split() == shown_header.split()
@@ -226,11 +303,12 @@ class Walk(NamedTuple):
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Walk:
-    """The README's quickstart: the first run, the run that resumes, and ``accelkit ckpt ls``."""
+    """The getting-started page's quickstart: the first run, the run that resumes, and
+    ``accelkit ckpt ls``."""
     cwd = tmp_path_factory.mktemp("quickstart")
-    main_job = next(b for lang, b in _fenced(README) if lang == "bash" and "quickstart.py" in b)
+    main_job = next(b for lang, b in _fenced(DOCS) if lang == "bash" and "quickstart.py" in b)
     first_command = main_job.strip().split(" && ")[-1]
-    # ONE_PROCESS stands for the README's two processes on the default dataset.
+    # ONE_PROCESS stands for the page's two processes on the default dataset.
     assert "--num_processes 2" in first_command and "--samples" not in first_command
     (resume_command, _), (ls_command, _) = _console(_block("--epochs 5", "console"))
     out: dict[str, Any] = {
@@ -260,9 +338,11 @@ def damaged(quickstart: Walk) -> Walk:
     its manifest removed, ``ls``, a run that resumes past it, a damaged file, ``accelkit ckpt
     verify / prune / inspect`` on it, and the run that warns and resumes past it."""
     cwd, out = quickstart.cwd, {}
-    third = re.search(r"a third run \(`(--epochs \d+)`\)", README)
-    removed = re.search(r"`rm (runs/quickstart/checkpoints/checkpoint_\d+/accelkit\.json)`", README)
-    assert third and removed, "README.md no longer describes how the incomplete save was made"
+    third = re.search(r"a third run \(`(--epochs \d+)`\)", DOCS)
+    removed = re.search(r"`rm (runs/quickstart/checkpoints/checkpoint_\d+/accelkit\.json)`", DOCS)
+    assert third and removed, (
+        "the checkpoints guide no longer describes how the incomplete save was made"
+    )
     _quickstart(cwd, f"examples/quickstart.py {third.group(1)}")
     (cwd / removed.group(1)).unlink()
     (ls_command, _), (resume_command, _) = _console(_block("checkpoint_5  incomplete", "console"))
@@ -270,8 +350,8 @@ def damaged(quickstart: Walk) -> Walk:
     out["ls_manifests"] = _manifests(cwd)  # retention removes some of them later
     out["resume"] = _quickstart(cwd, resume_command)
 
-    flipped = re.search(r"byte of `(checkpoint_\d+/model\.safetensors)` flipped", README)
-    assert flipped, "README.md no longer describes how the file was damaged"
+    flipped = re.search(r"byte of `(checkpoint_\d+/model\.safetensors)` flipped", DOCS)
+    assert flipped, "the checkpoints guide no longer describes how the file was damaged"
     damaged_file = cwd / "runs" / "quickstart" / "checkpoints" / flipped.group(1)
     data = bytearray(damaged_file.read_bytes())
     data[-1] ^= 0xFF
