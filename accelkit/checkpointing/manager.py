@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import io
+import logging
 import os
 import time
 import weakref
@@ -46,8 +47,10 @@ from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
     COMMITTED,
     CheckpointInfo,
+    committed_automatic,
     latest_checkpoint,
     list_checkpoints,
+    next_iteration,
 )
 from accelkit.checkpointing.commit.async_save import AsyncCheckpoint, AsyncSaver
 from accelkit.checkpointing.commit.deletion import apply_retention
@@ -84,6 +87,9 @@ __all__ = [
     "ProcessInfo",
     "TrainingObjects",
 ]
+
+
+logger = logging.getLogger(__name__)
 
 
 class ProcessInfo(Protocol):
@@ -457,12 +463,52 @@ class CheckpointManager:
             hooks=list(self._load_hooks.values()),
             verify=self.config.verify_checksums if verify is None else verify,
         )
+        remote: list[CheckpointInfo] = []
+        if path is None and self.config.replicate_to and self.config.project_dir:
+            remote = self._remote_checkpoints()
+            path = self._newer_on_remote(remote)
         result = sequence.run(path, objects)
+        if remote:  # number past both tiers: the next automatic save collides with neither
+            self.counter.set(max(self.counter.value, next_iteration(remote)))
         listener = self._listener()
         if listener is not None:
             seconds = time.perf_counter() - started
             listener.checkpoint_loaded(LoadReport(result.path, result.manifest, seconds))
         return result
+
+    def _remote_checkpoints(self) -> list[CheckpointInfo]:
+        """Every checkpoint on the remote tier (an empty list, with a warning, if it cannot be
+        listed: the local tier is then all there is)."""
+        assert self.config.replicate_to is not None
+        root = checkpoints_dir(self.config.replicate_to)
+        try:
+            return list_checkpoints(self.storage(root), root)
+        except Exception as exc:
+            logger.warning(
+                "Could not list the remote tier %s (%s: %s); load_state() considers the local "
+                "tier only.",
+                root,
+                type(exc).__name__,
+                exc,
+            )
+            return []
+
+    def _newer_on_remote(self, remote: list[CheckpointInfo]) -> str | None:
+        """The remote checkpoint to load when it is newer than every committed local one (a
+        lost or new local disk); ``None``: the local tier has the newest (an intact local copy
+        is preferred)."""
+        committed = committed_automatic(remote)
+        if not committed:
+            return None
+        newest = max(committed, key=lambda info: info.iteration or 0)
+        local = self.latest()
+        if local is not None and (local.iteration or 0) >= (newest.iteration or 0):
+            return None
+        logger.info(
+            "Resuming from the remote tier: %s is newer than any committed local checkpoint.",
+            newest.path,
+        )
+        return newest.path
 
     def _listener(self) -> SafeListener | None:
         """:attr:`listener`, its failures logged instead of raised into a save or load."""

@@ -101,6 +101,7 @@ class _State:
     in_flight: _Job | None = None
     done: set[str] = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
+    failed: dict[str, _Job] = field(default_factory=dict)
     remote: list[CheckpointInfo] = field(default_factory=list)
 
 
@@ -185,12 +186,13 @@ class Replicator:
             return {job.path.rstrip("/") for job in jobs}
 
     def left(self) -> list[str]:
-        """Names of the checkpoints not yet replicated (in flight and queued), oldest first."""
+        """Names of the checkpoints not replicated (in flight, queued, or failed with an error
+        that was reported), oldest first."""
         with self._cond:
             return self._left()
 
     def _left(self) -> list[str]:
-        jobs = list(self._state.pending.values())
+        jobs = list(self._state.pending.values()) + list(self._state.failed.values())
         if self._state.in_flight is not None:
             jobs.append(self._state.in_flight)
         return [job.name for job in sorted(jobs, key=lambda j: j.iteration)]
@@ -205,14 +207,17 @@ class Replicator:
 
         Returns:
             ``True`` if everything submitted reached the remote tier (or was skipped by the
-            queue policy), ``False`` otherwise (a hard error stopped it, or time ran out).
+            queue policy), ``False`` otherwise (a hard error stopped it, one failed, or time
+            ran out).
         """
         end = None if deadline is None else time.monotonic() + deadline
         with self._cond:
             while True:
-                idle = not self._left() and (self._scanned or self._thread is None)
+                state = self._state
+                busy = bool(state.pending) or state.in_flight is not None
+                idle = not busy and (self._scanned or self._thread is None)
                 if idle or self.failure is not None:
-                    return idle and self.failure is None
+                    return idle and self.failure is None and not state.failed
                 remaining = None if end is None else end - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -301,6 +306,8 @@ class Replicator:
                         self._state.done.add(job.name)
                     elif outcome == "retry":  # interrupted: back into the queue
                         self._state.pending.setdefault(job.name, job)
+                    else:  # failed: left behind (named by close())
+                        self._state.failed[job.name] = job
                     self._cond.notify_all()
                 if outcome in ("stop", "retry"):
                     return
