@@ -44,6 +44,8 @@ class FaultProxy:
         reset_after_bytes: cut a connection (RST) once this many bytes went upstream through
             it (``None``: never); applies to ``reset_fraction`` of the connections.
         reset_fraction: fraction of connections ``reset_after_bytes`` applies to.
+        reset_next: if set, ``reset_after_bytes`` applies to the next this many connections
+            only (counted down), whatever ``reset_fraction`` says.
         bytes_per_second: upstream bandwidth per connection (``None``: unlimited).
     """
 
@@ -52,6 +54,7 @@ class FaultProxy:
         self.drop_fraction = 0.0
         self.reset_after_bytes: int | None = None
         self.reset_fraction = 1.0
+        self.reset_next: int | None = None
         self.bytes_per_second: float | None = None
         self.connections = 0
         self.dropped = 0
@@ -121,11 +124,12 @@ class FaultProxy:
             self.connections += 1
             with self._lock:
                 drop = self.down or self._rng.random() < self.drop_fraction
-                cut = (
-                    self.reset_after_bytes
-                    if self._rng.random() < self.reset_fraction
-                    else None
-                )
+                if self.reset_next is not None:
+                    chosen = self.reset_next > 0
+                    self.reset_next = max(0, self.reset_next - 1)
+                else:
+                    chosen = self._rng.random() < self.reset_fraction
+                cut = self.reset_after_bytes if chosen else None
             if drop:
                 self.dropped += 1
                 _reset(client)
