@@ -344,3 +344,33 @@ def test_replication_settings_are_checked(tmp_path: Path) -> None:
         replicate_keep={"total_limit": 2, "keep_every": 10}
     ).remote_retention_policy()
     assert "KeepLast(count=2)" in repr(policy) and "KeepEvery(every=10)" in repr(policy)
+
+
+def test_trackers_get_replication_seconds_and_lag(s3_server: S3Server, tmp_path: Path) -> None:
+    from accelkit.trackers.jsonl import read_jsonl
+    from tests.trackers.readers import read_tensorboard
+
+    remote = s3_server.new_prefix()
+    local = tmp_path / "run"
+    cfg = ProjectConfiguration(
+        project_dir=str(local),
+        automatic_checkpoint_naming=True,
+        replicate_to=remote,
+        storage_options=_options(s3_server),
+    )
+    accelerator = Accelerator(project_config=cfg, cpu=True, log_with=["jsonl", "tensorboard"])
+    accelerator.init_trackers("run", config={"lr": 0.1})
+    accelerator.prepare(nn.Linear(4, 4))
+    accelerator.log({"loss": 1.0}, step=5)
+    accelerator.save_state()
+    assert accelerator._checkpoints.wait_replicated(30)
+    accelerator.end_training()
+    rows = [r for r in read_jsonl(str(local / "run")) if r.get("event") == "checkpoint_replicate"]
+    assert len(rows) == 1, rows
+    assert rows[0]["path"] == join(remote, "checkpoints", "checkpoint_0")
+    assert rows[0]["step"] == 5
+    values = rows[0]["values"]
+    assert values["checkpoint/replication_seconds"] > 0
+    assert values["checkpoint/replication_lag_seconds"] >= values["checkpoint/replication_seconds"]
+    scalars, _ = read_tensorboard(str(local), "run")
+    assert [step for step, _ in scalars["checkpoint/replication_seconds"]] == [5]
