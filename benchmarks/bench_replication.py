@@ -87,7 +87,10 @@ def main(quick: bool = False) -> dict[str, Any]:
             replicated = accelerator(str(scratch / "replicated"), f"s3://{prefix}/tier")
 
             def settle(_name: str) -> None:
+                # untimed: the copy of the previous round is done and every dirty page (the
+                # server's too: same disk) written, so both cases start from the same state
                 replicated._checkpoints.wait_replicated(600)
+                os.sync()
 
             blocking_samples = alternate(
                 {"local only": plain.save_state, "with replicate_to": replicated.save_state},
