@@ -74,6 +74,7 @@ from accelkit.checkpointing.listener import (
 )
 from accelkit.checkpointing.objects.contents import TrainingObjects, unwrap_model
 from accelkit.checkpointing.replication import Replicator
+from accelkit.checkpointing.replication.replicator import remote_options
 from accelkit.checkpointing.restore.native import NativeReader
 from accelkit.checkpointing.restore.sequence import LoadResult, LoadSequence
 from accelkit.checkpointing.storage import Storage, get_storage, join
@@ -385,7 +386,9 @@ class CheckpointManager:
             self.replicator = Replicator(
                 self.storage(config.project_dir),
                 config.project_dir,
-                get_storage(config.replicate_to, config.storage_options),
+                get_storage(
+                    config.replicate_to, remote_options(config.replicate_to, config.storage_options)
+                ),
                 config.replicate_to,
                 config.remote_retention_policy(),
                 queue_size=config.replicate_queue_size,

@@ -43,6 +43,7 @@ def register(actions: Any) -> None:
 def _run_sync(args: argparse.Namespace) -> int:
     from accelkit.checkpointing.catalog.retention import build_policy
     from accelkit.checkpointing.replication import ReplicationReport, Replicator
+    from accelkit.checkpointing.replication.replicator import remote_options
     from accelkit.checkpointing.storage import get_storage
     from accelkit.checkpointing.storage.retry import RetryPolicy
 
@@ -55,7 +56,7 @@ def _run_sync(args: argparse.Namespace) -> int:
     replicator = Replicator(
         local,
         project,
-        get_storage(args.remote, options),
+        get_storage(args.remote, remote_options(args.remote, options)),
         args.remote,
         build_policy(keep_last=args.keep, names={"keep_last": "--keep"}),
         queue_size=1 << 30,  # by hand: nothing is skipped

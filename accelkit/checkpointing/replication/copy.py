@@ -19,7 +19,7 @@ Every remote operation is retried under a :class:`~accelkit.checkpointing.storag
 RetryPolicy` (transient errors only), per file: an outage in the middle of a checkpoint redoes
 the file it cut, not the ones already uploaded. Files are uploaded :data:`UPLOAD_WORKERS` at a
 time; memory: one read buffer (:data:`READ_CHUNK`) per file in flight, plus what the remote
-storage buffers for each upload (s3fs: one 50 MiB block).
+storage buffers for each upload (s3fs: one part).
 
 Public API: :func:`replicate_checkpoint`, :class:`Replicated`, :data:`READ_CHUNK`.
 """
@@ -49,7 +49,7 @@ from accelkit.checkpointing.storage.verified import open_verified
 
 __all__ = ["READ_CHUNK", "UPLOAD_WORKERS", "Replicated", "replicate_checkpoint"]
 
-READ_CHUNK = 16 * 1024 * 1024
+READ_CHUNK = 8 * 1024 * 1024
 """Bytes read from the local tier at a time (one buffer per file in flight)."""
 
 UPLOAD_WORKERS = 2

@@ -31,8 +31,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from accelkit.checkpointing.catalog.listing import (
     CheckpointInfo,
@@ -45,7 +46,7 @@ from accelkit.checkpointing.commit.lock import SAVE, RunLock
 from accelkit.checkpointing.formats.layout import checkpoints_dir, parse_checkpoint_name
 from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.replication.copy import Replicated, replicate_checkpoint
-from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage import Storage, join, protocol_of
 from accelkit.checkpointing.storage.retry import (
     HARD,
     TRANSIENT,
@@ -55,9 +56,27 @@ from accelkit.checkpointing.storage.retry import (
     retry_call,
 )
 
-__all__ = ["ReplicationReport", "Replicator"]
+__all__ = ["UPLOAD_PART", "ReplicationReport", "Replicator", "remote_options"]
 
 logger = logging.getLogger(__name__)
+
+UPLOAD_PART = 8 * 1024 * 1024
+"""The multipart part size the replicator asks of S3 (s3fs's ``default_block_size``; its own
+default, 50 MiB, would be buffered, and copied, per upload in flight)."""
+
+
+def remote_options(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The storage options the replicator opens ``url`` with: ``options``, plus
+    :data:`UPLOAD_PART` as S3's part size unless ``options`` sets one."""
+    out = dict(options)
+    if protocol_of(url) in ("s3", "s3a"):
+        out.setdefault("default_block_size", UPLOAD_PART)
+    return out
+
+
+START_GRACE_S = 0.2
+"""A queued checkpoint waits this long before its copy starts, so that the save which queued
+it returns before the upload competes with it for the CPU."""
 
 FOREVER = RetryPolicy(base_delay=0.5, max_delay=15.0, deadline=None)
 """The replicator's default retries: keep trying while the run lasts."""
@@ -84,6 +103,7 @@ class _Job:
     path: str
     manifest: Manifest
     iteration: int
+    queued_at: float = field(default_factory=time.monotonic)
 
     # RetentionCandidate, for the queue policy
     @property
@@ -292,11 +312,17 @@ class Replicator:
                 with self._cond:
                     self._scanned = True
                     self._cond.notify_all()
-                    while not self._state.pending and not self._closing:
-                        self._cond.wait()
-                    if self._closing or self.failure is not None:
-                        return
-                    job = max(self._state.pending.values(), key=lambda j: j.iteration)
+                    while True:
+                        while not self._state.pending and not self._closing:
+                            self._cond.wait()
+                        if self._closing or self.failure is not None:
+                            return
+                        job = max(self._state.pending.values(), key=lambda j: j.iteration)
+                        # Let the save that queued it return before the upload takes the CPU.
+                        remaining = job.queued_at + START_GRACE_S - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
                     del self._state.pending[job.name]
                     self._state.in_flight = job
                 outcome = self._replicate(job)
