@@ -25,6 +25,9 @@ from torch import nn
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.catalog.listing import list_checkpoints
+from accelkit.checkpointing.catalog.retention import AnyOf, KeepAll, KeepEvery, KeepLast
+from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.replication import Replicator
 from accelkit.checkpointing.storage import get_storage, join
 from accelkit.cli.main import main as cli
 from tests.fixtures.s3 import S3Server
@@ -172,7 +175,7 @@ def test_newest_on_either_tier_intact_local_preferred(s3_server: S3Server, tmp_p
     remote = s3_server.new_prefix()
     local = str(tmp_path / "run")
     options = _options(s3_server)
-    accelerator, _, blob = _run(local, remote, options)
+    accelerator, _, _ = _run(local, remote, options)
     accelerator.save_state()
     accelerator.end_training()
     fresh, _, _ = _run(local, remote, options, seed=3)
@@ -334,7 +337,7 @@ def test_replication_settings_are_checked(tmp_path: Path) -> None:
         ProjectConfiguration(
             project_dir=str(tmp_path), replicate_to="memory://r", replicate_keep={"keep": 2}
         )
-    with pytest.raises(ValueError, match="replicate_keep must be >= 1|replicate_keep"):
+    with pytest.raises(ValueError, match=r"ProjectConfiguration: replicate_keep .*0"):
         ProjectConfiguration(project_dir=str(tmp_path), replicate_to="memory://r", replicate_keep=0)
     with pytest.raises(ValueError, match="location of its own"):
         ProjectConfiguration(project_dir=str(tmp_path), replicate_to=str(tmp_path))
@@ -374,3 +377,34 @@ def test_trackers_get_replication_seconds_and_lag(s3_server: S3Server, tmp_path:
     assert values["checkpoint/replication_lag_seconds"] >= values["checkpoint/replication_seconds"]
     scalars, _ = read_tensorboard(str(local), "run")
     assert [step for step, _ in scalars["checkpoint/replication_seconds"]] == [5]
+
+
+@pytest.mark.parametrize(
+    ("policy", "queue_size", "left"),
+    [
+        # the remote keeps the newest 2: older waiting ones are skipped at once
+        (KeepLast(2), 8, [4, 5]),
+        # the remote keeps everything, but the queue holds 2: the oldest are skipped
+        (KeepAll(), 2, [4, 5]),
+        # keep_every=2 plus the newest: those are never skipped
+        (AnyOf((KeepLast(1), KeepEvery(2))), 8, [0, 2, 4, 5]),
+    ],
+)
+def test_queue_policy_skips_intermediates_never_the_newest_or_kept(
+    tmp_path: Path, policy: Any, queue_size: int, left: list[int]
+) -> None:
+    # Not started: the queue is inspected as a stalled replicator (remote down) leaves it.
+    replicator = Replicator(
+        get_storage(str(tmp_path)),
+        str(tmp_path),
+        get_storage("memory://unused"),
+        "memory://unused",
+        policy,
+        queue_size=queue_size,
+    )
+    for n in range(6):
+        manifest = Manifest(iteration=n, step=n, world_size=1, files=[], created=1000.0 + n)
+        replicator.submit(str(tmp_path / "checkpoints" / f"checkpoint_{n}"), manifest)
+    assert replicator.left() == [f"checkpoint_{n}" for n in left]
+    unreplicated = {str(tmp_path / "checkpoints" / f"checkpoint_{n}") for n in left}
+    assert replicator.unreplicated() == unreplicated  # what local retention holds back
