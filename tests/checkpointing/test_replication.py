@@ -100,6 +100,7 @@ def _flags(options: dict[str, Any]) -> list[str]:
     return flags
 
 
+@pytest.mark.slow
 def test_outage_during_replication_is_survived_and_completes_later(
     s3_server: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

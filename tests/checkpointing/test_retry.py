@@ -147,6 +147,7 @@ def _proxied(server: S3Server, proxy: FaultProxy) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_direct_remote_save_survives_an_outage(s3_server: S3Server) -> None:
     with FaultProxy(("127.0.0.1", s3_server.port)) as proxy:
         options = _proxied(s3_server, proxy)
