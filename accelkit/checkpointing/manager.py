@@ -34,6 +34,7 @@ import atexit
 import io
 import logging
 import os
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -572,7 +573,14 @@ def _close_at_exit(manager: CheckpointManager) -> None:
         if alive is not None:
             alive.close_replication()
 
-    atexit.register(close)
+    # Before concurrent.futures' own exit hook: after it, no thread pool (fsspec's event loop
+    # resolves names in one) takes new work, so an upload could not even connect. Those hooks run
+    # in reverse order of registration, at the start of interpreter shutdown.
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - CPython has had it since 3.9
+        atexit.register(close)
+    else:
+        register(close)
 
 
 def _reporter(

@@ -409,3 +409,63 @@ def test_queue_policy_skips_intermediates_never_the_newest_or_kept(
     assert replicator.left() == [f"checkpoint_{n}" for n in left]
     unreplicated = {str(tmp_path / "checkpoints" / f"checkpoint_{n}") for n in left}
     assert replicator.unreplicated() == unreplicated  # what local retention holds back
+
+
+_EXITS = textwrap.dedent(
+    """
+    import json, sys
+    from torch import nn
+    from accelkit import Accelerator, ProjectConfiguration
+
+    local, remote, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    config = ProjectConfiguration(project_dir=local, automatic_checkpoint_naming=True,
+                                  replicate_to=remote, storage_options=options,
+                                  replicate_deadline_seconds=float(sys.argv[4]))
+    accelerator = Accelerator(project_config=config, cpu=True)
+    accelerator.prepare(nn.Linear(8, 8))
+    accelerator.save_state()
+    accelerator.save_state()
+    # no end_training(): the interpreter's exit drains the queue
+    """
+)
+
+
+@pytest.mark.slow
+def test_interpreter_exit_drains_the_queue_or_names_what_is_left(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    script = tmp_path / "exits.py"
+    script.write_text(_EXITS)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    remote = s3_server.new_prefix()
+    options = _options(s3_server)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "a"), remote, json.dumps(options), "60"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _committed(remote, options) == ["checkpoint_0", "checkpoint_1"]
+
+    with FaultProxy(("127.0.0.1", s3_server.port)) as proxy:
+        proxy.down_for(3600)
+        down = _options(s3_server, proxy)
+        left = subprocess.run(
+            [
+                sys.executable,
+                str(script),
+                str(tmp_path / "b"),
+                remote + "-b",
+                json.dumps(down),
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    assert left.returncode == 0, left.stderr
+    assert "not replicated: checkpoint_0, checkpoint_1" in left.stderr, left.stderr
+    assert "accelkit ckpt sync" in left.stderr

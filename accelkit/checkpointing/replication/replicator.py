@@ -267,7 +267,7 @@ class Replicator:
                 self.remote_project,
             )
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=2)  # a daemon: one stuck in a network call is left
         return left
 
     # ------------------------------------------------------------------ the queue policy
@@ -410,6 +410,9 @@ class Replicator:
 
     def _failed(self, exc: BaseException, doing: str) -> bool:
         """Report ``exc`` once; ``True`` if it stops replication (a hard error)."""
+        if self._stop.is_set():  # shutting down: close() already named what is left
+            logger.debug("Replication stopped while %s: %s", doing, exc)
+            return True
         if classify(exc) == HARD:
             with self._cond:
                 self.failure = exc
