@@ -498,9 +498,16 @@ class Accelerator:
         return self._trackers.get(name, unwrap=unwrap)
 
     def end_training(self) -> None:
-        """Finish every tracker and wait for pending saves; call once at the end of the script."""
-        self._trackers.finish()
-        self._checkpoints.wait()
+        """Wait for pending saves, drain the replication queue (up to
+        ``ProjectConfiguration.replicate_deadline_seconds``, naming what is left behind), then
+        finish every tracker; call once at the end of the script."""
+        try:
+            self._checkpoints.wait()
+        finally:
+            try:
+                self._checkpoints.close_replication()
+            finally:
+                self._trackers.finish()
 
     # The reference's settings views (Settings); constants for what accelkit leaves out.
 

@@ -44,6 +44,7 @@ RANK = {
     "accelkit.checkpointing.restore": 4,
     "accelkit.checkpointing.commit": 5,
     "accelkit.checkpointing.interop": 6,
+    "accelkit.checkpointing.replication": 6,
     # checkpointing's top: manager, config, listener, the package face
     "accelkit.checkpointing": 7,
     # the facade's parts, then the facade and the paths users import

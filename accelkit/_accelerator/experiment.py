@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from accelkit.checkpointing.listener import CommitReport, LoadReport
+from accelkit.checkpointing.replication import ReplicationReport
 from accelkit.trackers import events
 from accelkit.trackers.hub import TrackerHub
 
@@ -62,6 +63,23 @@ class ExperimentLink:
         step = manifest.experiment.get("step", self.hub.last_step)
         self.hub.event(
             events.CheckpointEvent("save", max(0, step), report.path, manifest.iteration, values)
+        )
+
+    def checkpoint_replicated(self, report: ReplicationReport) -> None:
+        """Queue a ``replicate`` event (called by the replicator's thread)."""
+        if not self.checkpoint_events:
+            return
+        manifest = report.replicated.manifest
+        values = {
+            events.REPLICATION_SECONDS: report.replicated.seconds,
+            events.REPLICATION_LAG: report.lag_seconds,
+            events.REPLICATION_QUEUED: float(report.queued),
+        }
+        step = manifest.experiment.get("step", self.hub.last_step)
+        self.hub.event(
+            events.CheckpointEvent(
+                "replicate", max(0, step), report.replicated.target, manifest.iteration, values
+            )
         )
 
     def checkpoint_loaded(self, report: LoadReport) -> None:

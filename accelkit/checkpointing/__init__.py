@@ -17,6 +17,8 @@ Layers, bottom up; each imports only from the layers below it (and from
   follows a link inside a checkpoint.
 - :mod:`~accelkit.checkpointing.storage.verified` -- the one verified read: size and checksum
   checked against an expected entry while a file streams in.
+- :mod:`~accelkit.checkpointing.storage.retry` -- transient storage errors told from hard ones,
+  retried with backoff and jitter (``RetryPolicy``, ``RetryingStorage``).
 
 **Formats** -- what the files of a checkpoint are called and what they hold:
 
@@ -74,6 +76,14 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.commit.snapshot` -- a reusable host-memory copy of the saved state.
 - :mod:`~accelkit.checkpointing.commit.protocol` -- the one commit sequence every save runs.
 - :mod:`~accelkit.checkpointing.commit.async_save` -- the background driver of that sequence.
+
+**Replication** -- the remote tier of ``replicate_to``:
+
+- :mod:`~accelkit.checkpointing.replication` -- its public names.
+- :mod:`~accelkit.checkpointing.replication.copy` -- the one copy of a committed checkpoint to
+  another tier (verified reads, the manifest last).
+- :mod:`~accelkit.checkpointing.replication.replicator` -- the background thread, its bounded
+  queue and the remote retention.
 
 **Interop** -- Hugging Face accelerate's checkpoint folders:
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,22 @@ class ProjectConfiguration:
         checkpoint_events: tell the trackers about every save and load
             (``checkpoint/save_seconds``, ``checkpoint/bytes``, ... and the checkpoint's path;
             see :mod:`accelkit.trackers.events`).
+        replicate_to: a second, remote tier (any fsspec URL, ``s3://bucket/run``; reached with
+            ``storage_options``). Each committed automatic checkpoint under ``project_dir``
+            (the local tier) is copied there by a background thread, its manifest written
+            last; a storage outage is retried, never fatal. See ``docs/guides/replication.md``.
+        replicate_keep: retention on the remote tier: ``None`` keeps every replicated
+            checkpoint; an int keeps the newest N; a mapping takes the local settings' names
+            (``{"total_limit": 5, "keep_every": 1000, "keep_best": 2, "best_metric": "loss",
+            "best_mode": "min"}``), with the same rules.
+        replicate_deadline_seconds: how long ``end_training()`` (and interpreter exit) waits
+            for the replication queue to drain; what is left is named in a warning.
+        replicate_queue_size: checkpoints waiting for replication beyond the one in flight;
+            when the queue is full, intermediate ones are skipped (never the newest, never one
+            the remote retention keeps).
+        storage_retry_seconds: how long one storage operation of a direct remote save
+            (``project_dir="s3://..."``) retries transient errors (connection refused or
+            reset, timeouts, 5xx, throttling) before the save fails; ``0`` disables it.
 
     Example:
         >>> config = ProjectConfiguration(
@@ -82,6 +99,12 @@ class ProjectConfiguration:
     async_save: bool = False
     continue_tracker_runs: bool = True
     checkpoint_events: bool = True
+    # replication (#26)
+    replicate_to: str | None = None
+    replicate_keep: int | Mapping[str, Any] | None = None
+    replicate_deadline_seconds: float = 300.0
+    replicate_queue_size: int = 4
+    storage_retry_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         self.project_dir = _as_location(self.project_dir)
@@ -92,6 +115,7 @@ class ProjectConfiguration:
             raise ValueError(f"iteration must be >= 0, got {self.iteration}.")
         self.storage_options = dict(self.storage_options or {})
         self.retention_policy()  # validate the retention settings now, not at the first save
+        self._check_replication()
         self.set_directories(self.project_dir)
 
     def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:
@@ -116,6 +140,68 @@ class ProjectConfiguration:
                 metric=self.best_metric,
                 mode=self.best_mode,
                 names=_SETTING_NAMES,
+            )
+        except ValueError as exc:
+            raise ValueError(f"ProjectConfiguration: {exc}") from None
+
+    def _check_replication(self) -> None:
+        self.replicate_to = _as_location(self.replicate_to)
+        if self.replicate_to is not None and self.replicate_to.rstrip("/") == (
+            self.project_dir or ""
+        ).rstrip("/"):
+            raise ValueError(
+                f"ProjectConfiguration: replicate_to={self.replicate_to!r} is project_dir "
+                "itself; give the remote tier a location of its own (e.g. s3://bucket/run)."
+            )
+        for name in ("replicate_deadline_seconds", "storage_retry_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(
+                    f"ProjectConfiguration: {name} must be a number of seconds >= 0, got {value!r}."
+                )
+        size = self.replicate_queue_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"ProjectConfiguration: replicate_queue_size must be an int >= 1, got {size!r}."
+            )
+        self.remote_retention_policy()
+
+    def remote_retention_policy(self) -> RetentionPolicy:
+        """The retention policy of the remote tier, from ``replicate_keep``.
+
+        Raises:
+            ValueError: naming the bad key or value of ``replicate_keep``.
+        """
+        keep = self.replicate_keep
+        if keep is None:
+            settings: dict[str, Any] = {}
+        elif isinstance(keep, bool) or not isinstance(keep, (int, Mapping)):
+            raise ValueError(
+                f"ProjectConfiguration: replicate_keep must be None, an int (keep the newest N) "
+                f"or a mapping with keys {', '.join(_SETTING_NAMES.values())}; got {keep!r}."
+            )
+        elif isinstance(keep, int):
+            settings = {"keep_last": keep}
+        else:
+            reverse = {v: k for k, v in _SETTING_NAMES.items()}
+            unknown = sorted(str(k) for k in keep if k not in reverse)
+            if unknown:
+                raise ValueError(
+                    f"ProjectConfiguration: replicate_keep has unknown keys {unknown}; valid "
+                    f"keys: {', '.join(_SETTING_NAMES.values())}."
+                )
+            settings = {reverse[k]: v for k, v in keep.items()}
+        names = {k: f"replicate_keep[{v!r}]" for k, v in _SETTING_NAMES.items()}
+        if isinstance(keep, int):
+            names["keep_last"] = "replicate_keep"
+        try:
+            return build_policy(
+                keep_last=settings.get("keep_last"),
+                keep_every=settings.get("keep_every"),
+                keep_best=settings.get("keep_best"),
+                metric=settings.get("metric"),
+                mode=settings.get("mode", "min"),
+                names=names,
             )
         except ValueError as exc:
             raise ValueError(f"ProjectConfiguration: {exc}") from None

@@ -4,7 +4,9 @@ The manager knows nothing about experiment tracking; ``Accelerator`` connects th
 the manager a :class:`CheckpointListener` (``accelkit._accelerator.experiment.ExperimentLink``). The
 manager asks it, on the main process, what to record in a new checkpoint's manifest
 (``experiment``), and tells it when a checkpoint was committed (on the main process, from the
-thread that committed it) and when one was loaded (on every process).
+thread that committed it), when one was loaded (on every process) and, with
+``replicate_to``, when one reached the remote tier (optional ``checkpoint_replicated``, from the
+replicator's thread).
 
 The manager calls a listener through :class:`SafeListener`, which logs a failing method (naming
 it) and carries on: a tracker's trouble never fails a save or a load.
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.replication.replicator import ReplicationReport
 
 __all__ = ["CheckpointListener", "CommitReport", "LoadReport", "SafeListener"]
 
@@ -113,3 +116,14 @@ class SafeListener:
             self.listener.checkpoint_loaded(report)
         except Exception:
             logger.warning("Checkpoint listener checkpoint_loaded failed:", exc_info=True)
+
+    def checkpoint_replicated(self, report: ReplicationReport) -> None:
+        """Tell the listener that a checkpoint reached the remote tier (from the replicator's
+        thread), if it has the optional method ``checkpoint_replicated(report)``."""
+        method = getattr(self.listener, "checkpoint_replicated", None)
+        if method is None:
+            return
+        try:
+            method(report)
+        except Exception:
+            logger.warning("Checkpoint listener checkpoint_replicated failed:", exc_info=True)

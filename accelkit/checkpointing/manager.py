@@ -30,9 +30,13 @@ Public API: :class:`CheckpointManager` (``register``, ``register_save_pre_hook``
 
 from __future__ import annotations
 
+import atexit
 import io
+import logging
 import os
+import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -44,8 +48,10 @@ from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
     COMMITTED,
     CheckpointInfo,
+    committed_automatic,
     latest_checkpoint,
     list_checkpoints,
+    next_iteration,
 )
 from accelkit.checkpointing.commit.async_save import AsyncCheckpoint, AsyncSaver
 from accelkit.checkpointing.commit.deletion import apply_retention
@@ -68,9 +74,12 @@ from accelkit.checkpointing.listener import (
     SafeListener,
 )
 from accelkit.checkpointing.objects.contents import TrainingObjects, unwrap_model
+from accelkit.checkpointing.replication import Replicator
+from accelkit.checkpointing.replication.replicator import remote_options
 from accelkit.checkpointing.restore.native import NativeReader
 from accelkit.checkpointing.restore.sequence import LoadResult, LoadSequence
 from accelkit.checkpointing.storage import Storage, get_storage, join
+from accelkit.checkpointing.storage.retry import with_retries
 from accelkit.fsdp.runtime import is_sharded
 
 __all__ = [
@@ -80,6 +89,9 @@ __all__ = [
     "ProcessInfo",
     "TrainingObjects",
 ]
+
+
+logger = logging.getLogger(__name__)
 
 
 class ProcessInfo(Protocol):
@@ -153,6 +165,8 @@ class CheckpointManager:
         self.counter = IterationCounter(config)
         self.background = AsyncSaver()
         self.listener: CheckpointListener | None = None
+        self.replicator: Replicator | None = None
+        """The background replicator (main process, with ``replicate_to``), once started."""
 
     # ------------------------------------------------------------------ registration
 
@@ -196,8 +210,10 @@ class CheckpointManager:
     # ------------------------------------------------------------------ locations
 
     def storage(self, url: str) -> Storage:
-        """The storage of ``url``, with the configuration's storage options."""
-        return get_storage(url, self.config.storage_options)
+        """The storage of ``url``, with the configuration's storage options; an object store's
+        transient errors are retried for up to ``storage_retry_seconds`` per operation."""
+        storage = get_storage(url, self.config.storage_options)
+        return with_retries(storage, self.config.storage_retry_seconds)
 
     def checkpoints_root(self) -> str:
         """``<project_dir>/checkpoints``.
@@ -294,7 +310,7 @@ class CheckpointManager:
             lock=self._run_lock() if automatic else None,
             retention=self._retain,
             label="Asynchronous save of" if async_save else "Saving",
-            on_commit=_reporter(listener, started, bool(async_save)) if listener else None,
+            on_commit=self._on_commit(listener, started, bool(async_save), automatic),
         )
         try:
             sequence.prepare()
@@ -337,7 +353,75 @@ class CheckpointManager:
 
     def _retain(self, committed: str) -> None:
         root = self.checkpoints_root()
-        apply_retention(self.storage(root), root, self.config.retention_policy(), committed)
+        protect = self.replicator.unreplicated() if self.replicator is not None else ()
+        policy = self.config.retention_policy()
+        apply_retention(self.storage(root), root, policy, committed, protect=protect)
+
+    def _on_commit(
+        self, listener: SafeListener | None, started: float, asynchronous: bool, automatic: bool
+    ) -> Callable[[SaveSequence], None] | None:
+        """What the main process runs after a commit: report it, and queue it for the remote
+        tier (an automatic checkpoint, with ``replicate_to``)."""
+        report = _reporter(listener, started, asynchronous) if listener else None
+        replicator = self._replication() if automatic else None
+        if report is None and replicator is None:
+            return None
+
+        def after(sequence: SaveSequence) -> None:
+            if report is not None:
+                report(sequence)
+            if replicator is not None and sequence.manifest is not None:
+                replicator.submit(sequence.target, sequence.manifest)
+
+        return after
+
+    # ------------------------------------------------------------------ replication
+
+    def _replication(self) -> Replicator | None:
+        """The replicator of this run (started at the first call), on the main process with
+        ``replicate_to``; ``None`` otherwise."""
+        config = self.config
+        if not config.replicate_to or not self.state.is_main_process or not config.project_dir:
+            return None
+        if self.replicator is None:
+            listener = self._listener()
+            self.replicator = Replicator(
+                self.storage(config.project_dir),
+                config.project_dir,
+                get_storage(
+                    config.replicate_to, remote_options(config.replicate_to, config.storage_options)
+                ),
+                config.replicate_to,
+                config.remote_retention_policy(),
+                queue_size=config.replicate_queue_size,
+                on_replicated=None if listener is None else listener.checkpoint_replicated,
+            )
+            self.replicator.start()
+            _close_at_exit(self)
+        return self.replicator
+
+    def wait_replicated(self, deadline: float | None = None) -> bool:
+        """Wait up to ``deadline`` seconds (``None``: no limit) until every committed
+        checkpoint of this run is on the remote tier (or was skipped by the queue policy).
+
+        What a preemption exit calls: it says whether the newest checkpoint made it.
+
+        Returns:
+            ``True`` without ``replicate_to``, on processes other than the main one, or once the
+            queue is drained; ``False`` if time ran out or a hard error stopped replication.
+        """
+        replicator = self._replication()
+        return True if replicator is None else replicator.wait(deadline)
+
+    def close_replication(self, deadline: float | None = None) -> list[str]:
+        """Drain the replication queue for up to ``deadline`` seconds (default
+        ``replicate_deadline_seconds``) and stop the replicator; returns (and logs) the names
+        of the checkpoints left behind. A later save starts a new replicator."""
+        replicator, self.replicator = self.replicator, None
+        if replicator is None:
+            return []
+        limit = self.config.replicate_deadline_seconds if deadline is None else deadline
+        return replicator.close(limit)
 
     # ------------------------------------------------------------------ loading
 
@@ -384,12 +468,52 @@ class CheckpointManager:
             hooks=list(self._load_hooks.values()),
             verify=self.config.verify_checksums if verify is None else verify,
         )
+        remote: list[CheckpointInfo] = []
+        if path is None and self.config.replicate_to and self.config.project_dir:
+            remote = self._remote_checkpoints()
+            path = self._newer_on_remote(remote)
         result = sequence.run(path, objects)
+        if remote:  # number past both tiers: the next automatic save collides with neither
+            self.counter.set(max(self.counter.value, next_iteration(remote)))
         listener = self._listener()
         if listener is not None:
             seconds = time.perf_counter() - started
             listener.checkpoint_loaded(LoadReport(result.path, result.manifest, seconds))
         return result
+
+    def _remote_checkpoints(self) -> list[CheckpointInfo]:
+        """Every checkpoint on the remote tier (an empty list, with a warning, if it cannot be
+        listed: the local tier is then all there is)."""
+        assert self.config.replicate_to is not None
+        root = checkpoints_dir(self.config.replicate_to)
+        try:
+            return list_checkpoints(self.storage(root), root)
+        except Exception as exc:
+            logger.warning(
+                "Could not list the remote tier %s (%s: %s); load_state() considers the local "
+                "tier only.",
+                root,
+                type(exc).__name__,
+                exc,
+            )
+            return []
+
+    def _newer_on_remote(self, remote: list[CheckpointInfo]) -> str | None:
+        """The remote checkpoint to load when it is newer than every committed local one (a
+        lost or new local disk); ``None``: the local tier has the newest (an intact local copy
+        is preferred)."""
+        committed = committed_automatic(remote)
+        if not committed:
+            return None
+        newest = max(committed, key=lambda info: info.iteration or 0)
+        local = self.latest()
+        if local is not None and (local.iteration or 0) >= (newest.iteration or 0):
+            return None
+        logger.info(
+            "Resuming from the remote tier: %s is newer than any committed local checkpoint.",
+            newest.path,
+        )
+        return newest.path
 
     def _listener(self) -> SafeListener | None:
         """:attr:`listener`, its failures logged instead of raised into a save or load."""
@@ -438,6 +562,26 @@ class CheckpointManager:
             f.write(safetensors_save(obj, metadata={"format": "pt"}))
         else:
             torch.save(obj, f)
+
+
+def _close_at_exit(manager: CheckpointManager) -> None:
+    """Drain ``manager``'s replication queue at interpreter exit (up to its deadline), without
+    keeping the manager alive."""
+    ref = weakref.ref(manager)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close_replication()
+
+    # Before concurrent.futures' own exit hook: after it, no thread pool (fsspec's event loop
+    # resolves names in one) takes new work, so an upload could not even connect. Those hooks run
+    # in reverse order of registration, at the start of interpreter shutdown.
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:  # pragma: no cover - CPython has had it since 3.9
+        atexit.register(close)
+    else:
+        register(close)
 
 
 def _reporter(

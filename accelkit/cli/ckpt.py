@@ -32,6 +32,7 @@ from accelkit.checkpointing.catalog.listing import (
     CheckpointInfo,
     committed_automatic,
     latest_checkpoint,
+    list_checkpoints,
 )
 from accelkit.checkpointing.catalog.retention import (
     KeepBest,
@@ -44,11 +45,15 @@ from accelkit.checkpointing.catalog.retention import (
 )
 from accelkit.checkpointing.commit.deletion import delete_checkpoint, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.checkpointing.formats.layout import CHECKPOINTS_DIRNAME, MANIFEST_NAME
+from accelkit.checkpointing.formats.layout import (
+    CHECKPOINTS_DIRNAME,
+    MANIFEST_NAME,
+    checkpoints_dir,
+)
 from accelkit.checkpointing.formats.manifest import malformed, verify_files
-from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage import Storage, get_storage, join
 from accelkit.checkpointing.storage.confined import confine
-from accelkit.cli import ckpt_import
+from accelkit.cli import ckpt_import, ckpt_sync
 from accelkit.cli._ckpt_common import (
     Fail,
     accelerate_note,
@@ -92,7 +97,7 @@ def register(subparsers: Any) -> None:
         "ckpt",
         # `accelkit --help` is where users look for a command: every action is named here.
         help="checkpoints (local or fsspec URL): ls, prune, verify, inspect, import "
-        "(from accelerate)",
+        "(from accelerate), sync (to a remote tier)",
         description="Manage the checkpoints of a run without writing Python.",
         epilog=_EPILOG,
         formatter_class=fmt,
@@ -117,6 +122,11 @@ def register(subparsers: Any) -> None:
     )
     add_common(ls, "a checkpoints folder, a project dir (uses PATH/checkpoints) or one checkpoint")
     ls.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
+    ls.add_argument(
+        "--remote",
+        metavar="URL",
+        help="the run's replicate_to (remote tier): adds a TIER column (local, remote, both)",
+    )
     ls.set_defaults(func=command("ls", _run_ls))
 
     prune = actions.add_parser(
@@ -202,6 +212,7 @@ def register(subparsers: Any) -> None:
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(func=command("inspect", _run_inspect))
     ckpt_import.register(actions)
+    ckpt_sync.register(actions)
 
 
 # --------------------------------------------------------------------------- ls
@@ -250,13 +261,14 @@ def _opt(value: int | None) -> str:
 def _run_ls(args: argparse.Namespace) -> int:
     storage = open_storage(args)
     root, infos, _ = collect(storage, args.path)
+    infos, tiers = _tiers(args, infos)
     if not infos:
         if args.json:
             say_json([])
         raise nothing_found(args.path, root)
     infos, unknown_steps = with_accelerate_steps(storage, infos)
     if args.json:
-        say_json([_as_json(i) for i in infos])
+        say_json([_as_json(i) | _tier_json(tiers, i) for i in infos])
         for line in unknown_steps:  # stderr: the JSON stays whole
             say(line, err=True)
         return 0
@@ -273,9 +285,11 @@ def _run_ls(args: argparse.Namespace) -> int:
             format_runs(None if i.manifest is None else i.manifest.experiment),
             _format_metrics(i.metrics),
         ]
+        + ([tiers[i.name]] if tiers else [])
         for i in infos
     ]
     headers = ["NAME", "STATE", "ITER", "STEP", "SIZE", "FILES", "AGE", "RUNS", "METRICS"]
+    headers += ["TIER"] if tiers else []
     print(render_table(headers, rows, right=("ITER", "STEP", "SIZE", "FILES", "AGE")))
     for info in infos:
         if info.state == CORRUPT:
@@ -291,6 +305,37 @@ def _run_ls(args: argparse.Namespace) -> int:
     for line in [*([note] if note else []), *unknown_steps]:
         say(line, err=True)
     return 0
+
+
+def _tiers(
+    args: argparse.Namespace, infos: list[CheckpointInfo]
+) -> tuple[list[CheckpointInfo], dict[str, str]]:
+    """With ``--remote``: every checkpoint of either tier (the local entry where both have
+    one), and each one's tier: ``local``, ``remote`` or ``both`` (committed on both)."""
+    if not args.remote:
+        return infos, {}
+    remote_root = checkpoints_dir(args.remote)
+    remote = {
+        i.name: i
+        for i in list_checkpoints(get_storage(remote_root, dict(args.storage_options)), remote_root)
+    }
+    local = {i.name: i for i in infos}
+    tiers: dict[str, str] = {}
+    for name, info in local.items():
+        there = remote.get(name)
+        both = there is not None and there.state == COMMITTED and info.state == COMMITTED
+        tiers[name] = "both" if both else "local"
+    merged = list(infos)
+    for name, info in remote.items():
+        if name not in local:
+            tiers[name] = "remote"
+            merged.append(info)
+    merged.sort(key=lambda i: (i.iteration is None, i.iteration or 0, i.name))
+    return merged, tiers
+
+
+def _tier_json(tiers: dict[str, str], info: CheckpointInfo) -> dict[str, Any]:
+    return {"tier": tiers[info.name]} if tiers else {}
 
 
 # --------------------------------------------------------------------------- prune

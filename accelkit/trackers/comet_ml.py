@@ -18,6 +18,13 @@ if TYPE_CHECKING:
 
 __all__ = ["CometMLTracker"]
 
+# Where each kind of checkpoint event keeps the checkpoint's path.
+_PATH_KEYS = {
+    "save": "checkpoint/latest",
+    "load": "checkpoint/resumed_from",
+    "replicate": "checkpoint/latest_remote",
+}
+
 _COMET_DEFAULT_OFFLINE_DIR = ".cometml-runs"
 # Comet's experiment keys: 32 to 50 letters and digits.
 _EXPERIMENT_KEY = re.compile(r"[A-Za-z0-9]{32,50}")
@@ -205,7 +212,7 @@ class CometMLTracker(GeneralTracker):
             return
         if event.values:
             self.experiment.log_metrics(dict(event.values), step=event.step)
-        key = "checkpoint/latest" if event.kind == "save" else "checkpoint/resumed_from"
+        key = _PATH_KEYS[event.kind]
         self.experiment.log_other(key, event.path)
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint events: what a tracker is told when a checkpoint is saved or loaded.
+"""Checkpoint events: what a tracker is told when a checkpoint is saved, loaded or replicated.
 
 ``Accelerator.save_state`` and ``load_state`` hand one :class:`CheckpointEvent` to every tracker
 of the run through the hub, so the backend call runs on the tracker's own worker thread, never
@@ -17,6 +17,9 @@ The values (numbers), by event kind:
 ``checkpoint/iteration``      save: the checkpoint's number (``-1`` without one)
 ``checkpoint/load_seconds``   load: from the ``load_state`` call to the restored state
 ``checkpoint/resumed_step``   load: the logging step the run continues after
+``checkpoint/replication_seconds`` replicate: how long the copy to the remote tier took
+``checkpoint/replication_lag_seconds`` replicate: from the local commit to the remote commit
+``checkpoint/replication_queued`` replicate: checkpoints still waiting for the remote tier
 ========================== ==========================================================
 
 The step of an event is the run's logging step when the checkpoint was taken (the last step
@@ -34,6 +37,9 @@ __all__ = [
     "BYTES",
     "ITERATION",
     "LOAD_SECONDS",
+    "REPLICATION_LAG",
+    "REPLICATION_QUEUED",
+    "REPLICATION_SECONDS",
     "RESUMED_STEP",
     "SAVE_SECONDS",
     "CheckpointEvent",
@@ -45,6 +51,9 @@ BYTES = "checkpoint/bytes"
 ITERATION = "checkpoint/iteration"
 LOAD_SECONDS = "checkpoint/load_seconds"
 RESUMED_STEP = "checkpoint/resumed_step"
+REPLICATION_SECONDS = "checkpoint/replication_seconds"
+REPLICATION_LAG = "checkpoint/replication_lag_seconds"
+REPLICATION_QUEUED = "checkpoint/replication_queued"
 
 
 @dataclass(frozen=True)
@@ -52,14 +61,15 @@ class CheckpointEvent:
     """One checkpoint saved (committed) or loaded.
 
     Attributes:
-        kind: ``"save"`` or ``"load"``.
+        kind: ``"save"``, ``"load"`` or ``"replicate"`` (the checkpoint reached the remote
+            tier of ``ProjectConfiguration.replicate_to``).
         step: the logging step the event belongs to (``0`` when nothing was logged yet).
         path: the checkpoint's folder or URL.
         iteration: the checkpoint's number, ``None`` for a folder named by the caller.
         values: the numbers of the event, by the names in this module's table.
     """
 
-    kind: Literal["save", "load"]
+    kind: Literal["save", "load", "replicate"]
     step: int
     path: str
     iteration: int | None = None

@@ -188,7 +188,8 @@ class JSONLTracker(GeneralTracker):
 
     @override
     def on_checkpoint(self, event: CheckpointEvent) -> None:
-        """Append one event row (``"event": "checkpoint_save"`` or ``"checkpoint_load"``)."""
+        """Append one event row (``"event": "checkpoint_save"``, ``"checkpoint_load"`` or
+        ``"checkpoint_replicate"``)."""
         self._write(
             {
                 "step": event.step,

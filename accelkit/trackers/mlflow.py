@@ -474,8 +474,10 @@ class MLflowTracker(GeneralTracker):
         if event.kind == "save":
             label = event.name if event.iteration is None else str(event.iteration)
             keys = [LATEST_CHECKPOINT_TAG, _tag_key(CHECKPOINT_TAG_PREFIX + label)]
-        else:
+        elif event.kind == "load":
             keys = [LOADED_CHECKPOINT_TAG]
+        else:  # replicate: its numbers only (the save's tags name the checkpoint)
+            keys = []
         client.log_batch(
             self.run_id, metrics=metrics, tags=[RunTag(key, path) for key in dict.fromkeys(keys)]
         )

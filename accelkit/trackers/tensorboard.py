@@ -23,6 +23,13 @@ from accelkit.trackers.values import flatten, is_number, scalar_or_text, to_plai
 
 __all__ = ["TensorBoardTracker"]
 
+# Where each kind of checkpoint event keeps the checkpoint's path.
+_PATH_TAGS = {
+    "save": "checkpoint/path",
+    "load": "checkpoint/loaded_path",
+    "replicate": "checkpoint/remote_path",
+}
+
 _ROLE = "the TensorBoard tracker writes its event files"
 _EVENT_PREFIX = "events.out.tfevents."
 
@@ -123,7 +130,7 @@ class TensorBoardTracker(GeneralTracker):
         """Write the event's numbers as scalars and the checkpoint's path as text."""
         for key, value in event.values.items():
             self.writer.add_scalar(key, value, global_step=event.step)
-        tag = "checkpoint/path" if event.kind == "save" else "checkpoint/loaded_path"
+        tag = _PATH_TAGS[event.kind]
         self.writer.add_text(tag, event.path, global_step=event.step)
 
     @override

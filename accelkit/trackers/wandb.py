@@ -20,6 +20,13 @@ if TYPE_CHECKING:
 
 __all__ = ["WandBTracker"]
 
+# Where each kind of checkpoint event keeps the checkpoint's path.
+_PATH_KEYS = {
+    "save": "checkpoint/latest",
+    "load": "checkpoint/resumed_from",
+    "replicate": "checkpoint/latest_remote",
+}
+
 # What accelkit accepts as a W&B run id from a checkpoint: wandb's generated ids and the usual
 # user-chosen ones (letters, digits, ``-``, ``_``, ``.``); anything else starts a new run.
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
@@ -238,7 +245,7 @@ class WandBTracker(GeneralTracker):
             self._pending.update(values)
         else:
             self.run.log(values, commit=False)
-        key = "checkpoint/latest" if event.kind == "save" else "checkpoint/resumed_from"
+        key = _PATH_KEYS[event.kind]
         self.run.summary[key] = event.path
 
 

@@ -61,6 +61,9 @@ def _accelerator(project: str, options: dict[str, Any], width: int) -> tuple[Acc
         automatic_checkpoint_naming=True,
         total_limit=2,
         storage_options=options,
+        # accelkit's own retries off: this file proves what a save does when the storage
+        # fails for good (tests/checkpointing/test_retry.py proves the retries)
+        storage_retry_seconds=0,
     )
     accelerator = Accelerator(project_config=config, cpu=True)
     torch.manual_seed(0)

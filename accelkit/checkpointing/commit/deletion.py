@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 from accelkit.checkpointing.catalog.listing import (
     COMMITTED,
@@ -99,10 +99,17 @@ def remove_folder(storage: Storage, path: str) -> None:
     storage.rmtree(path)
 
 
-def apply_retention(storage: Storage, root: str, policy: RetentionPolicy, keep: str) -> None:
+def apply_retention(
+    storage: Storage,
+    root: str,
+    policy: RetentionPolicy,
+    keep: str,
+    protect: Collection[str] = (),
+) -> None:
     """Delete the committed ``checkpoint_<n>`` under ``root`` that ``policy`` does not keep,
     never ``keep`` (the checkpoint just committed). Failures are logged, not raised: the new
-    checkpoint is committed whatever happens here.
+    checkpoint is committed whatever happens here. Paths in ``protect`` (local checkpoints not
+    yet replicated to the remote tier) are kept for now, with an info line.
 
     The promise of ``accelkit ckpt prune`` holds here too: the project is never left without a
     checkpoint that verifies, and a damaged one is never counted. It is kept without reading
@@ -130,9 +137,18 @@ def apply_retention(storage: Storage, root: str, policy: RetentionPolicy, keep: 
         committed = committed_automatic(list_checkpoints(storage, root))
         # The listing already checked sizes; and keep is verified by construction.
         plan = plan_retention(committed, policy, lambda info: None)
+        held = {p.rstrip("/") for p in protect}
         for info in plan.delete:
-            if info.path.rstrip("/") != kept:
-                delete_checkpoint(storage, root, info)
+            if info.path.rstrip("/") == kept:
+                continue
+            if info.path.rstrip("/") in held:  # not yet on the remote tier
+                logger.info(
+                    "Retention keeps %s for now: it is not replicated yet (a later save's "
+                    "retention deletes it once it is).",
+                    info.path,
+                )
+                continue
+            delete_checkpoint(storage, root, info)
     except Exception as exc:
         logger.warning(
             "Retention under %s failed after committing %s: %s. Old checkpoints may remain;"

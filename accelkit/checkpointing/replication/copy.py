@@ -1,0 +1,221 @@
+"""Copy one committed checkpoint to another tier: the commit protocol, a second time.
+
+The one path every replication runs (the background :class:`~accelkit.checkpointing.
+replication.replicator.Replicator` and ``accelkit ckpt sync``):
+
+1. read the local manifest (the checkpoint must be committed there);
+2. if the remote folder already holds the same committed manifest, stop (nothing to do); a
+   remote folder committed with *another* manifest is refused (never overwritten);
+3. write the save marker first (what proves to ``ckpt prune`` that accelkit wrote the folder),
+   un-committing nothing: a remote folder without a manifest is incomplete by definition;
+4. stream each file the manifest lists from the local tier to the remote one, verifying what
+   is read against the manifest's size and checksum (the checksums the save wrote inline; the
+   remote bytes are not hashed again) before the upload is committed;
+5. remove files of an earlier, interrupted copy that the manifest does not list;
+6. write the manifest last (:func:`~accelkit.checkpointing.formats.manifest.write_manifest`,
+   one PUT on an object store), so the remote checkpoint is committed only when complete.
+
+Every remote operation is retried under a :class:`~accelkit.checkpointing.storage.retry.
+RetryPolicy` (transient errors only), per file: an outage in the middle of a checkpoint redoes
+the file it cut, not the ones already uploaded. Files are uploaded :data:`UPLOAD_WORKERS` at a
+time; memory: one read buffer (:data:`READ_CHUNK`) per file in flight, plus what the remote
+storage buffers for each upload (s3fs: one part).
+
+Public API: :func:`replicate_checkpoint`, :class:`Replicated`, :data:`READ_CHUNK`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from accelkit.checkpointing.commit.deletion import remove_folder
+from accelkit.checkpointing.errors import CheckpointError, CheckpointPathError
+from accelkit.checkpointing.formats.layout import MANIFEST_NAME, SAVE_MARKER_NAME
+from accelkit.checkpointing.formats.manifest import FileEntry, Manifest, read_manifest
+from accelkit.checkpointing.formats.manifest import write_manifest as _write_manifest
+from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.confined import confine
+from accelkit.checkpointing.storage.retry import RetryPolicy, retry_call
+from accelkit.checkpointing.storage.verified import open_verified
+
+__all__ = ["READ_CHUNK", "UPLOAD_WORKERS", "Replicated", "replicate_checkpoint"]
+
+READ_CHUNK = 8 * 1024 * 1024
+"""Bytes read from the local tier at a time (one buffer per file in flight)."""
+
+UPLOAD_WORKERS = 2
+"""Files of one checkpoint uploaded at the same time."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Replicated:
+    """What one replication did.
+
+    Attributes:
+        source: the local checkpoint folder.
+        target: the remote checkpoint folder.
+        manifest: the checkpoint's manifest (the same on both tiers).
+        bytes: bytes uploaded (0 if the remote tier already had it).
+        files: files uploaded.
+        seconds: wall time of the copy.
+        already: the remote tier already held this checkpoint, committed.
+    """
+
+    source: str
+    target: str
+    manifest: Manifest
+    bytes: int
+    files: int
+    seconds: float
+    already: bool = False
+
+
+def _same(a: Manifest, b: Manifest) -> bool:
+    return a.iteration == b.iteration and {e.path: (e.size, e.checksum) for e in a.files} == {
+        e.path: (e.size, e.checksum) for e in b.files
+    }
+
+
+def _marker(source: str) -> bytes:
+    doc = {
+        "format": "accelkit-save",
+        "started": time.time(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "replicated_from": source,
+    }
+    return json.dumps(doc).encode()
+
+
+def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, target: str) -> int:
+    """Stream one file, verified against ``entry``; the upload commits only if it verifies."""
+    buffer = bytearray(min(READ_CHUNK, max(entry.size, 1)))
+    view = memoryview(buffer)
+    with open_verified(local, source, entry) as reader:
+        sink = remote.open_sink(target)
+        try:
+            while True:
+                count = reader.readinto(view)
+                if not count:
+                    break
+                done = 0
+                while done < count:
+                    written = sink.write(view[done:count])
+                    if not written:
+                        raise OSError(f"uploading {target!r} made no progress (0 bytes written)")
+                    done += written
+            reader.verify()  # the local bytes are the ones the save hashed, or nothing is sent
+        except BaseException:
+            with contextlib.suppress(Exception):
+                sink.abort()
+            with contextlib.suppress(Exception):
+                remote.remove(target)
+            raise
+        sink.commit(False)
+    return entry.size
+
+
+def replicate_checkpoint(
+    local: Storage,
+    source: str,
+    remote: Storage,
+    target: str,
+    retry: RetryPolicy,
+    should_stop: Callable[[], bool] | None = None,
+    sleep: Callable[[float], object] = time.sleep,
+    workers: int = UPLOAD_WORKERS,
+) -> Replicated:
+    """Copy the committed checkpoint ``source`` to ``target`` and commit it there (see the
+    module docstring).
+
+    Args:
+        local: the storage of ``source``.
+        source: a committed checkpoint folder.
+        remote: the storage of ``target``.
+        target: the folder to create (``<replicate_to>/checkpoints/checkpoint_<n>``).
+        retry: how transient remote errors are retried (per operation, per file).
+        should_stop: ends the retries early (the run is shutting down).
+        sleep: how to wait between retries.
+        workers: files uploaded at the same time (each with its own read buffer).
+
+    Raises:
+        CheckpointError: ``source`` is not committed, or ``target`` holds another committed
+            checkpoint; nothing was written then.
+        CorruptCheckpointError: a local file disagrees with the manifest (the remote folder
+            stays uncommitted).
+        OSError: a hard remote error, or a transient one the policy gave up on (the remote
+            folder stays uncommitted; running again resumes).
+    """
+    started = time.perf_counter()
+
+    def step(what: str, fn: Callable[[], T]) -> T:
+        return retry_call(fn, retry, what, should_stop=should_stop, sleep=sleep)
+
+    local = confine(local, source)
+    manifest = read_manifest(local, source)
+    if manifest is None:
+        raise CheckpointError(
+            f"{source} is not a committed checkpoint (it has no {MANIFEST_NAME}), so it is not "
+            "replicated. `accelkit ckpt ls` shows its state."
+        )
+    existing = step(f"reading {target}", lambda: _remote_manifest(remote, target))
+    if existing is not None:
+        if _same(existing, manifest):
+            seconds = time.perf_counter() - started
+            return Replicated(source, target, manifest, 0, 0, seconds, already=True)
+        raise CheckpointPathError(
+            f"{target} already holds another committed checkpoint (its manifest differs from "
+            f"{source}'s); accelkit never overwrites a committed checkpoint, so it was not "
+            "replicated. Give each run its own replicate_to, or remove the remote one with "
+            "`accelkit ckpt prune`."
+        )
+    step(
+        f"marking {target}",
+        lambda: remote.write_bytes(join(target, SAVE_MARKER_NAME), _marker(source), atomic=True),
+    )
+
+    def upload(entry: FileEntry) -> int:
+        src, dst = join(source, entry.path), join(target, entry.path)
+        return step(
+            f"upload of {dst}", functools.partial(_copy_file, local, src, entry, remote, dst)
+        )
+
+    # Biggest first, `workers` at a time: an object store takes parallel uploads faster than one
+    # stream (as s3fs's put_file sends parts in parallel); each upload has its own buffer.
+    ordered = sorted(manifest.files, key=lambda e: -e.size)
+    if workers > 1 and len(ordered) > 1:
+        with ThreadPoolExecutor(workers, thread_name_prefix="accelkit-upload") as pool:
+            uploaded = sum(pool.map(upload, ordered))
+    else:
+        uploaded = sum(upload(entry) for entry in ordered)
+    listed = {e.path for e in manifest.files} | {SAVE_MARKER_NAME}
+    present = step(f"listing {target}", lambda: remote.walk_files(target))
+    for rel in present:
+        if rel not in listed:  # left by an earlier, interrupted copy
+            step(f"removing {rel}", functools.partial(remote.remove, join(target, rel)))
+    step(f"commit of {target}", lambda: _write_manifest(remote, target, manifest))
+    seconds = time.perf_counter() - started
+    return Replicated(source, target, manifest, uploaded, len(manifest.files), seconds)
+
+
+def _remote_manifest(remote: Storage, target: str) -> Manifest | None:
+    remote.invalidate(target)
+    if not remote.exists(join(target, MANIFEST_NAME)):
+        return None
+    return read_manifest(remote, target)
+
+
+def discard_incomplete(remote: Storage, target: str) -> None:
+    """Remove an uncommitted remote copy (marker last), as a failed save's folder is."""
+    remove_folder(remote, target)

@@ -1,0 +1,444 @@
+"""The background replicator: a bounded queue and one thread copying committed checkpoints.
+
+A save commits to the local tier and returns; the manager then hands the committed checkpoint to
+:meth:`Replicator.submit`. One thread copies it with
+:func:`~accelkit.checkpointing.replication.copy.replicate_checkpoint` under the remote tier's
+run lock (:class:`~accelkit.checkpointing.commit.lock.RunLock`), then applies the remote
+retention policy under the same lock (deletions as ``accelkit ckpt prune`` makes them).
+
+**Outages.** Transient errors are retried with exponential backoff and jitter for as long as
+the run lasts (:class:`~accelkit.checkpointing.storage.retry.RetryPolicy` with no deadline); a
+hard error (credentials, missing bucket, permission) stops replication and is reported once,
+with the fix. Training is never interrupted by either.
+
+**Queue policy.** The queue holds at most ``queue_size`` checkpoints besides the one in flight.
+When it falls behind:
+
+- a waiting checkpoint that the remote retention would delete anyway, once the newer ones are
+  there, is skipped (its local copy is then no longer held back from local retention);
+- if the queue is still over its size, the oldest waiting checkpoints are skipped;
+- the newest checkpoint is never skipped, and the next one copied is always the newest waiting.
+
+**Shutdown.** :meth:`Replicator.close` waits for the queue to drain up to a deadline and names
+what it leaves behind (``accelkit ckpt sync`` copies it later); the manager calls it from
+``end_training()`` and at interpreter exit.
+
+Public API: :class:`Replicator`, :class:`ReplicationReport`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelkit.checkpointing.catalog.listing import (
+    CheckpointInfo,
+    committed_automatic,
+    list_checkpoints,
+)
+from accelkit.checkpointing.catalog.retention import RetentionPolicy, select_for_deletion
+from accelkit.checkpointing.commit.deletion import apply_retention
+from accelkit.checkpointing.commit.lock import SAVE, RunLock
+from accelkit.checkpointing.formats.layout import checkpoints_dir, parse_checkpoint_name
+from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.replication.copy import Replicated, replicate_checkpoint
+from accelkit.checkpointing.storage import Storage, join, protocol_of
+from accelkit.checkpointing.storage.retry import (
+    HARD,
+    TRANSIENT,
+    RetryPolicy,
+    classify,
+    hard_error_fix,
+    retry_call,
+)
+
+__all__ = ["UPLOAD_PART", "ReplicationReport", "Replicator", "remote_options"]
+
+logger = logging.getLogger(__name__)
+
+UPLOAD_PART = 8 * 1024 * 1024
+"""The multipart part size the replicator asks of S3 (s3fs's ``default_block_size``; its own
+default, 50 MiB, would be buffered, and copied, per upload in flight)."""
+
+
+def remote_options(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The storage options the replicator opens ``url`` with: ``options``, plus
+    :data:`UPLOAD_PART` as S3's part size unless ``options`` sets one."""
+    out = dict(options)
+    if protocol_of(url) in ("s3", "s3a"):
+        out.setdefault("default_block_size", UPLOAD_PART)
+    return out
+
+
+START_GRACE_S = 0.2
+"""A queued checkpoint waits this long before its copy starts, so that the save which queued
+it returns before the upload competes with it for the CPU."""
+
+FOREVER = RetryPolicy(base_delay=0.5, max_delay=15.0, deadline=None)
+"""The replicator's default retries: keep trying while the run lasts."""
+
+
+@dataclass(frozen=True)
+class ReplicationReport:
+    """One checkpoint that reached the remote tier.
+
+    Attributes:
+        replicated: what the copy did (paths, bytes, files, seconds).
+        lag_seconds: from the local commit (the manifest's ``created``) to the remote commit.
+        queued: checkpoints still waiting after this one.
+    """
+
+    replicated: Replicated
+    lag_seconds: float
+    queued: int
+
+
+@dataclass
+class _Job:
+    name: str
+    path: str
+    manifest: Manifest
+    iteration: int
+    queued_at: float = field(default_factory=time.monotonic)
+
+    # RetentionCandidate, for the queue policy
+    @property
+    def created(self) -> float:
+        return self.manifest.created
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(self.manifest.metrics)
+
+
+@dataclass
+class _State:
+    pending: dict[str, _Job] = field(default_factory=dict)
+    in_flight: _Job | None = None
+    done: set[str] = field(default_factory=set)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, _Job] = field(default_factory=dict)
+    remote: list[CheckpointInfo] = field(default_factory=list)
+
+
+class Replicator:
+    """Copies committed checkpoints of a local project to a remote one, in one thread.
+
+    Args:
+        local: the storage of the local tier.
+        local_project: the local ``project_dir``.
+        remote: the storage of the remote tier (its errors are classified and retried here).
+        remote_project: ``replicate_to``.
+        policy: retention on the remote tier (``KeepAll`` keeps everything).
+        queue_size: checkpoints waiting besides the one in flight (see the module docstring).
+        retry: the backoff of transient errors (default: keep trying).
+        on_replicated: called (in the thread) after each checkpoint reached the remote tier;
+            its failures are logged.
+    """
+
+    def __init__(
+        self,
+        local: Storage,
+        local_project: str,
+        remote: Storage,
+        remote_project: str,
+        policy: RetentionPolicy,
+        queue_size: int = 4,
+        retry: RetryPolicy = FOREVER,
+        on_replicated: Callable[[ReplicationReport], None] | None = None,
+    ) -> None:
+        self.local = local
+        self.local_root = checkpoints_dir(local_project)
+        self.remote = remote
+        self.remote_project = remote_project
+        self.remote_root = checkpoints_dir(remote_project)
+        self.policy = policy
+        self.queue_size = queue_size
+        self.retry = retry
+        self.on_replicated = on_replicated
+        self.failure: BaseException | None = None
+        """The hard error that stopped replication, if any."""
+        self._cond = threading.Condition()
+        self._state = _State()
+        self._stop = threading.Event()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._scanned = False
+
+    # ------------------------------------------------------------------ the training side
+
+    def start(self, catch_up: bool = True) -> None:
+        """Start the thread (once); with ``catch_up``, it first queues the local committed
+        checkpoints the remote tier lacks (a run that ended before its queue drained, or
+        was killed in the middle of an upload)."""
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._scanned = not catch_up
+            self._thread = threading.Thread(
+                target=self._run, name="accelkit-replicator", daemon=True
+            )
+            self._thread.start()
+
+    def submit(self, path: str, manifest: Manifest) -> None:
+        """Queue the committed checkpoint ``path`` (a ``checkpoint_<n>`` of the local tier)."""
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        iteration = parse_checkpoint_name(name)
+        if iteration is None:
+            return
+        with self._cond:
+            if name in self._state.done or self.failure is not None:
+                return
+            self._state.pending[name] = _Job(name, path, manifest, iteration)
+            self._trim()
+            self._cond.notify_all()
+
+    def unreplicated(self) -> set[str]:
+        """Paths of local checkpoints queued or in flight (local retention keeps them)."""
+        with self._cond:
+            jobs = list(self._state.pending.values())
+            if self._state.in_flight is not None:
+                jobs.append(self._state.in_flight)
+            return {job.path.rstrip("/") for job in jobs}
+
+    def left(self) -> list[str]:
+        """Names of the checkpoints not replicated (in flight, queued, or failed with an error
+        that was reported), oldest first."""
+        with self._cond:
+            return self._left()
+
+    def _left(self) -> list[str]:
+        jobs = list(self._state.pending.values()) + list(self._state.failed.values())
+        if self._state.in_flight is not None:
+            jobs.append(self._state.in_flight)
+        return [job.name for job in sorted(jobs, key=lambda j: j.iteration)]
+
+    def replicated(self) -> set[str]:
+        """Names this replicator committed (or found committed) on the remote tier."""
+        with self._cond:
+            return set(self._state.done)
+
+    def wait(self, deadline: float | None = None) -> bool:
+        """Wait until nothing is queued or in flight, or ``deadline`` seconds have passed.
+
+        Returns:
+            ``True`` if everything submitted reached the remote tier (or was skipped by the
+            queue policy), ``False`` otherwise (a hard error stopped it, one failed, or time
+            ran out).
+        """
+        end = None if deadline is None else time.monotonic() + deadline
+        with self._cond:
+            while True:
+                state = self._state
+                busy = bool(state.pending) or state.in_flight is not None
+                idle = not busy and (self._scanned or self._thread is None)
+                if idle or self.failure is not None:
+                    return idle and self.failure is None and not state.failed
+                remaining = None if end is None else end - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(timeout=0.5 if remaining is None else min(remaining, 0.5))
+
+    def close(self, deadline: float | None) -> list[str]:
+        """Drain the queue for up to ``deadline`` seconds, then stop the thread.
+
+        Returns:
+            The names left behind (logged as a warning with the command that copies them).
+        """
+        self.wait(deadline)
+        with self._cond:
+            self._closing = True
+            left = self._left()
+            self._stop.set()
+            self._cond.notify_all()
+        if left:
+            logger.warning(
+                "Replication to %s stopped with %d checkpoint(s) not replicated: %s. They are "
+                "committed locally under %s; copy them with `accelkit ckpt sync %s %s`.",
+                self.remote_root,
+                len(left),
+                ", ".join(left),
+                self.local_root,
+                self.local_root.rsplit("/", 1)[0],
+                self.remote_project,
+            )
+        if self._thread is not None:
+            self._thread.join(timeout=2)  # a daemon: one stuck in a network call is left
+        return left
+
+    # ------------------------------------------------------------------ the queue policy
+
+    def _trim(self) -> None:
+        """Apply the queue policy (under the condition's lock)."""
+        pending = self._state.pending
+        if len(pending) <= 1:
+            return
+        newest = max(pending.values(), key=lambda j: j.iteration).name
+        known: list[CheckpointInfo | _Job] = [*self._state.remote]
+        names = {info.name for info in known}
+        known += [job for job in pending.values() if job.name not in names]
+        known.sort(key=lambda c: (c.iteration or 0, c.created))
+        doomed = {c.name for c in select_for_deletion(known, self.policy)}
+        for name in sorted(pending, key=lambda n: pending[n].iteration):
+            if name != newest and name in doomed:
+                self._skip(
+                    name, "the remote retention policy would delete it once newer ones are there"
+                )
+        while len(pending) > self.queue_size:
+            oldest = min(
+                (j for j in pending.values() if j.name != newest), key=lambda j: j.iteration
+            )
+            self._skip(oldest.name, f"the replication queue is full ({self.queue_size} waiting)")
+
+    def _skip(self, name: str, why: str) -> None:
+        self._state.pending.pop(name)
+        self._state.skipped.append(name)
+        logger.info("Replication skips %s: %s; a newer checkpoint is queued.", name, why)
+
+    # ------------------------------------------------------------------ the thread
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+    def _run(self) -> None:
+        try:
+            if not self._scanned:
+                self._catch_up()
+            while True:
+                with self._cond:
+                    self._scanned = True
+                    self._cond.notify_all()
+                    while True:
+                        while not self._state.pending and not self._closing:
+                            self._cond.wait()
+                        if self._closing or self.failure is not None:
+                            return
+                        job = max(self._state.pending.values(), key=lambda j: j.iteration)
+                        # Let the save that queued it return before the upload takes the CPU.
+                        remaining = job.queued_at + START_GRACE_S - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
+                    del self._state.pending[job.name]
+                    self._state.in_flight = job
+                outcome = self._replicate(job)
+                with self._cond:
+                    self._state.in_flight = None
+                    if outcome == "done":
+                        self._state.done.add(job.name)
+                    elif outcome == "retry":  # interrupted: back into the queue
+                        self._state.pending.setdefault(job.name, job)
+                    else:  # failed: left behind (named by close())
+                        self._state.failed[job.name] = job
+                    self._cond.notify_all()
+                if outcome in ("stop", "retry"):
+                    return
+        finally:
+            with self._cond:
+                self._scanned = True
+                self._cond.notify_all()
+
+    def _catch_up(self) -> None:
+        try:
+            local = committed_automatic(list_checkpoints(self.local, self.local_root))
+            remote = self._list_remote()
+        except Exception as exc:
+            if self._failed(exc, "listing the checkpoints to catch up on"):
+                return
+            return
+        there = {info.name for info in remote}
+        for info in local:
+            if info.name not in there and info.manifest is not None:
+                self.submit(info.path, info.manifest)
+
+    def _list_remote(self) -> list[CheckpointInfo]:
+        infos = retry_call(
+            lambda: committed_automatic(list_checkpoints(self.remote, self.remote_root)),
+            self.retry,
+            f"listing {self.remote_root}",
+            should_stop=self._stop.is_set,
+            sleep=self._sleep,
+        )
+        with self._cond:
+            self._state.remote = infos
+        return infos
+
+    def _replicate(self, job: _Job) -> str:
+        """Copy one checkpoint and apply the remote retention; ``"done"``, ``"skip"``
+        (dropped after a non-transient error), ``"retry"`` (stopped mid-way) or ``"stop"``."""
+        lock = RunLock(self.remote, self.remote_project, role=SAVE)
+        target = join(self.remote_root, job.name)
+        try:
+            retry_call(
+                lock.acquire,
+                self.retry,
+                f"the lock of {self.remote_project}",
+                should_stop=self._stop.is_set,
+                sleep=self._sleep,
+            )
+            try:
+                result = replicate_checkpoint(
+                    self.local,
+                    job.path,
+                    self.remote,
+                    target,
+                    self.retry,
+                    should_stop=self._stop.is_set,
+                    sleep=self._sleep,
+                )
+                apply_retention(self.remote, self.remote_root, self.policy, target)
+            finally:
+                lock.release()
+            self._list_remote()
+        except Exception as exc:
+            if self._stop.is_set() and classify(exc) == TRANSIENT:
+                return "retry"
+            return "stop" if self._failed(exc, f"replicating {job.name}") else "skip"
+        lag = max(0.0, time.time() - job.manifest.created)
+        with self._cond:
+            queued = len(self._state.pending)
+        if self.on_replicated is not None:
+            try:
+                self.on_replicated(ReplicationReport(result, lag, queued))
+            except Exception:
+                logger.warning("After replicating %s:", job.name, exc_info=True)
+        return "done"
+
+    def _failed(self, exc: BaseException, doing: str) -> bool:
+        """Report ``exc`` once; ``True`` if it stops replication (a hard error)."""
+        if self._stop.is_set():  # shutting down: close() already named what is left
+            logger.debug("Replication stopped while %s: %s", doing, exc)
+            return True
+        if classify(exc) == HARD:
+            with self._cond:
+                self.failure = exc
+                self._cond.notify_all()
+            logger.error(
+                "Replication to %s stopped while %s: %s: %s. Fix: %s. Training goes on; "
+                "the checkpoints stay on the local tier (copy them later with `accelkit ckpt "
+                "sync`).",
+                self.remote_project,
+                doing,
+                type(exc).__name__,
+                exc,
+                hard_error_fix(exc),
+            )
+            return True
+        logger.error(
+            "Replication to %s failed while %s: %s: %s. That checkpoint is not replicated; "
+            "the next ones are.",
+            self.remote_project,
+            doing,
+            type(exc).__name__,
+            exc,
+        )
+        return False
+
+
+def sort_names(names: Sequence[str]) -> list[str]:
+    """``checkpoint_<n>`` names in numeric order."""
+    return sorted(names, key=lambda n: (parse_checkpoint_name(n) or -1, n))
