@@ -43,6 +43,12 @@ reported at that use, like a failure in ``log``. :meth:`TrackerHub.references` g
 references for a new checkpoint and :meth:`TrackerHub.event` queues a checkpoint event
 (:mod:`accelkit.trackers.events`) for every tracker's worker.
 
+Journal: with a logging directory, each tracker's worker keeps a journal of what it sends
+(:mod:`accelkit.trackers.journal`): a backend that raises is retried with backoff and caught
+up from its last acknowledged entry rather than skipped, and what a run could not deliver is
+sent later by ``accelkit track sync``. ``journal=False`` (or ``ACCELKIT_TRACKER_JOURNAL=0``)
+turns it off.
+
 Pickling: a hub pickles (``Accelerator`` objects are pickled, by Accelerate's own tests among
 others) without its threads, locks, queues or started trackers, which belong to the process that
 started them. The copy is detached: ``log`` and ``flush`` do nothing, ``get`` returns a stand-in
@@ -61,7 +67,16 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from accelkit.trackers._worker import Checkpoint, Log, Mark, Resume, Start, Stop, Worker
+from accelkit.trackers._worker import (
+    Checkpoint,
+    JournalSettings,
+    Log,
+    Mark,
+    Resume,
+    Start,
+    Stop,
+    Worker,
+)
 from accelkit.trackers.base import GeneralTracker, NullTracker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.failures import FailurePolicy, TrackerError, TrackerFailure, TrackerWarning
@@ -88,6 +103,9 @@ class TrackerHub:
         timeout: the most seconds ``flush``/``finish`` wait for a tracker.
         defer_start: open the backends' runs at the first use after ``init`` rather than in
             it (see "Continuing runs" in the module docstring).
+        journal: keep each tracker's journal under ``logging_dir`` (see "Journal" in the
+            module docstring); ``None``: on unless ``ACCELKIT_TRACKER_JOURNAL=0``. Without a
+            logging directory there is no journal.
     """
 
     def __init__(
@@ -99,7 +117,11 @@ class TrackerHub:
         on_error: str = "warn",
         timeout: float = 60.0,
         defer_start: bool = False,
+        journal: bool | None = None,
     ) -> None:
+        if journal is None:
+            journal = os.environ.get("ACCELKIT_TRACKER_JOURNAL", "1") not in ("0", "false", "")
+        self.journal = bool(journal) and logging_dir is not None
         self._policy = FailurePolicy(on_error, timeout=timeout, on_skip=self._drop_failed)
         self.logging_dir = logging_dir
         self.is_main_process = is_main_process
@@ -127,6 +149,7 @@ class TrackerHub:
         on_error: str = "warn",
         timeout: float | None = None,
         defer_start: bool = False,
+        journal: bool | None = None,
     ) -> TrackerHub:
         """Check ``log_with`` and build the hub (nothing is started until :meth:`init`).
 
@@ -138,6 +161,8 @@ class TrackerHub:
             timeout: the most seconds ``flush``/``finish`` wait for the trackers; default
                 ``ACCELKIT_TRACKER_TIMEOUT`` or 60.
             defer_start: open the backends' runs at their first use, not in ``init``.
+            journal: keep a journal per tracker (``None``: ``ACCELKIT_TRACKER_JOURNAL``, on
+                by default).
 
         Returns:
             The hub.
@@ -165,6 +190,7 @@ class TrackerHub:
             on_error=on_error,
             timeout=timeout,
             defer_start=defer_start,
+            journal=journal,
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -275,7 +301,11 @@ class TrackerHub:
             tracker = self._construct(spec, arguments)
             if tracker is None:
                 continue
-            worker = Worker(tracker, self._policy)
+            worker = Worker(
+                tracker,
+                self._policy,
+                self._journal_settings(tracker, project_name, init_kwargs.get(tracker.name)),
+            )
             self._workers.append(worker)
             self._unstarted.append(worker)
         if not self.defer_start:
@@ -287,6 +317,22 @@ class TrackerHub:
             atexit.register(self._drain_at_exit)
             self._atexit_registered = True
         self._policy.raise_pending()
+
+    def _journal_settings(
+        self,
+        tracker: GeneralTracker,
+        project_name: str,
+        init_kwargs: Mapping[str, Any] | None = None,
+    ) -> JournalSettings | None:
+        if not self.journal or self.logging_dir is None:
+            return None
+        name = tracker.name
+        if not self.is_main_process:
+            name = f"{name}.rank{os.environ.get('RANK', '0')}"
+        run = {"tracker": tracker.name, "project_name": project_name}
+        if init_kwargs:
+            run["init_kwargs"] = init_kwargs
+        return JournalSettings(self.logging_dir, name, run)
 
     def _open_runs(self, wait: bool) -> None:
         """Queue ``start`` (after ``continue_run`` when a checkpoint was loaded) and
