@@ -168,7 +168,7 @@ class Worker:
         while True:
             self.wake.clear()
             while items:
-                if self.journal is not None and type(items[0]) is tuple:
+                if self.journal is not None and type(items[0]) is tuple and not self.failed:
                     self._journal_logs(items)
                     continue
                 if self._handle(items.popleft()):
@@ -351,7 +351,7 @@ class Worker:
                 self._deliver(force=True)  # one last try, whatever the backoff says
             if self.journal is not None:
                 left = self.journal.next_seq - 1 - self.journal.acked
-                if left > 0:
+                if left > 0 and not self.failed:  # a failed tracker was reported already
                     self.policy.undelivered(self.name, left, self.journal.folder)
                 try:
                     self.journal.close()
@@ -372,11 +372,11 @@ class Worker:
             "continue_run", tracker.continue_run, resume.reference, resume.step
         ):
             return
-        self._open_journal(resume)
         # Not failed again: a start() that returned after its time limit was reported.
         if not self.call("start", tracker.start) or self.failed:
             return
         self.started = True
+        self._open_journal(resume)
         if config is not None and self.journal is None:
             self.call("store_init_configuration", tracker.store_init_configuration, config)
         try:

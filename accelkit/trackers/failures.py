@@ -292,13 +292,17 @@ class FailurePolicy:
         )
 
     def undelivered(self, name: str, count: int, journal: str) -> None:
-        """Warn at the end of a run that entries are left in a tracker's journal."""
+        """Say at the end of a run that entries are left in a tracker's journal (an error-level
+        record: the outage itself was warned about when it began)."""
         logdir = os.path.dirname(os.path.dirname(journal))
-        _warn(
-            f"Tracker {name!r}: {count} journaled entries were not delivered (its backend did "
-            f"not answer). They are kept in {journal}; send them with: accelkit track sync "
-            f"{logdir} --tracker {name}",
-            TrackerWarning,
+        logger.error(
+            "Tracker %r: %d journaled entries were not delivered (its backend did not answer). "
+            "They are kept in %s; send them with: accelkit track sync %s --tracker %s",
+            name,
+            count,
+            journal,
+            logdir,
+            name,
         )
 
     def journal_off(self, name: str, error: BaseException) -> None:
