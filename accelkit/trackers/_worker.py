@@ -21,7 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
@@ -471,7 +471,7 @@ def call(tracker: GeneralTracker, entry: Entry, live: Any = None) -> None:
         event = live
         if not isinstance(event, CheckpointEvent):
             extra = entry.extra
-            kind = "load" if extra.get("kind") == "load" else "save"
+            kind: Literal["save", "load"] = "load" if extra.get("kind") == "load" else "save"
             iteration = extra.get("iteration")
             event = CheckpointEvent(
                 kind,

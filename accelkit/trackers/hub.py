@@ -329,7 +329,7 @@ class TrackerHub:
         name = tracker.name
         if not self.is_main_process:
             name = f"{name}.rank{os.environ.get('RANK', '0')}"
-        run = {"tracker": tracker.name, "project_name": project_name}
+        run: dict[str, Any] = {"tracker": tracker.name, "project_name": project_name}
         if init_kwargs:
             run["init_kwargs"] = init_kwargs
         return JournalSettings(self.logging_dir, name, run)

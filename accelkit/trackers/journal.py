@@ -380,6 +380,12 @@ class Journal:
                         return out
         return out
 
+    def last_step(self) -> int:
+        """The largest step in the newest segment (``-1``: none): where the run stopped."""
+        if not self._segments:
+            return -1
+        return max((entry.step for entry in self._read_segment(self._segments[-1][1])), default=-1)
+
     def _read_segment(self, path: str) -> Iterator[Entry]:
         try:
             descriptor = open_regular(path, os.O_RDONLY, _ROLE)
