@@ -253,6 +253,20 @@ class Worker:
         self._backoff = min(_FIRST_RETRY_S, _max_retry_s())
         self._retry_at = 0.0
 
+    def _drain(self) -> None:
+        """At the end of the run, keep trying to deliver (with the backoff) for at most
+        ``ACCELKIT_TRACKER_DRAIN_S`` seconds (10 by default); what is left stays journaled."""
+        if not (self._pending or self._on_disk):
+            return
+        deadline = time.monotonic() + float(os.environ.get("ACCELKIT_TRACKER_DRAIN_S", "10"))
+        self._deliver(force=True)
+        while (self._pending or self._on_disk) and not self.failed and self.started:
+            pause = max(0.0, self._retry_at - time.monotonic())
+            if time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+            self._deliver()
+
     def _refill(self) -> None:
         journal = self.journal
         assert journal is not None
@@ -299,12 +313,16 @@ class Worker:
             return
         try:
             journal = Journal.open(settings.logging_dir, settings.name)
-            run = journal.read_run() if journal.next_seq else None
-            if run is not None:
-                if resume is not None and run.get("reference") == resume.reference:
+            if journal.next_seq or journal.problems:
+                run = None if journal.problems else journal.read_run()
+                if (
+                    run is not None
+                    and resume is not None
+                    and run.get("reference") == resume.reference
+                ):
                     journal.drop_after(resume.step)  # the resumed run logs those again
                     journal.load()
-                else:  # a previous run's: kept aside for `accelkit track sync`
+                else:  # a previous run's (for `accelkit track sync`) or a damaged one
                     journal.set_aside()
                     journal = Journal.open(settings.logging_dir, settings.name)
             self.journal = journal
@@ -347,8 +365,7 @@ class Worker:
             item.done.set()
             return False
         if isinstance(item, Stop):
-            if self._pending or self._on_disk:
-                self._deliver(force=True)  # one last try, whatever the backoff says
+            self._drain()
             if self.journal is not None:
                 left = self.journal.next_seq - 1 - self.journal.acked
                 if left > 0 and not self.failed:  # a failed tracker was reported already

@@ -199,7 +199,11 @@ class Journal:
             if match is None:
                 continue
             path = os.path.join(self.folder, name)
-            if not check_regular(path, _ROLE):
+            try:
+                if not check_regular(path, _ROLE):
+                    continue
+            except TrackerFileError as error:
+                self._problem(short(str(error), 300))
                 continue
             segments.append((int(match.group(1)), path, os.lstat(path).st_size))
         self._segments = segments
@@ -213,13 +217,17 @@ class Journal:
 
     def _read_ack(self) -> int:
         path = os.path.join(self.folder, "acked")
-        if not check_regular(path, _ROLE):
-            return -1
-        descriptor = open_regular(path, os.O_RDONLY, _ROLE)
         try:
-            data = os.read(descriptor, 64)
-        finally:
-            os.close(descriptor)
+            if not check_regular(path, _ROLE):
+                return -1
+            descriptor = open_regular(path, os.O_RDONLY, _ROLE)
+            try:
+                data = os.read(descriptor, 64)
+            finally:
+                os.close(descriptor)
+        except OSError as error:
+            self._problem(f"{short(str(error), 300)}; treated as all delivered")
+            return 2**62
         text = data.decode("ascii", "replace").strip()
         if not text:
             return -1
@@ -455,11 +463,11 @@ class Journal:
         )
 
     def set_aside(self) -> str | None:
-        """Move this journal to ``<folder>-<time>`` (a previous run's, kept for ``track sync``)
-        or remove it when everything was delivered; returns the new folder (``None``:
-        removed)."""
+        """Move this journal to ``<folder>-<time>`` (a previous run's, kept for ``track sync``;
+        or a damaged one, kept to look at) or remove it when everything was delivered; returns
+        the new folder (``None``: removed)."""
         self.close()
-        if not self.pending(limit=1):
+        if not self.problems and not self.pending(limit=1):
             shutil.rmtree(self.folder, ignore_errors=True)
             return None
         target = f"{self.folder}-{time.strftime('%Y%m%d-%H%M%S')}"
