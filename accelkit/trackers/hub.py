@@ -132,6 +132,7 @@ class TrackerHub:
         self._lock = threading.Lock()
         self._atexit_registered = False
         self._next_step = 0  # the step of the next log() called without one
+        self._logged = False  # log() was called in this run (a later load_state is mid-run)
         self._detached = False  # an unpickled copy: no trackers of its own
         self.defer_start = defer_start
         self._unstarted: list[Worker] = []  # constructed, start() not queued yet (deferred)
@@ -280,6 +281,7 @@ class TrackerHub:
             )
         init_kwargs = dict(init_kwargs or {})
         self._next_step = 0 if self._resume is None else self._resume[1] + 1
+        self._logged = False
         self._policy.begin_run({spec.name for spec in self._specs})
         unknown = sorted(set(init_kwargs) - {spec.name for spec in self._specs})
         if unknown and self.is_main_process:
@@ -310,6 +312,23 @@ class TrackerHub:
             self._unstarted.append(worker)
         if not self.defer_start:
             self._open_runs(wait=True)
+        else:
+            # A tracker instance given to log_with that does not continue runs (no
+            # continue_run of its own: Accelerate's custom trackers) is started here, as
+            # Accelerate does, since its owner may call its methods right after
+            # init_trackers. The others start in the background: at once when a checkpoint
+            # was loaded already, else at their first use, so that a load_state after
+            # init_trackers still continues their runs.
+            given = [
+                w
+                for w in self._unstarted
+                if any(w.tracker is s for s in self._specs)
+                and type(w.tracker).continue_run is GeneralTracker.continue_run
+            ]
+            if given:
+                self._open_runs(wait=True, only=given)
+            if self._resume is not None:
+                self._open_runs(wait=False)
         if self._workers and not self._atexit_registered:
             # Registered after the trackers were made, so this runs before the backends' own
             # exit hooks (atexit is last-in, first-out) and their runs still accept values.
@@ -334,13 +353,17 @@ class TrackerHub:
             run["init_kwargs"] = init_kwargs
         return JournalSettings(self.logging_dir, name, run)
 
-    def _open_runs(self, wait: bool) -> None:
+    def _open_runs(self, wait: bool, only: list[Worker] | None = None) -> None:
         """Queue ``start`` (after ``continue_run`` when a checkpoint was loaded) and
-        ``store_init_configuration`` for every tracker not started yet; with ``wait``, wait
-        at most ``timeout`` seconds for each (a tracker that takes longer is reported and
-        skipped)."""
+        ``store_init_configuration`` for every tracker not started yet (or those of ``only``);
+        with ``wait``, wait at most ``timeout`` seconds for each (a tracker that takes longer
+        is reported and skipped)."""
         with self._lock:
-            workers, self._unstarted = self._unstarted, []
+            if only is None:
+                workers, self._unstarted = self._unstarted, []
+            else:
+                workers = [w for w in self._unstarted if w in only]
+                self._unstarted = [w for w in self._unstarted if w not in only]
             if not workers:
                 return
             opened = []
@@ -356,7 +379,8 @@ class TrackerHub:
                 start = functools.partial(Start, config=config, resume=resume)
                 opened.append((worker, worker.signal(start)))
                 worker.items.extend(Checkpoint(event) for event in self._early_events)
-            self._early_events = []
+            if not self._unstarted:
+                self._early_events = []
             self._live = self._live + [worker for worker in workers if not worker.failed]
         if wait:
             for worker, done in opened:
@@ -415,15 +439,14 @@ class TrackerHub:
                 f"log(step={step!r}): the step must be an int (the training step) or None "
                 "(the hub counts the calls)."
             ) from None
+        self._logged = True
+        if self._unstarted:  # the run's first use: open the backends' runs now
+            self._open_runs(wait=False)
         live = self._live
         if not live:
-            if self._unstarted:  # the run's first use: open the backends' runs now
-                self._open_runs(wait=False)
-                live = self._live
-            if not live:
-                if self._policy.pending is not None:
-                    self._policy.raise_pending()
-                return
+            if self._policy.pending is not None:
+                self._policy.raise_pending()
+            return
         policy = self._policy
         if policy.pending is not None:
             policy.raise_pending()
@@ -571,7 +594,7 @@ class TrackerHub:
             runs: tracker name -> the reference the checkpoint recorded for it.
             step: the checkpoint's last logging step (``-1``: nothing was logged before it).
         """
-        if self._live or self._detached:
+        if self._logged or self._detached:
             return
         self._resume = (dict(runs), int(step))
         self._next_step = int(step) + 1
@@ -585,7 +608,8 @@ class TrackerHub:
         """
         with self._lock:
             live = self._live
-            if not live and self._specs and len(self._early_events) < _MAX_EARLY_EVENTS:
+            early = self._unstarted or (not live and self._specs)
+            if early and len(self._early_events) < _MAX_EARLY_EVENTS:
                 self._early_events.append(event)
         for worker in live:
             worker.items.append(Checkpoint(event))

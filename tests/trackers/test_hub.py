@@ -67,15 +67,33 @@ def test_raise_policy_raises_at_init_for_start_failures_when_runs_open_eagerly()
 
 
 def test_raise_policy_raises_start_failures_at_the_first_use_when_runs_open_lazily() -> None:
-    # The default: runs open at their first use, so that a load_state() after
-    # init_trackers() can continue the checkpoint's runs.
-    broken = RecordingTracker("broken", fail_in="start")
+    # The default: runs of trackers that continue runs open at their first use, so that a
+    # load_state() after init_trackers() can continue the checkpoint's runs.
+    class Continuing(RecordingTracker):
+        @override
+        def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
+            pass
+
+    broken = Continuing("broken", fail_in="start")
     accelerator = Accelerator(log_with=[broken], tracker_errors="raise")
     accelerator.init_trackers("run")
     assert broken.calls == []  # not started yet
     accelerator.log({"x": 1}, step=0)
     with pytest.raises(TrackerError, match="'broken' failed in start"):
         accelerator.end_training()
+
+
+def test_a_tracker_instance_without_continuity_is_started_by_init_trackers() -> None:
+    # As Accelerate does (#30): its owner may call its methods right after init_trackers.
+    tracker = RecordingTracker("mine")
+    accelerator = Accelerator(log_with=[tracker])
+    accelerator.init_trackers("run", config={"a": 1})
+    assert [call[0] for call in tracker.calls][:2] == ["start", "config"]
+    accelerator.end_training()
+    broken = RecordingTracker("broken", fail_in="start")
+    accelerator = Accelerator(log_with=[broken], tracker_errors="raise")
+    with pytest.raises(TrackerError, match="'broken' failed in start"):
+        accelerator.init_trackers("run")
 
 
 def test_raise_policy_raises_worker_failures_at_the_next_call() -> None:
@@ -289,7 +307,7 @@ class _HangsIn(GeneralTracker):
 
 
 @pytest.mark.parametrize("lazily", [False, True], ids=["in_init", "at_first_use"])
-@pytest.mark.parametrize("method", ["start", "store_init_configuration"])
+@pytest.mark.parametrize("method", ["start", "config"])
 def test_a_hung_start_is_bounded_reported_and_skipped(
     method: str, lazily: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
