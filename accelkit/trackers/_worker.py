@@ -20,13 +20,14 @@ import collections
 import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, TypeAlias
 
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.failures import FailurePolicy, TrackerFailure, classify
-from accelkit.trackers.journal import Entry, Journal
+from accelkit.trackers.journal import Entry, Journal, JournalWarning
 from accelkit.trackers.values import resolve
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "Stop",
     "Worker",
     "deliver",
+    "settle",
 ]
 
 POLL_S = 0.05
@@ -236,6 +238,15 @@ class Worker:
                 if not pending:
                     break
             entry, live = pending[0]
+            journal = self.journal
+            if journal is not None:
+                if entry.seq == journal.in_doubt and settle(self.tracker, journal, entry):
+                    pending.popleft()
+                    continue
+                try:
+                    journal.sending(entry.seq)
+                except OSError as error:
+                    self._journal_broken(error)
             outcome = self._send(entry, live)
             if outcome == "retry":
                 return
@@ -504,6 +515,35 @@ def call(tracker: GeneralTracker, entry: Entry, live: Any = None) -> None:
         tracker.on_checkpoint(event)
 
 
+def settle(tracker: GeneralTracker, journal: Journal, entry: Entry) -> bool:
+    """Settle the entry a killed sender left *in doubt*: ``True`` when the backend has it
+    already (it is then recorded as delivered and not sent again).
+
+    A tracker that can tell defines ``journal_delivered(step, values) -> bool`` (MLflow
+    does); for one that cannot, the entry is sent again, with a warning: at most one entry
+    per killed sender may then reach the backend twice.
+    """
+    journal.in_doubt = None
+    probe = getattr(tracker, "journal_delivered", None)
+    if probe is None:
+        warnings.warn(
+            f"Tracker {tracker.name!r}: journal entry {entry.seq} (step {entry.step}) was being "
+            "sent when the last sender stopped, and this tracker cannot tell whether its backend "
+            "took it (it has no journal_delivered method); it is sent again and may appear "
+            "twice.",
+            JournalWarning,
+            stacklevel=2,
+        )
+        return False
+    try:
+        delivered = bool(probe(entry.step, dict(entry.values)))
+    except Exception:
+        delivered = False
+    if delivered:
+        journal.ack(entry.seq)
+    return delivered
+
+
 def deliver(tracker: GeneralTracker, journal: Journal, on_sent: Callable[[Entry], None]) -> int:
     """Send every undelivered entry of ``journal`` to a started ``tracker``, in order,
     recording each as delivered right after the tracker accepts it (``accelkit track sync``).
@@ -520,6 +560,9 @@ def deliver(tracker: GeneralTracker, journal: Journal, on_sent: Callable[[Entry]
         if not entries:
             return sent
         for entry in entries:
+            if entry.seq == journal.in_doubt and settle(tracker, journal, entry):
+                continue
+            journal.sending(entry.seq)
             call(tracker, entry)
             journal.ack(entry.seq)
             sent += 1

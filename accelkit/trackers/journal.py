@@ -17,8 +17,9 @@ On disk (all plain text, written by :class:`Journal` only):
                     (``log``, ``config``, ``event``), ``step``, ``time`` (wall time) and
                     ``values`` (plus ``kwargs`` and the event's fields where there are some);
                     a segment is named after its first entry's ``seq``
-``acked``           the ``seq`` of the last entry the backend accepted, written in place right
-                    after each accepted call (one ``pwrite``)
+``acked``           two lines: the ``seq`` of the last entry the backend accepted, and of the
+                    entry being sent; each rewritten in place by one ``pwrite`` just before a
+                    backend call and right after it returns
 =================== ==========================================================================
 
 Every file of a journal is untrusted input when it is read back (a resumed job, ``track sync``):
@@ -66,7 +67,6 @@ __all__ = [
 JOURNAL_FOLDER = "accelkit-journal"
 """The folder under the logging directory that holds one journal per tracker."""
 
-_ACK_WIDTH = 21  # "%020d\n": fixed width, so each acknowledgement is one pwrite in place
 _SEGMENT = re.compile(r"^(\d{12})\.jsonl$")
 _MAX_LINE = 16 * 2**20  # a longer line is not an entry (values are numbers and short text)
 _ROLE = "the tracker journal keeps the values not yet delivered"
@@ -175,6 +175,7 @@ class Journal:
         self._ack_fd: int | None = None
         self._cap_said = False
         self.dropped = 0
+        self.in_doubt: int | None = None
 
     # ------------------------------------------------------------------ opening
 
@@ -228,15 +229,20 @@ class Journal:
         except OSError as error:
             self._problem(f"{short(str(error), 300)}; treated as all delivered")
             return 2**62
-        text = data.decode("ascii", "replace").strip()
+        lines = data.decode("ascii", "replace").split("\n")
+        text = lines[0].strip()
         if not text:
             return -1
-        if not text.isdigit() or len(text) > 20:
+        acked = _number(text)
+        if acked is None:
             # Unknown: assume every entry was delivered, so nothing can be sent twice; the
             # entries stay on disk for a user who knows better.
             self._problem(f"{path}: not a number ({short(text, 40)}); treated as all delivered")
             return 2**62
-        return int(text)
+        sending = _number(lines[1].strip()) if len(lines) > 1 else None
+        if sending is not None and sending == acked + 1:
+            self.in_doubt = sending
+        return acked
 
     def _problem(self, what: str) -> None:
         self.problems.append(what)
@@ -342,17 +348,27 @@ class Journal:
             except OSError:
                 pass
 
+    def _ack_file(self) -> int:
+        if self._ack_fd is None:
+            path = os.path.join(self.folder, "acked")
+            self._ack_fd = open_regular(path, os.O_WRONLY | os.O_CREAT, _ROLE)
+        return self._ack_fd
+
+    def sending(self, seq: int) -> None:
+        """Record that entry ``seq`` is being sent: a process killed before its :meth:`ack`
+        leaves it *in doubt* (the backend may have taken it), which the next sender settles
+        (see :attr:`in_doubt`)."""
+        os.pwrite(self._ack_file(), b"%020d\n%020d\n" % (self.acked, seq), 0)
+
     def ack(self, seq: int, *, sync: bool = False) -> None:
         """Record that the backend accepted every entry up to ``seq`` (one ``pwrite``)."""
         if seq <= self.acked:
             return
         self.acked = seq
-        if self._ack_fd is None:
-            path = os.path.join(self.folder, "acked")
-            self._ack_fd = open_regular(path, os.O_WRONLY | os.O_CREAT, _ROLE)
-        os.pwrite(self._ack_fd, b"%020d\n" % seq, 0)
+        self.in_doubt = None
+        os.pwrite(self._ack_file(), b"%020d\n%020d\n" % (seq, seq), 0)
         if sync:
-            os.fsync(self._ack_fd)
+            os.fsync(self._ack_file())
 
     def sync(self) -> None:
         """Flush the open segment and ``acked`` to the disk (``fsync``)."""
@@ -477,6 +493,14 @@ class Journal:
         target = target if not suffix else f"{target}-{suffix}"
         os.rename(self.folder, target)
         return target
+
+
+def _number(text: str) -> int | None:
+    """A sequence number written by :meth:`Journal.ack` (``-1`` included), else ``None``."""
+    if not 1 <= len(text) <= 20 or not text.lstrip("-").isdigit() or text.count("-") > 1:
+        return None
+    value = int(text)
+    return value if -1 <= value < 2**62 else None
 
 
 def _line(entry: Entry) -> str:

@@ -307,7 +307,7 @@ class _HangsIn(GeneralTracker):
 
 
 @pytest.mark.parametrize("lazily", [False, True], ids=["in_init", "at_first_use"])
-@pytest.mark.parametrize("method", ["start", "config"])
+@pytest.mark.parametrize("method", ["start", "store_init_configuration"])
 def test_a_hung_start_is_bounded_reported_and_skipped(
     method: str, lazily: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
