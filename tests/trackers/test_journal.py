@@ -225,3 +225,61 @@ def test_hostile_journal_files_are_reported_and_never_stop_training(
     said = " ".join(str(w.message) for w in caught)
     assert "symbolic link" in said or "named pipe" in said
     assert outside.read_text() == "secret\n"
+
+
+class SlowStart(CSVTracker):
+    """A tracker that continues runs and takes 2 s to open one (MLflow on a loaded machine)."""
+
+    name = "slow_start"
+
+    def __init__(self, run_name: str = "", logging_dir: str | None = None, **kwargs: Any) -> None:
+        super().__init__(run_name, logging_dir, **kwargs)
+        self.run_id = ""
+        self.continued: dict[str, Any] | None = None
+
+    @override
+    def start(self) -> None:
+        import time
+        import uuid
+
+        time.sleep(2.0)
+        self.run_id = self.continued["id"] if self.continued else uuid.uuid4().hex
+        super().start()
+
+    @override
+    def run_reference(self) -> dict[str, Any] | None:
+        return {"id": self.run_id}
+
+    @override
+    def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        self.continued = reference
+
+
+def test_the_first_save_never_waits_for_a_run_to_open_and_is_still_continued(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    register_tracker(SlowStart)
+    config = {"automatic_checkpoint_naming": True}
+    first = Accelerator(
+        log_with="slow_start", project_config=ProjectConfiguration(str(tmp_path), **config)
+    )
+    first.init_trackers("run")
+    first.log({"x": 0.0}, step=0)  # the run starts opening (2 s)
+    began = time.monotonic()
+    path = first.save_state()
+    assert time.monotonic() - began < 1.9  # at most the 1 s grace, never the start-up
+    record = json.loads((Path(path) / "accelkit.json").read_text())["experiment"]
+    assert set(record["runs"]["slow_start"]) == {"accelkit_journal"}  # a pointer, for now
+    run_id = first.get_tracker("slow_start").run_id
+    first.end_training()
+
+    resumed = Accelerator(
+        log_with="slow_start", project_config=ProjectConfiguration(str(tmp_path), **config)
+    )
+    resumed.init_trackers("run")  # init before load: the run still continues
+    resumed.load_state()
+    resumed.log({"x": 1.0})
+    assert resumed.get_tracker("slow_start").run_id == run_id
+    resumed.end_training()
