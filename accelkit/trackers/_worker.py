@@ -20,7 +20,6 @@ import collections
 import os
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, NamedTuple, TypeAlias
@@ -28,7 +27,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.failures import FailurePolicy, TrackerFailure, classify
-from accelkit.trackers.journal import Entry, Journal, JournalWarning, journal_folders
+from accelkit.trackers.journal import Entry, Journal, JournalWarning
 from accelkit.trackers.values import resolve
 
 __all__ = [
@@ -41,15 +40,11 @@ __all__ = [
     "Start",
     "Stop",
     "Worker",
-    "JOURNAL_POINTER",
     "deliver",
     "settle",
 ]
 
 POLL_S = 0.05
-JOURNAL_POINTER = "accelkit_journal"
-"""The key of a run reference that names a journal instead (a save while the run was still
-opening): ``{JOURNAL_POINTER: {"journal": <folder name>, "id": <the run's journal id>}}``."""
 _BATCH = 4096  # requests journaled per write
 _MEMORY = 65_536  # undelivered entries kept in memory; beyond, they are read back from disk
 _FIRST_RETRY_S = 0.5
@@ -158,8 +153,6 @@ class Worker:
         self.items: collections.deque[Item] = collections.deque()
         self.wake = threading.Event()
         self.journal_settings = journal
-        self.journal_id = uuid.uuid4().hex if journal is not None else ""
-        self._journal_ids: list[str] = []  # ids of the run's earlier jobs (a resumed run)
         self.journal: Journal | None = None
         # Undelivered entries in order, with the live values (``None``: read from disk).
         self._pending: collections.deque[tuple[Entry, Any]] = collections.deque()
@@ -273,10 +266,13 @@ class Worker:
 
     def _drain(self) -> None:
         """At the end of the run, keep trying to deliver (with the backoff) for at most
-        ``ACCELKIT_TRACKER_DRAIN_S`` seconds (10 by default); what is left stays journaled."""
+        ``ACCELKIT_TRACKER_DRAIN_S`` seconds (10 by default) and half the tracker timeout;
+        what is left stays journaled."""
         if not (self._pending or self._on_disk):
             return
-        deadline = time.monotonic() + float(os.environ.get("ACCELKIT_TRACKER_DRAIN_S", "10"))
+        limit = float(os.environ.get("ACCELKIT_TRACKER_DRAIN_S", "10"))
+        # Within the hub's wait for finish (its timeout), so the run ends without a warning.
+        deadline = time.monotonic() + min(limit, self.policy.timeout / 2)
         self._deliver(force=True)
         while (self._pending or self._on_disk) and not self.failed and self.started:
             pause = max(0.0, self._retry_at - time.monotonic())
@@ -325,34 +321,6 @@ class Worker:
         finally:
             self.busy = None
 
-    def pointer(self) -> dict[str, Any]:
-        """A run reference naming this tracker's journal (its run is still opening)."""
-        assert self.journal_settings is not None
-        return {JOURNAL_POINTER: {"journal": self.journal_settings.name, "id": self.journal_id}}
-
-    def _resolve(self, reference: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The reference a journal pointer names (``None``: not found, a new run begins)."""
-        if not isinstance(reference, dict) or JOURNAL_POINTER not in reference:
-            return reference
-        pointer = reference[JOURNAL_POINTER]
-        wanted = pointer.get("id") if isinstance(pointer, dict) else None
-        settings = self.journal_settings
-        if settings is not None and isinstance(wanted, str):
-            for folder in journal_folders(settings.logging_dir):
-                journal = Journal(folder)
-                try:
-                    run = journal.read_run()
-                except OSError:
-                    continue
-                if run is not None and wanted in (run.get("ids") or []):
-                    found = run.get("reference")
-                    return dict(found) if isinstance(found, dict) else None
-        self._degrade(
-            "the checkpoint names its run through the tracker journal, which does not hold it "
-            "(removed, or the journal is off); a new run begins"
-        )
-        return None
-
     def _open_journal(self, resume: Resume | None) -> None:
         settings = self.journal_settings
         if settings is None:
@@ -368,12 +336,6 @@ class Worker:
                 ):
                     journal.drop_after(resume.step)  # the resumed run logs those again
                     journal.load()
-                    ids = run.get("ids")
-                    self._journal_ids = (
-                        [i for i in ids if isinstance(i, str)][-100:]
-                        if isinstance(ids, list)
-                        else []
-                    )
                 else:  # a previous run's (for `accelkit track sync`) or a damaged one
                     journal.set_aside()
                     journal = Journal.open(settings.logging_dir, settings.name)
@@ -387,8 +349,7 @@ class Worker:
         if self.journal is None or settings is None:
             return
         try:
-            ids = [*self._journal_ids, self.journal_id]
-            self.journal.write_run({**settings.run, "reference": self.reference, "ids": ids})
+            self.journal.write_run({**settings.run, "reference": self.reference})
         except OSError as error:
             self._journal_broken(error)
 
@@ -438,8 +399,6 @@ class Worker:
         """Open the run: continue the checkpoint's run (``resume``), start, store the
         configuration, take the reference."""
         tracker = self.tracker
-        if resume is not None and isinstance(resume.reference, dict):
-            resume = Resume(self._resolve(resume.reference), resume.step)
         if resume is not None and not self.call(
             "continue_run", tracker.continue_run, resume.reference, resume.step
         ):

@@ -87,8 +87,6 @@ __all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning"]
 
 _WAKE_AT = 256
 _MAX_EARLY_EVENTS = 16
-# How long a save waits for a run still opening before naming its journal instead.
-_REFERENCE_WAIT_S = 1.0
 
 
 class TrackerHub:
@@ -392,10 +390,9 @@ class TrackerHub:
         if not done.wait(self.timeout):
             worker.timed_out()
 
-    def _wait_opened(self, limit: float | None = None) -> None:
-        """Wait (at most ``limit`` or ``timeout`` seconds in all) for runs whose opening is
-        queued."""
-        deadline = time.monotonic() + (self.timeout if limit is None else limit)
+    def _wait_opened(self) -> None:
+        """Wait (at most ``timeout`` seconds in all) for runs whose opening is queued."""
+        deadline = time.monotonic() + self.timeout
         for worker in [worker for worker in self._live if not worker.opened.is_set()]:
             worker.opened.wait(max(0.0, deadline - time.monotonic()))
 
@@ -571,30 +568,17 @@ class TrackerHub:
     def references(self) -> dict[str, dict[str, Any]]:
         """Tracker name -> what its ``run_reference()`` returned, for a checkpoint's manifest.
 
-        Opens the runs not opened yet (a checkpoint saved before the first ``log()``). With
-        the journal, a run still opening after a second is named by a pointer to the
-        tracker's journal (where its reference is recorded once ``start()`` returns), so the
-        save never waits for a backend's start-up; without it, each run is waited for at most
-        ``timeout`` seconds. Failed trackers and those that record nothing are left out.
+        Opens the runs not opened yet (a checkpoint saved before the first ``log()``) and
+        waits for them at most ``timeout`` seconds; failed trackers and those that record
+        nothing are left out.
         """
-        if not self.journal:
-            self._open_runs(wait=True)
-            self._wait_opened()
-        else:
-            # A run still opening (MLflow can take seconds) does not hold the save up: the
-            # manifest then names the tracker's journal, where the reference is written when
-            # start() returns (see _worker.JOURNAL_POINTER).
-            self._open_runs(wait=False)
-            self._wait_opened(_REFERENCE_WAIT_S)
-        references = {}
-        for worker in self._live:
-            if worker.failed:
-                continue
-            if worker.reference is not None:
-                references[worker.name] = worker.reference
-            elif not worker.opened.is_set() and worker.journal_settings is not None:
-                references[worker.name] = worker.pointer()
-        return references
+        self._open_runs(wait=True)
+        self._wait_opened()
+        return {
+            worker.name: worker.reference
+            for worker in self._live
+            if worker.reference is not None and not worker.failed
+        }
 
     def resume(self, runs: Mapping[str, Any], step: int) -> None:
         """Continue the runs a loaded checkpoint names, after its last logged ``step``.
