@@ -77,10 +77,38 @@ def _plain_case(batches: int) -> Callable[[int], list[float]]:
     return run
 
 
-def _prepared_case(batches: int, use_accumulate: bool) -> Callable[[int], list[float]]:
+_TRACKERS = ["jsonl", "tensorboard", "mlflow", "wandb"]
+
+
+def _prepared_case(
+    batches: int, use_accumulate: bool, journal: bool | None = None
+) -> Callable[[int], list[float]]:
+    """The prepared step; with ``journal`` set, it also logs the loss to 4 trackers (jsonl,
+    TensorBoard, MLflow on sqlite, wandb offline) with the tracker journal on or off."""
+    import os
+    import tempfile
+
     from accelkit import Accelerator
 
-    accelerator = Accelerator(cpu=True, mixed_precision="no")
+    logging = journal is not None
+    if logging:
+        os.environ.update(
+            WANDB_MODE="offline", WANDB_SILENT="true", MLFLOW_DISABLE_TELEMETRY="true"
+        )
+        os.environ["ACCELKIT_TRACKER_JOURNAL"] = "1" if journal else "0"
+        work = tempfile.mkdtemp(prefix="bench-step-trackers-")
+        accelerator = Accelerator(
+            cpu=True, mixed_precision="no", log_with=_TRACKERS, project_dir=work
+        )
+        uri = f"sqlite:///{work}/mlflow.db"
+        accelerator.init_trackers(
+            "bench", init_kwargs={"mlflow": {"tracking_uri": uri}, "wandb": {"dir": work}}
+        )
+        os.environ.pop("ACCELKIT_TRACKER_JOURNAL")
+        assert accelerator._trackers.journal is journal
+    else:
+        accelerator = Accelerator(cpu=True, mixed_precision="no")
+    step_number = [0]
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(_dataset(batches), batch_size=BATCH, shuffle=True)
@@ -105,6 +133,9 @@ def _prepared_case(batches: int, use_accumulate: bool) -> Callable[[int], list[f
                 accelerator.backward(loss)
                 optimizer.step()
                 optimizer.zero_grad()
+            if logging:
+                accelerator.log({"loss": loss.detach(), "lr": 0.01}, step=step_number[0])
+                step_number[0] += 1
             times.append(clock() - start)
         return times
 
@@ -192,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
         "plain PyTorch": _plain_case(16),
         "accelkit prepared": _prepared_case(16, use_accumulate=False),
         "accelkit prepared + accumulate()": _prepared_case(16, use_accumulate=True),
+        "+ log to 4 trackers, journal off": _prepared_case(16, False, journal=False),
+        "+ log to 4 trackers, journal on": _prepared_case(16, False, journal=True),
     }
     with section(f"training step, {rounds} rounds x {steps} steps per case, alternating"):
         for run in cases.values():
@@ -221,11 +254,22 @@ def main(argv: list[str] | None = None) -> None:
         costs = _wrapper_costs(1000 if args.quick else 5000)
         print_table([[k, v] for k, v in costs.items()], ["wrapper", "extra us"])
     results["wrapper_costs_us"] = costs
+    off = results["+ log to 4 trackers, journal off"]["median_step_us"]
+    on = results["+ log to 4 trackers, journal on"]["median_step_us"]
+    results["journal_step_change_pct"] = (on / off - 1.0) * 100.0
+    print(f"\njournal on vs off, step with 4 trackers: {results['journal_step_change_pct']:+.2f}%")
     overhead = results["accelkit prepared"]["overhead_pct"]
     overhead_acc = results["accelkit prepared + accumulate()"]["overhead_pct"]
     targets = [
         Target("prepared step overhead vs plain PyTorch (CPU MLP)", overhead, 3.0, "%", False),
         Target("prepared + accumulate() overhead vs plain", overhead_acc, 3.0, "%", False),
+        Target(
+            "step with 4 trackers: journal on vs off (#27)",
+            results["journal_step_change_pct"],
+            1.0,
+            "%",
+            False,
+        ),
     ]
     notes = [
         "Each step is timed alone (batch fetch + forward + backward + step + zero_grad); the "

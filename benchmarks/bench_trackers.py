@@ -107,25 +107,53 @@ def _make_pair(backend: str, work: Path) -> tuple[Any, Any]:
     return kit, ref
 
 
+def _make_journal_off(backend: str, work: Path) -> Any:
+    """accelkit with the tracker journal off (#27: journal on and off side by side)."""
+    import accelkit
+
+    kit_kwargs: dict[str, Any] = {}
+    if backend == "mlflow":
+        kit_kwargs = {"mlflow": {"tracking_uri": f"sqlite:///{work / 'nojournal' / 'mlflow.db'}"}}
+    if backend == "wandb":
+        kit_kwargs = {"wandb": {"reinit": "create_new"}}
+    os.environ["ACCELKIT_TRACKER_JOURNAL"] = "0"
+    try:
+        kit = accelkit.Accelerator(log_with=backend, project_dir=str(work / "nojournal"))
+        kit.init_trackers("bench-nojournal", config={"lr": 1e-3}, init_kwargs=kit_kwargs)
+    finally:
+        del os.environ["ACCELKIT_TRACKER_JOURNAL"]
+    return kit
+
+
 def run_backend(backend: str, rounds: int, calls: int, step_us: float) -> dict[str, Any]:
     """Child-process entry: alternate accelkit and accelerate rounds on one backend."""
     work = Path(tempfile.mkdtemp(prefix=f"bench-trackers-{backend}-"))
-    for side in ("accelkit", "accelerate"):
+    for side in ("accelkit", "accelerate", "nojournal"):
         (work / side).mkdir()
     try:
         kit, ref = _make_pair(backend, work)
+        off = _make_journal_off(backend, work)
         results: dict[str, Any] = {}
         for pattern, step_s in (("back_to_back", 0.0), (f"step_{int(step_us)}us", step_us / 1e6)):
-            samples: dict[str, list[int]] = {"accelkit": [], "accelerate": [], "empty_call": []}
+            samples: dict[str, list[int]] = {
+                "accelkit": [],
+                "accelkit_journal_off": [],
+                "accelerate": [],
+                "empty_call": [],
+            }
             warm = max(10, calls // 10)
             _time_calls(kit.log, 0, warm, 0.0)
             kit._trackers.flush()
+            _time_calls(off.log, 0, warm, 0.0)
+            off._trackers.flush()
             if ref is not None:
                 _time_calls(ref.log, 0, warm, 0.0)
             step = warm
             for _ in range(rounds):
                 samples["accelkit"] += _time_calls(kit.log, step, calls, step_s)
                 kit._trackers.flush()  # not timed: keep accelkit's writes out of the next round
+                samples["accelkit_journal_off"] += _time_calls(off.log, step, calls, step_s)
+                off._trackers.flush()
                 if ref is not None:
                     samples["accelerate"] += _time_calls(ref.log, step, calls, step_s)
                 # The timer's floor for this pattern: a function that does nothing.
@@ -135,6 +163,7 @@ def run_backend(backend: str, rounds: int, calls: int, step_us: float) -> dict[s
         begin = time.perf_counter()
         kit.end_training()
         results["accelkit_end_training_s"] = time.perf_counter() - begin
+        off.end_training()
         if ref is not None:
             ref.end_training()
         return results
@@ -265,6 +294,8 @@ def _print(backend: str, result: dict[str, Any]) -> None:
         kit = sides["accelkit"]["median_us"]
         floor = sides["empty_call"]["median_us"]
         line = f"{backend:<12} {pattern:<14} empty call {floor:5.1f} us | accelkit {kit:8.1f} us"
+        if "accelkit_journal_off" in sides:
+            line += f" (journal off {sides['accelkit_journal_off']['median_us']:6.1f} us)"
         if "accelerate" in sides:
             ref = sides["accelerate"]["median_us"]
             sides["speedup_median"] = ref / kit

@@ -26,6 +26,7 @@ _SUBCOMMANDS = (
     "accelkit.cli.config",
     "accelkit.cli.env",
     "accelkit.cli.ckpt",
+    "accelkit.cli.track",
 )
 
 

@@ -6,7 +6,9 @@ test then trains nothing but drives the tracker through a real :class:`~accelkit
 mixing tensors, NumPy and Python scalars, text and an unloggable object, ``end_training``.
 A second test saves a checkpoint and resumes from it in a new ``Accelerator``: what the tracker
 records in the manifest (``run_reference``) must be JSON, and a tracker that records its run
-must continue that same run. See :mod:`accelkit.testing` for an example.
+must continue that same run. A third makes the tracker's first ``log`` calls fail and checks
+that every point still arrives exactly once (the tracker journal). See :mod:`accelkit.testing`
+for an example.
 """
 
 from __future__ import annotations
@@ -20,12 +22,25 @@ import pytest
 from accelkit.trackers import GeneralTracker, TrackerWarning
 from accelkit.trackers.registry import register_tracker, registered_trackers, unregister_tracker
 
-__all__ = ["RUN", "STEPS", "Scalars", "TrackerContract", "contract_config", "contract_values"]
+__all__ = [
+    "FAILING_CALLS",
+    "RECOVERY_STEPS",
+    "RUN",
+    "STEPS",
+    "Scalars",
+    "TrackerContract",
+    "contract_config",
+    "contract_values",
+]
 
 RUN = "conformance"
 """The project (run) name the contract passes to ``init_trackers``."""
 STEPS = 5
 """How many ``log`` calls the contract makes (steps ``0 .. STEPS-1``)."""
+FAILING_CALLS = 8
+"""How many ``log`` calls fail in the recovery contract before the backend answers again."""
+RECOVERY_STEPS = 20
+"""How many points the recovery contract logs (steps ``0 .. RECOVERY_STEPS-1``)."""
 
 Scalars = dict[str, list[tuple[int, float]]]
 """What a reader returns for the scalars: key -> ``[(step, value), ...]`` in step order."""
@@ -212,3 +227,49 @@ class TrackerContract:
         if saved is not None:  # the tracker records its run: the resumed job continues it
             assert json.loads(json.dumps(saved)) == saved
             assert continued == saved, (continued, saved)
+
+    def test_recovery_contract(
+        self,
+        logging_dir: Path,
+        registered: Any,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """A tracker whose backend fails for a while receives every point exactly once after
+        it recovers (the tracker journal, #27): its first :data:`FAILING_CALLS` ``log`` calls
+        raise ``ConnectionError``; the journal retries and catches up, in order, with the
+        original steps."""
+        from accelkit.accelerator import Accelerator
+        from accelkit.trackers.registry import get_tracker_class
+
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("ACCELKIT_TRACKER_RETRY_MAX_S", "0.01")
+        name = self.log_with
+        original = get_tracker_class(name)
+        failing = [FAILING_CALLS]
+
+        class Outage(original):  # type: ignore[valid-type,misc]
+            def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+                if failing[0] > 0:
+                    failing[0] -= 1
+                    raise ConnectionError("the contract's outage: connection refused")
+                super().log(values, step, **kwargs)
+
+        Outage.__name__ = original.__name__
+        register_tracker(Outage, overwrite=True)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", TrackerWarning)
+                accelerator = Accelerator(log_with=name, project_dir=str(logging_dir))
+                accelerator.init_trackers(RUN, config={"lr": 0.001})
+                for step in range(RECOVERY_STEPS):
+                    accelerator.log({"loss": 1.0 / (step + 1)}, step=step)
+                accelerator.end_training()
+        finally:
+            register_tracker(original, overwrite=True)
+        assert failing[0] == 0, "the outage never happened"
+        scalars, _ = self.read_back(str(logging_dir), RUN)
+        assert [step for step, _ in scalars["loss"]] == list(range(RECOVERY_STEPS))
+        assert [v for _, v in scalars["loss"]] == pytest.approx(
+            [1.0 / (s + 1) for s in range(RECOVERY_STEPS)], rel=1e-6
+        )

@@ -6,24 +6,63 @@ tracker), :class:`Start` (open the run: continue a checkpoint's run if one was l
 store the configuration) and :class:`Checkpoint` (a
 :class:`~accelkit.trackers.events.CheckpointEvent`). What a failure or a hang costs is the
 :class:`~accelkit.trackers.failures.FailurePolicy`'s decision, which the worker receives.
+
+With a journal (:class:`JournalSettings`, see :mod:`accelkit.trackers.journal`), the worker
+writes each batch of requests to the tracker's journal before calling the backend, records each
+accepted call's ``seq`` right after it returns, and retries a backend that raises with backoff
+(:func:`~accelkit.trackers.failures.classify`): values keep being journaled meanwhile, and are
+sent in order, with their original steps, once it answers again.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple, TypeAlias
+from typing import Any, Literal, NamedTuple, TypeAlias
 
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.failures import FailurePolicy, TrackerFailure
+from accelkit.trackers.failures import FailurePolicy, TrackerFailure, classify
+from accelkit.trackers.journal import Entry, Journal, JournalWarning
 from accelkit.trackers.values import resolve
 
-__all__ = ["Checkpoint", "Item", "Log", "Mark", "Resume", "Start", "Stop", "Worker"]
+__all__ = [
+    "Checkpoint",
+    "Item",
+    "JournalSettings",
+    "Log",
+    "Mark",
+    "Resume",
+    "Start",
+    "Stop",
+    "Worker",
+    "deliver",
+    "settle",
+]
 
 POLL_S = 0.05
+_BATCH = 4096  # requests journaled per write
+_MEMORY = 65_536  # undelivered entries kept in memory; beyond, they are read back from disk
+_FIRST_RETRY_S = 0.5
+
+
+def _max_retry_s() -> float:
+    return float(os.environ.get("ACCELKIT_TRACKER_RETRY_MAX_S", "30"))
+
+
+class JournalSettings(NamedTuple):
+    """Where a worker keeps its tracker's journal, and what ``run.json`` records."""
+
+    logging_dir: str
+    name: str
+    """The journal's folder name (the tracker's name; ``<name>.rank<k>`` off the main
+    process)."""
+    run: Mapping[str, Any]
+    """The project name and constructor arguments, for ``accelkit track sync``."""
 
 
 class Resume(NamedTuple):
@@ -94,7 +133,12 @@ class Worker:
         opened: set once the worker handled its start (successfully or not).
     """
 
-    def __init__(self, tracker: GeneralTracker, policy: FailurePolicy) -> None:
+    def __init__(
+        self,
+        tracker: GeneralTracker,
+        policy: FailurePolicy,
+        journal: JournalSettings | None = None,
+    ) -> None:
         self.tracker = tracker
         self.name = tracker.name
         self.policy = policy
@@ -108,6 +152,14 @@ class Worker:
         self.busy_since = 0.0
         self.items: collections.deque[Item] = collections.deque()
         self.wake = threading.Event()
+        self.journal_settings = journal
+        self.journal: Journal | None = None
+        # Undelivered entries in order, with the live values (``None``: read from disk).
+        self._pending: collections.deque[tuple[Entry, Any]] = collections.deque()
+        self._on_disk = False  # undelivered entries exist on disk beyond those in memory
+        self._retry_at = 0.0
+        self._backoff = min(_FIRST_RETRY_S, _max_retry_s())
+        self._outage: float | None = None  # when the backend stopped answering
         self.thread = threading.Thread(
             target=self._run, name=f"accelkit-tracker-{self.name}", daemon=True
         )
@@ -118,9 +170,188 @@ class Worker:
         while True:
             self.wake.clear()
             while items:
+                if self.journal is not None and type(items[0]) is tuple and not self.failed:
+                    self._journal_logs(items)
+                    continue
                 if self._handle(items.popleft()):
                     return
-            self.wake.wait(POLL_S)
+            wait = POLL_S
+            if self._pending or self._on_disk:
+                self._deliver()
+                if self._retry_at:
+                    wait = min(POLL_S, max(0.0005, self._retry_at - time.monotonic()))
+            self.wake.wait(wait)
+
+    # ------------------------------------------------------------------ the journal
+
+    def _journal_logs(self, items: collections.deque[Item]) -> None:
+        """Journal the ``Log`` requests at the head of the queue (one write), then send."""
+        journal = self.journal
+        assert journal is not None
+        batch: list[tuple[Entry, Any]] = []
+        while items and type(items[0]) is tuple and len(batch) < _BATCH:
+            values, step, kwargs, pending = items.popleft()  # type: ignore[misc]
+            values = resolve(values) if pending else dict(values)
+            extra = {"kwargs": dict(kwargs)} if kwargs else None
+            batch.append((journal.entry("log", step, values, extra), values))
+        self._record(batch)
+        self._deliver()
+
+    def _record(self, batch: list[tuple[Entry, Any]]) -> None:
+        journal = self.journal
+        if journal is None:
+            return
+        try:
+            journal.write([entry for entry, _ in batch])
+        except OSError as error:
+            self._journal_broken(error)
+        if self._on_disk or len(self._pending) + len(batch) > _MEMORY:
+            self._on_disk = True
+        else:
+            self._pending.extend(batch)
+
+    def _journal_broken(self, error: BaseException) -> None:
+        """Go on without the journal (reported once); what is in memory is still sent."""
+        journal, self.journal = self.journal, None
+        self._on_disk = False
+        self.policy.journal_off(self.name, error)
+        if journal is not None:
+            try:
+                journal.close()
+            except OSError:
+                pass
+
+    def _deliver(self, *, force: bool = False) -> None:
+        """Send undelivered entries in order until one fails; a backend that does not answer
+        is tried again after a backoff (0.5 s, doubling up to ``ACCELKIT_TRACKER_RETRY_MAX_S``,
+        30 by default)."""
+        if self.failed or not self.started:
+            return
+        if not force and time.monotonic() < self._retry_at:
+            return
+        pending = self._pending
+        while True:
+            if not pending:
+                if not self._on_disk or self.journal is None:
+                    break
+                self._refill()
+                if not pending:
+                    break
+            entry, live = pending[0]
+            journal = self.journal
+            if journal is not None:
+                if entry.seq == journal.in_doubt and settle(self.tracker, journal, entry):
+                    pending.popleft()
+                    continue
+                try:
+                    journal.sending(entry.seq)
+                except OSError as error:
+                    self._journal_broken(error)
+            outcome = self._send(entry, live)
+            if outcome == "retry":
+                return
+            if outcome == "fatal":
+                return
+            pending.popleft()
+            if self.journal is not None:
+                try:
+                    self.journal.ack(entry.seq)
+                except OSError as error:
+                    self._journal_broken(error)
+        if self._outage is not None:
+            self.policy.recovered(self.name, time.monotonic() - self._outage)
+            self._outage = None
+        self._backoff = min(_FIRST_RETRY_S, _max_retry_s())
+        self._retry_at = 0.0
+
+    def _drain(self) -> None:
+        """At the end of the run, keep trying to deliver (with the backoff) for at most
+        ``ACCELKIT_TRACKER_DRAIN_S`` seconds (10 by default) and half the tracker timeout;
+        what is left stays journaled."""
+        if not (self._pending or self._on_disk):
+            return
+        limit = float(os.environ.get("ACCELKIT_TRACKER_DRAIN_S", "10"))
+        # Within the hub's wait for finish (its timeout), so the run ends without a warning.
+        deadline = time.monotonic() + min(limit, self.policy.timeout / 2)
+        self._deliver(force=True)
+        while (self._pending or self._on_disk) and not self.failed and self.started:
+            pause = max(0.0, self._retry_at - time.monotonic())
+            if time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+            self._deliver()
+
+    def _refill(self) -> None:
+        journal = self.journal
+        assert journal is not None
+        entries = journal.pending(limit=_MEMORY)
+        self._pending.extend((entry, None) for entry in entries)
+        if not entries or entries[-1].seq >= journal.next_seq - 1:
+            self._on_disk = False
+
+    def _send(self, entry: Entry, live: Any) -> str:
+        """Hand one entry to the backend: ``"ok"``, ``"skip"`` (refused: reported, not sent
+        again), ``"retry"`` or ``"fatal"`` (the tracker is failed)."""
+        method = {"log": "log", "config": "store_init_configuration"}.get(
+            entry.kind, "on_checkpoint"
+        )
+        self.busy = method
+        self.busy_since = time.monotonic()
+        try:
+            call(self.tracker, entry, live)
+            return "ok"
+        except Exception as error:
+            if entry.kind == "event":
+                self._degrade(f"on_checkpoint() failed ({type(error).__name__}: {error})")
+                return "skip"
+            verdict = classify(error)
+            if verdict == "refused":
+                self.policy.refused(self.name, method, entry.seq, entry.step, error)
+                return "skip"
+            if verdict == "fatal":
+                self.fail(method, error)
+                return "fatal"
+            if self._outage is None:
+                self._outage = time.monotonic()
+                folder = self.journal.folder if self.journal is not None else None
+                self.policy.retrying(self.name, method, error, folder)
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, _max_retry_s())
+            return "retry"
+        finally:
+            self.busy = None
+
+    def _open_journal(self, resume: Resume | None) -> None:
+        settings = self.journal_settings
+        if settings is None:
+            return
+        try:
+            journal = Journal.open(settings.logging_dir, settings.name)
+            if journal.next_seq or journal.problems:
+                run = None if journal.problems else journal.read_run()
+                if (
+                    run is not None
+                    and resume is not None
+                    and run.get("reference") == resume.reference
+                ):
+                    journal.drop_after(resume.step)  # the resumed run logs those again
+                    journal.load()
+                else:  # a previous run's (for `accelkit track sync`) or a damaged one
+                    journal.set_aside()
+                    journal = Journal.open(settings.logging_dir, settings.name)
+            self.journal = journal
+            self._on_disk = journal.acked < journal.next_seq - 1
+        except OSError as error:
+            self._journal_broken(error)
+
+    def _write_run(self) -> None:
+        settings = self.journal_settings
+        if self.journal is None or settings is None:
+            return
+        try:
+            self.journal.write_run({**settings.run, "reference": self.reference})
+        except OSError as error:
+            self._journal_broken(error)
 
     def _handle(self, item: Item) -> bool:
         """Process one queued item; True once the tracker is finished."""
@@ -132,7 +363,14 @@ class Worker:
             return False
         if isinstance(item, Checkpoint):
             if not self.failed and self.started:
-                self._checkpoint(item.event)
+                if self.journal is not None:
+                    event = item.event
+                    extra = {"kind": event.kind, "path": event.path, "iteration": event.iteration}
+                    entry = self.journal.entry("event", event.step, dict(event.values), extra)
+                    self._record([(entry, event)])
+                    self._deliver()
+                else:
+                    self._checkpoint(item.event)
             return False
         if isinstance(item, Start):
             if not self.failed:
@@ -141,6 +379,15 @@ class Worker:
             item.done.set()
             return False
         if isinstance(item, Stop):
+            self._drain()
+            if self.journal is not None:
+                left = self.journal.next_seq - 1 - self.journal.acked
+                if left > 0 and not self.failed:  # a failed tracker was reported already
+                    self.policy.undelivered(self.name, left, self.journal.folder)
+                try:
+                    self.journal.close()
+                except OSError:
+                    pass
             if not self.failed and self.started:
                 self.call("finish", self.tracker.finish)
             item.done.set()
@@ -160,7 +407,8 @@ class Worker:
         if not self.call("start", tracker.start) or self.failed:
             return
         self.started = True
-        if config is not None:
+        self._open_journal(resume)
+        if config is not None and self.journal is None:
             self.call("store_init_configuration", tracker.store_init_configuration, config)
         try:
             reference = tracker.run_reference()
@@ -168,6 +416,11 @@ class Worker:
         except Exception as error:
             self.reference = None
             self._degrade(f"run_reference() failed ({type(error).__name__}: {error})")
+        self._write_run()
+        if config is not None and self.journal is not None:
+            entry = self.journal.entry("config", -1, config)
+            self._record([(entry, config)])
+            self._deliver()
 
     def _checkpoint(self, event: CheckpointEvent) -> None:
         # A tracker that cannot record a checkpoint event still logs the run's values.
@@ -234,3 +487,86 @@ class Worker:
         self.items.append(make(done))
         self.wake.set()
         return done
+
+
+def call(tracker: GeneralTracker, entry: Entry, live: Any = None) -> None:
+    """Hand one journal entry to ``tracker`` (``live``: the values as logged, when the entry
+    is being sent by the run that logged it; else the journaled plain values are sent)."""
+    if entry.kind == "log":
+        kwargs = entry.extra.get("kwargs") or {}
+        values = live if live is not None else dict(entry.values)
+        tracker.log(values, entry.step, **kwargs)
+    elif entry.kind == "config":
+        tracker.store_init_configuration(live if live is not None else dict(entry.values))
+    else:
+        event = live
+        if not isinstance(event, CheckpointEvent):
+            extra = entry.extra
+            kind: Literal["save", "load"] = "load" if extra.get("kind") == "load" else "save"
+            iteration = extra.get("iteration")
+            event = CheckpointEvent(
+                kind,
+                entry.step,
+                str(extra.get("path", "")),
+                iteration if type(iteration) is int else None,
+                {
+                    str(k): float(v)
+                    for k, v in entry.values.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)
+                },
+            )
+        tracker.on_checkpoint(event)
+
+
+def settle(tracker: GeneralTracker, journal: Journal, entry: Entry) -> bool:
+    """Settle the entry a killed sender left *in doubt*: ``True`` when the backend has it
+    already (it is then recorded as delivered and not sent again).
+
+    A tracker that can tell defines ``journal_delivered(step, values) -> bool`` (MLflow
+    does); for one that cannot, the entry is sent again, with a warning: at most one entry
+    per killed sender may then reach the backend twice.
+    """
+    journal.in_doubt = None
+    probe = getattr(tracker, "journal_delivered", None)
+    if probe is None:
+        warnings.warn(
+            f"Tracker {tracker.name!r}: journal entry {entry.seq} (step {entry.step}) was being "
+            "sent when the last sender stopped, and this tracker cannot tell whether its backend "
+            "took it (it has no journal_delivered method); it is sent again and may appear "
+            "twice.",
+            JournalWarning,
+            stacklevel=2,
+        )
+        return False
+    try:
+        delivered = bool(probe(entry.step, dict(entry.values)))
+    except Exception:
+        delivered = False
+    if delivered:
+        journal.ack(entry.seq)
+    return delivered
+
+
+def deliver(tracker: GeneralTracker, journal: Journal, on_sent: Callable[[Entry], None]) -> int:
+    """Send every undelivered entry of ``journal`` to a started ``tracker``, in order,
+    recording each as delivered right after the tracker accepts it (``accelkit track sync``).
+
+    Returns:
+        How many were sent.
+
+    Raises:
+        Exception: the tracker's error; the entries before it stay delivered.
+    """
+    sent = 0
+    while True:
+        entries = journal.pending(limit=_MEMORY)
+        if not entries:
+            return sent
+        for entry in entries:
+            if entry.seq == journal.in_doubt and settle(tracker, journal, entry):
+                continue
+            journal.sending(entry.seq)
+            call(tracker, entry)
+            journal.ack(entry.seq)
+            sent += 1
+            on_sent(entry)

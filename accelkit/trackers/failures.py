@@ -22,7 +22,7 @@ from typing import Any
 
 from accelkit.errors import AccelkitError
 
-__all__ = ["FailurePolicy", "TrackerError", "TrackerFailure", "TrackerWarning"]
+__all__ = ["FailurePolicy", "TrackerError", "TrackerFailure", "TrackerWarning", "classify"]
 
 _POLICIES = ("warn", "raise")
 # A tracker with this many values waiting while one backend call has run longer than the
@@ -30,6 +30,42 @@ _POLICIES = ("warn", "raise")
 _MAX_PENDING = 50_000
 
 logger = logging.getLogger("accelkit.trackers")
+
+# Error codes (MLflow's ``error_code``, gRPC-style names) that retrying cannot fix.
+_REFUSED_CODES = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"})
+_FATAL_CODES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "RESOURCE_DOES_NOT_EXIST"})
+_FATAL_STATUS = frozenset({401, 403, 404})
+
+
+def classify(error: BaseException) -> str:
+    """What retrying can do about a backend's error, from its type and codes (never its text).
+
+    Returns:
+        ``"refused"``: the backend refuses this value (``TypeError``, ``ValueError``,
+        ``KeyError``, or an ``error_code`` such as ``INVALID_PARAMETER_VALUE``): only this entry
+        is skipped. ``"fatal"``: retrying cannot help the run at all (``PermissionError``,
+        ``UNAUTHENTICATED``/``PERMISSION_DENIED``/``RESOURCE_DOES_NOT_EXIST``, HTTP 401, 403,
+        404): the tracker is reported and skipped, its journal kept for ``accelkit track
+        sync``. ``"retry"``: anything else (a connection refused, a timeout, a server error).
+    """
+    code = getattr(error, "error_code", None)
+    if isinstance(code, str):
+        if code in _FATAL_CODES:
+            return "fatal"
+        if code in _REFUSED_CODES:
+            return "refused"
+    status = getattr(error, "status_code", None) or getattr(
+        getattr(error, "response", None), "status_code", None
+    )
+    if isinstance(status, int) and status in _FATAL_STATUS:
+        return "fatal"
+    if isinstance(error, PermissionError):
+        return "fatal"
+    if isinstance(error, OSError):
+        return "retry"  # a connection refused or reset, a full disk that may be freed
+    if isinstance(error, (TypeError, ValueError, KeyError)):
+        return "refused"
+    return "retry"
 
 
 class TrackerWarning(UserWarning):
@@ -122,6 +158,8 @@ class FailurePolicy:
         self._run_names: frozenset[str] = frozenset()
         self._run_start = 0  # index in _failures of this run's first failure
         self._all_failed_reported = False
+        self._retrying_said: set[str] = set()
+        self._refused_said: set[tuple[str, str]] = set()
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle the settings only: recorded failures (their exceptions may not pickle), the
@@ -209,6 +247,71 @@ class FailurePolicy:
             f"Tracker {name!r}: {what}; its checkpoint records are skipped, its values are "
             "still logged.",
             UserWarning,
+        )
+
+    def retrying(self, name: str, method: str, error: BaseException, journal: str | None) -> None:
+        """Say that a tracker's backend stopped answering and is retried with backoff: warned
+        for a tracker's first outage, logged for the next ones."""
+        with self._lock:
+            first = name not in self._retrying_said
+            self._retrying_said.add(name)
+        kept = (
+            f"its values are kept in the journal {journal} and sent, in order, when it answers"
+            if journal
+            else "values wait in memory meanwhile"
+        )
+        message = (
+            f"Tracker {name!r} failed in {method}() ({type(error).__name__}: {error}); it is "
+            f"retried with backoff (up to ACCELKIT_TRACKER_RETRY_MAX_S seconds apart) and {kept}."
+        )
+        if first:
+            _warn(message, TrackerWarning)
+        else:
+            logger.warning(message)
+
+    def recovered(self, name: str, seconds: float) -> None:
+        """Log that a tracker answers again and has caught up."""
+        logger.warning(
+            "Tracker %r answers again after %.1f s; every journaled value was sent.", name, seconds
+        )
+
+    def refused(self, name: str, method: str, seq: int, step: int, error: BaseException) -> None:
+        """Warn once per tracker and error type that the backend refused an entry, which is
+        skipped (the others are sent)."""
+        key = (name, type(error).__name__)
+        with self._lock:
+            if key in self._refused_said:
+                return
+            self._refused_said.add(key)
+        _warn(
+            f"Tracker {name!r} refused the values of {method}() at step {step} (journal entry "
+            f"{seq}): {type(error).__name__}: {error}. Retrying cannot fix this, so those "
+            "entries are skipped and the others sent; fix the value (its name or type) in the "
+            "training script. Further refusals of this kind are not reported.",
+            TrackerWarning,
+        )
+
+    def undelivered(self, name: str, count: int, journal: str) -> None:
+        """Say at the end of a run that entries are left in a tracker's journal (an error-level
+        record: the outage itself was warned about when it began)."""
+        logdir = os.path.dirname(os.path.dirname(journal))
+        logger.error(
+            "Tracker %r: %d journaled entries were not delivered (its backend did not answer). "
+            "They are kept in %s; send them with: accelkit track sync %s --tracker %s",
+            name,
+            count,
+            journal,
+            logdir,
+            name,
+        )
+
+    def journal_off(self, name: str, error: BaseException) -> None:
+        """Warn that a tracker's journal cannot be used; the tracker goes on without it."""
+        _warn(
+            f"Tracker {name!r}: its journal cannot be used ({type(error).__name__}: {error}); "
+            "the tracker goes on without one, so values sent while its backend is down may be "
+            "lost. Fix the journal folder (accelkit-journal/ under the logging directory).",
+            TrackerWarning,
         )
 
     def unraised(self, error: TrackerError) -> None:

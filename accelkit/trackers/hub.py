@@ -43,6 +43,12 @@ reported at that use, like a failure in ``log``. :meth:`TrackerHub.references` g
 references for a new checkpoint and :meth:`TrackerHub.event` queues a checkpoint event
 (:mod:`accelkit.trackers.events`) for every tracker's worker.
 
+Journal: with a logging directory, each tracker's worker keeps a journal of what it sends
+(:mod:`accelkit.trackers.journal`): a backend that raises is retried with backoff and caught
+up from its last acknowledged entry rather than skipped, and what a run could not deliver is
+sent later by ``accelkit track sync``. ``journal=False`` (or ``ACCELKIT_TRACKER_JOURNAL=0``)
+turns it off.
+
 Pickling: a hub pickles (``Accelerator`` objects are pickled, by Accelerate's own tests among
 others) without its threads, locks, queues or started trackers, which belong to the process that
 started them. The copy is detached: ``log`` and ``flush`` do nothing, ``get`` returns a stand-in
@@ -61,7 +67,16 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from accelkit.trackers._worker import Checkpoint, Log, Mark, Resume, Start, Stop, Worker
+from accelkit.trackers._worker import (
+    Checkpoint,
+    JournalSettings,
+    Log,
+    Mark,
+    Resume,
+    Start,
+    Stop,
+    Worker,
+)
 from accelkit.trackers.base import GeneralTracker, NullTracker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.failures import FailurePolicy, TrackerError, TrackerFailure, TrackerWarning
@@ -88,6 +103,9 @@ class TrackerHub:
         timeout: the most seconds ``flush``/``finish`` wait for a tracker.
         defer_start: open the backends' runs at the first use after ``init`` rather than in
             it (see "Continuing runs" in the module docstring).
+        journal: keep each tracker's journal under ``logging_dir`` (see "Journal" in the
+            module docstring); ``None``: on unless ``ACCELKIT_TRACKER_JOURNAL=0``. Without a
+            logging directory there is no journal.
     """
 
     def __init__(
@@ -99,7 +117,11 @@ class TrackerHub:
         on_error: str = "warn",
         timeout: float = 60.0,
         defer_start: bool = False,
+        journal: bool | None = None,
     ) -> None:
+        if journal is None:
+            journal = os.environ.get("ACCELKIT_TRACKER_JOURNAL", "1") not in ("0", "false", "")
+        self.journal = bool(journal) and logging_dir is not None
         self._policy = FailurePolicy(on_error, timeout=timeout, on_skip=self._drop_failed)
         self.logging_dir = logging_dir
         self.is_main_process = is_main_process
@@ -110,6 +132,7 @@ class TrackerHub:
         self._lock = threading.Lock()
         self._atexit_registered = False
         self._next_step = 0  # the step of the next log() called without one
+        self._logged = False  # log() was called in this run (a later load_state is mid-run)
         self._detached = False  # an unpickled copy: no trackers of its own
         self.defer_start = defer_start
         self._unstarted: list[Worker] = []  # constructed, start() not queued yet (deferred)
@@ -127,6 +150,7 @@ class TrackerHub:
         on_error: str = "warn",
         timeout: float | None = None,
         defer_start: bool = False,
+        journal: bool | None = None,
     ) -> TrackerHub:
         """Check ``log_with`` and build the hub (nothing is started until :meth:`init`).
 
@@ -138,6 +162,8 @@ class TrackerHub:
             timeout: the most seconds ``flush``/``finish`` wait for the trackers; default
                 ``ACCELKIT_TRACKER_TIMEOUT`` or 60.
             defer_start: open the backends' runs at their first use, not in ``init``.
+            journal: keep a journal per tracker (``None``: ``ACCELKIT_TRACKER_JOURNAL``, on
+                by default).
 
         Returns:
             The hub.
@@ -165,6 +191,7 @@ class TrackerHub:
             on_error=on_error,
             timeout=timeout,
             defer_start=defer_start,
+            journal=journal,
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -254,6 +281,7 @@ class TrackerHub:
             )
         init_kwargs = dict(init_kwargs or {})
         self._next_step = 0 if self._resume is None else self._resume[1] + 1
+        self._logged = False
         self._policy.begin_run({spec.name for spec in self._specs})
         unknown = sorted(set(init_kwargs) - {spec.name for spec in self._specs})
         if unknown and self.is_main_process:
@@ -275,11 +303,32 @@ class TrackerHub:
             tracker = self._construct(spec, arguments)
             if tracker is None:
                 continue
-            worker = Worker(tracker, self._policy)
+            worker = Worker(
+                tracker,
+                self._policy,
+                self._journal_settings(tracker, project_name, init_kwargs.get(tracker.name)),
+            )
             self._workers.append(worker)
             self._unstarted.append(worker)
         if not self.defer_start:
             self._open_runs(wait=True)
+        else:
+            # A tracker instance given to log_with that does not continue runs (no
+            # continue_run of its own: Accelerate's custom trackers) is started here, as
+            # Accelerate does, since its owner may call its methods right after
+            # init_trackers. The others start in the background: at once when a checkpoint
+            # was loaded already, else at their first use, so that a load_state after
+            # init_trackers still continues their runs.
+            given = [
+                w
+                for w in self._unstarted
+                if any(w.tracker is s for s in self._specs)
+                and type(w.tracker).continue_run is GeneralTracker.continue_run
+            ]
+            if given:
+                self._open_runs(wait=True, only=given)
+            if self._resume is not None:
+                self._open_runs(wait=False)
         if self._workers and not self._atexit_registered:
             # Registered after the trackers were made, so this runs before the backends' own
             # exit hooks (atexit is last-in, first-out) and their runs still accept values.
@@ -288,13 +337,33 @@ class TrackerHub:
             self._atexit_registered = True
         self._policy.raise_pending()
 
-    def _open_runs(self, wait: bool) -> None:
+    def _journal_settings(
+        self,
+        tracker: GeneralTracker,
+        project_name: str,
+        init_kwargs: Mapping[str, Any] | None = None,
+    ) -> JournalSettings | None:
+        if not self.journal or self.logging_dir is None:
+            return None
+        name = tracker.name
+        if not self.is_main_process:
+            name = f"{name}.rank{os.environ.get('RANK', '0')}"
+        run: dict[str, Any] = {"tracker": tracker.name, "project_name": project_name}
+        if init_kwargs:
+            run["init_kwargs"] = init_kwargs
+        return JournalSettings(self.logging_dir, name, run)
+
+    def _open_runs(self, wait: bool, only: list[Worker] | None = None) -> None:
         """Queue ``start`` (after ``continue_run`` when a checkpoint was loaded) and
-        ``store_init_configuration`` for every tracker not started yet; with ``wait``, wait
-        at most ``timeout`` seconds for each (a tracker that takes longer is reported and
-        skipped)."""
+        ``store_init_configuration`` for every tracker not started yet (or those of ``only``);
+        with ``wait``, wait at most ``timeout`` seconds for each (a tracker that takes longer
+        is reported and skipped)."""
         with self._lock:
-            workers, self._unstarted = self._unstarted, []
+            if only is None:
+                workers, self._unstarted = self._unstarted, []
+            else:
+                workers = [w for w in self._unstarted if w in only]
+                self._unstarted = [w for w in self._unstarted if w not in only]
             if not workers:
                 return
             opened = []
@@ -310,7 +379,8 @@ class TrackerHub:
                 start = functools.partial(Start, config=config, resume=resume)
                 opened.append((worker, worker.signal(start)))
                 worker.items.extend(Checkpoint(event) for event in self._early_events)
-            self._early_events = []
+            if not self._unstarted:
+                self._early_events = []
             self._live = self._live + [worker for worker in workers if not worker.failed]
         if wait:
             for worker, done in opened:
@@ -369,15 +439,14 @@ class TrackerHub:
                 f"log(step={step!r}): the step must be an int (the training step) or None "
                 "(the hub counts the calls)."
             ) from None
+        self._logged = True
+        if self._unstarted:  # the run's first use: open the backends' runs now
+            self._open_runs(wait=False)
         live = self._live
         if not live:
-            if self._unstarted:  # the run's first use: open the backends' runs now
-                self._open_runs(wait=False)
-                live = self._live
-            if not live:
-                if self._policy.pending is not None:
-                    self._policy.raise_pending()
-                return
+            if self._policy.pending is not None:
+                self._policy.raise_pending()
+            return
         policy = self._policy
         if policy.pending is not None:
             policy.raise_pending()
@@ -525,7 +594,7 @@ class TrackerHub:
             runs: tracker name -> the reference the checkpoint recorded for it.
             step: the checkpoint's last logging step (``-1``: nothing was logged before it).
         """
-        if self._live or self._detached:
+        if self._logged or self._detached:
             return
         self._resume = (dict(runs), int(step))
         self._next_step = int(step) + 1
@@ -539,7 +608,8 @@ class TrackerHub:
         """
         with self._lock:
             live = self._live
-            if not live and self._specs and len(self._early_events) < _MAX_EARLY_EVENTS:
+            early = self._unstarted or (not live and self._specs)
+            if early and len(self._early_events) < _MAX_EARLY_EVENTS:
                 self._early_events.append(event)
         for worker in live:
             worker.items.append(Checkpoint(event))

@@ -403,6 +403,17 @@ class MLflowTracker(GeneralTracker):
         for i in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
             self.client.log_batch(run_id, metrics=metrics[i : i + _MAX_METRICS_PER_BATCH], **kwargs)
 
+    def journal_delivered(self, step: int, values: dict[str, Any]) -> bool:
+        """Whether this run already has the numbers of one journal entry at ``step`` (the
+        tracker journal asks after a sender was killed mid-call; MLflow would keep a second
+        copy of a point sent twice)."""
+        client = self._started_client("journal_delivered")
+        for key, value in values.items():
+            if is_number(value):
+                history = client.get_metric_history(self.run_id, self._key(key))
+                return any(m.step == step and m.value == float(value) for m in history)
+        return False
+
     def _started_client(self, method: str) -> Any:
         if self.client is None or self.run_id is None:
             raise RuntimeError(

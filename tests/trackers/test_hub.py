@@ -17,6 +17,7 @@ from typing_extensions import override
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.trackers import GeneralTracker, TrackerError, TrackerHub, TrackerWarning
 from accelkit.trackers.base import NullTracker
+from accelkit.trackers.journal import Journal
 from accelkit.trackers.jsonl import read_jsonl
 from tests.trackers import readers
 from tests.trackers.custom import RecordingTracker
@@ -46,8 +47,15 @@ def test_a_failing_tracker_is_reported_once_and_the_others_go_on(
     assert f"broken broke in {method}" in reports[0]
     assert healthy.logged() == [(s, {"x": s}) for s in range(4)]
     assert [r["values"]["x"] for r in read_jsonl(str(tmp_path / "run"))] == [0, 1, 2, 3]
-    # The broken tracker is skipped after its failure: one failing log call, not four.
-    assert broken.log_attempts == {"start": 0, "log": 1, "finish": 4}[method]
+    if method != "log":
+        # The broken tracker is skipped after its failure: one failing log call, not four.
+        assert broken.log_attempts == {"start": 0, "finish": 4}[method]
+        return
+    # A failing log() is retried, not dropped (the journal): the first value is tried again
+    # (not the next ones, which wait behind it), and all four stay in the journal for sync.
+    assert 2 <= broken.log_attempts < 4 + 2
+    status = Journal.open(str(tmp_path), "broken").status("broken")
+    assert (status.journaled, status.delivered, status.pending) == (5, 1, 4)  # config + 4 logs
 
 
 def test_raise_policy_raises_at_init_for_start_failures_when_runs_open_eagerly() -> None:
@@ -59,15 +67,33 @@ def test_raise_policy_raises_at_init_for_start_failures_when_runs_open_eagerly()
 
 
 def test_raise_policy_raises_start_failures_at_the_first_use_when_runs_open_lazily() -> None:
-    # The default: runs open at their first use, so that a load_state() after
-    # init_trackers() can continue the checkpoint's runs.
-    broken = RecordingTracker("broken", fail_in="start")
+    # The default: runs of trackers that continue runs open at their first use, so that a
+    # load_state() after init_trackers() can continue the checkpoint's runs.
+    class Continuing(RecordingTracker):
+        @override
+        def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
+            pass
+
+    broken = Continuing("broken", fail_in="start")
     accelerator = Accelerator(log_with=[broken], tracker_errors="raise")
     accelerator.init_trackers("run")
     assert broken.calls == []  # not started yet
     accelerator.log({"x": 1}, step=0)
     with pytest.raises(TrackerError, match="'broken' failed in start"):
         accelerator.end_training()
+
+
+def test_a_tracker_instance_without_continuity_is_started_by_init_trackers() -> None:
+    # As Accelerate does (#30): its owner may call its methods right after init_trackers.
+    tracker = RecordingTracker("mine")
+    accelerator = Accelerator(log_with=[tracker])
+    accelerator.init_trackers("run", config={"a": 1})
+    assert [call[0] for call in tracker.calls][:2] == ["start", "config"]
+    accelerator.end_training()
+    broken = RecordingTracker("broken", fail_in="start")
+    accelerator = Accelerator(log_with=[broken], tracker_errors="raise")
+    with pytest.raises(TrackerError, match="'broken' failed in start"):
+        accelerator.init_trackers("run")
 
 
 def test_raise_policy_raises_worker_failures_at_the_next_call() -> None:

@@ -1,0 +1,163 @@
+"""The tracker journal against a real ``mlflow server`` that goes away (#27's acceptance, short).
+
+The long version (2 processes, 10,000 points, a 60 s outage, throughput compared) is
+``tests/reliability/soak_journal.py``; these keep a real server killed and restarted on the same
+sqlite store, and a ``kill -9`` of ``accelkit track sync`` in the middle of its replay.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+
+from accelkit import Accelerator
+from accelkit.trackers import TrackerWarning
+from tests.helpers.distributed import free_port
+from tests.trackers.conftest import OFFLINE_ENV, job_env
+
+pytestmark = pytest.mark.slow
+
+# MLflow's client retries a refused connection for minutes by default; the journal retries.
+_CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
+
+
+class Server:
+    """``mlflow server`` on a fixed port and sqlite store, which a test kills and restarts."""
+
+    def __init__(self, root: Path, template: Path) -> None:
+        self.root = root
+        shutil.copy(template, root / "mlflow.db")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.root / "server.log", "ab")  # noqa: SIM115 - the child keeps it
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "mlflow", "server",
+                "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+                "--artifacts-destination", (self.root / "artifacts").as_uri(),
+            ],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE_ENV},
+            cwd=self.root, start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while True:
+            assert self.process.poll() is None, (self.root / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "mlflow server did not answer in 120 s"
+            time.sleep(0.2)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+@pytest.fixture
+def server(tmp_path: Path, mlflow_template_db: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    for key, value in _CLIENT_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("ACCELKIT_TRACKER_RETRY_MAX_S", "0.5")
+    root = tmp_path / "server"
+    root.mkdir()
+    running = Server(root, mlflow_template_db)
+    running.start()
+    yield running
+    running.kill()
+
+
+def _history(url: str, name: str) -> list[tuple[int, float]]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=url)
+    (experiment,) = [e for e in client.search_experiments() if e.name == name]
+    (run,) = client.search_runs([experiment.experiment_id])
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "x"))
+
+
+def _acked(path: Path) -> int:
+    """The last delivered entry (the first line of the journal's ``acked`` file)."""
+    text = path.read_text() if path.exists() else ""
+    return int(text.split()[0]) if text.strip() else -1
+
+
+def _accelerator(folder: Path, url: str) -> Accelerator:
+    accelerator = Accelerator(log_with=["mlflow", "jsonl"], project_dir=str(folder / "project"))
+    accelerator.init_trackers(folder.name, init_kwargs={"mlflow": {"tracking_uri": url}})
+    return accelerator
+
+
+def test_an_mlflow_outage_is_caught_up_and_synced_exactly_once(
+    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One server (each start costs 15-40 s here), killed once during two runs: the first
+    outlives the outage and catches up; the second ends during it, and ``accelkit track
+    sync`` delivers its points, killed with ``kill -9`` in the middle of its replay and run
+    again."""
+    monkeypatch.setenv("ACCELKIT_TRACKER_DRAIN_S", "0.5")
+    first = _accelerator(tmp_path / "first", server.url)
+    second = _accelerator(tmp_path / "second", server.url)
+    for step in range(50):
+        first.log({"x": float(step)}, step=step)
+    second.log({"x": 0.0}, step=0)
+    first.get_tracker("mlflow")  # flushed: the server has steps 0-49 and 0
+    second.get_tracker("mlflow")
+    server.kill()
+    points = 600
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(50, 150):
+            first.log({"x": float(step)}, step=step)
+        for step in range(1, points):
+            second.log({"x": float(step)}, step=step)
+        second.end_training()  # during the outage: its points stay journaled
+        server.start()  # the same store, the same port
+        for step in range(150, 200):
+            first.log({"x": float(step)}, step=step)
+        first.end_training()
+    # 1. The run that outlived the outage caught up: every point exactly once.
+    assert _history(server.url, "first") == [(s, float(s)) for s in range(200)]
+    reports = [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
+    retried = [r for r in reports if "retried with backoff" in r]
+    assert len(retried) == 2, "\n".join(reports)  # once per run
+    # The run that ended during the outage could not mark its MLflow run finished (sync will).
+    assert [r for r in reports if r not in retried] == [
+        r for r in reports if "failed in finish()" in r
+    ]
+    assert _history(server.url, "second") == [(0, 0.0)]
+
+    # 2. `accelkit track sync` for the other, killed -9 in the middle of its replay, run again.
+    project = tmp_path / "second" / "project"
+    acked = project / "accelkit-journal" / "mlflow" / "acked"
+    command = [sys.executable, "-m", "accelkit.cli.main", "track", "sync", str(project)]
+    env = job_env(**_CLIENT_ENV, PYTHONPATH=os.getcwd())
+    sync = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while _acked(acked) < 150:
+        assert sync.poll() is None, sync.communicate()[0].decode()
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    sync.send_signal(signal.SIGKILL)
+    sync.wait()
+    assert 150 <= _acked(acked) < points  # some sent, some left
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 pending" in done.stdout
+    assert _history(server.url, "second") == [(s, float(s)) for s in range(points)]
