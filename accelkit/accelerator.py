@@ -29,6 +29,7 @@ import accelkit.training.precision as _precision
 from accelkit._accelerator.checkpointing import Checkpointing
 from accelkit._accelerator.delegation import documented_by, forward
 from accelkit._accelerator.experiment import ExperimentLink
+from accelkit._accelerator.preemption import Preemption
 from accelkit._accelerator.prepared_objects import PreparedObjects
 from accelkit._accelerator.processes import Processes
 from accelkit._accelerator.settings import Settings
@@ -70,6 +71,10 @@ def _checkpointing_part(accelerator: Accelerator) -> Checkpointing:
 
 def _settings_part(accelerator: Accelerator) -> Settings:
     return accelerator._settings
+
+
+def _preemption_part(accelerator: Accelerator) -> Preemption:
+    return accelerator._preemption
 
 
 class Accelerator:
@@ -208,6 +213,15 @@ class Accelerator:
             self._trackers,
             continue_runs=self.project_configuration.continue_tracker_runs,
             checkpoint_events=self.project_configuration.checkpoint_events,
+        )
+        # Save decisions and preemption signals (ProjectConfiguration.save_every_*,
+        # preemption_signals): last, once everything a preemption exit cleans up exists.
+        self._preemption = Preemption(
+            self.project_configuration,
+            self.state,
+            self.gradient_state,
+            self._checkpointing,
+            self.end_training,
         )
         # Unusable folders or storage fail here, not at the first log or save an epoch later.
         _preflight.check_run(
@@ -425,6 +439,15 @@ class Accelerator:
         )
 
     wait_for_checkpoints = forward(Checkpointing.wait_for_checkpoints, _checkpointing_part)
+    should_save = forward(Preemption.should_save, _preemption_part)
+
+    @property
+    def preemption_requested(self) -> bool:
+        """True on every process, from the same step boundary on, once any process received one
+        of ``ProjectConfiguration.preemption_signals``; reading it marks the script as saving by
+        itself (see :meth:`should_save` and ``docs/guides/preemption.md``)."""
+        return self._preemption.preemption_requested
+
     load_state = forward(Checkpointing.load_state, _checkpointing_part)
     register_for_checkpointing = forward(
         Checkpointing.register_for_checkpointing, _checkpointing_part
@@ -496,6 +519,7 @@ class Accelerator:
         """Finish every tracker and wait for pending saves; call once at the end of the script."""
         self._trackers.finish()
         self._checkpoints.wait()
+        self._preemption.close()
 
     # The reference's settings views (Settings); constants for what accelkit leaves out.
 

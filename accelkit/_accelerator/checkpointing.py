@@ -20,6 +20,7 @@ import accelkit.fsdp.runtime as _fsdp
 if TYPE_CHECKING:
     from accelkit._accelerator.prepared_objects import PreparedObjects
     from accelkit.checkpointing.config import ProjectConfiguration
+    from accelkit.runtime.preemption import SaveDecider
     from accelkit.training.optim import GradientState
 
 __all__ = ["Checkpointing"]
@@ -50,6 +51,10 @@ class Checkpointing:
         self.gradient_state = gradient_state
         self.project_configuration = project_configuration
         self.unwrap_model = unwrap_model
+        # The run's save decisions (set by the preemption part): told of every save and load,
+        # and asked for each save's reason.
+        self.decider: SaveDecider | None = None
+        self.last_path: str | None = None  # the newest checkpoint saved or loaded
 
     @property
     def project_dir(self) -> str | None:
@@ -97,6 +102,11 @@ class Checkpointing:
         :meth:`wait_for_checkpoints` and :meth:`end_training` wait for it and raise its
         failure (also logged when it happens). Interpreter exit waits for it too.
 
+        The manifest records why the checkpoint was made (``reason``): ``"preemption"`` while
+        a preemption signal has not been answered by a save yet, ``"interval"`` when
+        ``save_every_steps``/``save_every_seconds`` is due, else ``"user"``; each save restarts
+        those intervals (see :meth:`~accelkit.Accelerator.should_save`).
+
         Unlike the reference, rotation (``total_limit``) runs only after the new checkpoint is
         committed, and states are safetensors + JSON, not pickles (``safe_serialization=False``
         is accepted and ignored). Call it on every process.
@@ -127,7 +137,15 @@ class Checkpointing:
         """
         step = self.gradient_state.optimizer_steps
         objects = self.training_objects()
-        return self.manager.save(output_dir, objects, step, async_save=async_save, **kwargs)
+        decider = self.decider
+        reason = "user" if decider is None else decider.reason(step)
+        result = self.manager.save(
+            output_dir, objects, step, async_save=async_save, reason=reason, **kwargs
+        )
+        self.last_path = result if isinstance(result, str) else result.path
+        if decider is not None:
+            decider.saved(step)
+        return result
 
     def wait_for_checkpoints(self) -> None:
         """Block until the asynchronous save in flight (if any) has committed.
@@ -159,6 +177,9 @@ class Checkpointing:
         # restarts at a boundary: a partial accumulation from before the save cannot be resumed.
         self.gradient_state.optimizer_steps = result.manifest.step
         self.gradient_state.micro_step = 0
+        self.last_path = result.path
+        if self.decider is not None:
+            self.decider.loaded(result.manifest.step)
         return result.path
 
     def register_for_checkpointing(self, *objects: Any) -> None:

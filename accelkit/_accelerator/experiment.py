@@ -59,10 +59,13 @@ class ExperimentLink:
             events.BYTES: float(manifest.total_size),
             events.ITERATION: float(-1 if manifest.iteration is None else manifest.iteration),
         }
+        if manifest.reason == "preemption":
+            values[events.PREEMPTION] = 1.0
         step = manifest.experiment.get("step", self.hub.last_step)
-        self.hub.event(
-            events.CheckpointEvent("save", max(0, step), report.path, manifest.iteration, values)
+        event = events.CheckpointEvent(
+            "save", max(0, step), report.path, manifest.iteration, values, manifest.reason
         )
+        self.hub.event(event)
 
     def checkpoint_loaded(self, report: LoadReport) -> None:
         """Continue the checkpoint's runs, then queue a ``load`` event."""
@@ -78,5 +81,7 @@ class ExperimentLink:
             events.RESUMED_STEP: float(step),
         }  # no ITERATION: the save's event already put that point at this step
         self.hub.event(
-            events.CheckpointEvent("load", max(0, step), report.path, manifest.iteration, values)
+            events.CheckpointEvent(
+                "load", max(0, step), report.path, manifest.iteration, values, manifest.reason
+            )
         )

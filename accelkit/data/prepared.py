@@ -343,9 +343,14 @@ class PreparedLoaderMixin:
             self.generator = None
 
     def __iter__(self) -> Iterator[Any]:
+        state = self.gradient_state
+        # A step boundary before the pass starts (nothing drawn yet), and one each time the
+        # next batch is asked for: the state there is the state after the previous loop body,
+        # where a preemption checkpoint resumes exactly (see accelkit.runtime.preemption).
+        if state.boundary is not None:
+            state.boundary("batch")
         drop, resumed = self._begin()
         pos = self._pos
-        state = self.gradient_state
         state.enter_loader(self)
         try:
             it = self._new_iterator(resumed)
@@ -372,6 +377,8 @@ class PreparedLoaderMixin:
                         upcoming = move(upcoming)
                 pos.yielded += 1
                 yield current
+                if state.boundary is not None:
+                    state.boundary("batch")
                 current = upcoming
             pos.epoch += 1
             pos.yielded = 0

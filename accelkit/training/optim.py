@@ -95,6 +95,11 @@ class GradientState:
         micro_step: micro-steps counted by :meth:`begin_micro_step` since the last reset (the
             reference's ``Accelerator.step``).
         optimizer_steps: optimizer steps actually taken (not skipped) so far.
+        boundary: called at each step boundary, with ``"step"`` after a prepared optimizer's
+            synchronising ``step()`` and ``"batch"`` when a prepared dataloader is asked for a
+            batch (before it hands one out); the accelerator's preemption part sets it when
+            ``preemption_signals`` are configured (:mod:`accelkit.runtime.preemption`). ``None``:
+            nothing to do.
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class GradientState:
         self.sync_gradients = True
         self.micro_step = 0
         self.optimizer_steps = 0
+        self.boundary: Callable[[str], None] | None = None
         self._loaders: list[_Loader] = []
 
     @classmethod
@@ -309,6 +315,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._unscaled = False
         if not self._step_was_skipped:
             self.gradient_state.optimizer_steps += 1
+        boundary = self.gradient_state.boundary
+        if boundary is not None:
+            boundary("step")
         return result
 
     @property

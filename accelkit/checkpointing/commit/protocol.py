@@ -200,6 +200,7 @@ class SaveRequest:
         experiment: the tracker runs the checkpoint belongs to (the manifest's
             ``experiment``).
         sharded: whether sharded (FSDP) state is written (it needs one folder shared by all).
+        reason: why the checkpoint is made (the manifest's ``reason``).
     """
 
     target: str
@@ -211,6 +212,7 @@ class SaveRequest:
     max_shard_size: int | str = "10GB"
     experiment: Mapping[str, Any] = field(default_factory=dict)
     sharded: bool = False
+    reason: str = "user"
 
 
 def _save_marker() -> bytes:
@@ -554,6 +556,7 @@ class SaveSequence:
             accelkit_version=__version__,
             torch_version=torch.__version__,
             process_index=self.coordinator.rank if self.per_process else None,
+            reason=request.reason,
         )
         # Data files are already fsync-ed; the manifest's rename is fsync-ed with its folder
         # (journaling filesystems commit the earlier entries of the folder with it), then the

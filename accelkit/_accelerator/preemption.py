@@ -1,0 +1,207 @@
+"""The preemption part of the :class:`~accelkit.Accelerator`: ``should_save()``,
+``preemption_requested``, and the save-and-exit of a script that never asks.
+
+The flag, the agreement and the policy live in :mod:`accelkit.runtime.preemption`; this part
+connects them to the run: the step boundaries (``GradientState.boundary``, called by the
+prepared optimizer's ``step()`` and the prepared dataloader's next batch), the saves (every
+``save_state`` restarts the intervals and records its ``reason``) and the end of the run.
+
+**Who saves on a preemption.** A script that asks -- calls :meth:`Preemption.should_save` or
+reads :attr:`Preemption.preemption_requested` once, on any process -- is trusted to save
+itself: from that call on (agreed by every process at the next boundary) accelkit never saves
+behind its back, so one preemption makes one checkpoint. A script that never asks, with
+``preemption_signals`` and ``automatic_checkpoint_naming``, is saved by accelkit when a prepared
+dataloader is next asked for a batch (after the previous step's optimizer and scheduler steps
+and ``zero_grad``; with gradient accumulation, only after a synchronising micro-step), through
+the normal commit protocol; then the trackers are finished, the processes meet and each exits
+with ``preemption_exit_code``. A save in flight is committed first, and if the newest committed
+state already is the current optimizer step, no second checkpoint is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from accelkit.checkpointing.errors import CheckpointError
+from accelkit.runtime.preemption import (
+    ENV_PREEMPTION_FILE,
+    Agreement,
+    Decision,
+    SaveDecider,
+    SignalFlag,
+    signal_name,
+    write_exit_record,
+)
+
+if TYPE_CHECKING:
+    from accelkit._accelerator.checkpointing import Checkpointing
+    from accelkit.checkpointing.config import ProjectConfiguration
+    from accelkit.runtime.state import AcceleratorState
+    from accelkit.training.optim import GradientState
+
+__all__ = ["Preemption"]
+
+logger = logging.getLogger("accelkit.preemption")
+
+
+class Preemption:
+    """Save decisions and preemption for one run (see the module's docstring).
+
+    Args:
+        config: the run's configuration (``save_every_*``, ``preemption_*``).
+        state: this process's identity.
+        gradient_state: the step state whose ``boundary`` this part takes.
+        checkpointing: the saving part (its saves report here).
+        finish: the end-of-run cleanup before a preemption exit (trackers finished, saves
+            committed): ``Accelerator.end_training``.
+    """
+
+    def __init__(
+        self,
+        config: ProjectConfiguration,
+        state: AcceleratorState,
+        gradient_state: GradientState,
+        checkpointing: Checkpointing,
+        finish: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.gradient_state = gradient_state
+        self.checkpointing = checkpointing
+        self.finish = finish
+        signals = config.preemption_signal_numbers()
+        self.flag = SignalFlag(signals)
+        self.decider = SaveDecider(
+            Agreement(state.num_processes),
+            self.flag,
+            is_main=state.is_main_process,
+            every_steps=config.save_every_steps,
+            every_seconds=config.save_every_seconds,
+        )
+        self.watching = bool(signals)
+        self.policies = self.watching or (
+            config.save_every_steps is not None or config.save_every_seconds is not None
+        )
+        self.automatic = self.watching and config.automatic_checkpoint_naming
+        self.exiting = False
+        checkpointing.decider = self.decider
+        if self.watching:
+            self.flag.install()
+            gradient_state.boundary = self.boundary
+
+    # ------------------------------------------------------------------ the script asks
+
+    def should_save(self) -> bool:
+        """Whether to save now, the same answer on every process: ``save_every_steps``
+        optimizer steps or ``save_every_seconds`` (on the main process's clock) passed since
+        the last save, or a preemption signal arrived and no save was made since.
+
+        Call it on every process at the same point of the loop (it is a step boundary where the
+        processes agree, with a collective started here and read at the next boundary). The
+        first call marks the script as saving by itself: accelkit then never saves on a
+        preemption behind its back.
+
+        Returns:
+            True when the script should call ``save_state()`` now.
+
+        Example:
+            >>> for batch in loader:
+            ...     train_step(batch)
+            ...     if accelerator.should_save():
+            ...         accelerator.save_state()
+            ...     if accelerator.preemption_requested:
+            ...         break
+        """
+        self.decider.asked = True
+        if not self.policies:
+            return False
+        steps = self.gradient_state.optimizer_steps
+        self.decider.boundary(steps)
+        return self.decider.should_save(steps)
+
+    @property
+    def preemption_requested(self) -> bool:
+        """True on every process, from the same step boundary on, once any process received one
+        of ``ProjectConfiguration.preemption_signals``.
+
+        Reading it marks the script as saving by itself (see :meth:`should_save`). It is the
+        value agreed at the last step boundary (the prepared optimizer's ``step()``, a prepared
+        dataloader's next batch, ``should_save()``), so processes that read it between the same
+        two boundaries read the same value; on one process it also looks at the signal now.
+        """
+        self.decider.asked = True
+        if self.watching and self.state.num_processes == 1:
+            self.decider.boundary(self.gradient_state.optimizer_steps)
+        return self.decider.preempted
+
+    # ------------------------------------------------------------------ boundaries
+
+    def boundary(self, where: str) -> None:
+        """A step boundary (``GradientState.boundary``): agree, and at a batch boundary save and
+        exit if a preemption was agreed and the script does not save by itself."""
+        if self.exiting:
+            return
+        decision = self.decider.boundary(self.gradient_state.optimizer_steps)
+        if (
+            where == "batch"
+            and decision.preempted
+            and self.automatic
+            and not decision.self_managed
+            # Accumulated gradients are not saved: wait for the micro-step that applies them.
+            and self.gradient_state.sync_gradients
+        ):
+            self.save_and_exit(decision)
+
+    def save_and_exit(self, decision: Decision) -> None:
+        """Commit a preemption checkpoint (unless the newest one already holds this step),
+        finish the run and exit with ``preemption_exit_code``.
+
+        Raises:
+            SystemExit: always, with ``preemption_exit_code``.
+        """
+        self.exiting = True
+        steps = self.gradient_state.optimizer_steps
+        saved_now = False
+        try:
+            self.checkpointing.manager.wait()  # the save in flight, committed first
+            fresh = self.decider.last_save_step == steps
+        except CheckpointError as exc:
+            logger.warning("preemption: the save in flight failed (%s); saving again", exc)
+            fresh = False
+        if not fresh:
+            self.checkpointing.save_state(async_save=False)
+            saved_now = True
+        path = self.checkpointing.last_path
+        code = self.config.preemption_exit_code
+        name = signal_name(decision.signum)
+        if self.state.is_main_process:
+            what = "saved a preemption checkpoint" if saved_now else "the newest checkpoint holds"
+            logger.warning(
+                "accelkit: %s received: %s at optimizer step %d: %s; exiting with code %d",
+                name,
+                what,
+                steps,
+                path if path is not None else "(no checkpoint was saved or loaded)",
+                code,
+            )
+        self.finish()
+        self.decider.agreement.close()
+        self.state.wait_for_everyone()
+        record_path = os.environ.get(ENV_PREEMPTION_FILE)
+        if record_path and self.state.is_main_process:
+            write_exit_record(
+                record_path,
+                {"exit_code": code, "signal": name, "step": steps, "checkpoint": path},
+            )
+        self.flag.restore()
+        raise SystemExit(code)
+
+    # ------------------------------------------------------------------ end of the run
+
+    def close(self) -> None:
+        """Put the previous signal handlers back and wait for the agreement in flight."""
+        self.flag.restore()
+        self.decider.agreement.close()
