@@ -11,9 +11,8 @@ reads :attr:`Preemption.preemption_requested` once, on any process -- is trusted
 itself: from that call on (agreed by every process at the next boundary) accelkit never saves
 behind its back, so one preemption makes one checkpoint. A script that never asks, with
 ``preemption_signals`` and ``automatic_checkpoint_naming``, is saved by accelkit when a prepared
-dataloader is next asked for a batch (after the previous step's optimizer and scheduler steps
-and ``zero_grad``; with gradient accumulation, only after a synchronising micro-step), through
-the normal commit protocol; then the trackers are finished, the processes meet and each exits
+dataloader is next asked for a batch (see :meth:`Preemption.boundary` for the exact points),
+through the normal commit protocol; then the trackers are finished, the processes meet and each exits
 with ``preemption_exit_code``. A save in flight is committed first, and if the newest committed
 state already is the current optimizer step, no second checkpoint is made.
 """
@@ -87,6 +86,8 @@ class Preemption:
         )
         self.automatic = self.watching and config.automatic_checkpoint_naming
         self.exiting = False
+        self.steps_at_point: int | None = None  # optimizer steps at the last save point
+        self.training_loader: object | None = None  # the loader iterated at the last step
         checkpointing.decider = self.decider
         if self.watching:
             self.flag.install()
@@ -139,18 +140,37 @@ class Preemption:
 
     # ------------------------------------------------------------------ boundaries
 
-    def boundary(self, where: str) -> None:
-        """A step boundary (``GradientState.boundary``): agree, and at a batch boundary save and
-        exit if a preemption was agreed and the script does not save by itself."""
+    def boundary(self, where: str, source: object) -> None:
+        """A step boundary (``GradientState.boundary``): agree; at a save point, save and exit
+        if a preemption was agreed and the script does not save by itself.
+
+        A save point is a prepared dataloader asked for its next batch (or to start a pass)
+        where the state is the state after a whole loop body: the loader whose batches the
+        optimizer steps on (the one iterated at the last optimizer step; any loader before the
+        first step), after an optimizer step since its previous save point, with no
+        accumulated gradients. So never between ``optimizer.step()`` and ``scheduler.step()``,
+        never inside an evaluation pass, and never right after a pass's last batch, where the
+        script's epoch-end code (evaluation, logging) still has to run: the next pass's start
+        is the save point then. A script resumed from there replays exactly what follows.
+        """
         if self.exiting:
             return
-        decision = self.decider.boundary(self.gradient_state.optimizer_steps)
+        steps = self.gradient_state.optimizer_steps
+        decision = self.decider.boundary(steps)
+        if where == "step":
+            self.training_loader = self.gradient_state.active_dataloader
+            return
+        if where != "batch":
+            return
+        if self.training_loader is not None and source is not self.training_loader:
+            return
+        stepped = steps != self.steps_at_point
+        self.steps_at_point = steps
         if (
-            where == "batch"
+            stepped
             and decision.preempted
             and self.automatic
             and not decision.self_managed
-            # Accumulated gradients are not saved: wait for the micro-step that applies them.
             and self.gradient_state.sync_gradients
         ):
             self.save_and_exit(decision)

@@ -348,7 +348,7 @@ class PreparedLoaderMixin:
         # next batch is asked for: the state there is the state after the previous loop body,
         # where a preemption checkpoint resumes exactly (see accelkit.runtime.preemption).
         if state.boundary is not None:
-            state.boundary("batch")
+            state.boundary("batch", self)
         drop, resumed = self._begin()
         pos = self._pos
         state.enter_loader(self)
@@ -378,7 +378,9 @@ class PreparedLoaderMixin:
                 pos.yielded += 1
                 yield current
                 if state.boundary is not None:
-                    state.boundary("batch")
+                    # After the last batch the loop body's next code is the script's, not
+                    # another batch: "end" (the next pass's start is the next batch).
+                    state.boundary("batch" if upcoming is not _END else "end", self)
                 current = upcoming
             pos.epoch += 1
             pos.yielded = 0

@@ -95,11 +95,12 @@ class GradientState:
         micro_step: micro-steps counted by :meth:`begin_micro_step` since the last reset (the
             reference's ``Accelerator.step``).
         optimizer_steps: optimizer steps actually taken (not skipped) so far.
-        boundary: called at each step boundary, with ``"step"`` after a prepared optimizer's
-            synchronising ``step()`` and ``"batch"`` when a prepared dataloader is asked for a
-            batch (before it hands one out); the accelerator's preemption part sets it when
-            ``preemption_signals`` are configured (:mod:`accelkit.runtime.preemption`). ``None``:
-            nothing to do.
+        boundary: called at each step boundary as ``boundary(where, source)``: ``"step"``
+            after a prepared optimizer's synchronising ``step()``; ``"batch"`` when a prepared
+            dataloader (``source``) is asked for a batch, before it starts a pass or hands out
+            the next one; ``"end"`` when it is asked for one after the last batch of a pass.
+            The accelerator's preemption part sets it when ``preemption_signals`` are
+            configured (:mod:`accelkit.runtime.preemption`); ``None``: nothing to do.
     """
 
     def __init__(
@@ -111,7 +112,7 @@ class GradientState:
         self.sync_gradients = True
         self.micro_step = 0
         self.optimizer_steps = 0
-        self.boundary: Callable[[str], None] | None = None
+        self.boundary: Callable[[str, object], None] | None = None
         self._loaders: list[_Loader] = []
 
     @classmethod
@@ -317,7 +318,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.gradient_state.optimizer_steps += 1
         boundary = self.gradient_state.boundary
         if boundary is not None:
-            boundary("step")
+            boundary("step", self)
         return result
 
     @property
