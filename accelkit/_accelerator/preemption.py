@@ -12,9 +12,9 @@ itself: from that call on (agreed by every process at the next boundary) accelki
 behind its back, so one preemption makes one checkpoint. A script that never asks, with
 ``preemption_signals`` and ``automatic_checkpoint_naming``, is saved by accelkit when a prepared
 dataloader is next asked for a batch (see :meth:`Preemption.boundary` for the exact points),
-through the normal commit protocol; then the trackers are finished, the processes meet and each exits
-with ``preemption_exit_code``. A save in flight is committed first, and if the newest committed
-state already is the current optimizer step, no second checkpoint is made.
+through the normal commit protocol; then the trackers are finished, the processes meet and
+each exits with ``preemption_exit_code``. A save in flight is committed first, and if the
+newest committed state already is the current optimizer step, no second checkpoint is made.
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ def _model(state_mb: float) -> torch.nn.Module:
 
 def _data(n: int, seed: int) -> torch.utils.data.TensorDataset:
     g = torch.Generator().manual_seed(seed)
-    return torch.utils.data.TensorDataset(torch.randn(n, 64, generator=g), torch.randn(n, 4, generator=g))
+    inputs, targets = torch.randn(n, 64, generator=g), torch.randn(n, 4, generator=g)
+    return torch.utils.data.TensorDataset(inputs, targets)
 
 
 def digest(model: torch.nn.Module, optimizer: Any) -> str:
@@ -143,8 +144,6 @@ def train(
             for x, y in loader:
                 if counter.steps >= total:
                     break
-                if mode == "explicit" and accelerator.preemption_requested:
-                    break
                 model.train()
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 accelerator.backward(loss)
@@ -160,8 +159,11 @@ def train(
                 if save_every and counter.steps % save_every == 0 and mode == "unchanged":
                     accelerator.save_state()
                     send("async")
-                if mode == "explicit" and accelerator.should_save():
-                    accelerator.save_state()
+                if mode == "explicit":
+                    if accelerator.should_save():
+                        accelerator.save_state()
+                    if accelerator.preemption_requested:
+                        break
                 if eval_every and counter.steps % eval_every == 0:
                     model.eval()
                     with torch.no_grad():
