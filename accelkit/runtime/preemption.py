@@ -330,6 +330,12 @@ class SaveDecider:
         self._seconds_due = False
         self._saved_since_preemption = False
 
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Measure ``every_seconds`` with ``clock`` from now on (tests give each process a
+        clock of its own to show that only the main process's is read)."""
+        self.clock = clock
+        self._last_save_time = clock()
+
     @property
     def preempted(self) -> bool:
         """Agreed: some process received a preemption signal (as of the last boundary)."""
