@@ -55,6 +55,9 @@ class Checkpointing:
         # and asked for each save's reason.
         self.decider: SaveDecider | None = None
         self.last_path: str | None = None  # the newest checkpoint saved or loaded
+        # Called with (reason, path, step) after each save_state (the preemption part's log
+        # line and launcher record for a preemption checkpoint).
+        self.after_save: Callable[[str, str, int], None] | None = None
 
     @property
     def project_dir(self) -> str | None:
@@ -145,6 +148,8 @@ class Checkpointing:
         self.last_path = result if isinstance(result, str) else result.path
         if decider is not None:
             decider.saved(step)
+        if self.after_save is not None:
+            self.after_save(reason, self.last_path, step)
         return result
 
     def wait_for_checkpoints(self) -> None:

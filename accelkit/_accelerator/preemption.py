@@ -89,6 +89,8 @@ class Preemption:
         self.steps_at_point: int | None = None  # optimizer steps at the last save point
         self.training_loader: object | None = None  # the loader iterated at the last step
         checkpointing.decider = self.decider
+        checkpointing.after_save = self.after_save
+        self.reported = False
         if self.watching:
             self.flag.install()
             gradient_state.boundary = self.boundary
@@ -195,29 +197,41 @@ class Preemption:
             self.checkpointing.save_state(async_save=False)
             saved_now = True
         path = self.checkpointing.last_path
-        code = self.config.preemption_exit_code
-        name = signal_name(decision.signum)
-        if self.state.is_main_process:
-            what = "saved a preemption checkpoint" if saved_now else "the newest checkpoint holds"
-            logger.warning(
-                "accelkit: %s received: %s at optimizer step %d: %s; exiting with code %d",
-                name,
-                what,
-                steps,
-                path if path is not None else "(no checkpoint was saved or loaded)",
-                code,
-            )
+        if not saved_now:
+            self.report(steps, path, saved=False)
         self.finish()
         self.decider.agreement.close()
         self.state.wait_for_everyone()
-        record_path = os.environ.get(ENV_PREEMPTION_FILE)
-        if record_path and self.state.is_main_process:
-            write_exit_record(
-                record_path,
-                {"exit_code": code, "signal": name, "step": steps, "checkpoint": path},
-            )
         self.flag.restore()
-        raise SystemExit(code)
+        raise SystemExit(self.config.preemption_exit_code)
+
+    def after_save(self, reason: str, path: str, steps: int) -> None:
+        """Told of each ``save_state``: a preemption checkpoint is reported."""
+        if reason == "preemption":
+            self.report(steps, path, saved=True)
+
+    def report(self, steps: int, path: str | None, *, saved: bool) -> None:
+        """The main process's log line for a preemption checkpoint (which signal, which step,
+        where), and the record ``accelkit launch`` reads to pass the exit code through."""
+        if self.reported or not self.state.is_main_process:
+            return
+        self.reported = True
+        code = self.config.preemption_exit_code
+        name = signal_name(self.decider.signum)
+        where = path if path is not None else "(no checkpoint was saved or loaded yet)"
+        what = "saved a preemption checkpoint" if saved else "the newest checkpoint holds it"
+        logger.warning(
+            "accelkit: %s received: %s at optimizer step %d: %s; exit code %d",
+            name,
+            what,
+            steps,
+            where,
+            code,
+        )
+        record_path = os.environ.get(ENV_PREEMPTION_FILE)
+        if record_path:
+            record = {"exit_code": code, "signal": name, "step": steps, "checkpoint": path}
+            write_exit_record(record_path, record)
 
     # ------------------------------------------------------------------ end of the run
 

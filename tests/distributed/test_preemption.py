@@ -92,9 +92,7 @@ def _skewed_decisions(project: str, calls: int) -> list[bool]:
     # Rank 1's clock is a day ahead and runs 3 times as fast: decided from each process's own
     # clock, rank 1 would want a save at almost every call.
     offset, rate, start = 86400.0 * rank, 1.0 + 2.0 * rank, time.monotonic()
-    accelerator._preemption.decider.use_clock(
-        lambda: offset + rate * (time.monotonic() - start)
-    )
+    accelerator._preemption.decider.use_clock(lambda: offset + rate * (time.monotonic() - start))
     accelerator.prepare(torch.nn.Linear(2, 2))
     decisions = []
     for _ in range(calls):
