@@ -74,7 +74,7 @@ class Preemption:
         signals = config.preemption_signal_numbers()
         self.flag = SignalFlag(signals)
         self.decider = SaveDecider(
-            Agreement(state.num_processes),
+            Agreement(state.num_processes, _agreement_group(state.num_processes, signals)),
             self.flag,
             is_main=state.is_main_process,
             every_steps=config.save_every_steps,
@@ -158,10 +158,14 @@ class Preemption:
         if self.exiting:
             return
         steps = self.gradient_state.optimizer_steps
-        decision = self.decider.boundary(steps)
         if where == "step":
             self.training_loader = self.gradient_state.active_dataloader
+            # On several processes the round of this step starts at the next boundary (the
+            # next batch, or should_save()), to be read a whole step later.
+            if self.state.num_processes == 1:
+                self.decider.boundary(steps)
             return
+        decision = self.decider.boundary(steps)
         if where != "batch":
             return
         if self.training_loader is not None and source is not self.training_loader:
@@ -239,3 +243,16 @@ class Preemption:
         """Put the previous signal handlers back and wait for the agreement in flight."""
         self.flag.restore()
         self.decider.agreement.close()
+
+
+def _agreement_group(world_size: int, signals: tuple[int, ...]) -> object:
+    """A gloo group of its own for the agreement (``None``: the default group), so that its
+    small all_reduce never queues behind, or holds up, the training's gradient all-reduces.
+    Created on every process alike (the settings are the same everywhere)."""
+    if world_size <= 1 or not signals:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    return dist.new_group(backend="gloo")

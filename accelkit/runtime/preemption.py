@@ -26,6 +26,7 @@ a data-parallel script does anyway, and what its gradient all-reduces already re
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import threading
@@ -41,7 +42,10 @@ from accelkit.errors import ConfigurationError
 __all__ = [
     "DEFAULT_EXIT_CODE",
     "ENV_PREEMPTION_FILE",
+    "MAX_ROUND_STEPS",
     "REASONS",
+    "ROUND_SECONDS",
+    "STEPLESS_ROUND",
     "Agreement",
     "Decision",
     "SaveDecider",
@@ -223,8 +227,17 @@ class SignalFlag:
                 signal.signal(sig, handler)
 
 
+#: On several processes, boundaries without an optimizer step between them start a round of the
+#: agreement only every this many (see :meth:`SaveDecider.boundary`).
+STEPLESS_ROUND = 8
+#: On several processes, the least training time between two rounds of the agreement: steps
+#: shorter than this are grouped (see :meth:`SaveDecider.boundary`), at most
+#: :data:`MAX_ROUND_STEPS` to a round.
+ROUND_SECONDS = 0.05
+MAX_ROUND_STEPS = 100
+
 # The agreed tensor's slots (all reduced with MAX).
-_PREEMPT, _DUE, _ASKED, _SIGNAL = range(4)
+_PREEMPT, _DUE, _ASKED, _SIGNAL, _EVERY = range(5)
 
 
 class Agreement:
@@ -329,6 +342,11 @@ class SaveDecider:
         self._self_managed = False
         self._seconds_due = False
         self._saved_since_preemption = False
+        self._boundaries = 0
+        self._polled_at = 0
+        self._polled_steps: int | None = None
+        self._polled_time = 0.0
+        self.round_every = 1  # optimizer steps between rounds (agreed; see boundary())
 
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Measure ``every_seconds`` with ``clock`` from now on (tests give each process a
@@ -357,14 +375,44 @@ class SaveDecider:
         return self._saved_since_preemption
 
     def boundary(self, steps: int) -> Decision:
-        """Take part in one agreement round at a step boundary; ``steps``: optimizer steps."""
+        """A step boundary; ``steps``: optimizer steps taken.
+
+        On one process every boundary decides at once. On several, a round of the agreement
+        starts at a boundary only when ``round_every`` optimizer steps were taken since the
+        last round (or :data:`STEPLESS_ROUND` boundaries passed without a step: evaluation
+        batches, ``should_save()`` in a loop without a prepared optimizer), and is read at the
+        next round's boundary. ``round_every`` is 1 for steps of :data:`ROUND_SECONDS` or more;
+        for faster steps the main process measures them and shares, in the agreement itself,
+        how many make :data:`ROUND_SECONDS`, so that agreeing costs one small collective per
+        ~50 ms of training whatever the step time. Every input of the rule is counted alike
+        or agreed, so every process starts the same rounds.
+        """
+        self._boundaries += 1
+        multi = self.agreement.world_size > 1
+        if multi:
+            last = self._polled_steps
+            stepped = last is None or steps < last or steps - last >= self.round_every
+            if not stepped and self._boundaries - self._polled_at < STEPLESS_ROUND:
+                return self.decision(steps)
+        every = 0
+        if multi and self.is_main:
+            now = time.monotonic()
+            last = self._polled_steps
+            if last is not None and steps > last:
+                per_step = (now - self._polled_time) / (steps - last)
+                wanted = ROUND_SECONDS / per_step if per_step > 0 else MAX_ROUND_STEPS
+                every = max(1, min(MAX_ROUND_STEPS, math.ceil(wanted)))
+            self._polled_time = now
+        self._polled_steps, self._polled_at = steps, self._boundaries
         flag = self.flag
         seconds = self.every_seconds
         due_tag = 0
         if seconds is not None and self.is_main and self.clock() - self._last_save_time >= seconds:
             due_tag = self.saves + 1  # "due, unless a save has been made since"
-        local = [int(flag.raised), due_tag, int(self.asked), flag.signum]
+        local = [int(flag.raised), due_tag, int(self.asked), flag.signum, every]
         agreed = self.agreement.poll(local)
+        if agreed[_EVERY]:
+            self.round_every = agreed[_EVERY]
         if agreed[_PREEMPT] and not self._preempted:
             self._preempted = True
             self._signum = agreed[_SIGNAL]
