@@ -127,6 +127,8 @@ def train(
 
     def send(now: str) -> None:
         if me and where == now and counter.steps == signal_at:
+            if progress:  # when, for the soak's signal-to-exit time
+                Path(f"{progress}.sent").write_text(repr(time.time()))
             os.kill(os.getpid(), number)
 
     def in_backward(grad: torch.Tensor) -> torch.Tensor:
@@ -137,13 +139,20 @@ def train(
     first.weight.register_hook(in_backward)
     if resume and os.path.isdir(os.path.join(project, "checkpoints")):
         accelerator.load_state()
+    if progress:  # the soak signals one worker by its pid
+        Path(f"{progress}.pid{rank}").write_text(str(os.getpid()))
     if where == "before" and me:
+        if progress:
+            Path(f"{progress}.sent").write_text(repr(time.time()))
         os.kill(os.getpid(), number)
+    step_times: list[float] = []
+    save_times: list[float] = []
     try:
         while counter.steps < total:
             for x, y in loader:
                 if counter.steps >= total:
                     break
+                started = time.perf_counter()
                 model.train()
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 accelerator.backward(loss)
@@ -156,8 +165,11 @@ def train(
                     Path(progress).write_text(str(counter.steps))
                 if step_sleep:
                     time.sleep(step_sleep)
+                step_times.append(time.perf_counter() - started)
                 if save_every and counter.steps % save_every == 0 and mode == "unchanged":
-                    accelerator.save_state()
+                    started = time.perf_counter()
+                    accelerator.save_state()  # with async_save: only its blocking part
+                    save_times.append(time.perf_counter() - started)
                     send("async")
                 if mode == "explicit":
                     if accelerator.should_save():
@@ -177,7 +189,14 @@ def train(
     except SystemExit as exc:
         return {"exit": exc.code, "rank": rank}
     accelerator.wait_for_checkpoints()
-    result = {"steps": counter.steps, "digest": digest(model, optimizer), "rank": rank}
+    result = {
+        "steps": counter.steps,
+        "digest": digest(model, optimizer),
+        "rank": rank,
+        "step_s": sorted(step_times)[len(step_times) // 2] if step_times else 0.0,
+        "max_step_s": max(step_times, default=0.0),
+        "max_save_s": max(save_times, default=0.0),
+    }
     accelerator.end_training()
     return result
 
