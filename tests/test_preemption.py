@@ -233,3 +233,48 @@ def test_ls_shows_the_reason_and_the_tracker_event_carries_it(
     assert [r["reason"] for r in saves] == ["user", "preemption"]
     assert saves[1]["values"]["checkpoint/preemption"] == 1.0
     assert "checkpoint/preemption" not in saves[0]["values"]
+
+
+def _accumulating(project: str, micro_steps: int, signal_after: int = -1) -> Any:
+    """2 micro-steps per optimizer step; SIGUSR1 after micro-step ``signal_after``."""
+    config = ProjectConfiguration(
+        project_dir=project, automatic_checkpoint_naming=True, preemption_signals=("SIGUSR1",)
+    )
+    accelerator = Accelerator(cpu=True, project_config=config, gradient_accumulation_steps=2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if os.path.isdir(os.path.join(project, "checkpoints")):
+        accelerator.load_state()
+    done = accelerator.gradient_state.optimizer_steps * 2
+    try:
+        while done < micro_steps:
+            for x, y in loader:
+                if done >= micro_steps:
+                    break
+                with accelerator.accumulate(model):
+                    accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+                    optimizer.step()
+                    optimizer.zero_grad()
+                done += 1
+                if done == signal_after:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+    except SystemExit as exc:
+        return exc.code
+    state = [t.clone() for t in model.state_dict().values()], torch.get_rng_state()
+    accelerator.end_training()
+    return state
+
+
+def test_accumulated_gradients_are_never_saved_half_way(tmp_path: Path) -> None:
+    reference = _accumulating(str(tmp_path / "reference"), 40)
+    project = str(tmp_path / "run")
+    # After micro-step 13, whose gradients wait for micro-step 14: the save comes after it.
+    assert _accumulating(project, 40, signal_after=13) == 75
+    assert [(m["step"], m["reason"]) for m in _manifests(Path(project))] == [(7, "preemption")]
+    params, rng = _accumulating(project, 40)
+    assert all(torch.equal(a, b) for a, b in zip(params, reference[0], strict=True))
+    assert torch.equal(rng, reference[1])
