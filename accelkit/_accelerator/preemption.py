@@ -165,10 +165,12 @@ class Preemption:
             if self.state.num_processes == 1:
                 self.decider.boundary(steps)
             return
-        decision = self.decider.boundary(steps)
-        if where != "batch":
-            return
-        if self.training_loader is not None and source is not self.training_loader:
+        # Another loader's batches (an evaluation pass) do not start the step's round: the
+        # training loader's next batch does, so a signal during evaluation is agreed a step
+        # after it, not two.
+        training = self.training_loader is None or source is self.training_loader
+        decision = self.decider.boundary(steps, training=training)
+        if where != "batch" or not training:
             return
         stepped = steps != self.steps_at_point
         self.steps_at_point = steps

@@ -374,8 +374,9 @@ class SaveDecider:
         """Whether a save was made since the preemption was agreed."""
         return self._saved_since_preemption
 
-    def boundary(self, steps: int) -> Decision:
-        """A step boundary; ``steps``: optimizer steps taken.
+    def boundary(self, steps: int, *, training: bool = True) -> Decision:
+        """A step boundary; ``steps``: optimizer steps taken; ``training``: a boundary of the
+        training loop (not of an evaluation pass, which only starts step-less rounds).
 
         On one process every boundary decides at once. On several, a round of the agreement
         starts at a boundary only when ``round_every`` optimizer steps were taken since the
@@ -392,7 +393,7 @@ class SaveDecider:
         if multi:
             last = self._polled_steps
             stepped = last is None or steps < last or steps - last >= self.round_every
-            if not stepped and self._boundaries - self._polled_at < STEPLESS_ROUND:
+            if not (stepped and training) and self._boundaries - self._polled_at < STEPLESS_ROUND:
                 return self.decision(steps)
         every = 0
         if multi and self.is_main:

@@ -38,14 +38,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [r["digest"] for r in run_distributed(_job, str(project), SETTINGS)]
 
 
-@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+# SIGUSR1 to rank 1 only: in the backward pass of step 10 (sync saves), or in the evaluation
+# after step 10 (async saves). Either is agreed and saved at step 10 or 11.
+@pytest.mark.parametrize(
+    ("async_save", "where", "at"),
+    [(False, "backward", 9), (True, "eval", 10)],
+    ids=["sync-backward", "async-eval"],
+)
 def test_signal_to_one_worker_saves_on_both_and_resumes_bitwise_equal(
-    tmp_path: Path, reference: list[str], async_save: bool
+    tmp_path: Path, reference: list[str], async_save: bool, where: str, at: int
 ) -> None:
     settings = {**SETTINGS, "async_save": async_save}
-    # SIGUSR1 to rank 1 only, in the backward pass of step 10.
     first = run_distributed(
-        _job, str(tmp_path), {**settings, "where": "backward", "signal_at": 9, "signal_rank": 1}
+        _job, str(tmp_path), {**settings, "where": where, "signal_at": at, "signal_rank": 1}
     )
     assert [r["exit"] for r in first] == [75, 75]
     checkpoints = _manifests(tmp_path)
