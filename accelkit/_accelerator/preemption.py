@@ -86,6 +86,7 @@ class Preemption:
         )
         self.automatic = self.watching and config.automatic_checkpoint_naming
         self.exiting = False
+        self.closed = False  # end_training() ran: no more rounds
         self.steps_at_point: int | None = None  # optimizer steps at the last save point
         self.training_loader: object | None = None  # the loader iterated at the last step
         checkpointing.decider = self.decider
@@ -119,7 +120,7 @@ class Preemption:
             ...         break
         """
         self.decider.asked = True
-        if not self.policies:
+        if not self.policies or self.closed:
             return False
         steps = self.gradient_state.optimizer_steps
         self.decider.boundary(steps)
@@ -136,7 +137,7 @@ class Preemption:
         two boundaries read the same value; on one process it also looks at the signal now.
         """
         self.decider.asked = True
-        if self.watching and self.state.num_processes == 1:
+        if self.watching and self.state.num_processes == 1 and not self.closed:
             self.decider.boundary(self.gradient_state.optimizer_steps)
         return self.decider.preempted
 
@@ -155,7 +156,7 @@ class Preemption:
         script's epoch-end code (evaluation, logging) still has to run: the next pass's start
         is the save point then. A script resumed from there replays exactly what follows.
         """
-        if self.exiting:
+        if self.exiting or self.closed:
             return
         steps = self.gradient_state.optimizer_steps
         if where == "step":
@@ -242,7 +243,9 @@ class Preemption:
     # ------------------------------------------------------------------ end of the run
 
     def close(self) -> None:
-        """Put the previous signal handlers back and wait for the agreement in flight."""
+        """At the end of the run (``end_training``): put back the previous signal handlers and
+        finish the agreement (its round in flight, its group); no decisions are made after."""
+        self.closed = True
         self.flag.restore()
         self.decider.agreement.close()
 

@@ -280,10 +280,18 @@ class Agreement:
         return agreed
 
     def close(self) -> None:
-        """Wait for the round in flight (before the process group goes away)."""
+        """Wait for the round in flight, then tear down the agreement's own group while the
+        other processes are still there (a gloo group left to the interpreter's teardown can
+        abort the process with "terminate called without an active exception")."""
         work, self._work = self._work, None
         if work is not None:
             work.wait()
+        group, self.group = self.group, None
+        if group is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group(group)
 
 
 @dataclass(frozen=True)
