@@ -171,11 +171,6 @@ def train(
                     accelerator.save_state()  # with async_save: only its blocking part
                     save_times.append(time.perf_counter() - started)
                     send("async")
-                if mode == "explicit":
-                    if accelerator.should_save():
-                        accelerator.save_state()
-                    if accelerator.preemption_requested:
-                        break
                 if eval_every and counter.steps % eval_every == 0:
                     model.eval()
                     with torch.no_grad():
@@ -183,6 +178,13 @@ def train(
                             if i == 1:
                                 send("eval")
                             torch.nn.functional.mse_loss(model(vx), vy)
+                # The end of the loop body: where a script that asks saves, so that a resumed
+                # run continues with the next step (not with this step's evaluation).
+                if mode == "explicit":
+                    if accelerator.should_save():
+                        accelerator.save_state()
+                    if accelerator.preemption_requested:
+                        break
             if mode == "explicit" and accelerator.preemption_requested:
                 accelerator.end_training()
                 raise SystemExit(75)
