@@ -30,6 +30,7 @@ import accelkit.training.profiling as _profiling
 from accelkit._accelerator.checkpointing import Checkpointing
 from accelkit._accelerator.delegation import documented_by, forward
 from accelkit._accelerator.experiment import ExperimentLink
+from accelkit._accelerator.preemption import Preemption
 from accelkit._accelerator.prepared_objects import PreparedObjects
 from accelkit._accelerator.processes import Processes
 from accelkit._accelerator.settings import Settings
@@ -71,6 +72,10 @@ def _checkpointing_part(accelerator: Accelerator) -> Checkpointing:
 
 def _settings_part(accelerator: Accelerator) -> Settings:
     return accelerator._settings
+
+
+def _preemption_part(accelerator: Accelerator) -> Preemption:
+    return accelerator._preemption
 
 
 class Accelerator:
@@ -209,6 +214,15 @@ class Accelerator:
             self._trackers,
             continue_runs=self.project_configuration.continue_tracker_runs,
             checkpoint_events=self.project_configuration.checkpoint_events,
+        )
+        # Save decisions and preemption signals (ProjectConfiguration.save_every_*,
+        # preemption_signals): last, once everything a preemption exit cleans up exists.
+        self._preemption = Preemption(
+            self.project_configuration,
+            self.state,
+            self.gradient_state,
+            self._checkpointing,
+            self.end_training,
         )
         # Unusable folders or storage fail here, not at the first log or save an epoch later.
         _preflight.check_run(
@@ -430,6 +444,15 @@ class Accelerator:
         )
 
     wait_for_checkpoints = forward(Checkpointing.wait_for_checkpoints, _checkpointing_part)
+    should_save = forward(Preemption.should_save, _preemption_part)
+
+    @property
+    def preemption_requested(self) -> bool:
+        """True on every process, from the same step boundary on, once any process received one
+        of ``ProjectConfiguration.preemption_signals``; reading it marks the script as saving by
+        itself (see :meth:`should_save` and ``docs/guides/preemption.md``)."""
+        return self._preemption.preemption_requested
+
     load_state = forward(Checkpointing.load_state, _checkpointing_part)
     register_for_checkpointing = forward(
         Checkpointing.register_for_checkpointing, _checkpointing_part
@@ -500,14 +523,17 @@ class Accelerator:
     def end_training(self) -> None:
         """Wait for pending saves, drain the replication queue (up to
         ``ProjectConfiguration.replicate_deadline_seconds``, naming what is left behind), then
-        finish every tracker; call once at the end of the script."""
+        finish every tracker and the preemption handling; call once at the end of the script."""
         try:
             self._checkpoints.wait()
         finally:
             try:
                 self._checkpoints.close_replication()
             finally:
-                self._trackers.finish()
+                try:
+                    self._trackers.finish()
+                finally:
+                    self._preemption.close()
 
     # The reference's settings views (Settings); constants for what accelkit leaves out.
 

@@ -5,7 +5,10 @@ everything the loop does per batch: fetch the batch from the dataloader, forward
 backward, ``optimizer.step()``, ``optimizer.zero_grad()``. The plain side uses a ``DataLoader``
 and ``loss.backward()``; the prepared side uses ``accelerator.prepare(...)`` objects and
 ``accelerator.backward(loss)``, and, as a second accelkit case, the same inside
-``with accelerator.accumulate(model):`` (with one accumulation step).
+``with accelerator.accumulate(model):`` (with one accumulation step), and, as a third, with
+``preemption_signals`` and ``save_every_steps`` set and ``should_save()`` asked every step
+(issue 25: the step boundaries' agreement; on one process it is a local decision, no
+collective). Its target: at most 1% over the prepared step.
 
 Blocks of steps alternate between the cases (rotating their order every round) and every step
 is timed on its own; the figure is the ratio of the medians. Target (issue 3): the prepared
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import tempfile
 import time
 import timeit
 from collections.abc import Callable, Iterator
@@ -29,6 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from benchmarks.common import Target, alternate, median, print_table, section, write_result
 
 FEATURES, HIDDEN, CLASSES, BATCH = 64, 256, 10, 64
+PREEMPTION_CASE = "accelkit prepared + preemption_signals, save_every_steps, should_save()"
 
 
 def _mlp() -> torch.nn.Module:
@@ -81,16 +86,25 @@ _TRACKERS = ["jsonl", "tensorboard", "mlflow", "wandb"]
 
 
 def _prepared_case(
-    batches: int, use_accumulate: bool, journal: bool | None = None
+    batches: int, use_accumulate: bool, journal: bool | None = None, preemption: bool = False
 ) -> Callable[[int], list[float]]:
     """The prepared step; with ``journal`` set, it also logs the loss to 4 trackers (jsonl,
-    TensorBoard, MLflow on sqlite, wandb offline) with the tracker journal on or off."""
+    TensorBoard, MLflow on sqlite, wandb offline) with the tracker journal on or off; with
+    ``preemption``, signals are watched, an interval is set and ``should_save()`` is asked
+    every step (issue 25)."""
     import os
-    import tempfile
 
-    from accelkit import Accelerator
+    from accelkit import Accelerator, ProjectConfiguration
 
     logging = journal is not None
+    config = None
+    if preemption:
+        config = ProjectConfiguration(
+            project_dir=tempfile.mkdtemp(prefix="accelkit-bench-step-"),
+            automatic_checkpoint_naming=True,
+            preemption_signals=("SIGTERM", "SIGUSR1"),
+            save_every_steps=10**9,  # never due: the decision's cost, not a save's
+        )
     if logging:
         os.environ.update(
             WANDB_MODE="offline", WANDB_SILENT="true", MLFLOW_DISABLE_TELEMETRY="true"
@@ -107,7 +121,7 @@ def _prepared_case(
         os.environ.pop("ACCELKIT_TRACKER_JOURNAL")
         assert accelerator._trackers.journal is journal
     else:
-        accelerator = Accelerator(cpu=True, mixed_precision="no")
+        accelerator = Accelerator(cpu=True, mixed_precision="no", project_config=config)
     step_number = [0]
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -136,10 +150,66 @@ def _prepared_case(
             if logging:
                 accelerator.log({"loss": loss.detach(), "lr": 0.01}, step=step_number[0])
                 step_number[0] += 1
+            if preemption and accelerator.should_save():
+                accelerator.save_state()
             times.append(clock() - start)
         return times
 
     return run
+
+
+def _two_process_worker(rank: int, port: int, rounds: int, steps: int, out: str) -> None:
+    """One of 2 gloo processes: the prepared step without and with preemption watched (the
+    agreement's all_reduce at every boundary), alternating blocks; rank 0 writes the medians."""
+    import json
+    import os
+
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
+        }
+    )
+    torch.set_num_threads(1)
+    cases = {
+        "prepared": _prepared_case(16, use_accumulate=False),
+        "preemption": _prepared_case(16, use_accumulate=False, preemption=True),
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for run in cases.values():
+        run(steps)
+    for i in range(rounds):
+        order = list(cases) if i % 2 == 0 else list(reversed(cases))
+        for name in order:
+            times[name] += cases[name](steps)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({name: median(t) for name, t in times.items()}, f)
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def _two_processes(rounds: int, steps: int) -> dict[str, float]:
+    """Medians of the 2-process prepared step (DDP, gloo) without and with preemption."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/medians.json"
+        mp.spawn(_two_process_worker, args=(port, rounds, steps, out), nprocs=2, join=True)
+        with open(out) as f:
+            medians: dict[str, float] = json.load(f)
+    return medians
 
 
 def _identity(batch: Any) -> Any:
@@ -225,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         "accelkit prepared + accumulate()": _prepared_case(16, use_accumulate=True),
         "+ log to 4 trackers, journal off": _prepared_case(16, False, journal=False),
         "+ log to 4 trackers, journal on": _prepared_case(16, False, journal=True),
+        PREEMPTION_CASE: _prepared_case(16, use_accumulate=False, preemption=True),
     }
     with section(f"training step, {rounds} rounds x {steps} steps per case, alternating"):
         for run in cases.values():
@@ -260,6 +331,21 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\njournal on vs off, step with 4 trackers: {results['journal_step_change_pct']:+.2f}%")
     overhead = results["accelkit prepared"]["overhead_pct"]
     overhead_acc = results["accelkit prepared + accumulate()"]["overhead_pct"]
+    # Issue 25: what watching for preemption and deciding saves adds to the prepared step.
+    preempt = (medians[PREEMPTION_CASE] / medians["accelkit prepared"] - 1.0) * 100.0
+    results[PREEMPTION_CASE]["overhead_vs_prepared_pct"] = preempt
+    print(f"preemption + should_save() vs the prepared step: {preempt:+.2f}%")
+    with section("2 processes (gloo, DDP): the prepared step without and with preemption"):
+        two = _two_processes(max(4, rounds // 4), steps)
+    preempt2 = (two["preemption"] / two["prepared"] - 1.0) * 100.0
+    results["two_processes"] = {
+        "median_step_us": {name: value * 1e6 for name, value in two.items()},
+        "preemption_overhead_pct": preempt2,
+    }
+    print(
+        f"2 processes: preemption + should_save() vs the prepared step: {preempt2:+.2f}% "
+        f"(medians {two['prepared'] * 1e6:.0f} us, {two['preemption'] * 1e6:.0f} us)"
+    )
     targets = [
         Target("prepared step overhead vs plain PyTorch (CPU MLP)", overhead, 3.0, "%", False),
         Target("prepared + accumulate() overhead vs plain", overhead_acc, 3.0, "%", False),
@@ -270,6 +356,8 @@ def main(argv: list[str] | None = None) -> None:
             "%",
             False,
         ),
+        Target("preemption signals + should_save() vs prepared step", preempt, 1.0, "%", False),
+        Target("the same on 2 processes (the agreement's all_reduce)", preempt2, 1.0, "%", False),
     ]
     notes = [
         "Each step is timed alone (batch fetch + forward + backward + step + zero_grad); the "

@@ -93,6 +93,7 @@ PUBLIC_SURFACE = {
     "optimizer_step_was_skipped": "property",
     "pad_across_processes": "(self, tensor, dim=0, pad_index=0, pad_first=False)",
     "parallelism_config": "property",
+    "preemption_requested": "property",  # issue 25
     "prepare": "(self, *args, device_placement=None)",
     "prepare_data_loader": "(self, data_loader, device_placement=None, slice_fn_for_dispatch=None)",
     "prepare_model": "(self, model, device_placement=None, evaluation_mode=False)",
@@ -108,6 +109,7 @@ PUBLIC_SURFACE = {
     "register_save_state_pre_hook": "(self, hook)",
     "save": "(self, obj, f, safe_serialization=False)",
     "save_iteration": "property",
+    "should_save": "(self)",  # issue 25
     "save_model": "(self, model, save_directory, max_shard_size='10GB', safe_serialization=True)",
     "save_state": "(self, output_dir=None, safe_serialization=True, *, async_save=None, **kwargs)",
     # An instance attribute before the parts existed; now a property over the registry.

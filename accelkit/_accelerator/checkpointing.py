@@ -27,6 +27,7 @@ from accelkit.errors import AccelkitError
 if TYPE_CHECKING:
     from accelkit._accelerator.prepared_objects import PreparedObjects
     from accelkit.checkpointing.config import ProjectConfiguration
+    from accelkit.runtime.preemption import SaveDecider
     from accelkit.training.optim import GradientState
 
 __all__ = ["Checkpointing"]
@@ -67,6 +68,14 @@ class Checkpointing:
         # process, automatic naming), until training starts or a load makes them moot.
         self._earlier: list[int] = []
         self._resumed = False
+
+        # The run's save decisions (set by the preemption part): told of every save and load,
+        # and asked for each save's reason.
+        self.decider: SaveDecider | None = None
+        self.last_path: str | None = None  # the newest checkpoint saved or loaded
+        # Called with (reason, path, step) after each save_state (the preemption part's log
+        # line and launcher record for a preemption checkpoint).
+        self.after_save: Callable[[str, str, int], None] | None = None
 
     def look_for_earlier_checkpoints(self) -> None:
         """Note, on the main process, the project's loadable ``checkpoint_<n>`` (committed or
@@ -171,6 +180,11 @@ class Checkpointing:
         :meth:`wait_for_checkpoints` and :meth:`end_training` wait for it and raise its
         failure (also logged when it happens). Interpreter exit waits for it too.
 
+        The manifest records why the checkpoint was made (``reason``): ``"preemption"`` while
+        a preemption signal has not been answered by a save yet, ``"interval"`` when
+        ``save_every_steps``/``save_every_seconds`` is due, else ``"user"``; each save restarts
+        those intervals (see :meth:`~accelkit.Accelerator.should_save`).
+
         Unlike the reference, rotation (``total_limit``) runs only after the new checkpoint is
         committed, and states are safetensors + JSON, not pickles (``safe_serialization=False``
         is accepted and ignored). Call it on every process.
@@ -203,7 +217,17 @@ class Checkpointing:
             self.before_training()
         step = self.gradient_state.optimizer_steps
         objects = self.training_objects()
-        return self.manager.save(output_dir, objects, step, async_save=async_save, **kwargs)
+        decider = self.decider
+        reason = "user" if decider is None else decider.reason(step)
+        result = self.manager.save(
+            output_dir, objects, step, async_save=async_save, reason=reason, **kwargs
+        )
+        self.last_path = result if isinstance(result, str) else result.path
+        if decider is not None:
+            decider.saved(step)
+        if self.after_save is not None:
+            self.after_save(reason, self.last_path, step)
+        return result
 
     def wait_for_checkpoints(self) -> None:
         """Block until the asynchronous save in flight (if any) has committed.
@@ -252,6 +276,9 @@ class Checkpointing:
         # restarts at a boundary: a partial accumulation from before the save cannot be resumed.
         self.gradient_state.optimizer_steps = result.manifest.step
         self.gradient_state.micro_step = 0
+        self.last_path = result.path
+        if self.decider is not None:
+            self.decider.loaded(result.manifest.step)
         return result.path
 
     def register_for_checkpointing(self, *objects: Any) -> None:

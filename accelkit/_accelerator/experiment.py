@@ -60,10 +60,13 @@ class ExperimentLink:
             events.BYTES: float(manifest.total_size),
             events.ITERATION: float(-1 if manifest.iteration is None else manifest.iteration),
         }
+        if manifest.reason == "preemption":
+            values[events.PREEMPTION] = 1.0
         step = manifest.experiment.get("step", self.hub.last_step)
-        self.hub.event(
-            events.CheckpointEvent("save", max(0, step), report.path, manifest.iteration, values)
+        event = events.CheckpointEvent(
+            "save", max(0, step), report.path, manifest.iteration, values, manifest.reason
         )
+        self.hub.event(event)
 
     def checkpoint_replicated(self, report: ReplicationReport) -> None:
         """Queue a ``replicate`` event (called by the replicator's thread)."""
@@ -96,5 +99,7 @@ class ExperimentLink:
             events.RESUMED_STEP: float(step),
         }  # no ITERATION: the save's event already put that point at this step
         self.hub.event(
-            events.CheckpointEvent("load", max(0, step), report.path, manifest.iteration, values)
+            events.CheckpointEvent(
+                "load", max(0, step), report.path, manifest.iteration, values, manifest.reason
+            )
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, build_policy
+from accelkit.runtime import preemption as _preemption
 
 __all__ = ["ProjectConfiguration", "resolve_project_configuration"]
 
@@ -74,6 +75,21 @@ class ProjectConfiguration:
         storage_retry_seconds: how long one storage operation of a direct remote save
             (``project_dir="s3://..."``) retries transient errors (connection refused or
             reset, timeouts, 5xx, throttling) before the save fails; ``0`` disables it.
+        save_every_steps: ``Accelerator.should_save()`` is True every this many optimizer
+            steps since the last save (``None``: off). Must be >= 1.
+        save_every_seconds: ``should_save()`` is True once this many seconds passed since the
+            last save, measured on the main process and shared with every process (``None``:
+            off).
+        preemption_signals: signals (names like ``"SIGTERM"``, ``"SIGUSR1"``, or numbers) that
+            mean "save and stop": their handler only sets a flag, every process agrees on it
+            at the next step boundary, ``should_save()`` and
+            ``Accelerator.preemption_requested`` turn True, and, with
+            ``automatic_checkpoint_naming``, a script that never asks is saved at the prepared
+            dataloader's next batch and exits with ``preemption_exit_code``. See
+            ``docs/guides/preemption.md``.
+        preemption_exit_code: the exit status of a process that stopped for a preemption after
+            committing its checkpoint (default 75, ``EX_TEMPFAIL``); ``accelkit launch``
+            passes it through.
 
     Example:
         >>> config = ProjectConfiguration(
@@ -105,6 +121,11 @@ class ProjectConfiguration:
     replicate_deadline_seconds: float = 300.0
     replicate_queue_size: int = 4
     storage_retry_seconds: float = 120.0
+    # preemption (#25): save decisions and preemption signals (accelkit.runtime.preemption)
+    save_every_steps: int | None = None
+    save_every_seconds: float | None = None
+    preemption_signals: tuple[str | int, ...] = ()
+    preemption_exit_code: int = _preemption.DEFAULT_EXIT_CODE
 
     def __post_init__(self) -> None:
         self.project_dir = _as_location(self.project_dir)
@@ -116,6 +137,13 @@ class ProjectConfiguration:
         self.storage_options = dict(self.storage_options or {})
         self.retention_policy()  # validate the retention settings now, not at the first save
         self._check_replication()
+        if isinstance(self.preemption_signals, (str, int)):
+            self.preemption_signals = (self.preemption_signals,)
+        self.preemption_signals = tuple(self.preemption_signals or ())
+        self.preemption_signal_numbers()  # the preemption settings too (#25)
+        _preemption.check_interval("save_every_steps", self.save_every_steps, integer=True)
+        _preemption.check_interval("save_every_seconds", self.save_every_seconds, integer=False)
+        _preemption.check_exit_code(self.preemption_exit_code)
         self.set_directories(self.project_dir)
 
     def set_directories(self, project_dir: str | os.PathLike[str] | None = None) -> None:
@@ -123,6 +151,15 @@ class ProjectConfiguration:
         self.project_dir = _as_location(project_dir)
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
+
+    def preemption_signal_numbers(self) -> tuple[int, ...]:
+        """The numbers of :attr:`preemption_signals`.
+
+        Raises:
+            ConfigurationError: naming a value that is no catchable signal (an unknown name,
+                SIGKILL, SIGSTOP) and the fix.
+        """
+        return _preemption.parse_signals(self.preemption_signals)
 
     def retention_policy(self) -> RetentionPolicy:
         """The :class:`~accelkit.checkpointing.catalog.retention.RetentionPolicy` these settings

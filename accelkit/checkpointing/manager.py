@@ -261,6 +261,7 @@ class CheckpointManager:
         metadata: Mapping[str, Any] | None = None,
         max_shard_size: int | str = "10GB",
         async_save: bool | None = None,
+        reason: str = "user",
     ) -> str | AsyncCheckpoint:
         """Write a checkpoint of ``objects`` and commit it (see
         :mod:`~accelkit.checkpointing.commit.protocol`); must be called on every process.
@@ -271,6 +272,8 @@ class CheckpointManager:
             async_save: copy the state to host memory and write it in a writer thread,
                 returning an :class:`~accelkit.checkpointing.commit.async_save.AsyncCheckpoint`;
                 ``None`` uses ``ProjectConfiguration.async_save``.
+            reason: why it is made, recorded in the manifest (``"user"``, ``"interval"``,
+                ``"preemption"``).
 
         Returns:
             The checkpoint's path or URL; with ``async_save``, the handle of the save.
@@ -298,6 +301,7 @@ class CheckpointManager:
             experiment=listener.checkpoint_record() if listener else {},
             sharded=any(is_sharded(unwrap_model(m)) for m in objects.models),
             total_limit=self.config.total_limit,
+            reason=reason,
         )
         if async_save:
             coordinator: Coordinator = self.background.coordinator(self.state)

@@ -114,8 +114,9 @@ def register(subparsers: Any) -> None:
             "(no manifest: a save in flight or one that crashed) or 'corrupt' (a bad manifest, or "
             "a file missing or of the wrong size; checksums are checked by `ckpt verify`). RUNS "
             "names the tracker runs the checkpoint belongs to (tracker:run id; --json gives "
-            "each tracker's full reference under 'experiment'). Exits 1 if PATH holds no "
-            "checkpoint."
+            "each tracker's full reference under 'experiment'). REASON says why it was made: "
+            "'user' (save_state), 'interval' (save_every_steps/seconds) or 'preemption' (a "
+            "preemption signal). Exits 1 if PATH holds no checkpoint."
         ),
         epilog=_EPILOG,
         formatter_class=fmt,
@@ -235,6 +236,7 @@ def _as_json(info: CheckpointInfo) -> dict[str, Any]:
             else None
         ),
         "world_size": None if manifest is None else manifest.world_size,
+        "reason": None if manifest is None else manifest.reason,
         "metrics": dict(info.metrics),
         "experiment": None if manifest is None else dict(manifest.experiment),
         "error": info.error,
@@ -282,13 +284,16 @@ def _run_ls(args: argparse.Namespace) -> int:
             format_size(i.size_bytes),
             str(i.files),
             format_age(now - i.created if i.manifest is not None else None),
+            "-" if i.manifest is None else i.manifest.reason,
             format_runs(None if i.manifest is None else i.manifest.experiment),
             _format_metrics(i.metrics),
         ]
         + ([tiers[i.name]] if tiers else [])
         for i in infos
     ]
-    headers = ["NAME", "STATE", "ITER", "STEP", "SIZE", "FILES", "AGE", "RUNS", "METRICS"]
+    headers = [
+        *("NAME", "STATE", "ITER", "STEP", "SIZE", "FILES", "AGE", "REASON", "RUNS", "METRICS")
+    ]
     headers += ["TIER"] if tiers else []
     print(render_table(headers, rows, right=("ITER", "STEP", "SIZE", "FILES", "AGE")))
     for info in infos:

@@ -38,15 +38,28 @@ def main(argv: Sequence[str]) -> int:
     except SignalException as exc:
         return 128 + int(exc.sigval)
     except ChildFailedError as exc:
+        failure = _first_failure(exc)
+        if _preempted(failure.exitcode):
+            # Not a failure: the workers committed a preemption checkpoint and chose this
+            # code; the launcher says so in one line.
+            return failure.exitcode
         # torchrun's report of every failed rank, without the twenty lines of torchrun's own
         # stack above it; the launcher ends with one line from the failure written here.
         print(exc.format_msg(), file=sys.stderr, flush=True)
-        failure = _first_failure(exc)
         path = os.environ.get(ENV_FAILURE_FILE)
         if path:
             write_failure(path, failure)
         return failure.exitcode or 1
     return 0
+
+
+def _preempted(exitcode: int) -> bool:
+    """Whether the job's main process recorded a preemption exit with ``exitcode``."""
+    from accelkit.runtime.preemption import ENV_PREEMPTION_FILE, read_exit_record
+
+    path = os.environ.get(ENV_PREEMPTION_FILE)
+    record = read_exit_record(path) if path else None
+    return record is not None and record["exit_code"] == exitcode
 
 
 def _first_failure(exc: Any) -> Failure:

@@ -48,6 +48,7 @@ from accelkit.launch.flags import (
 from accelkit.launch.notebook import notebook_launcher
 from accelkit.launch.signals import guarded_command, run_child
 from accelkit.runtime.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
+from accelkit.runtime.preemption import ENV_PREEMPTION_FILE, read_exit_record
 
 __all__ = [
     "LaunchConfig",
@@ -399,7 +400,9 @@ def launch_command(config: LaunchConfig) -> int:
     SIGTERM, SIGINT (Ctrl-C), SIGHUP or SIGQUIT to the launcher stops the whole job: every worker
     gets SIGTERM (through torchrun), the launcher waits for them (torchrun SIGKILLs a worker still
     running after 30 s; a second signal kills at once), prints one line and returns
-    ``128 + signal``. To save on the way out, a script handles SIGTERM.
+    ``128 + signal``. A script with ``ProjectConfiguration(preemption_signals=("SIGTERM", ...))``
+    saves on the way out and exits with ``preemption_exit_code`` (default 75), which the
+    launcher then returns instead (see ``docs/guides/preemption.md``).
 
     If the launcher itself dies without forwarding anything (SIGKILL, the OOM killer), torchrun
     and every worker are SIGKILLed by Linux at once (``PR_SET_PDEATHSIG``, armed by each process
@@ -410,6 +413,13 @@ def launch_command(config: LaunchConfig) -> int:
     # accelkit.launch._failure): the temporary folder outlives the job, and only it.
     with tempfile.TemporaryDirectory(prefix="accelkit-launch-") as tmp:
         path = os.path.join(tmp, "failure.json")
+        # Where a job that stopped for a preemption records its exit code (main process).
+        env[ENV_PREEMPTION_FILE] = os.path.join(tmp, "preempted.json")
+
+        def preempted() -> int | None:
+            record = read_exit_record(env[ENV_PREEMPTION_FILE])
+            return None if record is None else int(record["exit_code"])
+
         if config.num_processes == 1 and config.num_machines == 1:
             env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
             env[ENV_ERROR_FILE] = path  # torchrun's variable; without torchrun, ours to set
@@ -418,7 +428,14 @@ def launch_command(config: LaunchConfig) -> int:
                 _say_failure(Failure(0, code, read_error_file(path) or ""))
 
             cmd = guarded_command(sys.executable, config.script, config.script_args, _mode(config))
-            return run_child(cmd, env, "the script", via_torchrun=False, on_failure=summarise)
+            return run_child(
+                cmd,
+                env,
+                "the script",
+                via_torchrun=False,
+                on_failure=summarise,
+                preempted=preempted,
+            )
         env[ENV_FAILURE_FILE] = path
         # torchrun's @record copies the root cause's error file to its own error file, and
         # logs an error line where it has none.
@@ -433,7 +450,9 @@ def launch_command(config: LaunchConfig) -> int:
 
         cmd = [sys.executable, "-m", "accelkit.launch._torchrun", *torchrun_args(config)]
         what = f"{config.nproc_per_node} worker(s) (through torchrun)"
-        return run_child(cmd, env, what, via_torchrun=True, on_failure=summarise_torchrun)
+        return run_child(
+            cmd, env, what, via_torchrun=True, on_failure=summarise_torchrun, preempted=preempted
+        )
 
 
 def _say_failure(failure: Failure) -> None:

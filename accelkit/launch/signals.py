@@ -17,8 +17,12 @@ has to deliver the signal, once, and wait:
   or at a second signal, it SIGKILLs the process groups of the child's children (the workers,
   which torchrun starts in sessions of their own) and the child's.
 * It then exits with ``128 + signal``, as a shell reports a process stopped by that signal, after
-  one line saying so. A checkpoint's manifest is written last, so a worker stopped at any moment
-  leaves the last committed checkpoint loadable.
+  one line saying so; unless the workers caught SIGTERM as a preemption signal
+  (``ProjectConfiguration(preemption_signals=...)``), committed a checkpoint and exited with
+  ``preemption_exit_code``: the launcher then exits with that code (they record it in the file
+  named by ``ACCELKIT_PREEMPTION_FILE``), the same code as when a worker got the signal
+  itself. A checkpoint's manifest is written last, so a worker stopped at any moment leaves
+  the last committed checkpoint loadable.
 
 Signal handlers only record: the handler appends the signal number to a queue and
 ``signal.set_wakeup_fd`` wakes the launcher's loop, which does the forwarding, the printing and the
@@ -334,6 +338,7 @@ def run_child(
     *,
     via_torchrun: bool,
     on_failure: Callable[[int], None] | None = None,
+    preempted: Callable[[], int | None] | None = None,
 ) -> int:
     """Run ``cmd`` to its end, stopping it as described in this module when the launcher is
     signalled.
@@ -347,9 +352,13 @@ def run_child(
             launcher steps in.
         on_failure: called with the exit code when the child failed on its own (not stopped
             by the launcher), last: for a summary line after everything the job printed.
+        preempted: the exit code the job's workers chose after committing a preemption
+            checkpoint (``ProjectConfiguration.preemption_exit_code``), ``None`` if they did not.
 
     Returns:
-        The child's exit code, or ``128 + signal`` when a signal stopped the job.
+        The child's exit code, or ``128 + signal`` when a signal stopped the job; when the job
+        stopped for a preemption after committing its checkpoint (the launcher's forwarded
+        SIGTERM, or a signal a worker got directly), the preemption exit code.
     """
     grace = TORCHRUN_SHUTDOWN_S + _MARGIN_S if via_torchrun else TORCHRUN_SHUTDOWN_S
     recorder, own = _held, _held is None
@@ -387,13 +396,22 @@ def run_child(
             recorder.restore()
         if exited is not None:
             os.close(exited)
+    saved = None if preempted is None else preempted()
     if stop.signum is None:
         # A child killed by a signal (the OOM killer, a SIGKILL to torchrun) exits the launcher
         # as a shell reports it, 128 + signal, rather than Python's 256 - signal.
         code = 128 - returncode if returncode < 0 else returncode
+        if saved is not None and code == saved:
+            _say(f"the job stopped for a preemption after saving its checkpoint; exit code {code}")
+            return code
         if code and on_failure is not None:
             on_failure(code)
         return code
+    if saved is not None and not stop.killed:
+        # The workers caught the forwarded SIGTERM as a preemption signal, committed a
+        # checkpoint and chose their exit code: the one a requeue script tests for.
+        _say(f"stopped by {_name(stop.signum)}; the job saved its checkpoint; exit code {saved}")
+        return saved
     code = 128 + stop.signum
     _say(f"stopped by {_name(stop.signum)}; exit code {code}")
     return code

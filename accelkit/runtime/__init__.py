@@ -1,6 +1,8 @@
 """The process runtime: launch settings from the environment (:mod:`.environment`), this
 process's identity, device and process group (:mod:`.state`), collectives (:mod:`.ops`),
-seeding (:mod:`.random`) and how inputs are split between processes (:mod:`.splitting`).
+seeding (:mod:`.random`), how inputs are split between processes (:mod:`.splitting`) and
+preemption: signal flags, the agreement every process reaches at step boundaries, and the save
+policy (:mod:`.preemption`).
 
 The lowest room of accelkit: it imports no other room.
 """

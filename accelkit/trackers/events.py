@@ -15,6 +15,8 @@ The values (numbers), by event kind:
                               (the whole save when synchronous)
 ``checkpoint/bytes``          save: total size of the checkpoint's files
 ``checkpoint/iteration``      save: the checkpoint's number (``-1`` without one)
+``checkpoint/preemption``     save: ``1`` on a checkpoint made for a preemption signal
+                              (only then; :attr:`CheckpointEvent.reason` names every reason)
 ``checkpoint/load_seconds``   load: from the ``load_state`` call to the restored state
 ``checkpoint/resumed_step``   load: the logging step the run continues after
 ``checkpoint/replication_seconds`` replicate: how long the copy to the remote tier took
@@ -37,6 +39,7 @@ __all__ = [
     "BYTES",
     "ITERATION",
     "LOAD_SECONDS",
+    "PREEMPTION",
     "REPLICATION_LAG",
     "REPLICATION_QUEUED",
     "REPLICATION_SECONDS",
@@ -49,6 +52,7 @@ SAVE_SECONDS = "checkpoint/save_seconds"
 BLOCKING_SECONDS = "checkpoint/blocking_seconds"
 BYTES = "checkpoint/bytes"
 ITERATION = "checkpoint/iteration"
+PREEMPTION = "checkpoint/preemption"
 LOAD_SECONDS = "checkpoint/load_seconds"
 RESUMED_STEP = "checkpoint/resumed_step"
 REPLICATION_SECONDS = "checkpoint/replication_seconds"
@@ -67,6 +71,8 @@ class CheckpointEvent:
         path: the checkpoint's folder or URL.
         iteration: the checkpoint's number, ``None`` for a folder named by the caller.
         values: the numbers of the event, by the names in this module's table.
+        reason: why the checkpoint was made (its manifest's ``reason``: ``"user"``,
+            ``"interval"`` or ``"preemption"``).
     """
 
     kind: Literal["save", "load", "replicate"]
@@ -74,6 +80,7 @@ class CheckpointEvent:
     path: str
     iteration: int | None = None
     values: Mapping[str, float] = field(default_factory=dict)
+    reason: str = "user"
 
     @property
     def name(self) -> str:

@@ -196,6 +196,7 @@ class JSONLTracker(GeneralTracker):
                 "timestamp": time.time(),
                 "event": f"checkpoint_{event.kind}",
                 "path": event.path,
+                "reason": event.reason,
                 "values": {key: _strict(float(value)) for key, value in event.values.items()},
             }
         )

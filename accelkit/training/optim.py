@@ -110,6 +110,12 @@ class GradientState:
         micro_step: micro-steps counted by :meth:`begin_micro_step` since the last reset (the
             reference's ``Accelerator.step``).
         optimizer_steps: optimizer steps actually taken (not skipped) so far.
+        boundary: called at each step boundary as ``boundary(where, source)``: ``"step"``
+            after a prepared optimizer's synchronising ``step()``; ``"batch"`` when a prepared
+            dataloader (``source``) is asked for a batch, before it starts a pass or hands out
+            the next one; ``"end"`` when it is asked for one after the last batch of a pass.
+            The accelerator's preemption part sets it when ``preemption_signals`` are
+            configured (:mod:`accelkit.runtime.preemption`); ``None``: nothing to do.
     """
 
     def __new__(
@@ -133,6 +139,7 @@ class GradientState:
         self.sync_gradients = True
         self.micro_step = 0
         self.optimizer_steps = 0
+        self.boundary: Callable[[str, object], None] | None = None
         self._loaders: list[_Loader] = []
 
     def __getnewargs__(self) -> tuple[Any, ...]:
@@ -341,6 +348,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._unscaled = False
         if not self._step_was_skipped:
             self.gradient_state.optimizer_steps += 1
+        boundary = self.gradient_state.boundary
+        if boundary is not None:
+            boundary("step", self)
         return result
 
     @property

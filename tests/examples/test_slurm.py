@@ -1,10 +1,13 @@
-"""examples/slurm: the per-node launcher, run as two "nodes" on this machine (1 process each)."""
+"""examples/slurm: the per-node launcher, run as two "nodes" on this machine (1 process each);
+the preemptible job under a real SIGUSR1 to its batch shell."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 from tests.examples.runner import EXAMPLES, OFFLINE_ENV, accelkit_command
@@ -71,3 +74,72 @@ def test_sbatch_script_is_valid_bash_and_launches_every_node() -> None:
     subprocess.run(["bash", "-n", str(EXAMPLES / "slurm" / "train.sbatch")], check=True)
     assert "#SBATCH --nodes=" in script
     assert "srun" in script and "launch_node.sh" in script
+
+
+def _committed(project: Path) -> list[dict[str, object]]:
+    root = project / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [json.loads(m.read_text()) for m in root.glob("checkpoint_*/accelkit.json")]
+    return sorted(found, key=lambda m: int(str(m["iteration"])))
+
+
+def test_preemptible_job_saves_on_slurms_signal_requeues_and_resumes(tmp_path: Path) -> None:
+    """preemptible.sbatch run by bash, as SLURM runs it (not sbatch): SIGUSR1 to the batch
+    shell (what ``--signal=B:USR1@120`` sends) ends in a committed preemption checkpoint, the
+    launcher's exit code 75 and the requeue branch; the job started again resumes there."""
+    project = tmp_path / "run"
+    env = {
+        **os.environ,
+        **OFFLINE_ENV,
+        "ACCELKIT": " ".join(accelkit_command()),
+        "LAUNCH_FLAGS": "--cpu",
+        "NUM_PROCESSES": "2",
+        "PROJECT_DIR": str(project),
+    }
+    env.pop("SLURM_JOB_ID", None)  # no scontrol here
+    script = str(EXAMPLES / "slurm" / "preemptible.sbatch")
+    flags = ["--save_every_steps", "10", "--save_every_seconds", "3600"]
+    job = subprocess.Popen(
+        ["bash", script, "--steps", "2000", "--step_sleep", "0.02", *flags],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _committed(project) and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.1)
+        assert _committed(project), "the job made no interval checkpoint"
+        job.send_signal(signal.SIGUSR1)
+        out, _ = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, out[-4000:]
+    assert "exit code 75" in out and "requeueing" in out, out[-4000:]
+    manifests = _committed(project)
+    assert manifests[-1]["reason"] == "preemption"
+    assert {m["reason"] for m in manifests[:-1]} == {"interval"}
+    stopped_at = int(str(manifests[-1]["step"]))
+    assert 10 <= stopped_at < 2000
+    verify = subprocess.run(
+        [*accelkit_command(), "ckpt", "verify", str(project)], env=env, capture_output=True
+    )
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+    final = stopped_at + 5
+    again = subprocess.run(
+        ["bash", script, "--steps", str(final), *flags],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert f"resumed at step {stopped_at}" in again.stdout
+    assert f"done: {final} steps" in again.stdout
+    assert int(str(_committed(project)[-1]["step"])) == final

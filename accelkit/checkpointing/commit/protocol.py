@@ -202,6 +202,7 @@ class SaveRequest:
             ``experiment``).
         sharded: whether sharded (FSDP) state is written (it needs one folder shared by all).
         total_limit: how many checkpoints retention keeps (for a full disk's message).
+        reason: why the checkpoint is made (the manifest's ``reason``).
     """
 
     target: str
@@ -214,6 +215,7 @@ class SaveRequest:
     experiment: Mapping[str, Any] = field(default_factory=dict)
     sharded: bool = False
     total_limit: int | None = None
+    reason: str = "user"
 
 
 def _save_marker() -> bytes:
@@ -589,6 +591,7 @@ class SaveSequence:
             accelkit_version=__version__,
             torch_version=torch.__version__,
             process_index=self.coordinator.rank if self.per_process else None,
+            reason=request.reason,
         )
         # Data files are already fsync-ed; the manifest's rename is fsync-ed with its folder
         # (journaling filesystems commit the earlier entries of the folder with it), then the

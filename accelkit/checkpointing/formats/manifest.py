@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelkit._text import short
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.jsonio import load_json
 from accelkit.checkpointing.formats.layout import MANIFEST_NAME, check_relative_path
@@ -37,6 +38,7 @@ from accelkit.checkpointing.formats.safetensors_header import read_header
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 from accelkit.checkpointing.storage.checksum import parse_checksum
 from accelkit.checkpointing.storage.verified import file_checksum
+from accelkit.runtime.preemption import REASONS
 
 __all__ = [
     "FORMAT_VERSION",
@@ -98,6 +100,10 @@ class Manifest:
         format_version: the manifest format (:data:`FORMAT_VERSION`).
         process_index: the process that wrote this folder alone, for a per-process checkpoint
             (see :mod:`~accelkit.checkpointing.commit.per_process`); ``None`` for one shared by all.
+        reason: why it was made: ``"user"`` (``save_state()`` called by the script),
+            ``"interval"`` (``save_every_steps``/``save_every_seconds`` was due) or
+            ``"preemption"`` (a preemption signal); a manifest without the field reads as
+            ``"user"``.
     """
 
     iteration: int | None
@@ -112,6 +118,7 @@ class Manifest:
     torch_version: str = ""
     format_version: int = FORMAT_VERSION
     process_index: int | None = None
+    reason: str = "user"
 
     @property
     def total_size(self) -> int:
@@ -137,6 +144,7 @@ class Manifest:
             "torch_version": self.torch_version,
             "metadata": self.metadata,
             "metrics": self.metrics,
+            "reason": self.reason,
             **({"experiment": self.experiment} if self.experiment else {}),
             "files": [{"path": e.path, "size": e.size, "checksum": e.checksum} for e in self.files],
         }
@@ -239,6 +247,12 @@ class Manifest:
             files.append(FileEntry(path, size, checksum))
         experiment = _experiment(get("experiment", dict, optional=True) or {}, source)
         accelkit_version = get("accelkit_version", str, optional=True) or ""
+        reason = get("reason", str, optional=True) or "user"
+        if reason not in REASONS:
+            raise ManifestError(
+                f"{source}: field 'reason' must be one of {', '.join(REASONS)}, got "
+                f"{short(reason)}."
+            )
         torch_version = get("torch_version", str, optional=True) or ""
         try:
             created = float(created)
@@ -259,6 +273,7 @@ class Manifest:
             torch_version=torch_version,
             format_version=version,
             process_index=process_index,
+            reason=reason,
         )
 
 

@@ -1,0 +1,263 @@
+"""The preemption part of the :class:`~accelkit.Accelerator`: ``should_save()``,
+``preemption_requested``, and the save-and-exit of a script that never asks.
+
+The flag, the agreement and the policy live in :mod:`accelkit.runtime.preemption`; this part
+connects them to the run: the step boundaries (``GradientState.boundary``, called by the
+prepared optimizer's ``step()`` and the prepared dataloader's next batch), the saves (every
+``save_state`` restarts the intervals and records its ``reason``) and the end of the run.
+
+**Who saves on a preemption.** A script that asks -- calls :meth:`Preemption.should_save` or
+reads :attr:`Preemption.preemption_requested` once, on any process -- is trusted to save
+itself: from that call on (agreed by every process at the next boundary) accelkit never saves
+behind its back, so one preemption makes one checkpoint. A script that never asks, with
+``preemption_signals`` and ``automatic_checkpoint_naming``, is saved by accelkit when a prepared
+dataloader is next asked for a batch (see :meth:`Preemption.boundary` for the exact points),
+through the normal commit protocol; then the trackers are finished, the processes meet and
+each exits with ``preemption_exit_code``. A save in flight is committed first, and if the
+newest committed state already is the current optimizer step, no second checkpoint is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from accelkit.checkpointing.errors import CheckpointError
+from accelkit.runtime.preemption import (
+    ENV_PREEMPTION_FILE,
+    Agreement,
+    Decision,
+    SaveDecider,
+    SignalFlag,
+    signal_name,
+    write_exit_record,
+)
+
+if TYPE_CHECKING:
+    from accelkit._accelerator.checkpointing import Checkpointing
+    from accelkit.checkpointing.config import ProjectConfiguration
+    from accelkit.runtime.state import AcceleratorState
+    from accelkit.training.optim import GradientState
+
+__all__ = ["Preemption"]
+
+logger = logging.getLogger("accelkit.preemption")
+
+
+class Preemption:
+    """Save decisions and preemption for one run (see the module's docstring).
+
+    Args:
+        config: the run's configuration (``save_every_*``, ``preemption_*``).
+        state: this process's identity.
+        gradient_state: the step state whose ``boundary`` this part takes.
+        checkpointing: the saving part (its saves report here).
+        finish: the end-of-run cleanup before a preemption exit (trackers finished, saves
+            committed): ``Accelerator.end_training``.
+    """
+
+    def __init__(
+        self,
+        config: ProjectConfiguration,
+        state: AcceleratorState,
+        gradient_state: GradientState,
+        checkpointing: Checkpointing,
+        finish: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.gradient_state = gradient_state
+        self.checkpointing = checkpointing
+        self.finish = finish
+        signals = config.preemption_signal_numbers()
+        self.flag = SignalFlag(signals)
+        self.decider = SaveDecider(
+            Agreement(state.num_processes, _agreement_group(state.num_processes, signals)),
+            self.flag,
+            is_main=state.is_main_process,
+            every_steps=config.save_every_steps,
+            every_seconds=config.save_every_seconds,
+        )
+        self.watching = bool(signals)
+        self.policies = self.watching or (
+            config.save_every_steps is not None or config.save_every_seconds is not None
+        )
+        self.automatic = self.watching and config.automatic_checkpoint_naming
+        self.exiting = False
+        self.closed = False  # end_training() ran: no more rounds
+        self.steps_at_point: int | None = None  # optimizer steps at the last save point
+        self.training_loader: object | None = None  # the loader iterated at the last step
+        checkpointing.decider = self.decider
+        checkpointing.after_save = self.after_save
+        self.reported = False
+        if self.watching:
+            self.flag.install()
+            gradient_state.boundary = self.boundary
+
+    # ------------------------------------------------------------------ the script asks
+
+    def should_save(self) -> bool:
+        """Whether to save now, the same answer on every process: ``save_every_steps``
+        optimizer steps or ``save_every_seconds`` (on the main process's clock) passed since
+        the last save, or a preemption signal arrived and no save was made since.
+
+        Call it on every process at the same point of the loop (it is a step boundary where the
+        processes agree, with a collective started here and read at the next boundary). The
+        first call marks the script as saving by itself: accelkit then never saves on a
+        preemption behind its back.
+
+        Returns:
+            True when the script should call ``save_state()`` now.
+
+        Example:
+            >>> for batch in loader:
+            ...     train_step(batch)
+            ...     if accelerator.should_save():
+            ...         accelerator.save_state()
+            ...     if accelerator.preemption_requested:
+            ...         break
+        """
+        self.decider.asked = True
+        if not self.policies or self.closed:
+            return False
+        steps = self.gradient_state.optimizer_steps
+        self.decider.boundary(steps)
+        return self.decider.should_save(steps)
+
+    @property
+    def preemption_requested(self) -> bool:
+        """True on every process, from the same step boundary on, once any process received one
+        of ``ProjectConfiguration.preemption_signals``.
+
+        Reading it marks the script as saving by itself (see :meth:`should_save`). It is the
+        value agreed at the last step boundary (the prepared optimizer's ``step()``, a prepared
+        dataloader's next batch, ``should_save()``), so processes that read it between the same
+        two boundaries read the same value; on one process it also looks at the signal now.
+        """
+        self.decider.asked = True
+        if self.watching and self.state.num_processes == 1 and not self.closed:
+            self.decider.boundary(self.gradient_state.optimizer_steps)
+        return self.decider.preempted
+
+    # ------------------------------------------------------------------ boundaries
+
+    def boundary(self, where: str, source: object) -> None:
+        """A step boundary (``GradientState.boundary``): agree; at a save point, save and exit
+        if a preemption was agreed and the script does not save by itself.
+
+        A save point is a prepared dataloader asked for its next batch (or to start a pass)
+        where the state is the state after a whole loop body: the loader whose batches the
+        optimizer steps on (the one iterated at the last optimizer step; any loader before the
+        first step), after an optimizer step since its previous save point, with no
+        accumulated gradients. So never between ``optimizer.step()`` and ``scheduler.step()``,
+        never inside an evaluation pass, and never right after a pass's last batch, where the
+        script's epoch-end code (evaluation, logging) still has to run: the next pass's start
+        is the save point then. A script resumed from there replays exactly what follows.
+        """
+        if self.exiting or self.closed:
+            return
+        steps = self.gradient_state.optimizer_steps
+        if where == "step":
+            self.training_loader = self.gradient_state.active_dataloader
+            # On several processes the round of this step starts at the next boundary (the
+            # next batch, or should_save()), to be read a whole step later.
+            if self.state.num_processes == 1:
+                self.decider.boundary(steps)
+            return
+        # Another loader's batches (an evaluation pass) do not start the step's round: the
+        # training loader's next batch does, so a signal during evaluation is agreed a step
+        # after it, not two.
+        training = self.training_loader is None or source is self.training_loader
+        decision = self.decider.boundary(steps, training=training)
+        if where != "batch" or not training:
+            return
+        stepped = steps != self.steps_at_point
+        self.steps_at_point = steps
+        if (
+            stepped
+            and decision.preempted
+            and self.automatic
+            and not decision.self_managed
+            and self.gradient_state.sync_gradients
+        ):
+            self.save_and_exit(decision)
+
+    def save_and_exit(self, decision: Decision) -> None:
+        """Commit a preemption checkpoint (unless the newest one already holds this step),
+        finish the run and exit with ``preemption_exit_code``.
+
+        Raises:
+            SystemExit: always, with ``preemption_exit_code``.
+        """
+        self.exiting = True
+        steps = self.gradient_state.optimizer_steps
+        saved_now = False
+        try:
+            self.checkpointing.manager.wait()  # the save in flight, committed first
+            fresh = self.decider.last_save_step == steps
+        except CheckpointError as exc:
+            logger.warning("preemption: the save in flight failed (%s); saving again", exc)
+            fresh = False
+        if not fresh:
+            self.checkpointing.save_state(async_save=False)
+            saved_now = True
+        path = self.checkpointing.last_path
+        if not saved_now:
+            self.report(steps, path, saved=False)
+        self.finish()
+        self.decider.agreement.close()
+        self.state.wait_for_everyone()
+        self.flag.restore()
+        raise SystemExit(self.config.preemption_exit_code)
+
+    def after_save(self, reason: str, path: str, steps: int) -> None:
+        """Told of each ``save_state``: a preemption checkpoint is reported."""
+        if reason == "preemption":
+            self.report(steps, path, saved=True)
+
+    def report(self, steps: int, path: str | None, *, saved: bool) -> None:
+        """The main process's log line for a preemption checkpoint (which signal, which step,
+        where), and the record ``accelkit launch`` reads to pass the exit code through."""
+        if self.reported or not self.state.is_main_process:
+            return
+        self.reported = True
+        code = self.config.preemption_exit_code
+        name = signal_name(self.decider.signum)
+        where = path if path is not None else "(no checkpoint was saved or loaded yet)"
+        what = "saved a preemption checkpoint" if saved else "the newest checkpoint holds it"
+        logger.warning(
+            "accelkit: %s received: %s at optimizer step %d: %s; exit code %d",
+            name,
+            what,
+            steps,
+            where,
+            code,
+        )
+        record_path = os.environ.get(ENV_PREEMPTION_FILE)
+        if record_path:
+            record = {"exit_code": code, "signal": name, "step": steps, "checkpoint": path}
+            write_exit_record(record_path, record)
+
+    # ------------------------------------------------------------------ end of the run
+
+    def close(self) -> None:
+        """At the end of the run (``end_training``): put back the previous signal handlers and
+        finish the agreement (its round in flight, its group); no decisions are made after."""
+        self.closed = True
+        self.flag.restore()
+        self.decider.agreement.close()
+
+
+def _agreement_group(world_size: int, signals: tuple[int, ...]) -> object:
+    """A gloo group of its own for the agreement (``None``: the default group), so that its
+    small all_reduce never queues behind, or holds up, the training's gradient all-reduces.
+    Created on every process alike (the settings are the same everywhere)."""
+    if world_size <= 1 or not signals:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    return dist.new_group(backend="gloo")

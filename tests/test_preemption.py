@@ -1,0 +1,280 @@
+"""Preemption and save decisions on one process (issue 25): real signals to this process, real
+checkpoints on disk, resumed runs compared bitwise. The 2-process cases are in
+``tests/distributed/test_preemption.py``; the launcher's pass-through in
+``tests/examples/test_slurm.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from accelkit import Accelerator, ProjectConfiguration
+from accelkit.checkpointing.formats.manifest import Manifest, ManifestError
+from accelkit.cli.main import main
+from accelkit.errors import ConfigurationError
+from accelkit.runtime.preemption import Agreement, SaveDecider, SignalFlag, parse_signals
+from tests.helpers.preemption_job import train
+
+
+def _manifests(project: Path) -> list[dict[str, Any]]:
+    root = project / "checkpoints"
+    found = [json.loads((p / "accelkit.json").read_text()) for p in root.iterdir()]
+    return sorted(found, key=lambda m: m["iteration"])
+
+
+# ---------------------------------------------------------------------- construction errors
+
+
+@pytest.mark.parametrize(
+    ("settings", "named", "fix"),
+    [
+        ({"save_every_steps": 0}, "save_every_steps=0", "> 0"),
+        ({"save_every_steps": -3}, "save_every_steps=-3", "> 0"),
+        ({"save_every_steps": 2.5}, "save_every_steps=2.5", "whole number"),
+        ({"save_every_steps": True}, "save_every_steps=True", "whole number"),
+        ({"save_every_seconds": 0}, "save_every_seconds=0", "> 0"),
+        ({"save_every_seconds": math.nan}, "save_every_seconds=nan", "> 0"),
+        ({"save_every_seconds": "60"}, "save_every_seconds='60'", "number of seconds"),
+        ({"preemption_signals": ("SIGTERM", "SIGNOPE")}, "'SIGNOPE'", "SIGUSR1"),
+        ({"preemption_signals": ("SIGKILL",)}, "SIGKILL cannot be caught", "SIGTERM"),
+        ({"preemption_signals": (int(signal.SIGKILL),)}, "SIGKILL", "SIGTERM"),
+        ({"preemption_signals": ("SIGSTOP",)}, "SIGSTOP", "SIGTERM"),
+        ({"preemption_signals": (4096,)}, "4096", "SIGTERM"),
+        ({"preemption_signals": (1.5,)}, "1.5", "SIGTERM"),
+        ({"preemption_exit_code": 256}, "preemption_exit_code=256", "0 to 255"),
+        ({"preemption_exit_code": -1}, "preemption_exit_code=-1", "0 to 255"),
+    ],
+)
+def test_bad_settings_fail_at_construction_naming_value_and_fix(
+    settings: dict[str, Any], named: str, fix: str
+) -> None:
+    with pytest.raises(ConfigurationError) as raised:
+        ProjectConfiguration(**settings)
+    message = str(raised.value)
+    assert named in message and fix in message
+    assert isinstance(raised.value, ValueError)  # as the reference raises bad arguments
+
+
+def test_bad_setting_fails_in_accelerator_before_any_handler_is_installed(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGUSR2)
+    with pytest.raises(ConfigurationError, match="SIGKILL"):
+        Accelerator(
+            cpu=True,
+            project_config=ProjectConfiguration(
+                project_dir=str(tmp_path), preemption_signals=("SIGUSR2", "SIGKILL")
+            ),
+        )
+    assert signal.getsignal(signal.SIGUSR2) == before
+
+
+def test_signal_names_and_numbers() -> None:
+    term, usr1 = int(signal.SIGTERM), int(signal.SIGUSR1)
+    assert parse_signals(("SIGTERM", "usr1", usr1, signal.SIGTERM)) == (term, usr1)
+    assert parse_signals("SIGUSR1") == (usr1,)
+    assert parse_signals(None) == ()
+    config = ProjectConfiguration(preemption_signals=["SIGTERM"])  # type: ignore[arg-type]
+    assert config.preemption_signals == ("SIGTERM",)
+
+
+# ---------------------------------------------------------------------- the manifest's reason
+
+
+def test_manifest_reason_round_trips_and_old_manifests_read_as_user() -> None:
+    manifest = Manifest(iteration=3, step=30, world_size=1, files=[], reason="preemption")
+    assert Manifest.from_json(manifest.to_json()).reason == "preemption"
+    old = json.loads(Manifest(iteration=0, step=0, world_size=1, files=[]).to_json())
+    del old["reason"]  # written before issue 25
+    assert Manifest.from_json(json.dumps(old)).reason == "user"
+    old["reason"] = "\x1b[2Jcosmic rays"
+    with pytest.raises(ManifestError, match="reason"):
+        Manifest.from_json(json.dumps(old))
+
+
+# ---------------------------------------------------------------------- decisions (policy)
+
+
+def test_interval_decisions_by_steps_and_by_the_main_process_clock() -> None:
+    now = [0.0]
+    decider = SaveDecider(
+        Agreement(1),
+        SignalFlag(()),
+        is_main=True,
+        every_steps=5,
+        every_seconds=10.0,
+        clock=lambda: now[0],
+    )
+    decisions = []
+    for step in range(1, 13):
+        now[0] += 1.0
+        decider.boundary(step)
+        due = decider.should_save(step)
+        decisions.append(due)
+        if due:
+            assert decider.reason(step) == "interval"
+            decider.saved(step)
+    # Every 5 steps (1 s a step: the 10 s interval never comes first).
+    assert [i + 1 for i, d in enumerate(decisions) if d] == [5, 10]
+    now[0] += 60.0  # a long evaluation: the wall-clock interval is due without a step
+    decider.boundary(12)
+    assert decider.should_save(12) and decider.reason(12) == "interval"
+
+
+def test_should_save_and_preemption_requested_without_any_policy_are_false(
+    tmp_path: Path,
+) -> None:
+    accelerator = Accelerator(cpu=True, project_dir=str(tmp_path))
+    assert accelerator.should_save() is False
+    assert accelerator.preemption_requested is False
+
+
+# ---------------------------------------------------------------------- real signals, 1 process
+
+
+def test_signal_before_the_first_step_saves_step_0_and_exits_with_the_code(
+    tmp_path: Path,
+) -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    result = train(str(tmp_path), total=8, where="before", signum="SIGUSR1")
+    assert result["exit"] == 75
+    (manifest,) = _manifests(tmp_path)
+    assert (manifest["step"], manifest["reason"]) == (0, "preemption")
+    # The handlers are put back on the way out.
+    assert signal.getsignal(signal.SIGUSR1) == before
+
+
+# While step 10 runs (counter 9): in backward, between optimizer.step() and scheduler.step();
+# or in the evaluation after step 10 (counter 10). All save step 10, at the next batch.
+@pytest.mark.parametrize(("where", "at"), [("backward", 9), ("step", 9), ("eval", 10)])
+def test_unchanged_script_preempted_resumes_bitwise_equal(
+    tmp_path: Path, where: str, at: int
+) -> None:
+    settings: dict[str, Any] = {"total": 16, "eval_every": 5, "save_every": 6}
+    reference = train(str(tmp_path / "reference"), **settings)
+    project = str(tmp_path / "run")
+    first = train(project, **settings, where=where, signal_at=at, signum="SIGTERM")
+    assert first["exit"] == 75
+    manifests = _manifests(Path(project))
+    # save_state() of the script at 6, then the preemption at the step the signal came in.
+    assert [(m["step"], m["reason"]) for m in manifests] == [(6, "user"), (10, "preemption")]
+    resumed = train(project, **settings, resume=True)
+    assert resumed["steps"] == reference["steps"] == 16
+    assert resumed["digest"] == reference["digest"]
+
+
+def test_signal_during_an_async_save_commits_it_and_makes_no_second_checkpoint(
+    tmp_path: Path,
+) -> None:
+    settings: dict[str, Any] = {"total": 16, "save_every": 6, "async_save": True}
+    reference = train(str(tmp_path / "reference"), **settings)
+    project = str(tmp_path / "run")
+    # The signal arrives right after save_state(async_save=True) returned, while the writer
+    # thread still writes: the save in flight is committed and it is the newest state.
+    first = train(project, **settings, where="async", signal_at=6)
+    assert first["exit"] == 75
+    manifests = _manifests(Path(project))
+    assert [(m["step"], m["reason"]) for m in manifests] == [(6, "user")]
+    assert main(["ckpt", "verify", str(Path(project) / "checkpoints")]) == 0
+    resumed = train(project, **settings, resume=True)
+    assert resumed["digest"] == reference["digest"]
+
+
+def test_a_script_that_asks_saves_itself_once(tmp_path: Path) -> None:
+    settings: dict[str, Any] = {"total": 16, "mode": "explicit"}
+    reference = train(str(tmp_path / "reference"), **settings)
+    project = str(tmp_path / "run")
+    first = train(project, **settings, where="backward", signal_at=4)
+    assert first["exit"] == 75  # the script's own sys.exit after preemption_requested
+    # One preemption, one checkpoint: the script's own, made when should_save() said so.
+    assert [(m["step"], m["reason"]) for m in _manifests(Path(project))] == [(5, "preemption")]
+    assert train(project, **settings, resume=True)["digest"] == reference["digest"]
+
+
+def test_ls_shows_the_reason_and_the_tracker_event_carries_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, preemption_signals="SIGUSR1"
+    )
+    accelerator = Accelerator(cpu=True, project_config=config, log_with="jsonl")
+    accelerator.init_trackers("run")
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 2))
+    model, optimizer, loader = accelerator.prepare(
+        model, optimizer, torch.utils.data.DataLoader(data, batch_size=2)
+    )
+    accelerator.save_state()  # the user's
+    with pytest.raises(SystemExit) as stopped:
+        for (x,) in loader:
+            model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            accelerator.log({"loss": 1.0})
+            os.kill(os.getpid(), signal.SIGUSR1)
+    assert stopped.value.code == 75
+    capsys.readouterr()
+    assert main(["ckpt", "ls", str(tmp_path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "REASON" in table[0].split()
+    assert "user" in table[1].split() and "preemption" in table[2].split()
+    assert main(["ckpt", "ls", str(tmp_path), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(i["step"], i["reason"]) for i in listed] == [(0, "user"), (1, "preemption")]
+    rows = [json.loads(line) for line in next(tmp_path.rglob("*.jsonl")).read_text().splitlines()]
+    saves = [r for r in rows if r.get("event") == "checkpoint_save"]
+    assert [r["reason"] for r in saves] == ["user", "preemption"]
+    assert saves[1]["values"]["checkpoint/preemption"] == 1.0
+    assert "checkpoint/preemption" not in saves[0]["values"]
+
+
+def _accumulating(project: str, micro_steps: int, signal_after: int = -1) -> Any:
+    """2 micro-steps per optimizer step; SIGUSR1 after micro-step ``signal_after``."""
+    config = ProjectConfiguration(
+        project_dir=project, automatic_checkpoint_naming=True, preemption_signals=("SIGUSR1",)
+    )
+    accelerator = Accelerator(cpu=True, project_config=config, gradient_accumulation_steps=2)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if os.path.isdir(os.path.join(project, "checkpoints")):
+        accelerator.load_state()
+    done = accelerator.gradient_state.optimizer_steps * 2
+    try:
+        while done < micro_steps:
+            for x, y in loader:
+                if done >= micro_steps:
+                    break
+                with accelerator.accumulate(model):
+                    accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+                    optimizer.step()
+                    optimizer.zero_grad()
+                done += 1
+                if done == signal_after:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+    except SystemExit as exc:
+        return exc.code
+    state = [t.clone() for t in model.state_dict().values()], torch.get_rng_state()
+    accelerator.end_training()
+    return state
+
+
+def test_accumulated_gradients_are_never_saved_half_way(tmp_path: Path) -> None:
+    reference = _accumulating(str(tmp_path / "reference"), 40)
+    project = str(tmp_path / "run")
+    # After micro-step 13, whose gradients wait for micro-step 14: the save comes after it.
+    assert _accumulating(project, 40, signal_after=13) == 75
+    assert [(m["step"], m["reason"]) for m in _manifests(Path(project))] == [(7, "preemption")]
+    params, rng = _accumulating(project, 40)
+    assert all(torch.equal(a, b) for a, b in zip(params, reference[0], strict=True))
+    assert torch.equal(rng, reference[1])
