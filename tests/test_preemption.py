@@ -10,6 +10,8 @@ import json
 import math
 import os
 import signal
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +150,53 @@ def test_signal_before_the_first_step_saves_step_0_and_exits_with_the_code(
     assert (manifest["step"], manifest["reason"]) == (0, "preemption")
     # The handlers are put back on the way out.
     assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_a_preemption_exit_waits_for_the_remote_tier_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 26 item 5: with replicate_to, the exit waits (up to replicate_preemption_seconds)
+    until the preemption checkpoint is committed on the remote tier, and logs that it is."""
+    remote = tmp_path / "remote"
+    with caplog.at_level("WARNING", logger="accelkit"):
+        result = train(
+            str(tmp_path / "local"), total=8, where="backward", signal_at=3,
+            replicate_to=str(remote),
+        )  # fmt: skip
+    assert result["exit"] == 75
+    (local,) = _manifests(tmp_path / "local")
+    (copied,) = _manifests(remote)
+    assert copied == local and copied["reason"] == "preemption"
+    assert any("is on the remote tier" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_a_preemption_exit_waits_no_longer_than_its_deadline_for_a_dead_remote(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An object store that refuses every connection: the exit gives up after
+    replicate_preemption_seconds (not replicate_deadline_seconds' 300 s), names what is left,
+    and the local preemption checkpoint is committed."""
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    options = {
+        "replicate_preemption_seconds": 2.0,
+        "storage_options": {
+            "endpoint_url": f"http://127.0.0.1:{port}", "key": "k", "secret": "s",
+            "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
+        },
+    }  # fmt: skip
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="accelkit"):
+        result = train(
+            str(tmp_path / "local"), total=8, where="backward", signal_at=3,
+            replicate_to="s3://nowhere/run", replicate_options=options,
+        )  # fmt: skip
+    assert result["exit"] == 75
+    assert time.monotonic() - started < 120  # the 300 s default would hold it far longer
+    (local,) = _manifests(tmp_path / "local")
+    assert local["reason"] == "preemption"
+    assert "ckpt sync" in caplog.text and "is on the remote tier" not in caplog.text
 
 
 # While step 10 runs (counter 9): in backward, between optimizer.step() and scheduler.step();

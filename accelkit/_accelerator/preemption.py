@@ -206,11 +206,24 @@ class Preemption:
         path = self.checkpointing.last_path
         if not saved_now:
             self.report(steps, path, saved=False)
+        if self.config.replicate_to is not None:
+            self.replicate_before_exit(path)
         self.finish()
         self.decider.agreement.close()
         self.state.wait_for_everyone()
         self.flag.restore()
         raise SystemExit(self.config.preemption_exit_code)
+
+    def replicate_before_exit(self, path: str | None) -> None:
+        """Wait up to ``replicate_preemption_seconds`` for the queued checkpoints (the
+        preemption checkpoint included) to reach the remote tier, and say whether they did
+        (the main process replicates; the others return at once)."""
+        deadline = self.config.replicate_preemption_seconds
+        left = self.checkpointing.manager.close_replication(deadline)  # logs what is left
+        if self.state.is_main_process and not left and path is not None:
+            logger.warning(
+                "accelkit: preemption: %s is on the remote tier %s", path, self.config.replicate_to
+            )
 
     def after_save(self, reason: str, path: str, steps: int) -> None:
         """Told of each ``save_state``: a preemption checkpoint is reported."""

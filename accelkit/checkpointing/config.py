@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from accelkit._text import short
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, build_policy
+from accelkit.errors import ConfigurationError
 from accelkit.runtime import preemption as _preemption
 
 __all__ = ["ProjectConfiguration", "resolve_project_configuration"]
@@ -75,6 +77,10 @@ class ProjectConfiguration:
         storage_retry_seconds: how long one storage operation of a direct remote save
             (``project_dir="s3://..."``) retries transient errors (connection refused or
             reset, timeouts, 5xx, throttling) before the save fails; ``0`` disables it.
+        replicate_preemption_seconds: with ``preemption_signals`` and ``replicate_to``, how
+            long a preemption exit waits for the checkpoints still queued (its own included) to
+            reach the remote tier before the process exits; the log says whether they did.
+            Keep it inside the grace period (see ``docs/guides/preemption.md``).
         save_every_steps: ``Accelerator.should_save()`` is True every this many optimizer
             steps since the last save (``None``: off). Must be >= 1.
         save_every_seconds: ``should_save()`` is True once this many seconds passed since the
@@ -121,6 +127,7 @@ class ProjectConfiguration:
     replicate_deadline_seconds: float = 300.0
     replicate_queue_size: int = 4
     storage_retry_seconds: float = 120.0
+    replicate_preemption_seconds: float = 60.0
     # preemption (#25): save decisions and preemption signals (accelkit.runtime.preemption)
     save_every_steps: int | None = None
     save_every_seconds: float | None = None
@@ -190,11 +197,16 @@ class ProjectConfiguration:
                 f"ProjectConfiguration: replicate_to={self.replicate_to!r} is project_dir "
                 "itself; give the remote tier a location of its own (e.g. s3://bucket/run)."
             )
-        for name in ("replicate_deadline_seconds", "storage_retry_seconds"):
+        for name in (
+            "replicate_deadline_seconds",
+            "storage_retry_seconds",
+            "replicate_preemption_seconds",
+        ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(
-                    f"ProjectConfiguration: {name} must be a number of seconds >= 0, got {value!r}."
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ConfigurationError(
+                    f"ProjectConfiguration: {name} must be a number of seconds >= 0, got "
+                    f"{short(value)}; e.g. {name}=60."
                 )
         size = self.replicate_queue_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

@@ -97,6 +97,8 @@ def train(
     resume: bool = False,
     progress: str = "",
     step_sleep: float = 0.0,
+    replicate_to: str | None = None,
+    replicate_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the job; see the module's docstring. Returns ``{"exit": code}`` after a preemption
     exit, else ``{"steps", "digest", "rank"}``."""
@@ -107,6 +109,8 @@ def train(
         automatic_checkpoint_naming=True,
         preemption_signals=("SIGTERM", "SIGUSR1"),
         async_save=async_save,
+        replicate_to=replicate_to,
+        **(replicate_options or {}),
     )
     accelerator = Accelerator(cpu=True, project_config=config)
     random.seed(1234)
