@@ -135,7 +135,7 @@ def _assert_same_run(run: Run, shown_lines: list[str]) -> None:
 
 _LS_ROW = re.compile(
     r"(?P<NAME>\S+)\s+(?P<STATE>\S+)\s+(?P<ITER>\S+)\s+(?P<STEP>\S+)\s+(?P<SIZE>\S+ \S+)"
-    r"\s+(?P<FILES>\S+)\s+(?P<AGE>\S+)\s+(?P<RUNS>\S+)\s+(?P<METRICS>.+)"
+    r"\s+(?P<FILES>\S+)\s+(?P<AGE>\S+)\s+(?P<REASON>\S+)\s+(?P<RUNS>\S+)\s+(?P<METRICS>.+)"
 )
 
 
