@@ -143,6 +143,8 @@ def test_hard_error_is_reported_once_and_training_goes_on(
     assert "secret" in message and "Fix:" in message, message
     left = [r for r in caplog.records if "not replicated" in r.getMessage()]
     assert left and "accelkit ckpt sync" in left[-1].getMessage()
+    # Every checkpoint is named, also those saved after the error stopped replication.
+    assert "checkpoint_0, checkpoint_1, checkpoint_2" in left[-1].getMessage()
     local = _states(str(tmp_path / "run"), {})
     assert sorted(local) == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
 

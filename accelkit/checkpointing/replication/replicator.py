@@ -191,9 +191,13 @@ class Replicator:
         if iteration is None:
             return
         with self._cond:
-            if name in self._state.done or self.failure is not None:
+            if name in self._state.done:
                 return
-            self._state.pending[name] = _Job(name, path, manifest, iteration)
+            job = _Job(name, path, manifest, iteration)
+            if self.failure is not None:  # stopped by a hard error: named as left behind
+                self._state.failed[name] = job
+                return
+            self._state.pending[name] = job
             self._trim()
             self._cond.notify_all()
 
