@@ -23,11 +23,18 @@ a script's ``except ValueError`` keeps working (``ConfigurationError``,
 another process or of a lock, and a damaged file, is never a ``ValueError``: ``except
 ValueError`` around a load must not swallow a lost process or a failed upload. A storage
 failure is also an ``OSError`` and a tracker failure a ``RuntimeError``, as before.
+
+Warnings follow one rule too: they point at the user's line (:func:`warn_at_user_line`), never
+into accelkit's files.
 """
 
 from __future__ import annotations
 
-__all__ = ["AccelkitError", "ConfigurationError"]
+import sys
+import warnings
+from types import FrameType
+
+__all__ = ["AccelkitError", "ConfigurationError", "warn_at_user_line"]
 
 
 class AccelkitError(Exception):
@@ -38,3 +45,37 @@ class ConfigurationError(AccelkitError, ValueError):
     """The run's configuration cannot be used (a folder, a storage URL, a launch config file);
     the message names the value, what is wrong with it and the fix. A ``ValueError``: the
     caller passed it."""
+
+
+def warn_at_user_line(message: str, category: type[Warning], *, where: str = "accelkit") -> None:
+    """Warn at the first caller outside accelkit (and torch): the user's ``log()``,
+    ``backward()`` or ``save_state()`` line, whichever entry point and wrappers led here.
+
+    ``stacklevel`` cannot do this: the depth from the user's line differs per entry point. On a
+    thread accelkit started (a tracker's worker) or in an ``atexit`` hook there is no user's
+    line: the warning is then attributed to ``<where>``.
+
+    Args:
+        message: the warning's text.
+        category: its class.
+        where: the module name shown when no user's line is on the stack.
+    """
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name in ("accelkit", "torch") or name.startswith(("accelkit.", "torch."))):
+            break
+        frame = frame.f_back
+    if frame is None or frame.f_globals.get("__name__") == "threading":
+        warnings.warn_explicit(message, category, f"<{where}>", 0, where)
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module_globals.get("__name__", "<string>"),
+        module_globals.setdefault("__warningregistry__", {}),
+        module_globals,
+    )

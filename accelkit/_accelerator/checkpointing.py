@@ -9,8 +9,6 @@ storage) and reads only the objects ``prepare`` registered in the
 from __future__ import annotations
 
 import logging
-import sys
-import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +20,7 @@ import accelkit.fsdp.runtime as _fsdp
 from accelkit.checkpointing.catalog.listing import loadable_automatic
 from accelkit.checkpointing.errors import UnresumedProjectWarning
 from accelkit.checkpointing.formats.layout import checkpoint_name
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, warn_at_user_line
 
 if TYPE_CHECKING:
     from accelkit._accelerator.prepared_objects import PreparedObjects
@@ -123,7 +121,7 @@ class Checkpointing:
             consequence = (
                 f"which is numbered below {newest}, the one load_state() would take as the newest"
             )
-        _warn_at_caller(
+        warn_at_user_line(
             f"{root} already holds {len(earlier)} checkpoint(s) ({shown}) and training starts "
             f"without loading one: this run's next automatic save is "
             f"{checkpoint_name(iteration)}, {consequence}"
@@ -329,23 +327,3 @@ class Checkpointing:
             )
         if sharded:
             self.manager.state.wait_for_everyone()
-
-
-def _warn_at_caller(message: str, category: type[Warning]) -> None:
-    """Warn at the first frame outside accelkit: the user's ``backward()`` or
-    ``save_state()`` line, whichever entry point and wrappers led here."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(
-        ("accelkit.", "torch.")
-    ):
-        frame = frame.f_back
-    module_globals = frame.f_globals
-    warnings.warn_explicit(
-        message,
-        category,
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        module_globals.get("__name__", "<string>"),
-        module_globals.setdefault("__warningregistry__", {}),
-        module_globals,
-    )

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, warn_at_user_line
 
 __all__ = ["FailurePolicy", "TrackerError", "TrackerFailure", "TrackerWarning", "classify"]
 
@@ -340,33 +337,5 @@ class FailurePolicy:
 
 
 def _warn(message: str, category: type[Warning]) -> None:
-    """Warn at the first frame outside accelkit, or at no file where there is none.
-
-    ``stacklevel`` cannot do this: the depth from the user's line differs per entry point, and
-    on a tracker's thread (or at exit) every frame is accelkit's or the interpreter's.
-    """
-    frame = _outside_accelkit(sys._getframe(1))
-    if frame is None:
-        warnings.warn_explicit(message, category, "<accelkit trackers>", 0, "accelkit.trackers")
-        return
-    module_globals = frame.f_globals
-    warnings.warn_explicit(
-        message,
-        category,
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        module_globals.get("__name__", "<string>"),
-        module_globals.setdefault("__warningregistry__", {}),
-        module_globals,
-    )
-
-
-def _outside_accelkit(frame: FrameType | None) -> FrameType | None:
-    """The first caller outside accelkit, or ``None`` when the stack starts in accelkit (a
-    tracker's thread: ``threading`` only started it; an ``atexit`` hook)."""
-    while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if name != "accelkit" and not name.startswith("accelkit."):
-            return None if name == "threading" else frame
-        frame = frame.f_back
-    return None
+    """Warn at the user's line; on a tracker's thread or at exit, at ``<accelkit trackers>``."""
+    warn_at_user_line(message, category, where="accelkit trackers")
