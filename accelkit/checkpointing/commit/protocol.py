@@ -99,6 +99,7 @@ from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM
 from accelkit.runtime import ops
 
 __all__ = [
+    "save_marker",
     "PHASES",
     "Coordinator",
     "DefaultCoordinator",
@@ -218,9 +219,11 @@ class SaveRequest:
     reason: str = "user"
 
 
-def _save_marker() -> bytes:
+def save_marker(**origin: str) -> bytes:
+    """The content of a save marker (``SAVE_MARKER_NAME``): who started writing the folder,
+    when, and ``origin`` (``imported_from=``/``replicated_from=`` the source it copies)."""
     doc = {"format": "accelkit-save", "started": time.time(), "host": socket.gethostname()}
-    return json.dumps({**doc, "pid": os.getpid()}).encode()
+    return json.dumps({**doc, "pid": os.getpid(), **origin}).encode()
 
 
 def _detail(error: BaseException) -> str:
@@ -477,7 +480,7 @@ class SaveSequence:
         storage, target = self.storage, self.target
         if self.request.automatic:
             try:
-                claim_folder(storage, target, SAVE_MARKER_NAME, _save_marker())
+                claim_folder(storage, target, SAVE_MARKER_NAME, save_marker())
             except FileExistsError as exc:
                 raise CheckpointError(
                     f"{target} was created by another process while this save claimed it "
@@ -493,7 +496,7 @@ class SaveSequence:
         storage.makedirs(target)
         # First into the folder: what proves to `ckpt prune` that accelkit started this save
         # (a folder without a manifest and without the marker is never deleted).
-        storage.write_bytes(join(target, SAVE_MARKER_NAME), _save_marker())
+        storage.write_bytes(join(target, SAVE_MARKER_NAME), save_marker())
 
     def capture(self, build: Callable[[], Payload]) -> None:
         """Phase 2, this process's part: take its share of the state. A failure is kept and

@@ -23,11 +23,7 @@ Public API: :func:`import_accelerate` -> :class:`ImportResult`; :func:`default_d
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +36,7 @@ from accelkit.checkpointing.catalog.listing import next_iteration as _next_free
 from accelkit.checkpointing.commit.deletion import project_of, remove_folder
 from accelkit.checkpointing.commit.lock import IMPORT, RunLock, claim_folder
 from accelkit.checkpointing.commit.per_process import resolve_folder
+from accelkit.checkpointing.commit.protocol import save_marker
 from accelkit.checkpointing.errors import (
     CheckpointError,
     CheckpointPathError,
@@ -212,18 +209,6 @@ def _refuse_overlap(source: str, destination: str) -> None:
     )
 
 
-def _marker(source: str) -> bytes:
-    doc = {
-        "format": "accelkit-save",
-        "started": time.time(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        # What tells a training save that this checkpoint_<n> is an import to move past.
-        "imported_from": source,
-    }
-    return json.dumps(doc).encode()
-
-
 def _claim(storage: Storage, source: str, chosen: str | None) -> str:
     """Under the lock: create the destination exclusively (the next free ``checkpoint_<n>``
     beside ``source`` when none was given) and return it."""
@@ -231,7 +216,7 @@ def _claim(storage: Storage, source: str, chosen: str | None) -> str:
         destination = chosen or default_destination(storage, source)
         _refuse_overlap(source, destination)
         try:
-            claim_folder(storage, destination, SAVE_MARKER_NAME, _marker(source))
+            claim_folder(storage, destination, SAVE_MARKER_NAME, save_marker(imported_from=source))
         except FileExistsError:
             if chosen is not None:
                 raise _exists(chosen) from None

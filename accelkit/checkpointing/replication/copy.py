@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import os
-import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +35,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from accelkit.checkpointing.commit.deletion import remove_folder
+from accelkit.checkpointing.commit.protocol import save_marker
 from accelkit.checkpointing.errors import CheckpointError, CheckpointPathError
 from accelkit.checkpointing.formats.layout import MANIFEST_NAME, SAVE_MARKER_NAME
 from accelkit.checkpointing.formats.manifest import FileEntry, Manifest, read_manifest
@@ -85,17 +83,6 @@ def _same(a: Manifest, b: Manifest) -> bool:
     return a.iteration == b.iteration and {e.path: (e.size, e.checksum) for e in a.files} == {
         e.path: (e.size, e.checksum) for e in b.files
     }
-
-
-def _marker(source: str) -> bytes:
-    doc = {
-        "format": "accelkit-save",
-        "started": time.time(),
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "replicated_from": source,
-    }
-    return json.dumps(doc).encode()
 
 
 def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, target: str) -> int:
@@ -182,7 +169,9 @@ def replicate_checkpoint(
         )
     step(
         f"marking {target}",
-        lambda: remote.write_bytes(join(target, SAVE_MARKER_NAME), _marker(source), atomic=True),
+        lambda: remote.write_bytes(
+            join(target, SAVE_MARKER_NAME), save_marker(replicated_from=source), atomic=True
+        ),
     )
 
     def upload(entry: FileEntry) -> int:
