@@ -34,7 +34,10 @@ def _tokenizer(eos: bool):  # type: ignore[no-untyped-def]
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", *dict.fromkeys(_WORDS)]
     extra = {"eos_token": "[SEP]", "bos_token": "[CLS]"} if eos else {}
     tok = BertTokenizer(
-        vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=False, model_max_length=128, **extra
+        vocab={w: i for i, w in enumerate(vocab)},
+        do_lower_case=False,
+        model_max_length=128,
+        **extra,
     )
     return tok, len(vocab)
 
@@ -42,7 +45,12 @@ def _tokenizer(eos: bool):  # type: ignore[no-untyped-def]
 def build(cache: Path) -> Path:
     """Write both stand-in models into ``cache``; returns ``cache``."""
     import torch
-    from transformers import BertConfig, BertForSequenceClassification, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     tok, size = _tokenizer(eos=False)
     torch.manual_seed(0)

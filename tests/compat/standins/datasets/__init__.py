@@ -14,11 +14,49 @@ from typing import Any
 
 __all__ = ["Dataset", "DatasetDict", "load_dataset"]
 
-_WORDS = (
-    "the a cat dog bank river money loan market stock price rose fell sharply today yesterday "
-    "company shares investors said report quarter profit loss government court judge ruled "
-    "police city officials new old big small first last week year million percent"
-).split()
+_WORDS = [
+    "the",
+    "a",
+    "cat",
+    "dog",
+    "bank",
+    "river",
+    "money",
+    "loan",
+    "market",
+    "stock",
+    "price",
+    "rose",
+    "fell",
+    "sharply",
+    "today",
+    "yesterday",
+    "company",
+    "shares",
+    "investors",
+    "said",
+    "report",
+    "quarter",
+    "profit",
+    "loss",
+    "government",
+    "court",
+    "judge",
+    "ruled",
+    "police",
+    "city",
+    "officials",
+    "new",
+    "old",
+    "big",
+    "small",
+    "first",
+    "last",
+    "week",
+    "year",
+    "million",
+    "percent",
+]
 
 
 class Dataset:
@@ -27,7 +65,9 @@ class Dataset:
     def __init__(self, columns: dict[str, list[Any]]) -> None:
         lengths = {len(v) for v in columns.values()}
         if len(lengths) > 1:
-            raise ValueError(f"columns of different lengths: { {k: len(v) for k, v in columns.items()} }")
+            raise ValueError(
+                f"columns of different lengths: { {k: len(v) for k, v in columns.items()} }"
+            )
         self._columns = {k: list(v) for k, v in columns.items()}
         self._format: str | None = None
         self._format_columns: list[str] | None = None
@@ -87,11 +127,13 @@ class Dataset:
         names = [names] if isinstance(names, str) else names
         return Dataset({k: v for k, v in self._columns.items() if k not in names})
 
-    def set_format(self, type: str | None = None, columns: list[str] | None = None, **_: Any) -> None:  # noqa: A002
+    def set_format(
+        self, type: str | None = None, columns: list[str] | None = None, **_: Any
+    ) -> None:
         self._format = type
         self._format_columns = list(columns) if columns else None
 
-    def with_format(self, type: str | None = None, columns: list[str] | None = None) -> Dataset:  # noqa: A002
+    def with_format(self, type: str | None = None, columns: list[str] | None = None) -> Dataset:
         ds = Dataset(self._columns)
         ds.set_format(type, columns)
         return ds
@@ -118,7 +160,9 @@ class DatasetDict(dict):  # type: ignore[type-arg]
     def remove_columns(self, names: str | list[str]) -> DatasetDict:
         return DatasetDict({k: v.remove_columns(names) for k, v in self.items()})
 
-    def set_format(self, type: str | None = None, columns: list[str] | None = None, **kw: Any) -> None:  # noqa: A002
+    def set_format(
+        self, type: str | None = None, columns: list[str] | None = None, **kw: Any
+    ) -> None:
         for v in self.values():
             v.set_format(type, columns, **kw)
 

@@ -1,4 +1,4 @@
-"""Offline stand-in for ``timm.create_model``: a tiny CNN with timm's ``get_classifier``/``default_cfg``.
+"""Offline stand-in for ``timm.create_model``: a tiny CNN with ``get_classifier``/``default_cfg``.
 
 ``pretrained=True`` loads a fixed-seed backbone (the same weights every time, without touching
 the global generator); the classifier for ``num_classes`` is initialised from the global
@@ -27,7 +27,10 @@ class _TinyNet(nn.Module):
             nn.Flatten(),
         )
         self.fc = nn.Linear(16, num_classes)
-        self.default_cfg: dict[str, Any] = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+        self.default_cfg: dict[str, Any] = {
+            "mean": (0.485, 0.456, 0.406),
+            "std": (0.229, 0.224, 0.225),
+        }
 
     def get_classifier(self) -> nn.Module:
         return self.fc
@@ -36,7 +39,9 @@ class _TinyNet(nn.Module):
         return self.fc(self.features(x))
 
 
-def create_model(name: str, pretrained: bool = False, num_classes: int = 1000, **_: Any) -> nn.Module:
+def create_model(
+    name: str, pretrained: bool = False, num_classes: int = 1000, **_: Any
+) -> nn.Module:
     """The stand-in model (whatever ``name``: the examples ask for resnet50d)."""
     model = _TinyNet(num_classes)
     if pretrained:

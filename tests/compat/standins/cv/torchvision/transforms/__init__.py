@@ -1,4 +1,4 @@
-"""Stand-in ``torchvision.transforms``: ``Compose``, ``RandomResizedCrop``, ``Resize``, ``ToTensor``.
+"""Stand-in ``torchvision.transforms``: Compose, RandomResizedCrop, Resize, ToTensor.
 
 The random crop draws from torch's global generator, as torchvision's does, so a script's seed
 (and each DataLoader worker's seed) decides it.
