@@ -138,6 +138,10 @@ class PartialState:
             index = self.local_process_index % max(torch.cuda.device_count(), 1)
             self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)
+        elif self.num_processes > 1:
+            # The reference's device on several CPU processes: index 0 of the CPU "device
+            # module" on every rank (scripts print it; tensors on it are plain CPU tensors).
+            self.device = torch.device("cpu", 0)
         else:
             self.device = torch.device("cpu")
         self.backend = backend or ("nccl" if use_cuda else "gloo")

@@ -155,7 +155,7 @@ def port_tree(source: Path, target: Path) -> None:
         path.write_text(_IMPORT.sub(r"\1\2\3accelkit", text))
 
 
-def _env(hub: Path, home: Path, framework: str, vision: bool) -> dict[str, str]:
+def _env(hub: Path, home: Path, framework: str, vision: bool, examples: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "ACCELKIT_"))}
     # The timm/torchvision stand-ins only for the CV scripts: transformers imports a torchvision
     # it finds, and the stand-in is not all of it.
@@ -176,18 +176,29 @@ def _env(hub: Path, home: Path, framework: str, vision: bool) -> dict[str, str]:
         COMET_MODE="offline",
         MLFLOW_DISABLE_TELEMETRY="true",
         PYTHONHASHSEED="0",
+        ACCELKIT_EXAMPLES_TAG_RANKS=str(examples.parent),
         OMP_NUM_THREADS="1",
         ACCELKIT_STANDIN_ROWS=os.environ.get("ACCELKIT_STANDIN_ROWS", "64"),
     )
     return env
 
 
+_RANK_TAG = re.compile(r"^\[rank (\d+)\] (.*)$")
+
+
 def normalise(text: str, masks: tuple[str, ...]) -> list[str]:
-    """The output's comparable lines: noise dropped, what legitimately differs masked."""
+    """The scripts' comparable lines, rank 0's first, then rank 1's (each in its order).
+
+    Only lines a script printed count (``standins/sitecustomize.py`` tags them with the rank;
+    the launchers' own lines are left out); noise is dropped and what legitimately differs is
+    masked.
+    """
+    tagged = [m.groups() for m in map(_RANK_TAG.match, text.splitlines()) if m]
     lines = []
-    for line in text.splitlines():
+    for rank, line in sorted(tagged, key=lambda t: int(t[0])):  # stable: keeps each rank's order
         if _NOISE.search(line):
             continue
+        line = f"[rank {rank}] {line}"
         for pattern in (*_COMMON_MASKS, *masks):
             line = re.sub(pattern, lambda m: (m.group(1) if m.lastindex else "") + "<masked>", line)
         lines.append(line.rstrip())
@@ -222,7 +233,7 @@ def run_one(
                 cmd,
                 cwd=work,
                 env={
-                    **_env(hub, Path(work), framework, "{images}" in case.args),
+                    **_env(hub, Path(work), framework, "{images}" in case.args, examples),
                     "ACCELERATE_USE_CPU": "True",
                 },
                 capture_output=True,
