@@ -57,10 +57,13 @@ class Case:
     # Extra regexes (on top of the common ones) whose matches are masked before comparing.
     mask: tuple[str, ...] = ()
     processes: tuple[int, ...] = (1, 2)
+    # A second launch in the same working folder (a resume from the first one's checkpoint);
+    # both launches' lines are compared.
+    then: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
-        return " ".join((self.script, *self.args))
+        return " ".join((self.script, *self.args, *(("then", *self.then) if self.then else ())))
 
 
 _MEMORY = (r"(Memory[^:]*: |Total Peak Memory[^:]*: )[-\d.]+",)
@@ -72,6 +75,16 @@ CASES: tuple[Case, ...] = (
     Case(
         "examples/complete_nlp_example.py",
         ("--cpu", "--checkpointing_steps", "3", "--use_stateful_dataloader", "--with_tracking"),
+    ),
+    Case(
+        "examples/complete_nlp_example.py",
+        ("--cpu", "--checkpointing_steps", "epoch"),
+        then=("--cpu", "--resume_from_checkpoint", "epoch_1"),
+    ),
+    Case(
+        "examples/by_feature/checkpointing.py",
+        ("--cpu", "--checkpointing_steps", "2"),
+        then=("--cpu", "--resume_from_checkpoint", "step_4"),
     ),
     Case("examples/by_feature/automatic_gradient_accumulation.py", ("--cpu",)),
     Case("examples/by_feature/checkpointing.py", ("--cpu", "--checkpointing_steps", "2")),
@@ -173,7 +186,8 @@ def _env(hub: Path, home: Path, framework: str, vision: bool, examples: Path) ->
         WANDB_SILENT="true",
         COMET_ERROR_TRACKING_ENABLE="false",
         COMET_AUTO_LOG_ENV_DETAILS="false",
-        COMET_MODE="offline",
+        COMET_START_ONLINE="false",  # no API key: the scripts' log_with="all" starts Comet
+        COMET_OFFLINE_DIRECTORY=str(home / "comet"),
         MLFLOW_DISABLE_TELEMETRY="true",
         PYTHONHASHSEED="0",
         ACCELKIT_EXAMPLES_TAG_RANKS=str(examples.parent),
@@ -226,29 +240,33 @@ def run_one(
             device = ["--multi_gpu", "--main_process_port", str(free_port())]
         else:
             device = ["--cpu"]
-        cmd = [*launcher, "launch", *device, "--num_processes", str(processes), str(script), *args]
         start = time.monotonic()
-        try:
-            proc = subprocess.run(
-                cmd,
-                cwd=work,
-                env={
-                    **_env(hub, Path(work), framework, "{images}" in case.args, examples),
-                    "ACCELERATE_USE_CPU": "True",
-                },
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-            rc, out, err = proc.returncode, proc.stdout, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc = -1
-            out = (
-                (exc.stdout or b"").decode()
-                if isinstance(exc.stdout, bytes)
-                else (exc.stdout or "")
-            )
-            err = f"timed out after {timeout} s"
+        rc, out, err = 0, "", ""
+        for launch_args in (args, list(case.then)) if case.then else (args,):
+            # A fresh port for each launch (the reference's torchrun rendezvous).
+            if "--main_process_port" in device:
+                device[-1] = str(free_port())
+            cmd = [*launcher, "launch", *device, "--num_processes", str(processes)]
+            try:
+                proc = subprocess.run(
+                    [*cmd, str(script), *launch_args],
+                    cwd=work,
+                    env={
+                        **_env(hub, Path(work), framework, "{images}" in case.args, examples),
+                        "ACCELERATE_USE_CPU": "True",
+                    },
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                )
+                rc, out, err = proc.returncode, out + proc.stdout, proc.stderr
+            except subprocess.TimeoutExpired as exc:
+                rc = -1
+                partial = exc.stdout or ""
+                out += partial.decode() if isinstance(partial, bytes) else partial
+                err = f"timed out after {timeout} s"
+            if rc != 0:
+                break
         return {
             "rc": rc,
             "stdout": out,
@@ -407,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep-output", action="store_true", help="store every run's compared lines"
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only the runs made now in an existing --out file",
+    )
     args = parser.parse_args(argv)
     if args.accelerate_repo is None:
         parser.error(
@@ -429,6 +452,13 @@ def main(argv: list[str] | None = None) -> int:
         progress=progress,
     )
     partial.unlink(missing_ok=True)
+    if args.merge and args.out.exists():
+        old = json.loads(args.out.read_text())
+        fresh = {(r["case"], r["processes"]): r for r in doc["results"]}  # type: ignore[attr-defined]
+        merged = [fresh.pop((r["case"], r["processes"]), r) for r in old["results"]]
+        doc["results"] = merged + list(fresh.values())
+        doc["passed"] = sum(1 for r in doc["results"] if r["passed"])  # type: ignore[attr-defined]
+        doc["total"] = len(doc["results"])  # type: ignore[arg-type]
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"{doc['passed']}/{doc['total']} passed; results in {args.out}")
     return 0 if doc["passed"] == doc["total"] else 1
