@@ -91,7 +91,11 @@ CASES: tuple[Case, ...] = (
     Case("examples/by_feature/cross_validation.py", ("--cpu", "--num_folds", "2")),
     Case("examples/by_feature/ddp_comm_hook.py", ("--cpu", "--ddp_comm_hook", "fp16")),
     Case("examples/by_feature/early_stopping.py", ("--cpu",)),
-    Case("examples/by_feature/fsdp_with_peak_mem_tracking.py", ("--cpu",), mask=_MEMORY),
+    Case(
+        "examples/by_feature/fsdp_with_peak_mem_tracking.py",
+        ("--cpu", "--model_name_or_path", "bert-base-cased"),
+        mask=_MEMORY,
+    ),
     Case(
         "examples/by_feature/gradient_accumulation.py",
         ("--cpu", "--gradient_accumulation_steps", "2"),
@@ -270,9 +274,18 @@ def run_one(
         return {
             "rc": rc,
             "stdout": out,
-            "stderr_tail": err[-3000:],
+            "stderr_tail": err[-6000:],
             "seconds": round(time.monotonic() - start, 1),
         }
+
+
+_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]: )?(\w+(?:Error|Exception): .*)$")
+
+
+def _last_error(run: dict[str, object]) -> str:
+    """The last ``SomeError: message`` line of a run's stderr, without torchrun's rank prefix."""
+    found = [m.group(1) for m in map(_ERROR_LINE.match, str(run["stderr_tail"]).splitlines()) if m]
+    return found[-1] if found else f"exit status {run['rc']}"
 
 
 def compare(case: Case, ref: dict[str, object], ours: dict[str, object]) -> dict[str, object]:
@@ -280,7 +293,16 @@ def compare(case: Case, ref: dict[str, object], ours: dict[str, object]) -> dict
     a = normalise(str(ref["stdout"]), case.mask)
     b = normalise(str(ours["stdout"]), case.mask)
     result: dict[str, object] = {"lines_compared": len(a)}
-    if ref["rc"] != 0:
+    if ref["rc"] != 0 and ours["rc"] != 0:
+        theirs_error, our_error = _last_error(ref), _last_error(ours)
+        result.update(
+            passed=False,
+            why="both runs failed"
+            + (" with the same error" if theirs_error == our_error else " with different errors"),
+            errors={"accelerate": theirs_error, "accelkit": our_error},
+            error=ref["stderr_tail"],
+        )
+    elif ref["rc"] != 0:
         result.update(
             passed=False, why=f"accelerate run failed (rc {ref['rc']})", error=ref["stderr_tail"]
         )

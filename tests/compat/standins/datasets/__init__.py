@@ -120,6 +120,21 @@ class Dataset:
             columns = {k: list(v) for k, v in out.items()}
         return Dataset(columns)
 
+    def filter(
+        self, function: Callable[..., bool], input_columns: str | list[str] | None = None, **_: Any
+    ) -> Dataset:
+        keep = []
+        for i in range(self.num_rows):
+            if input_columns is None:
+                args: list[Any] = [self[i]]
+            elif isinstance(input_columns, str):
+                args = [self._columns[input_columns][i]]
+            else:
+                args = [self._columns[c][i] for c in input_columns]
+            if function(*args):
+                keep.append(i)
+        return self.select(keep)
+
     def rename_column(self, original: str, new: str) -> Dataset:
         return Dataset({(new if k == original else k): v for k, v in self._columns.items()})
 
@@ -153,6 +168,9 @@ class DatasetDict(dict):  # type: ignore[type-arg]
 
     def map(self, function: Callable[..., Any], **kwargs: Any) -> DatasetDict:
         return DatasetDict({k: v.map(function, **kwargs) for k, v in self.items()})
+
+    def filter(self, function: Callable[..., bool], **kwargs: Any) -> DatasetDict:
+        return DatasetDict({k: v.filter(function, **kwargs) for k, v in self.items()})
 
     def rename_column(self, original: str, new: str) -> DatasetDict:
         return DatasetDict({k: v.rename_column(original, new) for k, v in self.items()})
@@ -209,13 +227,21 @@ def load_dataset(path: str, name: str | None = None, *args: Any, **kwargs: Any) 
             }
         )
     if path.split("/")[-1] == "wikitext":
+        # 500 training lines (the autoregressive example selects its first 500), every fifth
+        # empty as in wikitext (the example filters those out).
         rng = random.Random(4)
-        split = {
-            "train": Dataset({"text": [_sentence(rng) for _ in range(rows)]}),
-            "validation": Dataset({"text": [_sentence(rng) for _ in range(max(rows // 2, 8))]}),
-            "test": Dataset({"text": [_sentence(rng) for _ in range(max(rows // 2, 8))]}),
-        }
-        return DatasetDict(split)
+
+        def lines(n: int) -> list[str]:
+            return ["" if i % 5 == 4 else _sentence(rng) for i in range(n)]
+
+        n_eval = max(rows // 2, 8)
+        return DatasetDict(
+            {
+                "train": Dataset({"text": lines(max(rows, 500))}),
+                "validation": Dataset({"text": lines(n_eval)}),
+                "test": Dataset({"text": lines(n_eval)}),
+            }
+        )
     raise ValueError(
         f"the offline datasets stand-in has no data set {path!r} (config {name!r}); it serves "
         "'nyu-mll/glue'/'glue' with 'mrpc' and 'Salesforce/wikitext'. Add it to "
