@@ -432,6 +432,28 @@ def run_matrix(
     }
 
 
+def table(doc: dict[str, object]) -> str:
+    """The results as a markdown table (one row per case, a column per process count)."""
+    rows: dict[str, dict[int, str]] = {}
+    for r in doc["results"]:  # type: ignore[attr-defined]
+        if r["passed"]:
+            cell = "pass"
+        elif str(r["why"]).startswith("both runs failed"):
+            cell = "fails under Accelerate too"
+        else:
+            cell = "FAIL: " + str(r["why"])
+        rows.setdefault(str(r["case"]), {})[int(r["processes"])] = cell
+    counts = sorted({n for cells in rows.values() for n in cells})
+    head = "| script and arguments | " + " | ".join(
+        f"{n} process{'es' if n > 1 else ''}" for n in counts
+    )
+    lines = [head + " |", "|---|" + "---|" * len(counts)]
+    for name, cells in rows.items():
+        shown = name.removeprefix("examples/").replace("{images}", "IMAGES")
+        lines.append(f"| `{shown}` | " + " | ".join(cells.get(n, "-") for n in counts) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -452,7 +474,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="replace only the runs made now in an existing --out file",
     )
+    parser.add_argument(
+        "--table", type=Path, help="print the results file's markdown table and stop (no runs)"
+    )
     args = parser.parse_args(argv)
+    if args.table is not None:
+        print(table(json.loads(args.table.read_text())))
+        return 0
     if args.accelerate_repo is None:
         parser.error(
             "no Accelerate checkout: pass --accelerate-repo PATH or set ACCELKIT_ACCELERATE_REPO "
@@ -477,7 +505,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge and args.out.exists():
         old = json.loads(args.out.read_text())
         fresh = {(r["case"], r["processes"]): r for r in doc["results"]}  # type: ignore[attr-defined]
-        merged = [fresh.pop((r["case"], r["processes"]), r) for r in old["results"]]
+        current = {c.name for c in CASES}  # results of cases since renamed are dropped
+        merged = [
+            fresh.pop((r["case"], r["processes"]), r)
+            for r in old["results"]
+            if r["case"] in current
+        ]
         doc["results"] = merged + list(fresh.values())
         doc["passed"] = sum(1 for r in doc["results"] if r["passed"])  # type: ignore[attr-defined]
         doc["total"] = len(doc["results"])  # type: ignore[arg-type]
