@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 STANDINS = Path(__file__).resolve().parent / "standins"
@@ -432,6 +433,24 @@ def run_matrix(
     }
 
 
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old``'s results with those ``new`` reran replaced (and new ones appended)."""
+    fresh = {(r["case"], r["processes"]): r for r in new["results"]}
+    current = {c.name for c in CASES}  # results of cases since renamed are dropped
+    kept = [
+        fresh.pop((r["case"], r["processes"]), r) for r in old["results"] if r["case"] in current
+    ]
+    results = kept + list(fresh.values())
+    order = {c.name: i for i, c in enumerate(CASES)}
+    results.sort(key=lambda r: (order[r["case"]], r["processes"]))
+    return {
+        **new,
+        "results": results,
+        "passed": sum(1 for r in results if r["passed"]),
+        "total": len(results),
+    }
+
+
 def table(doc: dict[str, object]) -> str:
     """The results as a markdown table (one row per case, a column per process count)."""
     rows: dict[str, dict[int, str]] = {}
@@ -503,17 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     partial.unlink(missing_ok=True)
     if args.merge and args.out.exists():
-        old = json.loads(args.out.read_text())
-        fresh = {(r["case"], r["processes"]): r for r in doc["results"]}  # type: ignore[attr-defined]
-        current = {c.name for c in CASES}  # results of cases since renamed are dropped
-        merged = [
-            fresh.pop((r["case"], r["processes"]), r)
-            for r in old["results"]
-            if r["case"] in current
-        ]
-        doc["results"] = merged + list(fresh.values())
-        doc["passed"] = sum(1 for r in doc["results"] if r["passed"])  # type: ignore[attr-defined]
-        doc["total"] = len(doc["results"])  # type: ignore[arg-type]
+        doc = merge(json.loads(args.out.read_text()), doc)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"{doc['passed']}/{doc['total']} passed; results in {args.out}")
     return 0 if doc["passed"] == doc["total"] else 1
