@@ -57,6 +57,8 @@ class Case:
     args: tuple[str, ...] = ()
     # Extra regexes (on top of the common ones) whose matches are masked before comparing.
     mask: tuple[str, ...] = ()
+    # When set, only the lines matching it are compared (the profiler's timing table is not).
+    keep: str | None = None
     processes: tuple[int, ...] = (1, 2)
     # A second launch in the same working folder (a resume from the first one's checkpoint);
     # both launches' lines are compared.
@@ -105,7 +107,7 @@ CASES: tuple[Case, ...] = (
     Case("examples/by_feature/local_sgd.py", ("--cpu", "--local_sgd_steps", "4")),
     Case("examples/by_feature/memory.py", ("--cpu",)),
     Case("examples/by_feature/multi_process_metrics.py", ("--cpu",)),
-    Case("examples/by_feature/profiler.py", ("--cpu",)),
+    Case("examples/by_feature/profiler.py", ("--cpu",), keep=r"^epoch \d+:"),
     Case("examples/by_feature/tracking.py", ("--cpu", "--with_tracking")),
     Case("examples/config_yaml_templates/run_me.py"),
     Case("examples/cv_example.py", ("--cpu", "--data_dir", "{images}")),
@@ -205,7 +207,7 @@ def _env(hub: Path, home: Path, framework: str, vision: bool, examples: Path) ->
 _RANK_TAG = re.compile(r"^\[rank (\d+)\] (.*)$")
 
 
-def normalise(text: str, masks: tuple[str, ...]) -> list[str]:
+def normalise(text: str, masks: tuple[str, ...], keep: str | None = None) -> list[str]:
     """The scripts' comparable lines, rank 0's first, then rank 1's (each in its order).
 
     Only lines a script printed count (``standins/sitecustomize.py`` tags them with the rank;
@@ -215,7 +217,7 @@ def normalise(text: str, masks: tuple[str, ...]) -> list[str]:
     tagged = [m.groups() for m in map(_RANK_TAG.match, text.splitlines()) if m]
     lines = []
     for rank, line in sorted(tagged, key=lambda t: int(t[0])):  # stable: keeps each rank's order
-        if _NOISE.search(line):
+        if _NOISE.search(line) or (keep is not None and not re.search(keep, line)):
             continue
         line = f"[rank {rank}] {line}"
         for pattern in (*_COMMON_MASKS, *masks):
@@ -291,8 +293,8 @@ def _last_error(run: dict[str, object]) -> str:
 
 def compare(case: Case, ref: dict[str, object], ours: dict[str, object]) -> dict[str, object]:
     """Pass/fail of one case, with the first differing line."""
-    a = normalise(str(ref["stdout"]), case.mask)
-    b = normalise(str(ours["stdout"]), case.mask)
+    a = normalise(str(ref["stdout"]), case.mask, case.keep)
+    b = normalise(str(ours["stdout"]), case.mask, case.keep)
     result: dict[str, object] = {"lines_compared": len(a)}
     if ref["rc"] != 0 and ours["rc"] != 0:
         theirs_error, our_error = _last_error(ref), _last_error(ours)
@@ -373,8 +375,8 @@ def run_case(
     entry["seconds"] = {"accelerate": ref_run["seconds"], "accelkit": our_run["seconds"]}
     if keep_output or not entry["passed"]:
         entry["output"] = {
-            "accelerate": normalise(str(ref_run["stdout"]), case.mask)[-40:],
-            "accelkit": normalise(str(our_run["stdout"]), case.mask)[-40:],
+            "accelerate": normalise(str(ref_run["stdout"]), case.mask, case.keep)[-40:],
+            "accelkit": normalise(str(our_run["stdout"]), case.mask, case.keep)[-40:],
         }
     return entry
 
