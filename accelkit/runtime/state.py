@@ -138,6 +138,10 @@ class PartialState:
             index = self.local_process_index % max(torch.cuda.device_count(), 1)
             self.device = torch.device("cuda", index)
             torch.cuda.set_device(self.device)
+        elif self.num_processes > 1:
+            # The reference's device on several CPU processes: index 0 of the CPU "device
+            # module" on every rank (scripts print it; tensors on it are plain CPU tensors).
+            self.device = torch.device("cpu", 0)
         else:
             self.device = torch.device("cpu")
         self.backend = backend or ("nccl" if use_cuda else "gloo")
@@ -253,8 +257,11 @@ class PartialState:
         return max(1, self.num_processes // max(1, self.local_num_processes))
 
     def __repr__(self) -> str:
+        # The reference's text, which scripts print (its config_yaml_templates/run_me.py):
+        # the enum as ``DistributedType.X``, and the backend of a distributed run.
+        backend = f"  Backend: {self.backend}" if self.use_distributed else ""
         return (
-            f"Distributed environment: {self.distributed_type.value}\n"
+            f"Distributed environment: DistributedType.{self.distributed_type.name}{backend}\n"
             f"Num processes: {self.num_processes}\n"
             f"Process index: {self.process_index}\n"
             f"Local process index: {self.local_process_index}\n"
@@ -531,6 +538,10 @@ class AcceleratorState(PartialState):
             ValueError: always.
         """
         refuse_out_of_scope_plugins(deepspeed_plugin=name or "default")
+
+    def __repr__(self) -> str:
+        # As the reference's: the process state, then the precision.
+        return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
 
     @property
     def mixed_precision_enum(self) -> PrecisionType:

@@ -147,7 +147,7 @@ def test_process_state(results: list[dict[str, Any]]) -> None:
     assert (r0["is_local_main"], r1["is_local_main"]) == (True, False)
     assert (r0["is_last"], r1["is_last"]) == (False, True)
     assert r0["use_distributed"] and r0["distributed_type"] == "MULTI_CPU"
-    assert r0["device"] == "cpu"
+    assert r0["device"] == "cpu:0"  # as the reference: index 0 of the CPU on every rank
 
 
 def test_gather(results: list[dict[str, Any]]) -> None:
