@@ -70,6 +70,9 @@ def warn_at_user_line(message: str, category: type[Warning], *, where: str = "ac
         warnings.warn_explicit(message, category, f"<{where}>", 0, where)
         return
     module_globals = frame.f_globals
+    # Without module_globals: a script run with ``python -m pkg.mod`` has a loader that cannot
+    # give the source of ``__main__`` (ImportError inside warn_explicit); linecache reads the
+    # file by its name instead.
     warnings.warn_explicit(
         message,
         category,
@@ -77,5 +80,4 @@ def warn_at_user_line(message: str, category: type[Warning], *, where: str = "ac
         frame.f_lineno,
         module_globals.get("__name__", "<string>"),
         module_globals.setdefault("__warningregistry__", {}),
-        module_globals,
     )

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,8 @@ from accelkit.checkpointing.errors import (
 from accelkit.checkpointing.storage import StorageError
 from accelkit.errors import AccelkitError, ConfigurationError
 from accelkit.trackers.failures import TrackerError
+
+REPO = Path(__file__).resolve().parent.parent
 
 PACKAGE = Path(accelkit.__file__).resolve().parent
 # Exceptions that are not accelkit's to root: private control flow caught where it is raised.
@@ -93,3 +98,25 @@ def test_an_unknown_storage_protocol_is_a_configuration_error() -> None:
 
     with pytest.raises(ConfigurationError, match="nosuchproto"):
         get_storage("nosuchproto://bucket/x")
+
+
+def test_a_warning_points_at_the_users_line_also_in_a_module_run_with_dash_m(
+    tmp_path: Path,
+) -> None:
+    """``python -m pkg.mod``: the module's loader cannot give ``__main__``'s source; the warning
+    must still show the user's line (it raised ImportError inside warn_explicit, killing the
+    run, when accelkit handed the module's globals to it)."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(
+        "from accelkit.errors import warn_at_user_line\n"
+        "warn_at_user_line('the fix is here', UserWarning)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "pkg.mod"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{package / 'mod.py'}:2: UserWarning: the fix is here" in done.stderr, done.stderr
+    assert "warn_at_user_line('the fix is here'" in done.stderr  # the source line, read by name

@@ -128,11 +128,12 @@ def test_contracts_pass_a_good_backend_and_fail_a_broken_one(tmp_path: Path) -> 
     assert failed == [
         "TestForgetfulStorage::test_create_exclusive_creates_once",
         "TestForgetfulStorage::test_remove_and_rmtree",
+        "TestLeakyTracker::test_recovery_contract",
         "TestLeakyTracker::test_tracker_contract",
     ], done.stdout + done.stderr
     assert "leaky_rows wrote no conformance/rows.csv" in done.stdout, done.stdout
     summary = done.stdout.strip().splitlines()[-1]
-    assert summary.startswith("3 failed, 21 passed"), done.stdout  # 2 checkpoint contracts pass
+    assert summary.startswith("4 failed, 22 passed"), done.stdout  # 2 checkpoint contracts pass
 
 
 def test_importing_accelkit_does_not_import_pytest() -> None:
