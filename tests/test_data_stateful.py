@@ -210,3 +210,32 @@ def test_prepare_draws_from_the_global_rng_for_every_stateful_loader() -> None:
     assert epoch == [order[:4], order[4:]]
     plain_after, _ = _draws_after_prepare(stateful=False)
     assert plain_after != expected_after  # plain loaders draw at the first batch instead
+
+
+def _eval_after_save(project: Path, resume: bool) -> list[float]:
+    """A stateful evaluation loader prepared but not yet iterated when the checkpoint is made
+    (as in a script that evaluates every N steps): iterate it, then draw from torch's RNG."""
+    from accelkit import Accelerator
+
+    accelerator = Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
+    )
+    torch.manual_seed(0 if not resume else 99)  # a resumed run's RNG comes from the checkpoint
+    loader = accelerator.prepare(StatefulDataLoader(list(range(8)), batch_size=4))
+    if resume:
+        accelerator.load_state(str(project))
+    else:
+        accelerator.save_state(str(project))
+    values = [v for batch in loader for v in batch.tolist()]
+    return [*values, *torch.rand(3).tolist()]
+
+
+def test_a_loader_not_iterated_before_a_save_draws_nothing_more_after_resume(
+    tmp_path: Path,
+) -> None:
+    """prepare() made the first pass's iterator (and its RNG draw) before the save; the resumed
+    run restores the RNG after that draw, so its first pass must not draw again: the random
+    numbers after it (dropout in a training step) are the uninterrupted run's."""
+    original = _eval_after_save(tmp_path / "ckpt", resume=False)
+    resumed = _eval_after_save(tmp_path / "ckpt", resume=True)
+    assert resumed == original

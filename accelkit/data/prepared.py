@@ -493,6 +493,11 @@ class PreparedLoaderMixin:
         if self._stateful:
             out["stateful_dataloader"] = pos.snapshot
             out["sampler_offset"] = 0 if pos.end else pos.offset
+        if self._premade or self._drawn:
+            # The next pass is the first, and its iterator's draw was made at prepare() (see
+            # premake_iterator): the draw is in the RNG states saved beside this, so a
+            # resumed run must not draw again when that pass starts.
+            out["first_pass_drawn"] = True
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -506,6 +511,7 @@ class PreparedLoaderMixin:
         """
         # A restored pass makes its own iterator (the checkpoint's RNG states decide its draws).
         self._drop_premade()
+        self._drawn = bool(isinstance(state_dict, dict) and state_dict.get("first_pass_drawn"))
         if self._stateful and _is_torchdata_state(state_dict):
             self._load_torchdata_state(state_dict)
             return
