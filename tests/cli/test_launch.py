@@ -115,7 +115,7 @@ def test_launch_two_cpu_processes(tmp_path: Path, script: Path) -> None:
         assert r["objects"] == [0, 1]
         assert r["precision"] == "bf16"
         assert r["argv"] == ["--lr", "0.1"]
-        assert r["device"] == "cpu"
+        assert r["device"] == "cpu:0"  # several CPU processes: cpu:0, as in Accelerate
     assert [r["local"] for r in ranks] == [0, 1]
     # The process group accelkit created is destroyed at exit (gloo could abort otherwise).
     assert [(tmp_path / f"exit{i}.txt").read_text() for i in range(2)] == ["False", "False"]
