@@ -221,3 +221,30 @@ def test_fsdp2_on_one_gpu_saves_sharded_state_and_resumes_exactly(
     assert resumed["params"].keys() == whole["params"].keys()
     for name, value in whole["params"].items():
         assert torch.equal(resumed["params"][name], value), name
+
+
+# A preemption on the GPU: the signal lands in backward (sync save) or while an async save's
+# writer still runs (pinned snapshot); the run exits with the preemption code, leaves a committed
+# checkpoint, and resumes bitwise equal to the uninterrupted run (parameters, optimizer state,
+# CPU and CUDA generators).
+@pytest.mark.parametrize(
+    ("where", "at", "async_save"),
+    [("backward", 9, False), ("async", 6, True)],
+    ids=["sync-in-backward", "async-in-flight"],
+)
+def test_preemption_on_cuda_commits_and_resumes_bitwise(
+    tmp_path: Path, where: str, at: int, async_save: bool
+) -> None:
+    from accelkit.cli.main import main
+    from tests.helpers.preemption_job import train
+
+    settings: dict[str, Any] = {"total": 16, "save_every": 6, "async_save": async_save}
+    reference = train(str(tmp_path / "reference"), cpu=False, **settings)
+    assert reference["device"].startswith("cuda")
+    project = str(tmp_path / "run")
+    first = train(project, cpu=False, where=where, signal_at=at, signum="SIGTERM", **settings)
+    assert first["exit"] == 75
+    assert main(["ckpt", "verify", str(Path(project) / "checkpoints")]) == 0
+    resumed = train(project, cpu=False, resume=True, **settings)
+    assert resumed["steps"] == reference["steps"] == 16
+    assert resumed["digest"] == reference["digest"]

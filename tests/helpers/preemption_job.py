@@ -78,6 +78,8 @@ def digest(model: torch.nn.Module, optimizer: Any) -> str:
     h.update(torch.get_rng_state().numpy().tobytes())
     h.update(repr(random.getstate()).encode())
     h.update(repr(np.random.get_state()[1].tolist()).encode())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        h.update(torch.cuda.get_rng_state().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -99,6 +101,7 @@ def train(
     step_sleep: float = 0.0,
     replicate_to: str | None = None,
     replicate_options: dict[str, Any] | None = None,
+    cpu: bool = True,
 ) -> dict[str, Any]:
     """Run the job; see the module's docstring. Returns ``{"exit": code}`` after a preemption
     exit, else ``{"steps", "digest", "rank"}``."""
@@ -112,7 +115,7 @@ def train(
         replicate_to=replicate_to,
         **(replicate_options or {}),
     )
-    accelerator = Accelerator(cpu=True, project_config=config)
+    accelerator = Accelerator(cpu=cpu, project_config=config)
     random.seed(1234)
     np.random.seed(1234)
     model = _model(state_mb)
@@ -199,6 +202,7 @@ def train(
         "steps": counter.steps,
         "digest": digest(model, optimizer),
         "rank": rank,
+        "device": str(next(model.parameters()).device),
         "step_s": sorted(step_times)[len(step_times) // 2] if step_times else 0.0,
         "max_step_s": max(step_times, default=0.0),
         "max_save_s": max(save_times, default=0.0),
