@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from accelkit.checkpointing.interop.accelerate_format import load_pickle
+from accelkit.checkpointing.interop.accelerate_pickle import load_pickle
 from accelkit.checkpointing.storage import get_storage
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli.main import main

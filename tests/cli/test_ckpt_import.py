@@ -22,7 +22,7 @@ import torch
 from accelkit.checkpointing.formats.manifest import read_manifest
 from accelkit.checkpointing.formats.safetensors_io import read_safetensors
 from accelkit.checkpointing.formats.state_io import read_state
-from accelkit.checkpointing.interop.accelerate_format import load_pickle
+from accelkit.checkpointing.interop.accelerate_pickle import load_pickle
 from accelkit.checkpointing.storage import get_storage
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli.main import main

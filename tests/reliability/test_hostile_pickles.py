@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.formats.state_io import read_state
-from accelkit.checkpointing.interop.accelerate_format import load_pickle
+from accelkit.checkpointing.interop.accelerate_pickle import load_pickle
 from accelkit.checkpointing.storage import get_storage
 from tests.checkpointing.accelerate_helpers import (
     accelerate_checkpoint,
@@ -402,7 +402,7 @@ def test_list_holding_itself_is_refused(tmp_path: Path, accelerate_folder: Path)
 
 _CHILD = r"""
 import json, resource, sys
-from accelkit.checkpointing.interop.accelerate_format import load_pickle
+from accelkit.checkpointing.interop.accelerate_pickle import load_pickle
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage import get_storage
 import torch

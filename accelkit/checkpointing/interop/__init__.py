@@ -1,2 +1,3 @@
-"""Hugging Face accelerate's checkpoint folders: read safely (:mod:`.accelerate_format`) and
-imported as committed accelkit checkpoints (:mod:`.accelerate_import`)."""
+"""Hugging Face accelerate's checkpoint folders: their pickles read as data
+(:mod:`.accelerate_pickle`), the folder read safely (:mod:`.accelerate_format`) and imported as
+committed accelkit checkpoints (:mod:`.accelerate_import`)."""
