@@ -88,8 +88,10 @@ Layers, bottom up; each imports only from the layers below it (and from
 **Interop** -- Hugging Face accelerate's checkpoint folders:
 
 - :mod:`~accelkit.checkpointing.interop` -- the layer's face (no names of its own).
+- :mod:`~accelkit.checkpointing.interop.accelerate_pickle` -- accelerate's pickles, read as
+  data (allow-list, a scan on stand-ins, a weights-only load, a walk of what it built).
 - :mod:`~accelkit.checkpointing.interop.accelerate_format` -- accelerate's folders, read safely
-  (their pickles checked as data first); the load sequence's reader for them.
+  (each value checked for its shape); the load sequence's reader for them.
 - :mod:`~accelkit.checkpointing.interop.accelerate_import` -- convert such a folder into a
   committed accelkit checkpoint (``accelkit ckpt import``).
 
