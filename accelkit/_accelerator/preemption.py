@@ -123,7 +123,7 @@ class Preemption:
         if not self.policies or self.closed:
             return False
         steps = self.gradient_state.optimizer_steps
-        self.decider.boundary(steps)
+        self.decider.advance(steps)
         return self.decider.should_save(steps)
 
     @property
@@ -138,7 +138,7 @@ class Preemption:
         """
         self.decider.asked = True
         if self.watching and self.state.num_processes == 1 and not self.closed:
-            self.decider.boundary(self.gradient_state.optimizer_steps)
+            self.decider.advance(self.gradient_state.optimizer_steps)
         return self.decider.preempted
 
     # ------------------------------------------------------------------ boundaries
@@ -159,30 +159,31 @@ class Preemption:
         if self.exiting or self.closed:
             return
         steps = self.gradient_state.optimizer_steps
+        decider = self.decider
         if where == "step":
             self.training_loader = self.gradient_state.active_dataloader
             # On several processes the round of this step starts at the next boundary (the
             # next batch, or should_save()), to be read a whole step later.
             if self.state.num_processes == 1:
-                self.decider.boundary(steps)
+                decider.advance(steps)
             return
         # Another loader's batches (an evaluation pass) do not start the step's round: the
         # training loader's next batch does, so a signal during evaluation is agreed a step
         # after it, not two.
         training = self.training_loader is None or source is self.training_loader
-        decision = self.decider.boundary(steps, training=training)
+        decider.advance(steps, training=training)
         if where != "batch" or not training:
             return
         stepped = steps != self.steps_at_point
         self.steps_at_point = steps
         if (
             stepped
-            and decision.preempted
+            and decider.preempted
             and self.automatic
-            and not decision.self_managed
+            and not decider.self_managed
             and self.gradient_state.sync_gradients
         ):
-            self.save_and_exit(decision)
+            self.save_and_exit(decider.decision(steps))
 
     def save_and_exit(self, decision: Decision) -> None:
         """Commit a preemption checkpoint (unless the newest one already holds this step),

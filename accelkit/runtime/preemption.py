@@ -25,6 +25,7 @@ a data-parallel script does anyway, and what its gradient all-reduces already re
 
 from __future__ import annotations
 
+import array
 import json
 import math
 import os
@@ -254,6 +255,7 @@ class Agreement:
         self.group = group
         self._work: Any = None
         self._tensor: Any = None
+        self._values: Any = None  # array.array("q") sharing the tensor's memory
         self.rounds = 0
 
     def poll(self, local: list[int]) -> list[int]:
@@ -262,18 +264,29 @@ class Agreement:
         On several processes the values returned are the MAX over every process of what each
         passed at its previous call (zeros at the first), so they are the same list on every
         process; on one process they are ``local`` itself.
+
+        The reduced tensor is made once and reused (it shares its memory with a small array
+        that is written and read directly): a round allocates nothing.
         """
         self.rounds += 1
         if self.world_size <= 1:
             return list(local)
-        import torch
         import torch.distributed as dist
 
-        agreed = [0] * len(local)
+        values = self._values
         if self._work is not None:
             self._work.wait()
-            agreed = [int(v) for v in self._tensor.tolist()]
-        self._tensor = torch.tensor(local, dtype=torch.int64)
+            agreed = values.tolist()
+        else:
+            agreed = [0] * len(local)
+        if values is None or len(values) != len(local):
+            import torch
+
+            # Only when no round is in flight: the first round (a length never changes).
+            values = self._values = array.array("q", local)
+            self._tensor = torch.frombuffer(values, dtype=torch.int64)
+        else:
+            values[:] = array.array("q", local)
         self._work = dist.all_reduce(
             self._tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True
         )
@@ -351,6 +364,8 @@ class SaveDecider:
         self._seconds_due = False
         self._saved_since_preemption = False
         self._boundaries = 0
+        self._steps_seen = 0  # optimizer steps at the last boundary
+        self._step_at = 0  # the boundary at which they last changed
         self._polled_at = 0
         self._polled_steps: int | None = None
         self._polled_time = 0.0
@@ -388,47 +403,74 @@ class SaveDecider:
 
         On one process every boundary decides at once. On several, a round of the agreement
         starts at a boundary only when ``round_every`` optimizer steps were taken since the
-        last round (or :data:`STEPLESS_ROUND` boundaries passed without a step: evaluation
-        batches, ``should_save()`` in a loop without a prepared optimizer), and is read at the
-        next round's boundary. ``round_every`` is 1 for steps of :data:`ROUND_SECONDS` or more;
-        for faster steps the main process measures them and shares, in the agreement itself,
-        how many make :data:`ROUND_SECONDS`, so that agreeing costs one small collective per
-        ~50 ms of training whatever the step time. Every input of the rule is counted alike
-        or agreed, so every process starts the same rounds.
+        last round (or :data:`STEPLESS_ROUND` boundaries passed since both the last round and
+        the last optimizer step: evaluation batches, ``should_save()`` in a loop without a
+        prepared optimizer), and is read at the next round's boundary. ``round_every`` is 1
+        for steps of :data:`ROUND_SECONDS` or more; for faster steps the main process measures
+        them and shares, in the agreement itself, how many make :data:`ROUND_SECONDS`, so that
+        agreeing costs one small collective per ~50 ms of training whatever the step time.
+        Every input of the rule is counted alike or agreed, so every process starts the same
+        rounds.
+        """
+        self.advance(steps, training=training)
+        return self.decision(steps)
+
+    def advance(self, steps: int, *, training: bool = True) -> None:
+        """:meth:`boundary` without building its :class:`Decision`: the per-step path (read
+        the agreed state with :attr:`preempted`, :attr:`self_managed`, :meth:`should_save`).
         """
         self._boundaries += 1
-        multi = self.agreement.world_size > 1
-        if multi:
-            last = self._polled_steps
-            stepped = last is None or steps < last or steps - last >= self.round_every
-            if not (stepped and training) and self._boundaries - self._polled_at < STEPLESS_ROUND:
-                return self.decision(steps)
+        flag = self.flag
+        seconds = self.every_seconds
+        if self.agreement.world_size <= 1:
+            # One process: its own view is the decision; no collective, no list, and the clock
+            # is read only for save_every_seconds.
+            self.agreement.rounds += 1
+            if flag.signum and not self._preempted:
+                self._preempted = True
+                self._signum = flag.signum
+            if self.asked:
+                self._self_managed = True
+            if (
+                seconds is not None
+                and not self._seconds_due
+                and self.clock() - self._last_save_time >= seconds
+            ):
+                self._seconds_due = True
+            return
+        if steps != self._steps_seen:
+            self._steps_seen, self._step_at = steps, self._boundaries
+        last = self._polled_steps
+        stepped = last is None or steps < last or steps - last >= self.round_every
+        if (
+            not (stepped and training)
+            and self._boundaries - max(self._polled_at, self._step_at) < STEPLESS_ROUND
+        ):
+            return
         every = 0
-        if multi and self.is_main:
+        if self.is_main:
             now = time.monotonic()
-            last = self._polled_steps
             if last is not None and steps > last:
                 per_step = (now - self._polled_time) / (steps - last)
                 wanted = ROUND_SECONDS / per_step if per_step > 0 else MAX_ROUND_STEPS
                 every = max(1, min(MAX_ROUND_STEPS, math.ceil(wanted)))
             self._polled_time = now
         self._polled_steps, self._polled_at = steps, self._boundaries
-        flag = self.flag
-        seconds = self.every_seconds
         due_tag = 0
         if seconds is not None and self.is_main and self.clock() - self._last_save_time >= seconds:
             due_tag = self.saves + 1  # "due, unless a save has been made since"
-        local = [int(flag.raised), due_tag, int(self.asked), flag.signum, every]
-        agreed = self.agreement.poll(local)
+        agreed = self.agreement.poll(
+            [int(flag.raised), due_tag, int(self.asked), flag.signum, every]
+        )
         if agreed[_EVERY]:
             self.round_every = agreed[_EVERY]
         if agreed[_PREEMPT] and not self._preempted:
             self._preempted = True
             self._signum = agreed[_SIGNAL]
-        self._self_managed = self._self_managed or bool(agreed[_ASKED])
+        if agreed[_ASKED]:
+            self._self_managed = True
         if agreed[_DUE] == self.saves + 1:
             self._seconds_due = True
-        return self.decision(steps)
 
     def interval_due(self, steps: int) -> bool:
         """Whether an interval is due at ``steps`` (as agreed at the last boundary)."""
@@ -443,8 +485,9 @@ class SaveDecider:
 
     def should_save(self, steps: int) -> bool:
         """Whether a save is due now: an interval, or a preemption not saved yet."""
-        decision = self.decision(steps)
-        return decision.interval_due or (decision.preempted and not self._saved_since_preemption)
+        if self._preempted and not self._saved_since_preemption:
+            return True
+        return self.interval_due(steps)
 
     def reason(self, steps: int) -> str:
         """The manifest's ``reason`` for a save made now (one of :data:`REASONS`)."""
