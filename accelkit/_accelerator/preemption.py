@@ -233,26 +233,34 @@ class Preemption:
 
     def report(self, steps: int, path: str | None, *, saved: bool) -> None:
         """The main process's log line for a preemption checkpoint (which signal, which step,
-        where), and the record ``accelkit launch`` reads to pass the exit code through."""
-        if self.reported or not self.state.is_main_process:
+        where), and the record ``accelkit launch`` reads to pass the exit code through (written
+        by the local main process of each machine, for that machine's launcher)."""
+        if self.reported:
             return
         self.reported = True
         code = self.config.preemption_exit_code
         name = signal_name(self.decider.signum)
-        where = path if path is not None else "(no checkpoint was saved or loaded yet)"
-        what = "saved a preemption checkpoint" if saved else "the newest checkpoint holds it"
-        logger.warning(
-            "accelkit: %s received: %s at optimizer step %d: %s; exit code %d",
-            name,
-            what,
-            steps,
-            where,
-            code,
-        )
+        if self.state.is_main_process:
+            where = path if path is not None else "(no checkpoint was saved or loaded yet)"
+            what = "saved a preemption checkpoint" if saved else "the newest checkpoint holds it"
+            logger.warning(
+                "accelkit: %s received: %s at optimizer step %d: %s; exit code %d",
+                name,
+                what,
+                steps,
+                where,
+                code,
+            )
+        # Each machine's launcher reads its own record: the local main process writes it.
         record_path = os.environ.get(ENV_PREEMPTION_FILE)
-        if record_path:
+        if record_path and self.state.is_local_main_process:
             record = {"exit_code": code, "signal": name, "step": steps, "checkpoint": path}
-            write_exit_record(record_path, record)
+            try:
+                write_exit_record(record_path, record)
+            except OSError as exc:
+                # The checkpoint is committed; the exit code still says so, the launcher then
+                # reports it as a worker's failure.
+                logger.warning("accelkit: preemption: cannot write %s (%s)", record_path, exc)
 
     # ------------------------------------------------------------------ end of the run
 

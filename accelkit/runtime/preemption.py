@@ -26,10 +26,12 @@ a data-parallel script does anyway, and what its gradient all-reduces already re
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import math
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -43,6 +45,8 @@ from accelkit.errors import ConfigurationError
 __all__ = [
     "DEFAULT_EXIT_CODE",
     "ENV_PREEMPTION_FILE",
+    "ENV_PREEMPTION_JOB",
+    "MAX_RECORD_BYTES",
     "MAX_ROUND_STEPS",
     "REASONS",
     "ROUND_SECONDS",
@@ -69,6 +73,9 @@ REASONS = ("user", "interval", "preemption")
 #: stopped for a preemption (exit code, signal, step, checkpoint), so that the launcher passes
 #: the exit code through and says so in one line.
 ENV_PREEMPTION_FILE = "ACCELKIT_PREEMPTION_FILE"
+#: Set by ``accelkit launch`` with :data:`ENV_PREEMPTION_FILE`: a random name of this job that
+#: its record carries, so that the launcher takes no record of another job for its own.
+ENV_PREEMPTION_JOB = "ACCELKIT_PREEMPTION_JOB"
 
 # Signals a process cannot catch (or that only a debugger should own).
 _UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
@@ -514,23 +521,81 @@ class SaveDecider:
         self._seconds_due = False
 
 
+#: The largest exit record the launcher reads (a real one is a few hundred bytes).
+MAX_RECORD_BYTES = 1 << 16
+
+
 def write_exit_record(path: str, record: dict[str, Any]) -> None:
-    """Write ``record`` (JSON) to ``path`` for the launcher (replaced atomically)."""
+    """Write ``record`` (JSON) to ``path`` for the launcher (replaced atomically), tagged with
+    this job's ``ACCELKIT_PREEMPTION_JOB`` when the launcher set one.
+
+    The temporary file is created afresh (never through a link that was already there), readable
+    by this user only.
+
+    Raises:
+        OSError: when it cannot be written (the caller logs it: the exit code still says it).
+    """
+    job = os.environ.get(ENV_PREEMPTION_JOB)
+    if job:
+        record = {**record, "job": job}
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)
-
-
-def read_exit_record(path: str) -> dict[str, Any] | None:
-    """The record :func:`write_exit_record` left at ``path``; ``None`` if there is none or it is
-    not one (the launcher then reports the job as it would without it)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.loads(f.read(1 << 16))
-    except (OSError, ValueError):
+        os.unlink(tmp)  # a leftover of this pid's earlier try (or a planted link)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_exit_record(path: str, job: str | None = None) -> dict[str, Any] | None:
+    """The record :func:`write_exit_record` left at ``path``; ``None`` if there is none or it is
+    not one (the launcher then reports the job as it would without it).
+
+    The file is untrusted input: it is opened without following a link and without blocking
+    (a FIFO never holds the launcher), read only if it is a regular file of this user of at most
+    :data:`MAX_RECORD_BYTES`, and taken only if it is a JSON object with an integer
+    ``exit_code`` from 0 to 255 and, when ``job`` is given, ``"job": job`` (a record of another
+    job, or one written without a job, is not this job's).
+
+    Args:
+        path: the file (``ACCELKIT_PREEMPTION_FILE``).
+        job: the job's ``ACCELKIT_PREEMPTION_JOB``, which a record must carry (``None``: any).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None  # none, a link (ELOOP), or unreadable
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RECORD_BYTES:
+            return None
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            return None
+        raw = os.read(fd, MAX_RECORD_BYTES + 1)
+    except OSError:
         return None
-    code = data.get("exit_code") if isinstance(data, dict) else None
-    if isinstance(code, bool) or not isinstance(code, int):
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_RECORD_BYTES:
+        return None  # grew while being read
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    code = data.get("exit_code")
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+        return None
+    if job is not None and data.get("job") != job:
         return None
     return dict(data)
