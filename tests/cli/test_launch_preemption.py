@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.examples.runner import OFFLINE_ENV, accelkit_command
+from tests.helpers.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "helpers" / "preemption_job.py"
@@ -36,24 +37,6 @@ def _steps(progress: Path) -> int:
     except OSError:
         return 0
     return int(text) if text.isdigit() else 0
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (from /proc), parents before children."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text(errors="replace")
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[-1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        below = [child for child, parent in parents.items() if parent in frontier]
-        found += below
-        frontier = below
-    return found
 
 
 @pytest.mark.slow
@@ -109,7 +92,7 @@ def test_sigusr1_reaches_every_worker_and_ends_in_one_checkpoint(tmp_path: Path,
                 break
             time.sleep(0.05)
         assert launcher.poll() is None, launcher.communicate()[0][-4000:]
-        targets = [launcher.pid] + (_descendants(launcher.pid) if to == "job-step" else [])
+        targets = [launcher.pid, *(descendants(launcher.pid) if to == "job-step" else ())]
         for pid in targets:
             os.kill(pid, signal.SIGUSR1)
         output, _ = launcher.communicate(timeout=180)
