@@ -47,8 +47,10 @@ __all__ = [
     "ENV_PREEMPTION_FILE",
     "ENV_PREEMPTION_JOB",
     "MAX_RECORD_BYTES",
+    "MAX_ROUND_SECONDS",
     "MAX_ROUND_STEPS",
     "REASONS",
+    "ROUND_BUDGET",
     "ROUND_SECONDS",
     "STEPLESS_ROUND",
     "Agreement",
@@ -243,6 +245,14 @@ STEPLESS_ROUND = 8
 #: :data:`MAX_ROUND_STEPS` to a round.
 ROUND_SECONDS = 0.05
 MAX_ROUND_STEPS = 100
+#: On several processes, the share of training time that rounds of the agreement may take when
+#: steps are shorter than :data:`ROUND_SECONDS`: where a round costs more than
+#: ``ROUND_BUDGET * ROUND_SECONDS`` (a loaded machine), rounds are spaced further apart, up to
+#: :data:`MAX_ROUND_SECONDS`.
+ROUND_BUDGET = 0.002
+#: The most training time between two rounds, whatever a round costs: a signal is agreed within
+#: about twice this, and a step.
+MAX_ROUND_SECONDS = 1.0
 
 # The agreed tensor's slots (all reduced with MAX).
 _PREEMPT, _DUE, _ASKED, _SIGNAL, _EVERY = range(5)
@@ -376,6 +386,7 @@ class SaveDecider:
         self._polled_at = 0
         self._polled_steps: int | None = None
         self._polled_time = 0.0
+        self._round_cost = 0.0  # seconds a round takes on the main process (smoothed)
         self.round_every = 1  # optimizer steps between rounds (agreed; see boundary())
 
     def use_clock(self, clock: Callable[[], float]) -> None:
@@ -415,9 +426,10 @@ class SaveDecider:
         prepared optimizer), and is read at the next round's boundary. ``round_every`` is 1
         for steps of :data:`ROUND_SECONDS` or more; for faster steps the main process measures
         them and shares, in the agreement itself, how many make :data:`ROUND_SECONDS`, so that
-        agreeing costs one small collective per ~50 ms of training whatever the step time.
-        Every input of the rule is counted alike or agreed, so every process starts the same
-        rounds.
+        agreeing costs one small collective per ~50 ms of training whatever the step time
+        (further apart, up to :data:`MAX_ROUND_SECONDS`, where the main process measures that a
+        round costs more than :data:`ROUND_BUDGET` of that time). Every input of the rule is
+        counted alike or agreed, so every process starts the same rounds.
         """
         self.advance(steps, training=training)
         return self.decision(steps)
@@ -459,16 +471,29 @@ class SaveDecider:
             now = time.monotonic()
             if last is not None and steps > last:
                 per_step = (now - self._polled_time) / (steps - last)
-                wanted = ROUND_SECONDS / per_step if per_step > 0 else MAX_ROUND_STEPS
+                # Rounds ROUND_SECONDS apart, or further where a round costs more than
+                # ROUND_BUDGET of that (measured here, on the main process: shared below).
+                spacing = min(
+                    MAX_ROUND_SECONDS, max(ROUND_SECONDS, self._round_cost / ROUND_BUDGET)
+                )
+                wanted = spacing / per_step if per_step > 0 else MAX_ROUND_STEPS
                 every = max(1, min(MAX_ROUND_STEPS, math.ceil(wanted)))
+                if per_step >= ROUND_SECONDS:
+                    every = 1  # a step is long enough to agree at each
             self._polled_time = now
         self._polled_steps, self._polled_at = steps, self._boundaries
         due_tag = 0
         if seconds is not None and self.is_main and self.clock() - self._last_save_time >= seconds:
             due_tag = self.saves + 1  # "due, unless a save has been made since"
-        agreed = self.agreement.poll(
-            [int(flag.raised), due_tag, int(self.asked), flag.signum, every]
-        )
+        local = [int(flag.raised), due_tag, int(self.asked), flag.signum, every]
+        if self.is_main:
+            started = time.perf_counter()
+            agreed = self.agreement.poll(local)
+            cost = time.perf_counter() - started
+            # A smoothed cost (one slow round, a peer late at the wait, moves it a little).
+            self._round_cost = cost if not self._round_cost else 0.8 * self._round_cost + 0.2 * cost
+        else:
+            agreed = self.agreement.poll(local)
         if agreed[_EVERY]:
             self.round_every = agreed[_EVERY]
         if agreed[_PREEMPT] and not self._preempted:
