@@ -140,7 +140,6 @@ sys.exit(code)
     [
         # A real failure stays a failure, whatever record is there (and is restarted).
         ("valid", 1, 1, 0, 1),
-        ("valid", 1, 2, 0, 1),
         ("valid", 1, 2, 1, 0),
         # A record that is not this job's own regular file is not read as one.
         ("symlink", 75, 2, 1, 0),
@@ -151,7 +150,6 @@ sys.exit(code)
     ],
     ids=[
         "crash+record",
-        "crash+record-2p",
         "crash+record-restarted",
         "symlink",
         "fifo",
