@@ -91,7 +91,9 @@ def _no_restart_after_preemption() -> None:
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    monitor = LocalElasticAgent._monitor_workers
+    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
+    if monitor is None:  # a torch without it: restarts stay torchrun's own rule
+        return
 
     def monitor_workers(self: Any, worker_group: Any) -> Any:
         result = monitor(self, worker_group)
