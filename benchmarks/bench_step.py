@@ -159,6 +159,7 @@ def _prepared_case(
             accelerator._trackers.flush()
         return times
 
+    run.accelerator = accelerator  # type: ignore[attr-defined]  # for the 2-process figures
     return run
 
 
@@ -186,13 +187,30 @@ def _two_process_worker(rank: int, port: int, rounds: int, steps: int, out: str)
     times: dict[str, list[float]] = {name: [] for name in cases}
     for run in cases.values():
         run(steps)
+    decider = cases["preemption"].accelerator._preemption.decider  # type: ignore[attr-defined]
+    rounds_before = decider.agreement.rounds
     for i in range(rounds):
         order = list(cases) if i % 2 == 0 else list(reversed(cases))
         for name in order:
             times[name] += cases[name](steps)
     if rank == 0:
+        # The agreement's own figures, immune to the step timings' noise: rounds started during
+        # the timed steps, what one costs on this process (smoothed), and their share.
+        agreed = decider.agreement.rounds - rounds_before
+        cost = decider._round_cost
+        extra = {
+            "agreement_rounds": agreed,
+            "round_every": decider.round_every,
+            "round_cost_us": cost * 1e6,
+            "agreement_share_pct": agreed * cost / sum(times["preemption"]) * 100.0,
+        }
+        # Medians, and means: a round of the agreement runs only every ~50 ms of training, so
+        # the median step does not see it; the mean carries its cost spread over the steps.
+        found = {name: median(t) for name, t in times.items()}
+        found.update({f"mean {name}": sum(t) / len(t) for name, t in times.items()})
+        found.update(extra)
         with open(out, "w") as f:
-            json.dump({name: median(t) for name, t in times.items()}, f)
+            json.dump(found, f)
     import torch.distributed as dist
 
     dist.barrier()
@@ -214,6 +232,42 @@ def _two_processes(rounds: int, steps: int) -> dict[str, float]:
         with open(out) as f:
             medians: dict[str, float] = json.load(f)
     return medians
+
+
+def _preemption_hook_us(number: int) -> float:
+    """What the preemption part adds per step on one process, alone (us, best of 15, no
+    compute): the prepared dataloader's and optimizer's step boundaries and ``should_save()``
+    against the same step without them."""
+    from accelkit import Accelerator, ProjectConfiguration
+
+    config = ProjectConfiguration(
+        project_dir=tempfile.mkdtemp(prefix="accelkit-bench-hook-"),
+        automatic_checkpoint_naming=True,
+        preemption_signals=("SIGTERM", "SIGUSR1"),
+        save_every_steps=10**9,
+    )
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(list(range(4)), batch_size=1, collate_fn=_identity)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    state = accelerator.gradient_state
+    boundary = state.boundary
+    assert boundary is not None
+    next(iter(loader))  # the optimizer's loader (what the hook compares with)
+
+    def hooked() -> None:
+        state.optimizer_steps += 1
+        boundary("batch", loader)
+        boundary("step", optimizer)
+        accelerator.should_save()
+
+    def bare() -> None:
+        state.optimizer_steps += 1
+
+    cost = _extra_us(hooked, bare, number)
+    accelerator.end_training()
+    return cost
 
 
 def _identity(batch: Any) -> Any:
@@ -338,17 +392,36 @@ def main(argv: list[str] | None = None) -> None:
     # Issue 25: what watching for preemption and deciding saves adds to the prepared step.
     preempt = (medians[PREEMPTION_CASE] / medians["accelkit prepared"] - 1.0) * 100.0
     results[PREEMPTION_CASE]["overhead_vs_prepared_pct"] = preempt
+    hook_us = _preemption_hook_us(1000 if args.quick else 5000)
+    hook_pct = hook_us / (medians["accelkit prepared"] * 1e6) * 100.0
+    results[PREEMPTION_CASE]["hook_alone_us"] = hook_us
+    results[PREEMPTION_CASE]["hook_alone_pct_of_prepared_step"] = hook_pct
     print(f"preemption + should_save() vs the prepared step: {preempt:+.2f}%")
+    print(f"  its hooks alone (no compute): {hook_us:.2f} us per step = {hook_pct:.2f}% of it")
     with section("2 processes (gloo, DDP): the prepared step without and with preemption"):
         two = _two_processes(max(4, rounds // 4), steps)
     preempt2 = (two["preemption"] / two["prepared"] - 1.0) * 100.0
+    preempt2_mean = (two["mean preemption"] / two["mean prepared"] - 1.0) * 100.0
     results["two_processes"] = {
-        "median_step_us": {name: value * 1e6 for name, value in two.items()},
+        "median_step_us": {n: two[n] * 1e6 for n in ("prepared", "preemption")},
+        "mean_step_us": {n: two[f"mean {n}"] * 1e6 for n in ("prepared", "preemption")},
         "preemption_overhead_pct": preempt2,
+        "preemption_overhead_of_means_pct": preempt2_mean,
+        "steps_timed_per_case": max(4, rounds // 4) * steps,
+        "agreement_rounds": two["agreement_rounds"],
+        "round_every_steps": two["round_every"],
+        "round_cost_us": two["round_cost_us"],
+        "agreement_share_of_step_time_pct": two["agreement_share_pct"],
     }
     print(
         f"2 processes: preemption + should_save() vs the prepared step: {preempt2:+.2f}% "
-        f"(medians {two['prepared'] * 1e6:.0f} us, {two['preemption'] * 1e6:.0f} us)"
+        f"(medians {two['prepared'] * 1e6:.0f} us, {two['preemption'] * 1e6:.0f} us); "
+        f"means: {preempt2_mean:+.2f}%"
+    )
+    print(
+        f"  the agreement: {two['agreement_rounds']:.0f} rounds (every {two['round_every']:.0f} "
+        f"steps), {two['round_cost_us']:.0f} us each on rank 0 = "
+        f"{two['agreement_share_pct']:.2f}% of the timed step time"
     )
     targets = [
         Target("prepared step overhead vs plain PyTorch (CPU MLP)", overhead, 3.0, "%", False),
@@ -361,7 +434,22 @@ def main(argv: list[str] | None = None) -> None:
             False,
         ),
         Target("preemption signals + should_save() vs prepared step", preempt, 1.0, "%", False),
+        Target("the same, its hooks alone (% of the prepared step)", hook_pct, 1.0, "%", False),
         Target("the same on 2 processes (the agreement's all_reduce)", preempt2, 1.0, "%", False),
+        Target(
+            "the same, ratio of the mean steps (rounds every ~50 ms)",
+            preempt2_mean,
+            1.0,
+            "%",
+            False,
+        ),
+        Target(
+            "the same, the agreement's rounds' share of the step time",
+            two["agreement_share_pct"],
+            1.0,
+            "%",
+            False,
+        ),
     ]
     notes = [
         "Each step is timed alone (batch fetch + forward + backward + step + zero_grad); the "

@@ -327,3 +327,90 @@ def test_accumulated_gradients_are_never_saved_half_way(tmp_path: Path) -> None:
     params, rng = _accumulating(project, 40)
     assert all(torch.equal(a, b) for a, b in zip(params, reference[0], strict=True))
     assert torch.equal(rng, reference[1])
+
+
+# ---------------------------------------------------------------------- the exit record (untrusted)
+
+
+def _read_soon(path: Path, job: str | None) -> dict[str, Any] | None:
+    """read_exit_record in a thread, failing the test if it does not return within 5 s."""
+    import threading
+
+    from accelkit.runtime.preemption import read_exit_record
+
+    found: list[Any] = []
+    reader = threading.Thread(target=lambda: found.append(read_exit_record(str(path), job)))
+    reader.daemon = True
+    reader.start()
+    reader.join(5)
+    assert not reader.is_alive(), f"read_exit_record({path}) hangs"
+    return found[0]  # type: ignore[no-any-return]
+
+
+def test_the_exit_record_round_trips_with_its_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelkit.runtime.preemption import ENV_PREEMPTION_JOB, write_exit_record
+
+    path = tmp_path / "preempted.json"
+    monkeypatch.setenv(ENV_PREEMPTION_JOB, "job-a")
+    write_exit_record(str(path), {"exit_code": 75, "signal": "SIGUSR1", "step": 3})
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert _read_soon(path, "job-a") == {
+        "exit_code": 75,
+        "signal": "SIGUSR1",
+        "step": 3,
+        "job": "job-a",
+    }
+    assert _read_soon(path, "job-b") is None  # a record of another job is not this job's
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left
+
+
+def test_writing_the_record_never_follows_a_planted_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from accelkit.runtime.preemption import ENV_PREEMPTION_JOB, write_exit_record
+
+    monkeypatch.delenv(ENV_PREEMPTION_JOB, raising=False)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    path = tmp_path / "preempted.json"
+    (tmp_path / f"preempted.json.{os.getpid()}.tmp").symlink_to(victim)
+    write_exit_record(str(path), {"exit_code": 75})
+    assert victim.read_text() == "precious"
+    assert json.loads(path.read_text()) == {"exit_code": 75}
+
+
+@pytest.mark.parametrize(
+    "plant",
+    ["symlink", "fifo", "huge", "garbage", "not-utf8", "deep", "list", "bool", "range", "no-job"],
+)
+def test_an_untrusted_exit_record_is_refused_without_hanging(tmp_path: Path, plant: str) -> None:
+    # Each is what a script (or anyone who can write the launcher's folder) could leave where
+    # the launcher looks; none may hang, crash or make a failure read as a preemption.
+    path = tmp_path / "preempted.json"
+    good = {"exit_code": 75, "job": "job-a"}
+    if plant == "symlink":  # to a record that would be accepted if followed
+        (tmp_path / "elsewhere.json").write_text(json.dumps(good))
+        path.symlink_to(tmp_path / "elsewhere.json")
+    elif plant == "fifo":  # opening it for reading would wait for a writer forever
+        os.mkfifo(path)
+    elif plant == "huge":  # a valid record padded past the limit
+        path.write_text(json.dumps({**good, "pad": "x" * (1 << 20)}))
+    elif plant == "garbage":
+        path.write_bytes(b'{"exit_code": 75, "job": "job-a"')
+    elif plant == "not-utf8":
+        path.write_bytes(b'{"exit_code": 75, "job": "\xff\xfe"}')
+    elif plant == "deep":
+        path.write_text("[" * 50000 + "]" * 50000)
+    elif plant == "list":
+        path.write_text(json.dumps([good]))
+    elif plant == "bool":
+        path.write_text(json.dumps({**good, "exit_code": True}))
+    elif plant == "range":
+        path.write_text(json.dumps({**good, "exit_code": 75 + 256}))
+    elif plant == "no-job":
+        path.write_text(json.dumps({"exit_code": 75}))
+    started = time.monotonic()
+    assert _read_soon(path, "job-a") is None
+    assert time.monotonic() - started < 2

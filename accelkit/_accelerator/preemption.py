@@ -123,7 +123,7 @@ class Preemption:
         if not self.policies or self.closed:
             return False
         steps = self.gradient_state.optimizer_steps
-        self.decider.boundary(steps)
+        self.decider.advance(steps)
         return self.decider.should_save(steps)
 
     @property
@@ -138,7 +138,7 @@ class Preemption:
         """
         self.decider.asked = True
         if self.watching and self.state.num_processes == 1 and not self.closed:
-            self.decider.boundary(self.gradient_state.optimizer_steps)
+            self.decider.advance(self.gradient_state.optimizer_steps)
         return self.decider.preempted
 
     # ------------------------------------------------------------------ boundaries
@@ -159,30 +159,31 @@ class Preemption:
         if self.exiting or self.closed:
             return
         steps = self.gradient_state.optimizer_steps
+        decider = self.decider
         if where == "step":
             self.training_loader = self.gradient_state.active_dataloader
             # On several processes the round of this step starts at the next boundary (the
             # next batch, or should_save()), to be read a whole step later.
             if self.state.num_processes == 1:
-                self.decider.boundary(steps)
+                decider.advance(steps)
             return
         # Another loader's batches (an evaluation pass) do not start the step's round: the
         # training loader's next batch does, so a signal during evaluation is agreed a step
         # after it, not two.
         training = self.training_loader is None or source is self.training_loader
-        decision = self.decider.boundary(steps, training=training)
+        decider.advance(steps, training=training)
         if where != "batch" or not training:
             return
         stepped = steps != self.steps_at_point
         self.steps_at_point = steps
         if (
             stepped
-            and decision.preempted
+            and decider.preempted
             and self.automatic
-            and not decision.self_managed
+            and not decider.self_managed
             and self.gradient_state.sync_gradients
         ):
-            self.save_and_exit(decision)
+            self.save_and_exit(decider.decision(steps))
 
     def save_and_exit(self, decision: Decision) -> None:
         """Commit a preemption checkpoint (unless the newest one already holds this step),
@@ -232,26 +233,34 @@ class Preemption:
 
     def report(self, steps: int, path: str | None, *, saved: bool) -> None:
         """The main process's log line for a preemption checkpoint (which signal, which step,
-        where), and the record ``accelkit launch`` reads to pass the exit code through."""
-        if self.reported or not self.state.is_main_process:
+        where), and the record ``accelkit launch`` reads to pass the exit code through (written
+        by the local main process of each machine, for that machine's launcher)."""
+        if self.reported:
             return
         self.reported = True
         code = self.config.preemption_exit_code
         name = signal_name(self.decider.signum)
-        where = path if path is not None else "(no checkpoint was saved or loaded yet)"
-        what = "saved a preemption checkpoint" if saved else "the newest checkpoint holds it"
-        logger.warning(
-            "accelkit: %s received: %s at optimizer step %d: %s; exit code %d",
-            name,
-            what,
-            steps,
-            where,
-            code,
-        )
+        if self.state.is_main_process:
+            where = path if path is not None else "(no checkpoint was saved or loaded yet)"
+            what = "saved a preemption checkpoint" if saved else "the newest checkpoint holds it"
+            logger.warning(
+                "accelkit: %s received: %s at optimizer step %d: %s; exit code %d",
+                name,
+                what,
+                steps,
+                where,
+                code,
+            )
+        # Each machine's launcher reads its own record: the local main process writes it.
         record_path = os.environ.get(ENV_PREEMPTION_FILE)
-        if record_path:
+        if record_path and self.state.is_local_main_process:
             record = {"exit_code": code, "signal": name, "step": steps, "checkpoint": path}
-            write_exit_record(record_path, record)
+            try:
+                write_exit_record(record_path, record)
+            except OSError as exc:
+                # The checkpoint is committed; the exit code still says so, the launcher then
+                # reports it as a worker's failure.
+                logger.warning("accelkit: preemption: cannot write %s (%s)", record_path, exc)
 
     # ------------------------------------------------------------------ end of the run
 

@@ -11,6 +11,18 @@ and the failed worker's exit code.
 
 Before anything else, torchrun arms its death signal (it dies with the launcher, even a SIGKILLed
 one) and announces its own pid to the workers, which arm theirs against it.
+
+Two more differences, for preemption (``docs/guides/preemption.md``):
+
+* SIGUSR1 and SIGUSR2 do not kill torchrun's agent (their default action): SLURM's
+  ``--signal=USR1@...`` without ``B:`` sends the signal to every process of the job step, the
+  agent included, and the workers are the ones to act on it. The agent's handler does nothing,
+  and the workers start with the default action (a caught signal's handler does not survive
+  ``exec``), so a script that does not catch it is stopped by it as before.
+* A worker group that exited because of a preemption (every failed worker exited with the
+  code the job's main process recorded in ``ACCELKIT_PREEMPTION_FILE``) is not restarted, even
+  with ``--max_restarts``: a restart would run the job on after its checkpoint, inside a grace
+  period that is running out. torchrun stops at once, and the launcher exits with that code.
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ def main(argv: Sequence[str]) -> int:
 
     die_with_parent()
     os.environ[ENV_PARENT_PID] = str(os.getpid())  # the workers' parent: torchrun's agent
+    _survive_forwarded_signals()
+    _no_restart_after_preemption()
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
@@ -53,12 +67,71 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
+def _survive_forwarded_signals() -> None:
+    """A handler that does nothing for SIGUSR1/SIGUSR2 in torchrun (see the module's
+    docstring)."""
+    import signal
+
+    from accelkit.launch.signals import FORWARD_SIGNALS
+
+    def ignore(signum: int, frame: Any) -> None:
+        pass
+
+    for sig in FORWARD_SIGNALS:
+        signal.signal(sig, ignore)
+
+
+def _no_restart_after_preemption() -> None:
+    """Have torchrun's agent leave its restarts unused when the worker group failed because of
+    a preemption (see the module's docstring).
+
+    torchrun restarts a failed group while ``_remaining_restarts`` is above zero; the check
+    runs on each of its monitoring results, before that decision, and sets it to zero.
+    """
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
+    if monitor is None:  # a torch without it: restarts stay torchrun's own rule
+        return
+
+    def monitor_workers(self: Any, worker_group: Any) -> Any:
+        result = monitor(self, worker_group)
+        if result.state == WorkerState.FAILED and _group_preempted(result.failures):
+            remaining = getattr(self, "_remaining_restarts", 0)
+            if remaining:
+                print(
+                    "accelkit launch: the workers stopped for a preemption after saving their "
+                    f"checkpoint; not restarting them ({remaining} restart(s) left unused)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._remaining_restarts = 0
+        return result
+
+    LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
+
+
+def _group_preempted(failures: Any) -> bool:
+    """Whether a monitoring result's failures are a preemption exit: some worker exited with the
+    recorded preemption exit code and every other one either did too or was stopped by a
+    signal (torchrun SIGTERMs the survivors of the first exit). A worker that exited with any
+    other code crashed: that is a failure to restart."""
+    codes = {int(failure.exitcode) for failure in dict(failures or {}).values()}
+    exits = {code for code in codes if code >= 0}
+    return len(exits) == 1 and _preempted(exits.pop())
+
+
 def _preempted(exitcode: int) -> bool:
     """Whether the job's main process recorded a preemption exit with ``exitcode``."""
-    from accelkit.runtime.preemption import ENV_PREEMPTION_FILE, read_exit_record
+    from accelkit.runtime.preemption import (
+        ENV_PREEMPTION_FILE,
+        ENV_PREEMPTION_JOB,
+        read_exit_record,
+    )
 
     path = os.environ.get(ENV_PREEMPTION_FILE)
-    record = read_exit_record(path) if path else None
+    record = read_exit_record(path, os.environ.get(ENV_PREEMPTION_JOB)) if path else None
     return record is not None and record["exit_code"] == exitcode
 
 

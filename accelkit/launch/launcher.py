@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import socket
 import sys
 import tempfile
@@ -48,7 +49,11 @@ from accelkit.launch.flags import (
 from accelkit.launch.notebook import notebook_launcher
 from accelkit.launch.signals import guarded_command, run_child
 from accelkit.runtime.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
-from accelkit.runtime.preemption import ENV_PREEMPTION_FILE, read_exit_record
+from accelkit.runtime.preemption import (
+    ENV_PREEMPTION_FILE,
+    ENV_PREEMPTION_JOB,
+    read_exit_record,
+)
 
 __all__ = [
     "LaunchConfig",
@@ -415,9 +420,10 @@ def launch_command(config: LaunchConfig) -> int:
         path = os.path.join(tmp, "failure.json")
         # Where a job that stopped for a preemption records its exit code (main process).
         env[ENV_PREEMPTION_FILE] = os.path.join(tmp, "preempted.json")
+        env[ENV_PREEMPTION_JOB] = secrets.token_hex(16)  # a record must name this job
 
         def preempted() -> int | None:
-            record = read_exit_record(env[ENV_PREEMPTION_FILE])
+            record = read_exit_record(env[ENV_PREEMPTION_FILE], env[ENV_PREEMPTION_JOB])
             return None if record is None else int(record["exit_code"])
 
         if config.num_processes == 1 and config.num_machines == 1:

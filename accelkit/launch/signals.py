@@ -60,6 +60,7 @@ from typing import Any
 
 __all__ = [
     "ENV_PARENT_PID",
+    "FORWARD_SIGNALS",
     "STOP_SIGNALS",
     "TORCHRUN_SHUTDOWN_S",
     "die_with_parent",
@@ -75,6 +76,13 @@ STOP_SIGNALS = tuple(
     getattr(signal, name)
     for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
     if hasattr(signal, name)
+)
+# Signals handed on to every worker as they are, without stopping anything: SLURM's
+# ``--signal=USR1@120`` warning (``B:`` sends it to the batch shell, where the launcher runs;
+# without it, to every process of the job step), which a script with
+# ``preemption_signals=("SIGUSR1", ...)`` turns into a checkpoint and its own exit.
+FORWARD_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGUSR1", "SIGUSR2") if hasattr(signal, name)
 )
 # torchrun's LocalElasticAgent(shutdown_timeout=30): how long it waits for its workers to stop
 # before it SIGKILLs them. The launcher gives it that long and a margin before stepping in.
@@ -177,13 +185,14 @@ def exec_guarded(argv: Sequence[str] | None = None) -> None:
         os._exit(127)
 
 
-def _child_process_groups(pid: int) -> list[int]:
-    """Process groups of ``pid``'s children, read from ``/proc`` (empty where there is none)."""
-    groups: list[int] = []
+def _children(pid: int) -> list[tuple[int, int]]:
+    """``(pid, process group)`` of ``pid``'s children, read from ``/proc`` (empty where there is
+    none)."""
+    found: list[tuple[int, int]] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return groups
+        return found
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -195,8 +204,13 @@ def _child_process_groups(pid: int) -> list[int]:
         # Fields after the command name, which is in parentheses and may contain anything.
         fields = stat.rsplit(")", 1)[-1].split()
         if len(fields) > 2 and fields[1] == str(pid):
-            groups.append(int(fields[2]))
-    return groups
+            found.append((int(entry), int(fields[2])))
+    return found
+
+
+def _child_process_groups(pid: int) -> list[int]:
+    """Process groups of ``pid``'s children, read from ``/proc`` (empty where there is none)."""
+    return [group for _, group in _children(pid)]
 
 
 def _signal_group(pgid: int, signum: int) -> None:
@@ -210,15 +224,40 @@ class _Stopper:
     """What the launcher's loop does about stop signals: the first forwards SIGTERM, a second one
     (or the deadline) kills. Called from the loop only, never from a signal handler."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], what: str, grace_s: float) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], what: str, grace_s: float, via_torchrun: bool
+    ) -> None:
         self.proc = proc
         self.what = what
         self.grace_s = grace_s
+        self.via_torchrun = via_torchrun
         self.signum: int | None = None
         self.deadline: float | None = None
         self.killed = False
 
+    def forward(self, signum: int) -> None:
+        """Hand ``signum`` (one of :data:`FORWARD_SIGNALS`) on to every worker process itself:
+        torchrun's children (not torchrun, not the workers' own children such as dataloader
+        workers, which the default action would kill), or the one local process."""
+        if self.proc.poll() is not None:
+            return
+        if self.via_torchrun:
+            pids = [pid for pid, _ in _children(self.proc.pid)]
+        else:
+            pids = [self.proc.pid]
+        sent = 0
+        for pid in pids:
+            try:
+                os.kill(pid, signum)
+                sent += 1
+            except (ProcessLookupError, PermissionError):
+                pass
+        _say(f"{_name(signum)}: forwarded to {sent} worker process(es)")
+
     def on_signal(self, signum: int) -> None:
+        if signum in FORWARD_SIGNALS:
+            self.forward(signum)
+            return
         if self.signum is None:
             self.signum = signum
             _say(
@@ -274,7 +313,9 @@ class _Recorder:
 
     def install(self) -> None:
         self._previous_wakeup = signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
-        self._previous = {sig: signal.signal(sig, self._record) for sig in STOP_SIGNALS}
+        self._previous = {
+            sig: signal.signal(sig, self._record) for sig in (*STOP_SIGNALS, *FORWARD_SIGNALS)
+        }
 
     def drain(self) -> None:
         try:
@@ -319,7 +360,7 @@ def ignore_stop_signals() -> None:
     chose (or, for SIGINT, with a traceback). Ignored signals stay ignored through shutdown.
     """
     if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
+        for sig in (*STOP_SIGNALS, *FORWARD_SIGNALS):
             signal.signal(sig, signal.SIG_IGN)
 
 
@@ -368,6 +409,10 @@ def run_child(
             recorder.install()
     exited: int | None = None
     try:
+        for sig in [sig for sig in recorder.pending if sig in FORWARD_SIGNALS]:
+            # Nothing to hand it on to yet (and nothing to save): it is dropped.
+            recorder.pending.remove(sig)
+            _say(f"{_name(sig)} before {what} started: no worker to forward it to; ignored")
         if recorder.pending:  # stopped before the job started: do not start it
             first = recorder.pending[0]
             _say(f"{_name(first)} before {what} started; not starting it; exit code {128 + first}")
@@ -375,7 +420,7 @@ def run_child(
         proc = subprocess.Popen(
             list(cmd), env={**env, ENV_PARENT_PID: str(os.getpid())}, start_new_session=True
         )
-        stop = _Stopper(proc, what, grace)
+        stop = _Stopper(proc, what, grace, via_torchrun)
         exited = _pidfd(proc.pid)
         watched = [recorder.wake_r] if exited is None else [recorder.wake_r, exited]
         while True:
@@ -407,9 +452,12 @@ def run_child(
         if code and on_failure is not None:
             on_failure(code)
         return code
-    if saved is not None and not stop.killed:
+    stopped = 128 - returncode if returncode < 0 else returncode
+    if saved is not None and not stop.killed and stopped in (saved, 128 + stop.signum):
         # The workers caught the forwarded SIGTERM as a preemption signal, committed a
-        # checkpoint and chose their exit code: the one a requeue script tests for.
+        # checkpoint and chose their exit code: the one a requeue script tests for. (The child
+        # exits with it, or, torchrun, with 128 + signal; any other code is a failure that a
+        # record cannot hide.)
         _say(f"stopped by {_name(stop.signum)}; the job saved its checkpoint; exit code {saved}")
         return saved
     code = 128 + stop.signum

@@ -25,10 +25,13 @@ a data-parallel script does anyway, and what its gradient all-reduces already re
 
 from __future__ import annotations
 
+import array
+import contextlib
 import json
 import math
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -42,8 +45,12 @@ from accelkit.errors import ConfigurationError
 __all__ = [
     "DEFAULT_EXIT_CODE",
     "ENV_PREEMPTION_FILE",
+    "ENV_PREEMPTION_JOB",
+    "MAX_RECORD_BYTES",
+    "MAX_ROUND_SECONDS",
     "MAX_ROUND_STEPS",
     "REASONS",
+    "ROUND_BUDGET",
     "ROUND_SECONDS",
     "STEPLESS_ROUND",
     "Agreement",
@@ -68,6 +75,9 @@ REASONS = ("user", "interval", "preemption")
 #: stopped for a preemption (exit code, signal, step, checkpoint), so that the launcher passes
 #: the exit code through and says so in one line.
 ENV_PREEMPTION_FILE = "ACCELKIT_PREEMPTION_FILE"
+#: Set by ``accelkit launch`` with :data:`ENV_PREEMPTION_FILE`: a random name of this job that
+#: its record carries, so that the launcher takes no record of another job for its own.
+ENV_PREEMPTION_JOB = "ACCELKIT_PREEMPTION_JOB"
 
 # Signals a process cannot catch (or that only a debugger should own).
 _UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
@@ -235,6 +245,14 @@ STEPLESS_ROUND = 8
 #: :data:`MAX_ROUND_STEPS` to a round.
 ROUND_SECONDS = 0.05
 MAX_ROUND_STEPS = 100
+#: On several processes, the share of training time that rounds of the agreement may take when
+#: steps are shorter than :data:`ROUND_SECONDS`: where a round costs more than
+#: ``ROUND_BUDGET * ROUND_SECONDS`` (a loaded machine), rounds are spaced further apart, up to
+#: :data:`MAX_ROUND_SECONDS`.
+ROUND_BUDGET = 0.002
+#: The most training time between two rounds, whatever a round costs: a signal is agreed within
+#: about twice this, and a step.
+MAX_ROUND_SECONDS = 1.0
 
 # The agreed tensor's slots (all reduced with MAX).
 _PREEMPT, _DUE, _ASKED, _SIGNAL, _EVERY = range(5)
@@ -254,6 +272,7 @@ class Agreement:
         self.group = group
         self._work: Any = None
         self._tensor: Any = None
+        self._values: Any = None  # array.array("q") sharing the tensor's memory
         self.rounds = 0
 
     def poll(self, local: list[int]) -> list[int]:
@@ -262,18 +281,29 @@ class Agreement:
         On several processes the values returned are the MAX over every process of what each
         passed at its previous call (zeros at the first), so they are the same list on every
         process; on one process they are ``local`` itself.
+
+        The reduced tensor is made once and reused (it shares its memory with a small array
+        that is written and read directly): a round allocates nothing.
         """
         self.rounds += 1
         if self.world_size <= 1:
             return list(local)
-        import torch
         import torch.distributed as dist
 
-        agreed = [0] * len(local)
+        values = self._values
         if self._work is not None:
             self._work.wait()
-            agreed = [int(v) for v in self._tensor.tolist()]
-        self._tensor = torch.tensor(local, dtype=torch.int64)
+            agreed = values.tolist()
+        else:
+            agreed = [0] * len(local)
+        if values is None or len(values) != len(local):
+            import torch
+
+            # Only when no round is in flight: the first round (a length never changes).
+            values = self._values = array.array("q", local)
+            self._tensor = torch.frombuffer(values, dtype=torch.int64)
+        else:
+            values[:] = array.array("q", local)
         self._work = dist.all_reduce(
             self._tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True
         )
@@ -351,9 +381,12 @@ class SaveDecider:
         self._seconds_due = False
         self._saved_since_preemption = False
         self._boundaries = 0
+        self._steps_seen = 0  # optimizer steps at the last boundary
+        self._step_at = 0  # the boundary at which they last changed
         self._polled_at = 0
         self._polled_steps: int | None = None
         self._polled_time = 0.0
+        self._round_cost = 0.0  # seconds a round takes on the main process (smoothed)
         self.round_every = 1  # optimizer steps between rounds (agreed; see boundary())
 
     def use_clock(self, clock: Callable[[], float]) -> None:
@@ -388,47 +421,88 @@ class SaveDecider:
 
         On one process every boundary decides at once. On several, a round of the agreement
         starts at a boundary only when ``round_every`` optimizer steps were taken since the
-        last round (or :data:`STEPLESS_ROUND` boundaries passed without a step: evaluation
-        batches, ``should_save()`` in a loop without a prepared optimizer), and is read at the
-        next round's boundary. ``round_every`` is 1 for steps of :data:`ROUND_SECONDS` or more;
-        for faster steps the main process measures them and shares, in the agreement itself,
-        how many make :data:`ROUND_SECONDS`, so that agreeing costs one small collective per
-        ~50 ms of training whatever the step time. Every input of the rule is counted alike
-        or agreed, so every process starts the same rounds.
+        last round (or :data:`STEPLESS_ROUND` boundaries passed since both the last round and
+        the last optimizer step: evaluation batches, ``should_save()`` in a loop without a
+        prepared optimizer), and is read at the next round's boundary. ``round_every`` is 1
+        for steps of :data:`ROUND_SECONDS` or more; for faster steps the main process measures
+        them and shares, in the agreement itself, how many make :data:`ROUND_SECONDS`, so that
+        agreeing costs one small collective per ~50 ms of training whatever the step time
+        (further apart, up to :data:`MAX_ROUND_SECONDS`, where the main process measures that a
+        round costs more than :data:`ROUND_BUDGET` of that time). Every input of the rule is
+        counted alike or agreed, so every process starts the same rounds.
+        """
+        self.advance(steps, training=training)
+        return self.decision(steps)
+
+    def advance(self, steps: int, *, training: bool = True) -> None:
+        """:meth:`boundary` without building its :class:`Decision`: the per-step path (read
+        the agreed state with :attr:`preempted`, :attr:`self_managed`, :meth:`should_save`).
         """
         self._boundaries += 1
-        multi = self.agreement.world_size > 1
-        if multi:
-            last = self._polled_steps
-            stepped = last is None or steps < last or steps - last >= self.round_every
-            if not (stepped and training) and self._boundaries - self._polled_at < STEPLESS_ROUND:
-                return self.decision(steps)
-        every = 0
-        if multi and self.is_main:
-            now = time.monotonic()
-            last = self._polled_steps
-            if last is not None and steps > last:
-                per_step = (now - self._polled_time) / (steps - last)
-                wanted = ROUND_SECONDS / per_step if per_step > 0 else MAX_ROUND_STEPS
-                every = max(1, min(MAX_ROUND_STEPS, math.ceil(wanted)))
-            self._polled_time = now
-        self._polled_steps, self._polled_at = steps, self._boundaries
         flag = self.flag
         seconds = self.every_seconds
+        if self.agreement.world_size <= 1:
+            # One process: its own view is the decision; no collective, no list, and the clock
+            # is read only for save_every_seconds.
+            self.agreement.rounds += 1
+            if flag.signum and not self._preempted:
+                self._preempted = True
+                self._signum = flag.signum
+            if self.asked:
+                self._self_managed = True
+            if (
+                seconds is not None
+                and not self._seconds_due
+                and self.clock() - self._last_save_time >= seconds
+            ):
+                self._seconds_due = True
+            return
+        if steps != self._steps_seen:
+            self._steps_seen, self._step_at = steps, self._boundaries
+        last = self._polled_steps
+        stepped = last is None or steps < last or steps - last >= self.round_every
+        if (
+            not (stepped and training)
+            and self._boundaries - max(self._polled_at, self._step_at) < STEPLESS_ROUND
+        ):
+            return
+        every = 0
+        if self.is_main:
+            now = time.monotonic()
+            if last is not None and steps > last:
+                per_step = (now - self._polled_time) / (steps - last)
+                # Rounds ROUND_SECONDS apart, or further where a round costs more than
+                # ROUND_BUDGET of that (measured here, on the main process: shared below).
+                spacing = min(
+                    MAX_ROUND_SECONDS, max(ROUND_SECONDS, self._round_cost / ROUND_BUDGET)
+                )
+                wanted = spacing / per_step if per_step > 0 else MAX_ROUND_STEPS
+                every = max(1, min(MAX_ROUND_STEPS, math.ceil(wanted)))
+                if per_step >= ROUND_SECONDS:
+                    every = 1  # a step is long enough to agree at each
+            self._polled_time = now
+        self._polled_steps, self._polled_at = steps, self._boundaries
         due_tag = 0
         if seconds is not None and self.is_main and self.clock() - self._last_save_time >= seconds:
             due_tag = self.saves + 1  # "due, unless a save has been made since"
         local = [int(flag.raised), due_tag, int(self.asked), flag.signum, every]
-        agreed = self.agreement.poll(local)
+        if self.is_main:
+            started = time.perf_counter()
+            agreed = self.agreement.poll(local)
+            cost = time.perf_counter() - started
+            # A smoothed cost (one slow round, a peer late at the wait, moves it a little).
+            self._round_cost = cost if not self._round_cost else 0.8 * self._round_cost + 0.2 * cost
+        else:
+            agreed = self.agreement.poll(local)
         if agreed[_EVERY]:
             self.round_every = agreed[_EVERY]
         if agreed[_PREEMPT] and not self._preempted:
             self._preempted = True
             self._signum = agreed[_SIGNAL]
-        self._self_managed = self._self_managed or bool(agreed[_ASKED])
+        if agreed[_ASKED]:
+            self._self_managed = True
         if agreed[_DUE] == self.saves + 1:
             self._seconds_due = True
-        return self.decision(steps)
 
     def interval_due(self, steps: int) -> bool:
         """Whether an interval is due at ``steps`` (as agreed at the last boundary)."""
@@ -443,8 +517,9 @@ class SaveDecider:
 
     def should_save(self, steps: int) -> bool:
         """Whether a save is due now: an interval, or a preemption not saved yet."""
-        decision = self.decision(steps)
-        return decision.interval_due or (decision.preempted and not self._saved_since_preemption)
+        if self._preempted and not self._saved_since_preemption:
+            return True
+        return self.interval_due(steps)
 
     def reason(self, steps: int) -> str:
         """The manifest's ``reason`` for a save made now (one of :data:`REASONS`)."""
@@ -471,23 +546,81 @@ class SaveDecider:
         self._seconds_due = False
 
 
+#: The largest exit record the launcher reads (a real one is a few hundred bytes).
+MAX_RECORD_BYTES = 1 << 16
+
+
 def write_exit_record(path: str, record: dict[str, Any]) -> None:
-    """Write ``record`` (JSON) to ``path`` for the launcher (replaced atomically)."""
+    """Write ``record`` (JSON) to ``path`` for the launcher (replaced atomically), tagged with
+    this job's ``ACCELKIT_PREEMPTION_JOB`` when the launcher set one.
+
+    The temporary file is created afresh (never through a link that was already there), readable
+    by this user only.
+
+    Raises:
+        OSError: when it cannot be written (the caller logs it: the exit code still says it).
+    """
+    job = os.environ.get(ENV_PREEMPTION_JOB)
+    if job:
+        record = {**record, "job": job}
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f)
-    os.replace(tmp, path)
-
-
-def read_exit_record(path: str) -> dict[str, Any] | None:
-    """The record :func:`write_exit_record` left at ``path``; ``None`` if there is none or it is
-    not one (the launcher then reports the job as it would without it)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.loads(f.read(1 << 16))
-    except (OSError, ValueError):
+        os.unlink(tmp)  # a leftover of this pid's earlier try (or a planted link)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_exit_record(path: str, job: str | None = None) -> dict[str, Any] | None:
+    """The record :func:`write_exit_record` left at ``path``; ``None`` if there is none or it is
+    not one (the launcher then reports the job as it would without it).
+
+    The file is untrusted input: it is opened without following a link and without blocking
+    (a FIFO never holds the launcher), read only if it is a regular file of this user of at most
+    :data:`MAX_RECORD_BYTES`, and taken only if it is a JSON object with an integer
+    ``exit_code`` from 0 to 255 and, when ``job`` is given, ``"job": job`` (a record of another
+    job, or one written without a job, is not this job's).
+
+    Args:
+        path: the file (``ACCELKIT_PREEMPTION_FILE``).
+        job: the job's ``ACCELKIT_PREEMPTION_JOB``, which a record must carry (``None``: any).
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None  # none, a link (ELOOP), or unreadable
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RECORD_BYTES:
+            return None
+        if hasattr(os, "getuid") and info.st_uid != os.getuid():
+            return None
+        raw = os.read(fd, MAX_RECORD_BYTES + 1)
+    except OSError:
         return None
-    code = data.get("exit_code") if isinstance(data, dict) else None
-    if isinstance(code, bool) or not isinstance(code, int):
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_RECORD_BYTES:
+        return None  # grew while being read
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    code = data.get("exit_code")
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+        return None
+    if job is not None and data.get("job") != job:
         return None
     return dict(data)

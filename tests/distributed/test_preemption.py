@@ -6,6 +6,7 @@ whatever their clocks say.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -119,3 +120,62 @@ def test_should_save_by_seconds_is_identical_on_processes_whose_clocks_differ(
     assert len(rank0) == len(rank1) == 1000
     assert rank0 == rank1  # 1,000 of 1,000 calls
     assert 5 <= sum(rank0) <= 500  # the interval did come due, and not at every call
+
+
+def _round_schedule(project: str, steps: int) -> dict[str, Any]:
+    """Fast steps (~2 ms) with ``should_save()`` each: the steps at which rounds of the
+    agreement started, the ``round_every`` in force at each, and the reduced tensor's address
+    after each (one tensor for the whole run)."""
+    import torch
+
+    from accelkit import Accelerator, ProjectConfiguration
+
+    config = ProjectConfiguration(
+        project_dir=project,
+        automatic_checkpoint_naming=True,
+        preemption_signals=("SIGUSR1",),
+        save_every_steps=10**9,
+    )
+    accelerator = Accelerator(cpu=True, project_config=config)
+    torch.manual_seed(0)
+    data = torch.utils.data.TensorDataset(torch.randn(steps, 4))
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(data, batch_size=1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    decider = accelerator._preemption.decider
+    agreement = decider.agreement
+    rounds: list[tuple[int, int]] = []
+    addresses: set[int] = set()
+    poll = agreement.poll
+
+    def recording_poll(local: list[int]) -> list[int]:
+        rounds.append((accelerator.gradient_state.optimizer_steps, decider.round_every))
+        agreed = poll(local)
+        addresses.add(agreement._tensor.data_ptr())
+        return agreed
+
+    agreement.poll = recording_poll  # type: ignore[method-assign]
+    for (x,) in loader:
+        accelerator.backward(model(x).sum())
+        optimizer.step()
+        optimizer.zero_grad()
+        time.sleep(0.002)
+        assert not accelerator.should_save()
+    accelerator.end_training()
+    return {"rounds": rounds, "addresses": len(addresses)}
+
+
+def test_fast_steps_are_grouped_into_rounds_the_same_on_every_process(tmp_path: Path) -> None:
+    # Steps of a few ms: the main process measures them and the processes agree on starting a
+    # round only every round_every steps (~50 ms of training); a round is never started early
+    # by the step-less rule while steps are being taken (it used to fire every 8 boundaries,
+    # i.e. every 4 steps here, whatever round_every said), and it reuses one tensor.
+    rank0, rank1 = run_distributed(_round_schedule, str(tmp_path), 300, timeout=240)
+    assert rank0["rounds"] == rank1["rounds"]  # the same rounds, by construction
+    rounds = rank0["rounds"]
+    assert max(every for _, every in rounds) > 4, rounds  # grouping happened at all
+    for (before, _), (after, every) in itertools.pairwise(rounds):
+        assert after - before >= every, rounds
+    assert len(rounds) < 300 // 4, rounds
+    assert rank0["addresses"] == rank1["addresses"] == 1

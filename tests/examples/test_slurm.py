@@ -1,8 +1,9 @@
 """examples/slurm: the per-node launcher, run as two "nodes" on this machine (1 process each);
-the preemptible job under a real SIGUSR1 to its batch shell."""
+the preemptible job under a real SIGUSR1 to every process of its job step."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from tests.examples.runner import EXAMPLES, OFFLINE_ENV, accelkit_command
 from tests.helpers.distributed import free_port
+from tests.helpers.processes import descendants
 
 
 def test_launch_node_script_joins_two_machines(tmp_path: Path) -> None:
@@ -85,9 +87,11 @@ def _committed(project: Path) -> list[dict[str, object]]:
 
 
 def test_preemptible_job_saves_on_slurms_signal_requeues_and_resumes(tmp_path: Path) -> None:
-    """preemptible.sbatch run by bash, as SLURM runs it (not sbatch): SIGUSR1 to the batch
-    shell (what ``--signal=B:USR1@120`` sends) ends in a committed preemption checkpoint, the
-    launcher's exit code 75 and the requeue branch; the job started again resumes there."""
+    """preemptible.sbatch run by bash, as SLURM runs it (not sbatch): SIGUSR1 to every process
+    of the job step, not to the batch shell (what ``--signal=USR1@120`` sends: the launcher,
+    torchrun and the workers), with no trap in the script, ends in a committed preemption
+    checkpoint, the launcher's exit code 75 and the requeue branch; the job started again
+    resumes there."""
     project = tmp_path / "run"
     env = {
         **os.environ,
@@ -113,7 +117,9 @@ def test_preemptible_job_saves_on_slurms_signal_requeues_and_resumes(tmp_path: P
         while not _committed(project) and time.monotonic() < deadline and job.poll() is None:
             time.sleep(0.1)
         assert _committed(project), "the job made no interval checkpoint"
-        job.send_signal(signal.SIGUSR1)
+        for pid in descendants(job.pid):  # the job step: everything below the batch shell
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
         out, _ = job.communicate(timeout=120)
     finally:
         if job.poll() is None:
