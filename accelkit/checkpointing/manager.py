@@ -54,7 +54,7 @@ from accelkit.checkpointing.catalog.listing import (
     next_iteration,
 )
 from accelkit.checkpointing.commit.async_save import AsyncCheckpoint, AsyncSaver
-from accelkit.checkpointing.commit.deletion import apply_retention
+from accelkit.checkpointing.commit.deletion import HoldBudget, apply_retention
 from accelkit.checkpointing.commit.lock import RunLock
 from accelkit.checkpointing.commit.payload import LivePayload, capture_live
 from accelkit.checkpointing.commit.protocol import (
@@ -70,6 +70,7 @@ from accelkit.checkpointing.interop.accelerate_format import AccelerateReader
 from accelkit.checkpointing.listener import (
     CheckpointListener,
     CommitReport,
+    DropReport,
     LoadReport,
     SafeListener,
 )
@@ -357,9 +358,20 @@ class CheckpointManager:
 
     def _retain(self, committed: str) -> None:
         root = self.checkpoints_root()
-        protect = self.replicator.unreplicated() if self.replicator is not None else ()
+        replicator = self.replicator
+        protect = replicator.unreplicated() if replicator is not None else ()
+        budget = None
+        limit = self.config.replicate_local_budget_bytes
+        if replicator is not None and limit is not None:
+            budget = HoldBudget(limit, replicator.release, self._dropped)
         policy = self.config.retention_policy()
-        apply_retention(self.storage(root), root, policy, committed, protect=protect)
+        apply_retention(self.storage(root), root, policy, committed, protect, budget)
+
+    def _dropped(self, info: CheckpointInfo) -> None:
+        """Tell the listener that the disk budget deleted a checkpoint not yet replicated."""
+        listener = self._listener()
+        if listener is not None and info.manifest is not None:
+            listener.checkpoint_dropped(DropReport(info.path, info.manifest, info.size_bytes))
 
     def _on_commit(
         self, listener: SafeListener | None, started: float, asynchronous: bool, automatic: bool

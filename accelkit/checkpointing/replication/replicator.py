@@ -121,6 +121,7 @@ class _State:
     in_flight: _Job | None = None
     done: set[str] = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
     failed: dict[str, _Job] = field(default_factory=dict)
     remote: list[CheckpointInfo] = field(default_factory=list)
 
@@ -208,6 +209,28 @@ class Replicator:
             if self._state.in_flight is not None:
                 jobs.append(self._state.in_flight)
             return {job.path.rstrip("/") for job in jobs}
+
+    def release(self, path: str) -> bool:
+        """Drop the queued checkpoint ``path`` so that local retention may delete it (the disk
+        budget forces it out).
+
+        Returns:
+            ``True`` if it was waiting in the queue (it is now skipped, named in the log);
+            ``False`` if it is in flight (its copy reads it), or not queued at all.
+        """
+        path = path.rstrip("/")
+        with self._cond:
+            for name, job in self._state.pending.items():
+                if job.path.rstrip("/") == path:
+                    self._skip(name, "the local disk budget deleted it first")
+                    self._state.dropped.append(name)
+                    return True
+            return False
+
+    def dropped(self) -> list[str]:
+        """Names deleted from the local tier by the disk budget before they were replicated."""
+        with self._cond:
+            return list(self._state.dropped)
 
     def left(self) -> list[str]:
         """Names of the checkpoints not replicated (in flight, queued, or failed with an error
