@@ -45,6 +45,13 @@ from accelkit.checkpointing.commit.deletion import apply_retention
 from accelkit.checkpointing.commit.lock import SAVE, RunLock
 from accelkit.checkpointing.formats.layout import checkpoints_dir, parse_checkpoint_name
 from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.formats.tier_record import (
+    TierEntry,
+    TierRecord,
+    public_location,
+    read_record,
+    write_record,
+)
 from accelkit.checkpointing.replication.copy import Replicated, replicate_checkpoint
 from accelkit.checkpointing.storage import Storage, join, protocol_of
 from accelkit.checkpointing.storage.retry import (
@@ -153,6 +160,7 @@ class Replicator:
         on_replicated: Callable[[ReplicationReport], None] | None = None,
     ) -> None:
         self.local = local
+        self.local_project = local_project
         self.local_root = checkpoints_dir(local_project)
         self.remote = remote
         self.remote_project = remote_project
@@ -169,6 +177,8 @@ class Replicator:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._scanned = False
+        self._record: TierRecord | None = None
+        self._record_failed = False
 
     # ------------------------------------------------------------------ the training side
 
@@ -333,6 +343,7 @@ class Replicator:
 
     def _run(self) -> None:
         try:
+            self._open_record()
             if not self._scanned:
                 self._catch_up()
             while True:
@@ -392,7 +403,65 @@ class Replicator:
         )
         with self._cond:
             self._state.remote = infos
+        self._note_remote(infos)
         return infos
+
+    # ------------------------------------------------------------------ the tier record
+
+    def _open_record(self) -> None:
+        """Load the local project's record of its remote tier (or start one) and write it,
+        so that ``accelkit ckpt ls`` knows the remote tier from the first save on."""
+        location = public_location(self.remote_project)
+        try:
+            record = read_record(self.local, self.local_project)
+        except Exception as exc:
+            logger.info("Replication starts a new %s: %s", "tier record", exc)
+            record = None
+        if record is None or record.replicate_to != location:
+            record = TierRecord(location)
+        self._record = record
+        self._save_record()
+
+    def _note_remote(self, infos: Sequence[CheckpointInfo]) -> None:
+        """Keep the record's checkpoints to those committed on the remote tier (an earlier
+        copy whose time is unknown is recorded without one)."""
+        record = self._record
+        if record is None:
+            return
+        there = {info.name: info for info in infos}
+        before = dict(record.checkpoints)
+        record.checkpoints = {n: e for n, e in before.items() if n in there}
+        for name, info in there.items():
+            if name not in record.checkpoints:
+                record.checkpoints[name] = TierEntry(info.created, None)
+        if record.checkpoints != before:
+            self._save_record()
+
+    def _note_replicated(self, job: _Job, at: float, already: bool) -> None:
+        record = self._record
+        if record is None:
+            return
+        if already and job.name in record.checkpoints:
+            return
+        record.checkpoints[job.name] = TierEntry(job.manifest.created, None if already else at)
+        self._save_record()
+
+    def _save_record(self) -> None:
+        record = self._record
+        if record is None:
+            return
+        record.updated = time.time()
+        try:
+            write_record(self.local, self.local_project, record)
+        except Exception as exc:  # the record is for display: never fatal
+            if not self._record_failed:
+                self._record_failed = True
+                logger.warning(
+                    "Replication could not write its record under %s: %s. `accelkit ckpt ls` "
+                    "then needs --remote to show the tiers.",
+                    self.local_project,
+                    exc,
+                )
 
     def _replicate(self, job: _Job) -> str:
         """Copy one checkpoint and apply the remote retention; ``"done"``, ``"skip"``
@@ -417,6 +486,8 @@ class Replicator:
                     should_stop=self._stop.is_set,
                     sleep=self._sleep,
                 )
+                committed_at = time.time()
+                self._note_replicated(job, committed_at, result.already)
                 apply_retention(self.remote, self.remote_root, self.policy, target)
             finally:
                 lock.release()
@@ -425,7 +496,7 @@ class Replicator:
             if self._stop.is_set() and classify(exc) == TRANSIENT:
                 return "retry"
             return "stop" if self._failed(exc, f"replicating {job.name}") else "skip"
-        lag = max(0.0, time.time() - job.manifest.created)
+        lag = max(0.0, committed_at - job.manifest.created)
         with self._cond:
             queued = len(self._state.pending)
         if self.on_replicated is not None:
