@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from accelkit._text import at_most
+from accelkit._text import at_most, clip
 from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
     COMMITTED,
@@ -357,7 +357,7 @@ def _tiers(
             notes.append(f"tier record ignored: {exc}")
     if args.remote and record is not None and record.replicate_to != public_location(args.remote):
         notes.append(
-            f"the project's record names another remote tier ({at_most(record.replicate_to, 200)}"
+            f"the project's record names another remote tier ({clip(record.replicate_to, 200)}"
             "); its replication lag is not shown."
         )
         record = None
@@ -391,7 +391,7 @@ def _tiers(
         source = "record"
         notes.append(
             f"TIER and LAG as recorded by the replicator {format_age(time.time() - record.updated)}"
-            f" ago for the remote tier {at_most(record.replicate_to, 200)} (not contacted: add "
+            f" ago for the remote tier {clip(record.replicate_to, 200)} (not contacted: add "
             "--remote URL to check it)."
         )
     now = time.time()
