@@ -17,9 +17,12 @@ replication.replicator.Replicator` and ``accelkit ckpt sync``):
 
 Every remote operation is retried under a :class:`~accelkit.checkpointing.storage.retry.
 RetryPolicy` (transient errors only), per file: an outage in the middle of a checkpoint redoes
-the file it cut, not the ones already uploaded. Files are uploaded :data:`UPLOAD_WORKERS` at a
-time; memory: one read buffer (:data:`READ_CHUNK`) per file in flight, plus what the remote
-storage buffers for each upload (s3fs: one part).
+the file it cut, not the ones already uploaded. Files are uploaded one at a time
+(:data:`UPLOAD_WORKERS`): memory is one read buffer (:data:`READ_CHUNK`) plus what the remote
+storage buffers for the upload (s3fs: one part, :data:`~accelkit.checkpointing.replication.
+replicator.UPLOAD_PART`), about 49 MB above the process's resident set for a 252 MB checkpoint
+(``benchmarks/bench_replication.py``); two files at a time took 74 MB for the same throughput
+within noise on the benchmark's machine, beyond the budget of 64 MB plus one read buffer.
 
 Public API: :func:`replicate_checkpoint`, :class:`Replicated`, :data:`READ_CHUNK`.
 """
@@ -56,8 +59,8 @@ __all__ = ["READ_CHUNK", "UPLOAD_WORKERS", "Replicated", "replicate_checkpoint"]
 READ_CHUNK = 8 * 1024 * 1024
 """Bytes read from the local tier at a time (one buffer per file in flight)."""
 
-UPLOAD_WORKERS = 2
-"""Files of one checkpoint uploaded at the same time."""
+UPLOAD_WORKERS = 1
+"""Files of one checkpoint uploaded at the same time (each adds a read buffer and a part)."""
 
 T = TypeVar("T")
 
