@@ -19,6 +19,17 @@ When it falls behind:
 - if the queue is still over its size, the oldest waiting checkpoints are skipped;
 - the newest checkpoint is never skipped, and the next one copied is always the newest waiting.
 
+**Disk budget.** Local retention holds back the checkpoints queued or in flight
+(:meth:`Replicator.unreplicated`); with ``replicate_local_budget_bytes`` it may release the
+oldest queued ones (:meth:`Replicator.release`, never the one in flight) and delete them, each
+named once (see :class:`~accelkit.checkpointing.commit.deletion.HoldBudget`).
+
+**Tier record.** The replicator keeps the local project's record of its remote tier
+(:mod:`~accelkit.checkpointing.formats.tier_record`: the location without credentials, each
+checkpoint committed there with its local and remote commit times), written when it starts,
+after each remote commit and when the remote listing changes; ``accelkit ckpt ls`` reads it
+for its TIER and LAG columns. A failure to write it is logged once, never fatal.
+
 **Shutdown.** :meth:`Replicator.close` waits for the queue to drain up to a deadline and names
 what it leaves behind (``accelkit ckpt sync`` copies it later); the manager calls it from
 ``end_training()`` and at interpreter exit.
