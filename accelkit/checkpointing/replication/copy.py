@@ -21,8 +21,8 @@ the file it cut, not the ones already uploaded. Files are uploaded one at a time
 (:data:`UPLOAD_WORKERS`): memory is one read buffer (:data:`READ_CHUNK`) plus what the remote
 storage buffers for the upload (s3fs: one part, :data:`~accelkit.checkpointing.replication.
 replicator.UPLOAD_PART`), about 49 MB above the process's resident set for a 252 MB checkpoint
-(``benchmarks/bench_replication.py``); two files at a time took 74 MB for the same throughput
-within noise on the benchmark's machine, beyond the budget of 64 MB plus one read buffer.
+(``benchmarks/bench_replication.py``; its upload ran at 99% of s3fs ``put_file`` of the same
+files). Two files at a time took 74 MB, beyond the budget of 64 MB plus one read buffer.
 
 Public API: :func:`replicate_checkpoint`, :class:`Replicated`, :data:`READ_CHUNK`.
 """
