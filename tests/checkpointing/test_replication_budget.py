@@ -116,3 +116,26 @@ def test_disk_budget_setting_is_checked(tmp_path: Path, bad: object) -> None:
             replicate_to="memory://r",
             replicate_local_budget_bytes=bad,  # type: ignore[arg-type]
         )
+
+
+def test_budget_keeps_the_checkpoint_in_flight_and_the_newest(tmp_path: Path) -> None:
+    from accelkit.checkpointing.catalog.listing import CheckpointInfo
+    from accelkit.checkpointing.catalog.retention import KeepLast
+    from accelkit.checkpointing.commit.deletion import HoldBudget, apply_retention
+    from accelkit.checkpointing.storage import get_storage
+
+    cfg = ProjectConfiguration(project_dir=str(tmp_path / "run"), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(project_config=cfg, cpu=True)
+    _prepare(accelerator)
+    paths = [accelerator.save_state() for _ in range(5)]
+    accelerator.end_training()
+    root = str(tmp_path / "run" / "checkpoints")
+    size = sum(f.stat().st_size for f in Path(paths[0]).iterdir())
+    in_flight = paths[0]  # its copy reads it: release refuses, as the replicator does
+    forced: list[CheckpointInfo] = []
+    budget = HoldBudget(size + size // 2, lambda p: p != in_flight, forced.append)
+    apply_retention(get_storage(root), root, KeepLast(1), paths[4], paths[:4], budget)
+    # held back: 0-3 (4 checkpoints, over the budget); 0 stays (in flight), 1-3 go oldest
+    # first until the rest fit; 4, the newest, is never a candidate
+    assert sorted(_states(str(tmp_path / "run"), {})) == ["checkpoint_0", "checkpoint_4"]
+    assert [info.name for info in forced] == ["checkpoint_1", "checkpoint_2", "checkpoint_3"]
