@@ -243,7 +243,9 @@ class Replicator:
         with self._cond:
             for name, job in self._state.pending.items():
                 if job.path.rstrip("/") == path:
-                    self._skip(name, "the local disk budget deleted it first")
+                    self._skip(
+                        name, "the local disk budget deletes it (replicate_local_budget_bytes)"
+                    )
                     self._state.dropped.append(name)
                     return True
             return False
