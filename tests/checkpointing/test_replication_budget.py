@@ -71,7 +71,8 @@ def test_disk_budget_deletes_oldest_unreplicated_never_the_newest(
         "checkpoint_1",
         "checkpoint_2",
     ]
-    assert all(r["values"]["checkpoint/bytes"] == size for r in rows)
+    # the bytes each freed: its size (a checkpoint's JSON files differ by a few bytes)
+    assert all(r["values"]["checkpoint/bytes"] == pytest.approx(size, rel=0.01) for r in rows)
 
 
 def _prepare(accelerator: Accelerator) -> None:
