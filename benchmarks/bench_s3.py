@@ -15,7 +15,6 @@ Hugging Face accelerate has no S3 support (``save_state`` takes a local path), s
 
 from __future__ import annotations
 
-import os
 import uuid
 from typing import Any
 
@@ -27,6 +26,7 @@ from benchmarks.common import (
     rmtree,
     scratch_dir,
     section,
+    start_seaweedfs,
     summarise,
     write_result,
 )
@@ -34,13 +34,6 @@ from benchmarks.common import (
 MB = 1_000_000
 PIPE_CHUNK = 50 * 2**20
 PIPE_CONCURRENCY = 10
-
-
-def _start_server() -> Any:
-    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
-    from tests.fixtures.s3 import start_s3_server
-
-    return start_s3_server()
 
 
 def main(quick: bool = False) -> dict[str, Any]:
@@ -63,7 +56,7 @@ def main(quick: bool = False) -> dict[str, Any]:
     targets: list[Target] = []
     with section(f"S3 save/load, {size // MB} MB of model + AdamW state, {repeats} rounds"):
         try:
-            server = _start_server()
+            server = start_seaweedfs()
         except (OSError, RuntimeError) as exc:
             print(f"   cannot start SeaweedFS ({exc}); S3 benchmark skipped")
             return {}

@@ -562,3 +562,16 @@ def _fmt(value: Any) -> str:
             return "n/a"
         return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
     return str(value)
+
+
+def start_seaweedfs() -> Any:
+    """Start a SeaweedFS S3 server on 127.0.0.1 (``weed mini``, the test suite's launcher:
+    :func:`tests.fixtures.s3.start_s3_server`) for the S3 benchmarks; stop it with ``.stop()``.
+
+    Raises:
+        OSError / RuntimeError: ``weed`` is missing or did not start (callers skip).
+    """
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    from tests.fixtures.s3 import start_s3_server
+
+    return start_s3_server()

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from accelkit.checkpointing.listener import CommitReport, LoadReport
+from accelkit.checkpointing.listener import CommitReport, DropReport, LoadReport
 from accelkit.checkpointing.replication import ReplicationReport
 from accelkit.trackers import events
 from accelkit.trackers.hub import TrackerHub
@@ -82,6 +82,23 @@ class ExperimentLink:
         self.hub.event(
             events.CheckpointEvent(
                 "replicate", max(0, step), report.replicated.target, manifest.iteration, values
+            )
+        )
+
+    def checkpoint_dropped(self, report: DropReport) -> None:
+        """Queue a ``replicate`` event with ``checkpoint/replication_dropped`` = 1: the disk
+        budget deleted this checkpoint before it reached the remote tier."""
+        if not self.checkpoint_events:
+            return
+        manifest = report.manifest
+        values = {
+            events.REPLICATION_DROPPED: 1.0,
+            events.BYTES: float(report.size_bytes),
+        }
+        step = manifest.experiment.get("step", self.hub.last_step)
+        self.hub.event(
+            events.CheckpointEvent(
+                "replicate", max(0, step), report.path, manifest.iteration, values
             )
         )
 

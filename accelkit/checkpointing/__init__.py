@@ -36,6 +36,8 @@ Layers, bottom up; each imports only from the layers below it (and from
   ``load_checkpoint_in_model``.
 - :mod:`~accelkit.checkpointing.formats.manifest` -- ``accelkit.json``, the commit marker and
   table of contents.
+- :mod:`~accelkit.checkpointing.formats.tier_record` -- ``.accelkit-replication.json``, a
+  project's record of its remote tier (location, replicated checkpoints, lag).
 
 **Sharded state** -- FSDP2 state through DCP:
 

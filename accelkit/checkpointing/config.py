@@ -74,6 +74,15 @@ class ProjectConfiguration:
         replicate_queue_size: checkpoints waiting for replication beyond the one in flight;
             when the queue is full, intermediate ones are skipped (never the newest, never one
             the remote retention keeps).
+        replicate_local_budget_bytes: the most bytes of local checkpoints that local
+            retention holds back because they are not replicated yet (``None``, the default:
+            no limit besides ``replicate_queue_size``). Retention (``total_limit``/``keep_*``)
+            keeps a checkpoint it would delete until it reaches the remote tier; with the
+            remote tier down, those pile up on the local disk. When they would exceed this
+            budget, the oldest of them is deleted anyway (never the newest checkpoint, never
+            one whose copy is in flight) and that is said once per checkpoint: a warning
+            naming it and a ``checkpoint/replication_dropped`` tracker event. ``0`` holds
+            nothing back.
         storage_retry_seconds: how long one storage operation of a direct remote save
             (``project_dir="s3://..."``) retries transient errors (connection refused or
             reset, timeouts, 5xx, throttling) before the save fails; ``0`` disables it.
@@ -126,6 +135,7 @@ class ProjectConfiguration:
     replicate_keep: int | Mapping[str, Any] | None = None
     replicate_deadline_seconds: float = 300.0
     replicate_queue_size: int = 4
+    replicate_local_budget_bytes: int | None = None
     storage_retry_seconds: float = 120.0
     replicate_preemption_seconds: float = 60.0
     # preemption (#25): save decisions and preemption signals (accelkit.runtime.preemption)
@@ -212,6 +222,15 @@ class ProjectConfiguration:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(
                 f"ProjectConfiguration: replicate_queue_size must be an int >= 1, got {size!r}."
+            )
+        budget = self.replicate_local_budget_bytes
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 0
+        ):
+            raise ConfigurationError(
+                f"ProjectConfiguration: replicate_local_budget_bytes must be None (no limit) or "
+                f"an int number of bytes >= 0, got {short(budget)}; e.g. "
+                "replicate_local_budget_bytes=50 * 2**30 for 50 GiB."
             )
         self.remote_retention_policy()
 

@@ -6,13 +6,14 @@ manager asks it, on the main process, what to record in a new checkpoint's manif
 (``experiment``), and tells it when a checkpoint was committed (on the main process, from the
 thread that committed it), when one was loaded (on every process) and, with
 ``replicate_to``, when one reached the remote tier (optional ``checkpoint_replicated``, from the
-replicator's thread).
+replicator's thread) and when the local disk budget deleted one that had not (optional
+``checkpoint_dropped``, from the thread that committed the save).
 
 The manager calls a listener through :class:`SafeListener`, which logs a failing method (naming
 it) and carries on: a tracker's trouble never fails a save or a load.
 
 Public API: :class:`CheckpointListener`, :class:`SafeListener`, :class:`CommitReport`,
-:class:`LoadReport`.
+:class:`LoadReport`, :class:`DropReport`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.replication.replicator import ReplicationReport
 
-__all__ = ["CheckpointListener", "CommitReport", "LoadReport", "SafeListener"]
+__all__ = ["CheckpointListener", "CommitReport", "DropReport", "LoadReport", "SafeListener"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,22 @@ class LoadReport:
     path: str
     manifest: Manifest
     seconds: float
+
+
+@dataclass(frozen=True)
+class DropReport:
+    """A local checkpoint deleted before it reached the remote tier, because the checkpoints
+    held back for replication exceeded ``replicate_local_budget_bytes``.
+
+    Attributes:
+        path: the deleted checkpoint's folder.
+        manifest: its manifest.
+        size_bytes: the bytes it freed.
+    """
+
+    path: str
+    manifest: Manifest
+    size_bytes: int
 
 
 @runtime_checkable
@@ -127,3 +144,14 @@ class SafeListener:
             method(report)
         except Exception:
             logger.warning("Checkpoint listener checkpoint_replicated failed:", exc_info=True)
+
+    def checkpoint_dropped(self, report: DropReport) -> None:
+        """Tell the listener that the disk budget deleted a checkpoint not yet replicated, if
+        it has the optional method ``checkpoint_dropped(report)``."""
+        method = getattr(self.listener, "checkpoint_dropped", None)
+        if method is None:
+            return
+        try:
+            method(report)
+        except Exception:
+            logger.warning("Checkpoint listener checkpoint_dropped failed:", exc_info=True)

@@ -54,7 +54,7 @@ from accelkit.checkpointing.catalog.listing import (
     next_iteration,
 )
 from accelkit.checkpointing.commit.async_save import AsyncCheckpoint, AsyncSaver
-from accelkit.checkpointing.commit.deletion import apply_retention
+from accelkit.checkpointing.commit.deletion import HoldBudget, apply_retention
 from accelkit.checkpointing.commit.lock import RunLock
 from accelkit.checkpointing.commit.payload import LivePayload, capture_live
 from accelkit.checkpointing.commit.protocol import (
@@ -64,12 +64,14 @@ from accelkit.checkpointing.commit.protocol import (
     SaveSequence,
 )
 from accelkit.checkpointing.config import ProjectConfiguration
+from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
 from accelkit.checkpointing.formats.safetensors_io import write_safetensors
 from accelkit.checkpointing.interop.accelerate_format import AccelerateReader
 from accelkit.checkpointing.listener import (
     CheckpointListener,
     CommitReport,
+    DropReport,
     LoadReport,
     SafeListener,
 )
@@ -357,9 +359,20 @@ class CheckpointManager:
 
     def _retain(self, committed: str) -> None:
         root = self.checkpoints_root()
-        protect = self.replicator.unreplicated() if self.replicator is not None else ()
+        replicator = self.replicator
+        protect = replicator.unreplicated() if replicator is not None else ()
+        budget = None
+        limit = self.config.replicate_local_budget_bytes
+        if replicator is not None and limit is not None:
+            budget = HoldBudget(limit, replicator.release, self._dropped)
         policy = self.config.retention_policy()
-        apply_retention(self.storage(root), root, policy, committed, protect=protect)
+        apply_retention(self.storage(root), root, policy, committed, protect, budget)
+
+    def _dropped(self, info: CheckpointInfo) -> None:
+        """Tell the listener that the disk budget deleted a checkpoint not yet replicated."""
+        listener = self._listener()
+        if listener is not None and info.manifest is not None:
+            listener.checkpoint_dropped(DropReport(info.path, info.manifest, info.size_bytes))
 
     def _on_commit(
         self, listener: SafeListener | None, started: float, asynchronous: bool, automatic: bool
@@ -473,10 +486,12 @@ class CheckpointManager:
             verify=self.config.verify_checksums if verify is None else verify,
         )
         remote: list[CheckpointInfo] = []
+        result = None
         if path is None and self.config.replicate_to and self.config.project_dir:
             remote = self._remote_checkpoints()
-            path = self._newer_on_remote(remote)
-        result = sequence.run(path, objects)
+            result = self._load_newer_remote(sequence, remote, objects)
+        if result is None:
+            result = sequence.run(path, objects)
         if remote:  # number past both tiers: the next automatic save collides with neither
             self.counter.set(max(self.counter.value, next_iteration(remote)))
         listener = self._listener()
@@ -502,22 +517,42 @@ class CheckpointManager:
             )
             return []
 
-    def _newer_on_remote(self, remote: list[CheckpointInfo]) -> str | None:
-        """The remote checkpoint to load when it is newer than every committed local one (a
-        lost or new local disk); ``None``: the local tier has the newest (an intact local copy
-        is preferred)."""
-        committed = committed_automatic(remote)
-        if not committed:
-            return None
-        newest = max(committed, key=lambda info: info.iteration or 0)
+    def _load_newer_remote(
+        self, sequence: LoadSequence, remote: list[CheckpointInfo], objects: TrainingObjects
+    ) -> LoadResult | None:
+        """Load the newest remote checkpoint newer than every committed local one (a lost or
+        new local disk); ``None``: the local tier has the newest (an intact local copy is
+        preferred), or every newer remote one was refused.
+
+        The remote tier is untrusted input like any checkpoint: one that fails the load's
+        checks (a file that does not match its checksum, a manifest the listing did not catch)
+        is skipped with a warning before anything is restored, and the next newest is tried,
+        down to the local tier; a crafted remote checkpoint cannot make ``load_state()``
+        fail while an intact one exists. (A folder's number is its name: a manifest that
+        claims a higher iteration or step does not make it newer.)
+        """
         local = self.latest()
-        if local is not None and (local.iteration or 0) >= (newest.iteration or 0):
-            return None
-        logger.info(
-            "Resuming from the remote tier: %s is newer than any committed local checkpoint.",
-            newest.path,
+        floor = -1 if local is None else (local.iteration or 0)
+        newer = sorted(
+            (i for i in committed_automatic(remote) if (i.iteration or 0) > floor),
+            key=lambda info: info.iteration or 0,
+            reverse=True,
         )
-        return newest.path
+        for info in newer:
+            logger.info(
+                "Resuming from the remote tier: %s is newer than any committed local checkpoint.",
+                info.path,
+            )
+            try:
+                return sequence.run(info.path, objects)
+            except CorruptCheckpointError as exc:  # refused before anything was restored
+                logger.warning(
+                    "Skipping the remote checkpoint %s: %s. Trying the next newest checkpoint "
+                    "on either tier.",
+                    info.path,
+                    exc,
+                )
+        return None
 
     def _listener(self) -> SafeListener | None:
         """:attr:`listener`, its failures logged instead of raised into a save or load."""

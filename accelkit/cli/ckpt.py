@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from accelkit._text import at_most
+from accelkit._text import at_most, clip
 from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
     COMMITTED,
@@ -43,12 +43,13 @@ from accelkit.checkpointing.catalog.retention import (
     build_policy,
     plan_retention,
 )
-from accelkit.checkpointing.commit.deletion import delete_checkpoint, pruning_lock
+from accelkit.checkpointing.commit.deletion import delete_checkpoint, project_of, pruning_lock
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.layout import (
     CHECKPOINTS_DIRNAME,
     MANIFEST_NAME,
     checkpoints_dir,
+    parse_checkpoint_name,
 )
 from accelkit.checkpointing.formats.manifest import malformed, verify_files
 from accelkit.checkpointing.storage import Storage, get_storage, join
@@ -116,7 +117,11 @@ def register(subparsers: Any) -> None:
             "names the tracker runs the checkpoint belongs to (tracker:run id; --json gives "
             "each tracker's full reference under 'experiment'). REASON says why it was made: "
             "'user' (save_state), 'interval' (save_every_steps/seconds) or 'preemption' (a "
-            "preemption signal). Exits 1 if PATH holds no checkpoint."
+            "preemption signal). A project saved with replicate_to also shows TIER (local, "
+            "remote or both) and LAG (from the local to the remote commit; 'waiting 5m' for a "
+            "committed checkpoint not replicated yet), as its replicator recorded them in "
+            ".accelkit-replication.json; --remote URL lists the remote tier itself. Exits 1 if "
+            "PATH holds no checkpoint."
         ),
         epilog=_EPILOG,
         formatter_class=fmt,
@@ -126,7 +131,9 @@ def register(subparsers: Any) -> None:
     ls.add_argument(
         "--remote",
         metavar="URL",
-        help="the run's replicate_to (remote tier): adds a TIER column (local, remote, both)",
+        help="the run's replicate_to (remote tier), listed to give the TIER column (local, "
+        "remote, both); without it, a project that replicates shows the tiers its replicator "
+        "recorded (its remote tier is never contacted unless named here)",
     )
     ls.set_defaults(func=command("ls", _run_ls))
 
@@ -263,7 +270,7 @@ def _opt(value: int | None) -> str:
 def _run_ls(args: argparse.Namespace) -> int:
     storage = open_storage(args)
     root, infos, _ = collect(storage, args.path)
-    infos, tiers = _tiers(args, infos)
+    infos, tiers, tier_notes = _tiers(args, storage, root, infos)
     if not infos:
         if args.json:
             say_json([])
@@ -271,7 +278,7 @@ def _run_ls(args: argparse.Namespace) -> int:
     infos, unknown_steps = with_accelerate_steps(storage, infos)
     if args.json:
         say_json([_as_json(i) | _tier_json(tiers, i) for i in infos])
-        for line in unknown_steps:  # stderr: the JSON stays whole
+        for line in [*tier_notes, *unknown_steps]:  # stderr: the JSON stays whole
             say(line, err=True)
         return 0
     now = time.time()
@@ -288,13 +295,13 @@ def _run_ls(args: argparse.Namespace) -> int:
             format_runs(None if i.manifest is None else i.manifest.experiment),
             _format_metrics(i.metrics),
         ]
-        + ([tiers[i.name]] if tiers else [])
+        + ([tiers[i.name].tier, _lag_cell(tiers[i.name])] if tiers else [])
         for i in infos
     ]
     headers = [
         *("NAME", "STATE", "ITER", "STEP", "SIZE", "FILES", "AGE", "REASON", "RUNS", "METRICS")
     ]
-    headers += ["TIER"] if tiers else []
+    headers += ["TIER", "LAG"] if tiers else []
     print(render_table(headers, rows, right=("ITER", "STEP", "SIZE", "FILES", "AGE")))
     for info in infos:
         if info.state == CORRUPT:
@@ -307,40 +314,120 @@ def _run_ls(args: argparse.Namespace) -> int:
     note = accelerate_note(
         infos, "STEP is the optimizer steps read from their optimizer state (no code runs);"
     )
-    for line in [*([note] if note else []), *unknown_steps]:
+    for line in [*([note] if note else []), *tier_notes, *unknown_steps]:
         say(line, err=True)
     return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class _Tier:
+    tier: str  # local, remote or both
+    source: str  # "listing" (--remote) or "record" (the project's record, unchecked)
+    lag: float | None = None  # seconds from the local to the remote commit
+    waiting: float | None = None  # seconds a committed local-only checkpoint has waited
+
+
 def _tiers(
-    args: argparse.Namespace, infos: list[CheckpointInfo]
-) -> tuple[list[CheckpointInfo], dict[str, str]]:
-    """With ``--remote``: every checkpoint of either tier (the local entry where both have
-    one), and each one's tier: ``local``, ``remote`` or ``both`` (committed on both)."""
-    if not args.remote:
-        return infos, {}
-    remote_root = checkpoints_dir(args.remote)
-    remote = {
-        i.name: i
-        for i in list_checkpoints(get_storage(remote_root, dict(args.storage_options)), remote_root)
-    }
+    args: argparse.Namespace, storage: Storage, root: str, infos: list[CheckpointInfo]
+) -> tuple[list[CheckpointInfo], dict[str, _Tier], list[str]]:
+    """Every checkpoint of either tier (the local entry where both have one), each one's tier
+    (``local``, ``remote``, ``both``: committed on both) and replication lag, and the notes to
+    print.
+
+    The tiers come from the remote listing with ``--remote URL``; without it, from the
+    project's record of its remote tier (``.accelkit-replication.json``, written by the
+    replicator), as recorded. The recorded location is shown, never contacted: the project
+    folder is untrusted input, and a crafted record must not make a listing reach a host the
+    user did not name (an internal service behind ``http://...``, a bucket that logs who
+    reads it). ``--remote`` is how the user names the remote tier to check.
+    """
+    from accelkit.checkpointing.formats.tier_record import (
+        TierRecordError,
+        public_location,
+        read_record,
+    )
+
+    notes: list[str] = []
+    record = None
+    project = project_of(root) if root.rstrip("/").endswith("/" + CHECKPOINTS_DIRNAME) else None
+    if project is not None:
+        try:
+            record = read_record(storage, project)
+        except TierRecordError as exc:
+            notes.append(f"tier record ignored: {exc}")
+    if args.remote and record is not None and record.replicate_to != public_location(args.remote):
+        notes.append(
+            f"the project's record names another remote tier ({clip(record.replicate_to, 200)}"
+            "); its replication lag is not shown."
+        )
+        record = None
+    if not args.remote and record is None:
+        return infos, {}, notes
+    entries = {} if record is None else record.checkpoints
     local = {i.name: i for i in infos}
-    tiers: dict[str, str] = {}
-    for name, info in local.items():
-        there = remote.get(name)
-        both = there is not None and there.state == COMMITTED and info.state == COMMITTED
-        tiers[name] = "both" if both else "local"
     merged = list(infos)
-    for name, info in remote.items():
-        if name not in local:
-            tiers[name] = "remote"
-            merged.append(info)
+    if args.remote:
+        remote_root = checkpoints_dir(args.remote)
+        listing = list_checkpoints(
+            get_storage(remote_root, dict(args.storage_options)), remote_root
+        )
+        remote = {i.name: i.state == COMMITTED for i in listing}
+        for info in listing:
+            if info.name not in local:
+                merged.append(info)
+        source = "listing"
+    else:
+        assert record is not None
+        remote = dict.fromkeys(entries, True)
+        remote_root = checkpoints_dir(record.replicate_to)
+        for name, recorded in entries.items():
+            if name not in local:
+                merged.append(
+                    CheckpointInfo(
+                        name, join(remote_root, name), COMMITTED, parse_checkpoint_name(name),
+                        None, recorded.committed, 0, 0, is_automatic=True,
+                    )
+                )  # fmt: skip
+        source = "record"
+        notes.append(
+            f"TIER and LAG as recorded by the replicator {format_age(time.time() - record.updated)}"
+            f" ago for the remote tier {clip(record.replicate_to, 200)} (not contacted: add "
+            "--remote URL to check it)."
+        )
+    now = time.time()
+    tiers: dict[str, _Tier] = {}
+    for info in merged:
+        on_local = info.name in local and local[info.name].state == COMMITTED
+        on_remote = remote.get(info.name, False)
+        entry = entries.get(info.name)
+        lag = entry.lag_seconds if entry is not None and on_remote else None
+        if info.name not in local:
+            tiers[info.name] = _Tier("remote", source, lag)
+        elif on_local and on_remote:
+            tiers[info.name] = _Tier("both", source, lag)
+        else:
+            waiting = now - info.created if on_local else None
+            tiers[info.name] = _Tier("local", source, None, waiting)
     merged.sort(key=lambda i: (i.iteration is None, i.iteration or 0, i.name))
-    return merged, tiers
+    return merged, tiers, notes
 
 
-def _tier_json(tiers: dict[str, str], info: CheckpointInfo) -> dict[str, Any]:
-    return {"tier": tiers[info.name]} if tiers else {}
+def _tier_json(tiers: dict[str, _Tier], info: CheckpointInfo) -> dict[str, Any]:
+    tier = tiers.get(info.name)
+    if tier is None:
+        return {}
+    return {
+        "tier": tier.tier,
+        "tier_source": tier.source,
+        "lag_seconds": None if tier.lag is None else round(tier.lag, 3),
+        "waiting_seconds": None if tier.waiting is None else round(max(0.0, tier.waiting), 3),
+    }
+
+
+def _lag_cell(tier: _Tier) -> str:
+    if tier.waiting is not None:
+        return f"waiting {format_age(tier.waiting)}"
+    return format_age(tier.lag)
 
 
 # --------------------------------------------------------------------------- prune

@@ -22,6 +22,9 @@ The values (numbers), by event kind:
 ``checkpoint/replication_seconds`` replicate: how long the copy to the remote tier took
 ``checkpoint/replication_lag_seconds`` replicate: from the local commit to the remote commit
 ``checkpoint/replication_queued`` replicate: checkpoints still waiting for the remote tier
+``checkpoint/replication_dropped`` replicate: ``1`` when the local disk budget
+                              (``replicate_local_budget_bytes``) deleted this checkpoint
+                              before it reached the remote tier (its path is the event's)
 ========================== ==========================================================
 
 The step of an event is the run's logging step when the checkpoint was taken (the last step
@@ -40,6 +43,7 @@ __all__ = [
     "ITERATION",
     "LOAD_SECONDS",
     "PREEMPTION",
+    "REPLICATION_DROPPED",
     "REPLICATION_LAG",
     "REPLICATION_QUEUED",
     "REPLICATION_SECONDS",
@@ -58,6 +62,7 @@ RESUMED_STEP = "checkpoint/resumed_step"
 REPLICATION_SECONDS = "checkpoint/replication_seconds"
 REPLICATION_LAG = "checkpoint/replication_lag_seconds"
 REPLICATION_QUEUED = "checkpoint/replication_queued"
+REPLICATION_DROPPED = "checkpoint/replication_dropped"
 
 
 @dataclass(frozen=True)

@@ -328,7 +328,12 @@ def test_ckpt_ls_tier_and_sync(
     assert cli(["ckpt", "ls", local, "--remote", remote, *flags]) == 0
     table = capsys.readouterr().out
     assert "TIER" in table
-    lines = {line.split()[0]: line.split()[-1] for line in table.splitlines()[1:] if line}
+    tiers = ("local", "remote", "both")
+    lines = {
+        line.split()[0]: next(t for t in line.split() if t in tiers)
+        for line in table.splitlines()[1:]
+        if line
+    }
     assert lines == {"checkpoint_0": "remote", "checkpoint_1": "both", "checkpoint_2": "both"}
 
     # sync again: nothing to copy

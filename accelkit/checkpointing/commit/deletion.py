@@ -16,14 +16,15 @@ inside the save that holds it, a prune by taking it with :func:`pruning_lock` (a
 a live save's lock is refused; a save that meets a prune's lock waits for it).
 
 Public API: :func:`delete_checkpoint`, :func:`remove_folder`, :func:`apply_retention`,
-:func:`project_of`, :func:`pruning_lock`.
+:class:`HoldBudget`, :func:`project_of`, :func:`pruning_lock`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
 
 from accelkit.checkpointing.catalog.listing import (
     COMMITTED,
@@ -42,7 +43,14 @@ from accelkit.checkpointing.formats.layout import (
 )
 from accelkit.checkpointing.storage import Storage, join
 
-__all__ = ["apply_retention", "delete_checkpoint", "project_of", "pruning_lock", "remove_folder"]
+__all__ = [
+    "HoldBudget",
+    "apply_retention",
+    "delete_checkpoint",
+    "project_of",
+    "pruning_lock",
+    "remove_folder",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -99,17 +107,46 @@ def remove_folder(storage: Storage, path: str) -> None:
     storage.rmtree(path)
 
 
+@dataclass(frozen=True)
+class HoldBudget:
+    """The disk budget of the checkpoints that local retention holds back for replication.
+
+    Local retention keeps a checkpoint it would delete while it is not yet on the remote tier
+    (``protect`` of :func:`apply_retention`). With a remote tier that stays down, those pile
+    up; this caps them: when their total size exceeds ``max_bytes``, the oldest of them are
+    deleted anyway, oldest first, until the rest fits (each deletion said once, as a warning
+    and through ``forced``). Never the checkpoint just committed, never one whose copy is in
+    flight.
+
+    Attributes:
+        max_bytes: the most bytes of held-back checkpoints kept on the local tier (``0``:
+            none; a checkpoint retention would delete is deleted even if not replicated).
+        release: called with a held-back checkpoint's path before it is deleted; ``True`` if
+            it may go (the replicator dropped it from its queue), ``False`` to keep it (its
+            copy is in flight, or it was replicated meanwhile and goes at the next save).
+        forced: called after each such deletion (a tracker event); its failures are logged.
+        setting: the setting's name, for the warning.
+    """
+
+    max_bytes: int
+    release: Callable[[str], bool]
+    forced: Callable[[CheckpointInfo], None] | None = None
+    setting: str = "replicate_local_budget_bytes"
+
+
 def apply_retention(
     storage: Storage,
     root: str,
     policy: RetentionPolicy,
     keep: str,
     protect: Collection[str] = (),
+    budget: HoldBudget | None = None,
 ) -> None:
     """Delete the committed ``checkpoint_<n>`` under ``root`` that ``policy`` does not keep,
     never ``keep`` (the checkpoint just committed). Failures are logged, not raised: the new
     checkpoint is committed whatever happens here. Paths in ``protect`` (local checkpoints not
-    yet replicated to the remote tier) are kept for now, with an info line.
+    yet replicated to the remote tier) are kept for now, with an info line, unless ``budget``
+    (a :class:`HoldBudget`) forces the oldest of them out.
 
     The promise of ``accelkit ckpt prune`` holds here too: the project is never left without a
     checkpoint that verifies, and a damaged one is never counted. It is kept without reading
@@ -138,17 +175,22 @@ def apply_retention(
         # The listing already checked sizes; and keep is verified by construction.
         plan = plan_retention(committed, policy, lambda info: None)
         held = {p.rstrip("/") for p in protect}
+        waiting: list[CheckpointInfo] = []
         for info in plan.delete:
             if info.path.rstrip("/") == kept:
                 continue
             if info.path.rstrip("/") in held:  # not yet on the remote tier
-                logger.info(
-                    "Retention keeps %s for now: it is not replicated yet (a later save's "
-                    "retention deletes it once it is).",
-                    info.path,
-                )
+                waiting.append(info)
                 continue
             delete_checkpoint(storage, root, info)
+        if budget is not None:
+            waiting = _over_budget(storage, root, waiting, budget)
+        for info in waiting:
+            logger.info(
+                "Retention keeps %s for now: it is not replicated yet (a later save's "
+                "retention deletes it once it is).",
+                info.path,
+            )
     except Exception as exc:
         logger.warning(
             "Retention under %s failed after committing %s: %s. Old checkpoints may remain;"
@@ -157,6 +199,37 @@ def apply_retention(
             keep,
             exc,
         )
+
+
+def _over_budget(
+    storage: Storage, root: str, waiting: list[CheckpointInfo], budget: HoldBudget
+) -> list[CheckpointInfo]:
+    """Delete the oldest held-back checkpoints until the rest fit ``budget``; the kept ones."""
+    total = sum(info.size_bytes for info in waiting)
+    kept: list[CheckpointInfo] = []
+    for info in sorted(waiting, key=lambda i: (i.iteration or 0, i.created)):
+        if total <= budget.max_bytes or not budget.release(info.path):
+            kept.append(info)
+            continue
+        delete_checkpoint(storage, root, info)
+        total -= info.size_bytes
+        logger.warning(
+            "Retention deleted %s (%d bytes) before it reached the remote tier: the local "
+            "checkpoints held back for replication would exceed %s=%d bytes. It is not "
+            "replicated; the newer ones are kept for the remote tier. Fix: bring the remote "
+            "tier back, or raise %s.",
+            info.path,
+            info.size_bytes,
+            budget.setting,
+            budget.max_bytes,
+            budget.setting,
+        )
+        if budget.forced is not None:
+            try:
+                budget.forced(info)
+            except Exception:
+                logger.warning("After deleting %s:", info.path, exc_info=True)
+    return kept
 
 
 def project_of(root: str) -> str:

@@ -245,6 +245,17 @@ class Manifest:
             except ValueError as exc:
                 raise ManifestError(f"{where} ({path}): {exc}") from None
             files.append(FileEntry(path, size, checksum))
+        # A path that is a file and a folder at once ("a.bin" and "a.bin/x") exists only on an
+        # object store, where keys are names; no save writes it, and it would give the
+        # same name two meanings (the nearest thing to a link a bucket has).
+        for i, entry in enumerate(files):
+            parts = entry.path.split("/")
+            for depth in range(1, len(parts)):
+                if "/".join(parts[:depth]) in seen:
+                    raise ManifestError(
+                        f"{source}: files[{i}] ({entry.path}) lies inside "
+                        f"{'/'.join(parts[:depth])!r}, which the manifest lists as a file."
+                    )
         experiment = _experiment(get("experiment", dict, optional=True) or {}, source)
         accelkit_version = get("accelkit_version", str, optional=True) or ""
         reason = get("reason", str, optional=True) or "user"

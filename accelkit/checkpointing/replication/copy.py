@@ -17,9 +17,12 @@ replication.replicator.Replicator` and ``accelkit ckpt sync``):
 
 Every remote operation is retried under a :class:`~accelkit.checkpointing.storage.retry.
 RetryPolicy` (transient errors only), per file: an outage in the middle of a checkpoint redoes
-the file it cut, not the ones already uploaded. Files are uploaded :data:`UPLOAD_WORKERS` at a
-time; memory: one read buffer (:data:`READ_CHUNK`) per file in flight, plus what the remote
-storage buffers for each upload (s3fs: one part).
+the file it cut, not the ones already uploaded. Files are uploaded one at a time
+(:data:`UPLOAD_WORKERS`): memory is one read buffer (:data:`READ_CHUNK`) plus what the remote
+storage buffers for the upload (s3fs: one part, :data:`~accelkit.checkpointing.replication.
+replicator.UPLOAD_PART`), about 49 MB above the process's resident set for a 252 MB checkpoint
+(``benchmarks/bench_replication.py``; its upload ran at 99% of s3fs ``put_file`` of the same
+files). Two files at a time took 74 MB, beyond the budget of 64 MB plus one read buffer.
 
 Public API: :func:`replicate_checkpoint`, :class:`Replicated`, :data:`READ_CHUNK`.
 """
@@ -28,16 +31,22 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+from accelkit._text import short
 from accelkit.checkpointing.commit.deletion import remove_folder
 from accelkit.checkpointing.commit.protocol import save_marker
 from accelkit.checkpointing.errors import CheckpointError, CheckpointPathError
-from accelkit.checkpointing.formats.layout import MANIFEST_NAME, SAVE_MARKER_NAME
+from accelkit.checkpointing.formats.layout import (
+    MANIFEST_NAME,
+    SAVE_MARKER_NAME,
+    check_relative_path,
+)
 from accelkit.checkpointing.formats.manifest import FileEntry, Manifest, read_manifest
 from accelkit.checkpointing.formats.manifest import write_manifest as _write_manifest
 from accelkit.checkpointing.storage import Storage, join
@@ -50,10 +59,12 @@ __all__ = ["READ_CHUNK", "UPLOAD_WORKERS", "Replicated", "replicate_checkpoint"]
 READ_CHUNK = 8 * 1024 * 1024
 """Bytes read from the local tier at a time (one buffer per file in flight)."""
 
-UPLOAD_WORKERS = 2
-"""Files of one checkpoint uploaded at the same time."""
+UPLOAD_WORKERS = 1
+"""Files of one checkpoint uploaded at the same time (each adds a read buffer and a part)."""
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -157,10 +168,22 @@ def replicate_checkpoint(
             "replicated. `accelkit ckpt ls` shows its state."
         )
     existing = step(f"reading {target}", lambda: _remote_manifest(remote, target))
-    if existing is not None:
-        if _same(existing, manifest):
+    if existing is not None and _same(existing, manifest):
+        damage = step(f"listing {target}", lambda: _size_damage(remote, target, manifest))
+        if not damage:
             seconds = time.perf_counter() - started
             return Replicated(source, target, manifest, 0, 0, seconds, already=True)
+        # Our own manifest over files that disagree with it (cut, grown, missing): un-commit
+        # the remote copy, then copy it again like an interrupted one.
+        logger.warning(
+            "The remote copy %s is damaged (%s); it is un-committed and copied again from %s.",
+            target,
+            damage,
+            source,
+        )
+        step(f"un-committing {target}", lambda: remote.remove(join(target, MANIFEST_NAME)))
+        existing = None
+    if existing is not None:
         raise CheckpointPathError(
             f"{target} already holds another committed checkpoint (its manifest differs from "
             f"{source}'s); accelkit never overwrites a committed checkpoint, so it was not "
@@ -189,13 +212,43 @@ def replicate_checkpoint(
     else:
         uploaded = sum(upload(entry) for entry in ordered)
     listed = {e.path for e in manifest.files} | {SAVE_MARKER_NAME}
-    present = step(f"listing {target}", lambda: remote.walk_files(target))
+    present = step(f"listing {target}", lambda: confine(remote, target).walk_files(target))
     for rel in present:
         if rel not in listed:  # left by an earlier, interrupted copy
+            _check_key(target, rel)
             step(f"removing {rel}", functools.partial(remote.remove, join(target, rel)))
     step(f"commit of {target}", lambda: _write_manifest(remote, target, manifest))
     seconds = time.perf_counter() - started
     return Replicated(source, target, manifest, uploaded, len(manifest.files), seconds)
+
+
+def _check_key(target: str, rel: str) -> None:
+    """Refuse to act on a remote name that is no plain path inside ``target`` (a key with
+    ``..``, an empty component or a leading ``/``: a crafted bucket's, never one accelkit
+    wrote)."""
+    try:
+        check_relative_path(rel, what=f"a file under {target}")
+    except ValueError as exc:
+        raise CheckpointPathError(
+            f"{target} holds {short(rel)}, which is no plain path inside it ({exc}); nothing "
+            "there was removed. Remove the remote folder by hand (or with `accelkit ckpt "
+            "prune`), then replicate again."
+        ) from None
+
+
+def _size_damage(remote: Storage, target: str, manifest: Manifest) -> str:
+    """What is wrong with the sizes of the remote copy ``target`` (``""``: nothing); one
+    listing, no bytes read."""
+    remote.invalidate(target)
+    present = confine(remote, target).walk_files(target)
+    problems = [
+        f"{e.path}: {present.get(e.path, 'missing')} bytes, expected {e.size}"
+        for e in manifest.files
+        if present.get(e.path) != e.size
+    ]
+    return "; ".join(problems[:3]) + (
+        f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    )
 
 
 def _remote_manifest(remote: Storage, target: str) -> Manifest | None:

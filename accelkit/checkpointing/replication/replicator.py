@@ -19,6 +19,17 @@ When it falls behind:
 - if the queue is still over its size, the oldest waiting checkpoints are skipped;
 - the newest checkpoint is never skipped, and the next one copied is always the newest waiting.
 
+**Disk budget.** Local retention holds back the checkpoints queued or in flight
+(:meth:`Replicator.unreplicated`); with ``replicate_local_budget_bytes`` it may release the
+oldest queued ones (:meth:`Replicator.release`, never the one in flight) and delete them, each
+named once (see :class:`~accelkit.checkpointing.commit.deletion.HoldBudget`).
+
+**Tier record.** The replicator keeps the local project's record of its remote tier
+(:mod:`~accelkit.checkpointing.formats.tier_record`: the location without credentials, each
+checkpoint committed there with its local and remote commit times), written when it starts,
+after each remote commit and when the remote listing changes; ``accelkit ckpt ls`` reads it
+for its TIER and LAG columns. A failure to write it is logged once, never fatal.
+
 **Shutdown.** :meth:`Replicator.close` waits for the queue to drain up to a deadline and names
 what it leaves behind (``accelkit ckpt sync`` copies it later); the manager calls it from
 ``end_training()`` and at interpreter exit.
@@ -45,6 +56,13 @@ from accelkit.checkpointing.commit.deletion import apply_retention
 from accelkit.checkpointing.commit.lock import SAVE, RunLock
 from accelkit.checkpointing.formats.layout import checkpoints_dir, parse_checkpoint_name
 from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.formats.tier_record import (
+    TierEntry,
+    TierRecord,
+    public_location,
+    read_record,
+    write_record,
+)
 from accelkit.checkpointing.replication.copy import Replicated, replicate_checkpoint
 from accelkit.checkpointing.storage import Storage, join, protocol_of
 from accelkit.checkpointing.storage.retry import (
@@ -121,6 +139,7 @@ class _State:
     in_flight: _Job | None = None
     done: set[str] = field(default_factory=set)
     skipped: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
     failed: dict[str, _Job] = field(default_factory=dict)
     remote: list[CheckpointInfo] = field(default_factory=list)
 
@@ -152,6 +171,7 @@ class Replicator:
         on_replicated: Callable[[ReplicationReport], None] | None = None,
     ) -> None:
         self.local = local
+        self.local_project = local_project
         self.local_root = checkpoints_dir(local_project)
         self.remote = remote
         self.remote_project = remote_project
@@ -168,6 +188,8 @@ class Replicator:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._scanned = False
+        self._record: TierRecord | None = None
+        self._record_failed = False
 
     # ------------------------------------------------------------------ the training side
 
@@ -208,6 +230,30 @@ class Replicator:
             if self._state.in_flight is not None:
                 jobs.append(self._state.in_flight)
             return {job.path.rstrip("/") for job in jobs}
+
+    def release(self, path: str) -> bool:
+        """Drop the queued checkpoint ``path`` so that local retention may delete it (the disk
+        budget forces it out).
+
+        Returns:
+            ``True`` if it was waiting in the queue (it is now skipped, named in the log);
+            ``False`` if it is in flight (its copy reads it), or not queued at all.
+        """
+        path = path.rstrip("/")
+        with self._cond:
+            for name, job in self._state.pending.items():
+                if job.path.rstrip("/") == path:
+                    self._skip(
+                        name, "the local disk budget deletes it (replicate_local_budget_bytes)"
+                    )
+                    self._state.dropped.append(name)
+                    return True
+            return False
+
+    def dropped(self) -> list[str]:
+        """Names deleted from the local tier by the disk budget before they were replicated."""
+        with self._cond:
+            return list(self._state.dropped)
 
     def left(self) -> list[str]:
         """Names of the checkpoints not replicated (in flight, queued, or failed with an error
@@ -310,6 +356,7 @@ class Replicator:
 
     def _run(self) -> None:
         try:
+            self._open_record()
             if not self._scanned:
                 self._catch_up()
             while True:
@@ -369,7 +416,65 @@ class Replicator:
         )
         with self._cond:
             self._state.remote = infos
+        self._note_remote(infos)
         return infos
+
+    # ------------------------------------------------------------------ the tier record
+
+    def _open_record(self) -> None:
+        """Load the local project's record of its remote tier (or start one) and write it,
+        so that ``accelkit ckpt ls`` knows the remote tier from the first save on."""
+        location = public_location(self.remote_project)
+        try:
+            record = read_record(self.local, self.local_project)
+        except Exception as exc:
+            logger.info("Replication starts a new %s: %s", "tier record", exc)
+            record = None
+        if record is None or record.replicate_to != location:
+            record = TierRecord(location)
+        self._record = record
+        self._save_record()
+
+    def _note_remote(self, infos: Sequence[CheckpointInfo]) -> None:
+        """Keep the record's checkpoints to those committed on the remote tier (an earlier
+        copy whose time is unknown is recorded without one)."""
+        record = self._record
+        if record is None:
+            return
+        there = {info.name: info for info in infos}
+        before = dict(record.checkpoints)
+        record.checkpoints = {n: e for n, e in before.items() if n in there}
+        for name, info in there.items():
+            if name not in record.checkpoints:
+                record.checkpoints[name] = TierEntry(info.created, None)
+        if record.checkpoints != before:
+            self._save_record()
+
+    def _note_replicated(self, job: _Job, at: float, already: bool) -> None:
+        record = self._record
+        if record is None:
+            return
+        if already and job.name in record.checkpoints:
+            return
+        record.checkpoints[job.name] = TierEntry(job.manifest.created, None if already else at)
+        self._save_record()
+
+    def _save_record(self) -> None:
+        record = self._record
+        if record is None:
+            return
+        record.updated = time.time()
+        try:
+            write_record(self.local, self.local_project, record)
+        except Exception as exc:  # the record is for display: never fatal
+            if not self._record_failed:
+                self._record_failed = True
+                logger.warning(
+                    "Replication could not write its record under %s: %s. `accelkit ckpt ls` "
+                    "then needs --remote to show the tiers.",
+                    self.local_project,
+                    exc,
+                )
 
     def _replicate(self, job: _Job) -> str:
         """Copy one checkpoint and apply the remote retention; ``"done"``, ``"skip"``
@@ -394,6 +499,8 @@ class Replicator:
                     should_stop=self._stop.is_set,
                     sleep=self._sleep,
                 )
+                committed_at = time.time()
+                self._note_replicated(job, committed_at, result.already)
                 apply_retention(self.remote, self.remote_root, self.policy, target)
             finally:
                 lock.release()
@@ -402,7 +509,7 @@ class Replicator:
             if self._stop.is_set() and classify(exc) == TRANSIENT:
                 return "retry"
             return "stop" if self._failed(exc, f"replicating {job.name}") else "skip"
-        lag = max(0.0, time.time() - job.manifest.created)
+        lag = max(0.0, committed_at - job.manifest.created)
         with self._cond:
             queued = len(self._state.pending)
         if self.on_replicated is not None:
