@@ -15,10 +15,11 @@ files and a few messages, in a thread that waits for the writer with the GIL rel
 
 The writer runs at a lower CPU priority (``nice`` +:data:`NICENESS`) and, where the kernel
 allows, the lowest best-effort I/O priority (``ioprio_set``); a refusal (``EPERM``) is ignored.
-It ignores ``SIGINT`` (Ctrl-C in the terminal reaches the whole process group: the training
-process decides, and interpreter exit waits for the save in flight as with the thread writer),
-and exits as soon as its parent is gone (end of its command pipe, or its parent process id
-changing), so it never outlives training.
+It runs in a session of its own and ignores ``SIGINT``: Ctrl-C in the terminal reaches the
+training process only, which decides (interpreter exit waits for the save in flight, as with the
+thread writer). It ignores ``SIGXFSZ`` (a file-size limit fails the write instead of killing
+the writer), and exits as soon as its parent is gone (end of its command pipe, or its parent
+process id changing), so it never outlives training.
 
 A writer that dies (killed, out of memory) fails the save it was writing: that checkpoint is
 not committed (an automatically named folder is removed) and the next save starts a new writer.
@@ -348,6 +349,7 @@ class WriterProcess:
             fds_ours, fds_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             root = _package_root()
             code = (
+                "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); "
                 f"import sys; sys.path.insert(0, {root!r}); "
                 "from accelkit.checkpointing.commit.writer_process import _main; "
                 f"_main({theirs.fileno()}, {fds_theirs.fileno()}, {os.getpid()})"
@@ -357,7 +359,10 @@ class WriterProcess:
                     [sys.executable, "-c", code],
                     pass_fds=(theirs.fileno(), fds_theirs.fileno()),
                     stdin=subprocess.DEVNULL,
-                    start_new_session=False,
+                    stdout=subprocess.DEVNULL,  # stderr stays: its own crash reports
+                    # Its own session: the terminal's Ctrl-C (sent to the foreground process
+                    # group) reaches the training process only, which decides.
+                    start_new_session=True,
                 )
             finally:
                 theirs.close()
@@ -495,6 +500,7 @@ def _watch_parent(parent: int) -> None:
 def _main(conn_fd: int, fds_fd: int, parent: int) -> None:  # pragma: no cover - child process
     """The writer process's loop: read a job, write its files, answer; exit at end of input."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a file-size limit fails the write: EFBIG
     _lower_priority()
     torch.set_num_threads(1)
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
