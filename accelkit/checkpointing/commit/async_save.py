@@ -261,8 +261,9 @@ class AsyncSaver:
             reason = why
         elif not isinstance(storage, LocalStorage):
             reason = (
-                f"{target} is not on the local disk (the process writer writes local files "
-                "only: an object store's clients and credentials live in the training process)"
+                f"{storage.protocol}:// storage is not the local disk (the process writer writes "
+                "local files only: an object store's clients and credentials live in the "
+                "training process)"
             )
         elif self._shared_failed:
             reason = "shared memory for the snapshot could not be reserved earlier"
