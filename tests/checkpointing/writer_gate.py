@@ -55,11 +55,11 @@ class WriterGate:
         first save."""
         if self.mode != "process":
             return
-        from accelkit.checkpointing.commit.writer_process import WriterProcess
+        from accelkit.checkpointing.commit.writer_process import shared_writer
 
         saver = acc._checkpoints.background
         if saver.process is None:
-            saver.process = WriterProcess()
+            saver.process = shared_writer()
         saver.process.ensure()
         self._pid = saver.process.pid
 

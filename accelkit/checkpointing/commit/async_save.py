@@ -72,6 +72,7 @@ from accelkit.checkpointing.commit.writer_process import (
     WriterProcess,
     close_writers,
     process_writer_available,
+    shared_writer,
 )
 from accelkit.checkpointing.storage import LocalStorage, Storage
 
@@ -215,7 +216,7 @@ class AsyncSaver:
         writer = self._choose(sequence.storage, sequence.target)
         if writer == "process":
             if self.process is None:
-                self.process = WriterProcess()
+                self.process = shared_writer()
             self.process.ensure()  # started here (the training thread), replaced if it died
             if self._arena is None:
                 self._arena = SharedArena()
@@ -305,13 +306,12 @@ class AsyncSaver:
         return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=pin)
 
     def close(self) -> None:
-        """Stop the writer process (after the save in flight) and give back the shared
-        memory; a later asynchronous save starts a new one."""
+        """Wait for the save in flight, then give back the shared memory (the writer process,
+        shared by the interpreter's savers, stops at interpreter exit)."""
         self.wait()
-        if self.process is not None:
-            self.process.close()
-            self.process = None
         if self._arena is not None:
+            if self.process is not None:
+                self.process.forget(self._arena)
             self.snapshot.clear()
             self.snapshot.allocate = None
             self._arena.release()

@@ -25,13 +25,15 @@ A writer that dies (killed, out of memory) fails the save it was writing: that c
 not committed (an automatically named folder is removed) and the next save starts a new writer.
 
 Public API: :class:`SharedArena`, :class:`WriterProcess`, :class:`ProcessPayload`,
-:class:`WriterProcessDied`, :func:`process_writer_available`, :func:`close_writers`,
-:data:`NICENESS`.
+:class:`WriterProcessDied`, :func:`process_writer_available`, :func:`shared_writer`,
+:func:`close_writers`,
+:data:`NICENESS`, :data:`CHUNK_BYTES`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import mmap
 import os
@@ -53,12 +55,14 @@ from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.storage import Storage, WrittenFile
 
 __all__ = [
+    "CHUNK_BYTES",
     "NICENESS",
     "ProcessPayload",
     "SharedArena",
     "WriterProcess",
     "WriterProcessDied",
     "close_writers",
+    "shared_writer",
     "process_writer_available",
 ]
 
@@ -66,6 +70,12 @@ logger = logging.getLogger(__name__)
 
 NICENESS = 10
 """How much the writer process lowers its CPU priority (``os.nice``)."""
+
+CHUNK_BYTES = 64 * 1024 * 1024
+"""The smallest shared-memory segment :class:`SharedArena` creates (bigger buffers get one of
+their own size) once the arena holds that much; the first ones are smaller."""
+
+_FIRST_CHUNK = 1024 * 1024
 
 # The text every process's error carries when a writer died: how the driver tells such a
 # failure (reported as a warning) from a failed write (raised).
@@ -104,20 +114,29 @@ class _Segment:
     registered: bool = False  # cudaHostRegister-ed
 
 
+_ARENA_IDS = itertools.count()
+_SEGMENT_IDS = itertools.count()
+
+
 class SharedArena:
-    """Host buffers in shared memory: one anonymous ``memfd`` segment per buffer.
+    """Host buffers in shared memory: anonymous ``memfd`` segments of at least
+    :data:`CHUNK_BYTES`, each holding one or more buffers (a few file descriptors, not one per
+    tensor: a model with thousands of tensors stays far below the process's open-file limit).
 
     The segments have no name (nothing appears under ``/dev/shm``, so nothing can be left
     there) and are freed when the last process holding them lets go: the training process
-    (:meth:`release`) and the writer process. Their memory is reserved when they are created
-    (``posix_fallocate``), so a machine without the room fails here, with an ``OSError``, and
-    never later with a ``SIGBUS`` in the middle of a copy.
+    (:meth:`keep_only`, :meth:`release`) and the writer process. Their memory is reserved when
+    they are created (``posix_fallocate``), so a machine without the room fails there, with an
+    ``OSError``, and never later with a ``SIGBUS`` in the middle of a copy. Buffers start on
+    a page boundary.
     """
 
     def __init__(self) -> None:
         self._segments: dict[int, _Segment] = {}  # by the base address of its mapping
-        self._ids: dict[int, int] = {}  # base address -> segment id (stable, never reused)
-        self._next = 0
+        self._ids: dict[int, int] = {}  # base address -> segment id (unique in this process)
+        self.id = next(_ARENA_IDS)
+        """This arena's number (unique in this process), as the writer knows it."""
+        self._free: dict[bool, tuple[int, int]] = {}  # pinned? -> (segment base, next offset)
         self._lock = threading.Lock()
 
     @property
@@ -126,15 +145,30 @@ class SharedArena:
         return sum(s.size for s in self._segments.values())
 
     def empty(self, shape: torch.Size, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
-        """A new tensor of ``shape`` and ``dtype`` in a segment of its own; ``pin`` registers
-        the segment with CUDA (page-locked, for asynchronous device-to-host copies).
+        """A new tensor of ``shape`` and ``dtype`` in shared memory; ``pin`` places it in a
+        segment registered with CUDA (page-locked, for asynchronous device-to-host copies).
 
         Raises:
-            OSError: the memory cannot be reserved (``ENOMEM``/``ENOSPC``).
+            OSError: the memory cannot be reserved (``ENOMEM``/``ENOSPC``, ``EMFILE``).
         """
         itemsize = torch.empty((), dtype=dtype).element_size()
-        nbytes = max(1, int(torch.Size(shape).numel()) * itemsize)
+        numel = int(torch.Size(shape).numel())
+        nbytes = max(1, numel * itemsize)
         size = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        with self._lock:
+            where = self._free.get(pin)
+            segment = None if where is None else self._segments.get(where[0])
+            if segment is None or where is None or where[1] + size > segment.size:
+                # Geometric growth: small states reserve little, big ones use few segments.
+                grow = min(CHUNK_BYTES, max(_FIRST_CHUNK, self.nbytes))
+                segment = self._new_segment(max(size, grow), pin)
+                where = (segment.base.data_ptr(), 0)
+            offset = where[1]
+            self._free[pin] = (where[0], offset + size)
+        view = segment.base[offset : offset + nbytes - nbytes % itemsize].view(dtype)
+        return view[:numel].view(shape)
+
+    def _new_segment(self, size: int, pin: bool) -> _Segment:
         fd = os.memfd_create("accelkit-snapshot", getattr(os, "MFD_CLOEXEC", 1))
         try:
             os.ftruncate(fd, size)
@@ -147,12 +181,9 @@ class SharedArena:
         segment = _Segment(fd, size, memory, base)
         if pin:
             segment.registered = _cuda_register(base)
-        with self._lock:
-            self._segments[base.data_ptr()] = segment
-            self._ids[base.data_ptr()] = self._next
-            self._next += 1
-        view = base[:nbytes].view(dtype)
-        return view[: int(torch.Size(shape).numel())].view(shape)
+        self._segments[base.data_ptr()] = segment
+        self._ids[base.data_ptr()] = next(_SEGMENT_IDS)
+        return segment
 
     def locate(self, tensor: torch.Tensor) -> tuple[int, int] | None:
         """``(segment id, byte offset)`` of ``tensor``'s storage, or ``None`` outside the
@@ -184,6 +215,7 @@ class SharedArena:
     def _drop(self, base: int) -> None:
         segment = self._segments.pop(base)
         self._ids.pop(base, None)
+        self._free = {k: v for k, v in self._free.items() if v[0] != base}
         if segment.registered:
             _cuda_unregister(segment.base)
         os.close(segment.fd)
@@ -316,11 +348,12 @@ class ProcessPayload:
 
 
 class WriterProcess:
-    """One persistent writer process (started by :meth:`ensure`, replaced after it died).
+    """One persistent writer process (started by :meth:`ensure`, replaced after it died);
+    :func:`shared_writer` is the one an interpreter's savers share.
 
     Jobs go as pickles over a Unix socket; the shared segments' file descriptors go once
-    each, over a second socket (``SCM_RIGHTS``). One job at a time (the driver keeps at most
-    one save in flight).
+    each, over a second socket (``SCM_RIGHTS``). One job at a time: savers that share it wait
+    for each other.
     """
 
     def __init__(self) -> None:
@@ -329,6 +362,7 @@ class WriterProcess:
         self._fds: socket.socket | None = None
         self._sent: set[int] = set()  # segment ids the live writer has
         self._lock = threading.Lock()
+        self._busy = threading.Lock()  # one job at a time (several savers may share it)
 
     @property
     def pid(self) -> int | None:
@@ -379,24 +413,45 @@ class WriterProcess:
             WriterProcessDied: the writer died before it answered.
             Exception: the writer's failure, as it raised it.
         """
-        self.ensure()
-        assert self._conn is not None and self._fds is not None and self._proc is not None
-        segments = arena.segments()
-        new = [i for i in segments if i not in self._sent]
-        job = {**job, "new": [(i, segments[i][1]) for i in new], "keep": sorted(segments)}
-        try:
-            self._conn.send_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
-            for start in range(0, len(new), 200):
-                batch = new[start : start + 200]
-                socket.send_fds(self._fds, [b"s"], [segments[i][0] for i in batch])
-            self._sent = set(segments)
-            reply = pickle.loads(self._conn.recv_bytes())
-        except (EOFError, OSError) as exc:
-            raise self._died(job["folder"]) from exc
+        with self._busy:
+            self.ensure()
+            segments = arena.segments()
+            new = [i for i in segments if i not in self._sent]
+            job = {
+                **job,
+                "arena": arena.id,
+                "new": [(i, segments[i][1]) for i in new],
+                "keep": sorted(segments),
+            }
+            reply = self._ask(job, [segments[i][0] for i in new], job["folder"])
+            self._sent |= set(segments)
         if "error" in reply:
             raise _rebuild(reply)
         files: dict[str, WrittenFile] = reply["files"]
         return files
+
+    def forget(self, arena: SharedArena) -> None:
+        """Have the writer unmap ``arena``'s segments (their memory is freed once the training
+        process lets go of them too)."""
+        with self._busy:
+            if not self.alive():
+                return
+            try:
+                self._ask({"op": "forget", "arena": arena.id}, [], "")
+            except WriterProcessDied:
+                pass
+
+    def _ask(self, job: dict[str, Any], fds: list[int], folder: str) -> dict[str, Any]:
+        conn, channel = self._conn, self._fds
+        assert conn is not None and channel is not None
+        try:
+            conn.send_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
+            for start in range(0, len(fds), 200):
+                socket.send_fds(channel, [b"s"], fds[start : start + 200])
+            reply: dict[str, Any] = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            raise self._died(folder) from exc
+        return reply
 
     def _died(self, folder: str) -> WriterProcessDied:
         proc, pid = self._proc, self.pid
@@ -461,6 +516,17 @@ def _rebuild(reply: Mapping[str, Any]) -> BaseException:
 
 
 _LIVE: set[WriterProcess] = set()
+_SHARED: list[WriterProcess] = []
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_writer() -> WriterProcess:
+    """This interpreter's writer process (not started yet: :meth:`WriterProcess.ensure`),
+    shared by every asynchronous saver of it."""
+    with _SHARED_LOCK:
+        if not _SHARED:
+            _SHARED.append(WriterProcess())
+        return _SHARED[0]
 
 
 def close_writers() -> None:
@@ -509,12 +575,17 @@ def _main(conn_fd: int, fds_fd: int, parent: int) -> None:  # pragma: no cover -
 
     conn = Connection(conn_fd)
     fds = socket.socket(fileno=fds_fd)
-    maps: dict[int, torch.Tensor] = {}
+    arenas: dict[int, dict[int, torch.Tensor]] = {}
     while True:
         try:
             job = pickle.loads(conn.recv_bytes())
         except (EOFError, OSError):
             os._exit(0)
+        if job.get("op") == "forget":
+            arenas.pop(job["arena"], None)
+            conn.send_bytes(pickle.dumps({"files": {}}))
+            continue
+        maps = arenas.setdefault(job["arena"], {})
         new = list(job["new"])
         while new:
             count = min(200, len(new))
