@@ -217,11 +217,15 @@ class AsyncSaver:
         if writer == "process":
             if self.process is None:
                 self.process = shared_writer()
-            self.process.ensure()  # started here (the training thread), replaced if it died
-            if self._arena is None:
-                self._arena = SharedArena()
-                self.snapshot.clear()
-                self.snapshot.allocate = self._allocate
+            try:
+                self.process.ensure()  # started here (the training thread), replaced if it died
+            except OSError as exc:  # no process can be started (out of memory, pid limit)
+                self._fall_back(f"the writer process could not be started ({exc})")
+                writer = "thread"
+        if writer == "process" and self._arena is None:
+            self._arena = SharedArena()
+            self.snapshot.clear()
+            self.snapshot.allocate = self._allocate
 
         def freeze() -> Payload:
             live = take()
