@@ -133,7 +133,7 @@ def explain_loop(runs: dict[str, list[dict[str, Any]]]) -> str:
     )
 
 
-def main(quick: bool = False) -> dict[str, Any]:
+def main(quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
     """Run the async-save benchmark (or record why it was skipped) in ``results/async.json``."""
     ok, why = async_supported()
     if not ok:
@@ -294,7 +294,8 @@ def main(quick: bool = False) -> dict[str, Any]:
                     finish_async()
                     rmtree(root / "a0")
                 names = list(savers)
-                for r in range(2 if quick else ROUNDS):
+                loop_rounds = rounds or (2 if quick else ROUNDS)
+                for r in range(loop_rounds):
                     for name in names[r % len(names) :] + names[: r % len(names)]:
                         save, finish = savers[name]
                         runs[name].append(
@@ -334,6 +335,7 @@ def main(quick: bool = False) -> dict[str, Any]:
                         t.numel() * t.element_size() for t in state_tensors(loop_model, loop_opt)
                     ),
                     "torch_threads": 1,
+                    "rounds": loop_rounds,
                     "steps": steps,
                     "save_every": every,
                     "steps_per_s": throughput,
@@ -428,4 +430,8 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    main(parser.parse_args().quick)
+    parser.add_argument(
+        "--rounds", type=int, default=None, help=f"loop rounds (default {ROUNDS}, quick 2)"
+    )
+    args = parser.parse_args()
+    main(args.quick, args.rounds)
