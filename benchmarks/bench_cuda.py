@@ -132,6 +132,15 @@ def main(quick: bool = False) -> dict[str, Any]:
             kit.save_state(async_save=True)
             torch.cuda.synchronize()
 
+        def kit_async_gpu_thread() -> None:
+            # The same with the thread writer (the default, "auto", uses the writer process
+            # and pinned shared memory: issue 29).
+            kit._checkpoints.config.async_writer = "thread"
+            try:
+                kit_async_gpu()
+            finally:
+                kit._checkpoints.config.async_writer = "auto"
+
         def kit_sync() -> None:
             kit.save_state()
 
@@ -145,6 +154,7 @@ def main(quick: bool = False) -> dict[str, Any]:
             "d2h pageable": _copier(tensors, pinned=False),
             "accelkit async (call returns)": kit_async,
             "accelkit async (GPU free)": kit_async_gpu,
+            "accelkit async, thread writer (GPU free)": kit_async_gpu_thread,
             "accelkit sync": kit_sync,
         }
         if hf is not None:

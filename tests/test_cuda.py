@@ -248,3 +248,55 @@ def test_preemption_on_cuda_commits_and_resumes_bitwise(
     resumed = train(project, cpu=False, resume=True, **settings)
     assert resumed["steps"] == reference["steps"] == 16
     assert resumed["digest"] == reference["digest"]
+
+
+def test_process_writer_snapshots_into_pinned_shared_memory_without_blocking(
+    tmp_path: Path,
+) -> None:
+    """The process writer's snapshot of CUDA tensors: page-locked shared memory (memfd
+    segments registered with cudaHostRegister), filled by non-blocking copies; the call
+    returns before the copies finish, the files match the state at the call, and the buffers
+    are reused by the next save."""
+    from accelkit.checkpointing.commit.writer_process import process_writer_available
+
+    if not process_writer_available()[0]:
+        pytest.skip(process_writer_available()[1])
+    config = ProjectConfiguration(
+        str(tmp_path), automatic_checkpoint_naming=True, async_writer="process"
+    )
+    acc = Accelerator(project_config=config)
+    model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer = acc.prepare(model, optimizer)
+
+    def step() -> None:
+        loss = model(torch.randn(64, 1024, device=acc.device)).square().mean()
+        acc.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+
+    step()
+    acc.save_state(async_save=True).result(timeout=120)  # buffers allocated, writer started
+    step()
+    torch.cuda.synchronize()
+    at_call = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    handle = acc.save_state(async_save=True)
+    for _ in range(3):  # queued on the GPU right after the call: must not reach the files
+        step()
+    saver = acc._checkpoints.background
+    assert saver.last_writer == "process"
+    buffers = saver.snapshot.buffers()
+    arena = saver._arena
+    assert arena is not None
+    model_buffers = [b for k, b in buffers.items() if k[0] == "model"]
+    assert model_buffers and all(arena.locate(b) is not None for b in model_buffers)
+    assert all(b.is_pinned() for b in model_buffers)  # registered shared memory
+    pointers = {k: b.data_ptr() for k, b in buffers.items()}
+    path = handle.result(timeout=120)
+    acc.save_state(async_save=True).result(timeout=120)
+    assert {k: b.data_ptr() for k, b in saver.snapshot.buffers().items()} == pointers
+
+    acc.load_state(path)
+    for k, v in model.state_dict().items():
+        assert v.is_cuda and torch.equal(v.cpu(), at_call[k]), k
+    acc.end_training()

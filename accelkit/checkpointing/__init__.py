@@ -78,6 +78,8 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.commit.snapshot` -- a reusable host-memory copy of the saved state.
 - :mod:`~accelkit.checkpointing.commit.protocol` -- the one commit sequence every save runs.
 - :mod:`~accelkit.checkpointing.commit.async_save` -- the background driver of that sequence.
+- :mod:`~accelkit.checkpointing.commit.writer_process` -- the writer process of asynchronous
+  saves and its shared-memory snapshot buffers.
 
 **Replication** -- the remote tier of ``replicate_to``:
 

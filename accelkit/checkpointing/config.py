@@ -20,6 +20,10 @@ def _as_location(value: str | os.PathLike[str] | None) -> str | None:
     return None if value is None else os.fspath(value)
 
 
+# The values of async_writer (accelkit.checkpointing.commit.async_save.WRITER_MODES).
+_ASYNC_WRITERS = ("auto", "process", "thread")
+
+
 @dataclass
 class ProjectConfiguration:
     """Where a run's logs and checkpoints go.
@@ -51,6 +55,13 @@ class ProjectConfiguration:
         async_save: ``save_state()`` copies the state to host memory and writes it in the
             background, returning a handle (see ``Accelerator.save_state``); costs one host
             copy of the saved tensors, reused across saves.
+        async_writer: who hashes and writes an asynchronous save's files. ``"auto"`` (the
+            default): a persistent writer process at lower CPU and I/O priority, fed from a
+            shared-memory snapshot (so the work does not compete with training for the GIL),
+            wherever it can be used (Linux, local disk, shared memory available), else a
+            thread of the training process. ``"process"``: the same, with a warning when it
+            falls back to the thread. ``"thread"``: always the thread (no extra process).
+            See docs/guides/async-writer.md.
         continue_tracker_runs: a job resumed with ``load_state`` continues the tracker runs
             its checkpoint names (the same W&B run id, MLflow run, Comet experiment;
             TensorBoard and jsonl in the same folder with the points logged after the
@@ -128,6 +139,7 @@ class ProjectConfiguration:
     best_mode: str = "min"
     verify_checksums: bool = True
     async_save: bool = False
+    async_writer: str = "auto"
     continue_tracker_runs: bool = True
     checkpoint_events: bool = True
     # replication (#26)
@@ -152,6 +164,13 @@ class ProjectConfiguration:
         if self.iteration < 0:
             raise ValueError(f"iteration must be >= 0, got {self.iteration}.")
         self.storage_options = dict(self.storage_options or {})
+        if self.async_writer not in _ASYNC_WRITERS:
+            raise ConfigurationError(
+                f"ProjectConfiguration: async_writer must be one of "
+                f"{', '.join(map(repr, _ASYNC_WRITERS))}, got {short(self.async_writer)}; e.g. "
+                "async_writer='thread' to write asynchronous saves in a thread of the training "
+                "process."
+            )
         self.retention_policy()  # validate the retention settings now, not at the first save
         self._check_replication()
         if isinstance(self.preemption_signals, (str, int)):

@@ -165,7 +165,7 @@ class CheckpointManager:
         self._load_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._lock: RunLock | None = None
         self.counter = IterationCounter(config)
-        self.background = AsyncSaver()
+        self.background = AsyncSaver(writer=config.async_writer)
         self.listener: CheckpointListener | None = None
         self.replicator: Replicator | None = None
         """The background replicator (main process, with ``replicate_to``), once started."""
@@ -334,6 +334,7 @@ class CheckpointManager:
             return capture_live(objects, hooks, target, rank, main)
 
         if async_save:
+            self.background.writer = self.config.async_writer
             return self.background.start(sequence, take)
         sequence.capture(take)
         sequence.finish()

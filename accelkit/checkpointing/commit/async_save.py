@@ -18,6 +18,18 @@ switches one save function) with two differences only: *what* is written is a ho
    writer's messages and DCP's collective never interleave with the training loop's
    collectives on the default group.
 
+**Which writer** (``ProjectConfiguration.async_writer``): with ``"process"`` or ``"auto"`` (the
+default), the host buffers are shared memory and the files are hashed and written by a
+persistent writer process at a lower CPU and I/O priority
+(:mod:`~accelkit.checkpointing.commit.writer_process`), so that work no longer competes with the
+training step for the GIL; the writer thread then only waits for it and runs the small rest of
+the sequence. The thread writes the files itself (as before) where a process cannot: with
+``"thread"``, on a platform other than Linux, for storage other than the local disk (an object
+store's clients and credentials live in the training process), and once shared memory for the
+snapshot could not be reserved. ``"process"`` warns (once per cause) when it falls back to the
+thread; ``"auto"`` says so at debug level. Both writers leave the same files, manifest and
+checksums, as they run the same function.
+
 A failure is never silent: the writer logs it when it happens, and it is raised to the caller
 once: by the handle (``result()`` raises it, ``exception()`` returns it) if the caller asks,
 otherwise by the next ``save_state``, ``load_state``, ``wait_for_checkpoints`` or
@@ -25,10 +37,16 @@ otherwise by the next ``save_state``, ``load_state``, ``wait_for_checkpoints`` o
 the same way, so that every process learns of it. A failed save is not committed and earlier
 checkpoints are untouched (an automatically named folder is removed).
 
-Interpreter exit with a save in flight waits for it to commit. A process killed meanwhile
-leaves a folder without ``accelkit.json``, which loading and retention ignore by design.
+A writer process that dies (killed, out of memory) fails its save the same way (not committed,
+an automatic folder removed) but never stops training: the next ``save_state`` (or wait)
+reports it once as a warning instead of raising it, and starts a new writer process.
 
-Public API: :class:`AsyncCheckpoint` (the handle), :class:`AsyncSaver` (the driver).
+Interpreter exit with a save in flight waits for it to commit, then stops the writer process.
+A process killed meanwhile leaves a folder without ``accelkit.json``, which loading and
+retention ignore by design (its writer process exits with it).
+
+Public API: :class:`AsyncCheckpoint` (the handle), :class:`AsyncSaver` (the driver),
+:data:`WRITER_MODES`.
 """
 
 from __future__ import annotations
@@ -41,13 +59,28 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from accelkit.checkpointing.commit.payload import LivePayload
+from accelkit.checkpointing.commit.payload import LivePayload, Payload
 from accelkit.checkpointing.commit.protocol import GroupCoordinator, ProcessIdentity, SaveSequence
-from accelkit.checkpointing.commit.snapshot import FrozenSnapshot, HostSnapshot
+from accelkit.checkpointing.commit.snapshot import HostSnapshot
+from accelkit.checkpointing.commit.writer_process import (
+    CRASH_MARK,
+    ProcessPayload,
+    SharedArena,
+    WriterProcess,
+    close_writers,
+    process_writer_available,
+    shared_writer,
+)
+from accelkit.checkpointing.storage import LocalStorage, Storage
 
-__all__ = ["AsyncCheckpoint", "AsyncSaver"]
+__all__ = ["WRITER_MODES", "AsyncCheckpoint", "AsyncSaver"]
+
+WRITER_MODES = ("auto", "process", "thread")
+"""The values of ``ProjectConfiguration.async_writer``: who writes an asynchronous save's
+files (see the module docstring)."""
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +151,18 @@ class AsyncSaver:
             between saves.
     """
 
-    def __init__(self, snapshot: HostSnapshot | None = None) -> None:
+    def __init__(self, snapshot: HostSnapshot | None = None, writer: str = "auto") -> None:
+        if writer not in WRITER_MODES:
+            raise ValueError(f"writer must be one of {WRITER_MODES}, got {writer!r}.")
         self.snapshot = snapshot or HostSnapshot()
+        self.writer = writer
+        self.last_writer: str | None = None
+        """Who wrote the newest save's files: ``"process"`` or ``"thread"``."""
+        self.process: WriterProcess | None = None
+        """The writer process, once started."""
+        self._arena: SharedArena | None = None
+        self._shared_failed = False
+        self._warned: set[str] = set()
         self._pending: AsyncCheckpoint | None = None
         self._thread: threading.Thread | None = None
         self._group: Any = None
@@ -142,8 +185,13 @@ class AsyncSaver:
         if thread is not None:
             thread.join()
         self._pending, self._thread = None, None
-        if handle._error is not None and not handle._seen:
-            raise handle._error
+        error = handle._error
+        if error is not None and not handle._seen:
+            if CRASH_MARK in str(error.args[0] if error.args else error):
+                handle._seen = True
+                logger.warning("%s Training goes on.", error)
+                return
+            raise error
 
     def coordinator(self, state: ProcessIdentity) -> GroupCoordinator:
         """The writer's coordinator: a gloo group of its own, created at the first
@@ -165,9 +213,31 @@ class AsyncSaver:
             The handle of the save.
         """
 
-        def freeze() -> FrozenSnapshot:
+        writer = self._choose(sequence.storage, sequence.target)
+        if writer == "process":
+            if self.process is None:
+                self.process = shared_writer()
+            try:
+                self.process.ensure()  # started here (the training thread), replaced if it died
+            except OSError as exc:  # no process can be started (out of memory, pid limit)
+                self._fall_back(f"the writer process could not be started ({exc})")
+                writer = "thread"
+        if writer == "process" and self._arena is None:
+            self._arena = SharedArena()
+            self.snapshot.clear()
+            self.snapshot.allocate = self._allocate
+
+        def freeze() -> Payload:
             live = take()
-            return self.snapshot.capture(live.contents, live.sharded)
+            frozen = self.snapshot.capture(live.contents, live.sharded)
+            if self._arena is not None:
+                self._arena.keep_only(list(self.snapshot.buffers().values()))
+            if writer == "process" and not self._shared_failed:
+                assert self._arena is not None and self.process is not None
+                self.last_writer = "process"
+                return ProcessPayload(frozen, self._arena, self.process)
+            self.last_writer = "thread"
+            return frozen
 
         sequence.capture(freeze)
         handle = AsyncCheckpoint(sequence.target)
@@ -181,6 +251,75 @@ class AsyncSaver:
         _IN_FLIGHT.add(thread)
         thread.start()
         return handle
+
+    def _choose(self, storage: Storage, target: str) -> str:
+        """``"process"`` or ``"thread"`` for a save into ``target`` on ``storage``."""
+        if self._shared_failed and self._arena is not None:  # give the shared memory back
+            self.snapshot.clear()
+            self.snapshot.allocate = None
+            self._arena.release()
+            self._arena = None
+        if self.writer == "thread":
+            return "thread"
+        available, why = process_writer_available()
+        if not available:
+            reason = why
+        elif not isinstance(storage, LocalStorage):
+            reason = (
+                f"{storage.protocol}:// storage is not the local disk (the process writer writes "
+                "local files only: an object store's clients and credentials live in the "
+                "training process)"
+            )
+        elif self._shared_failed:
+            reason = "shared memory for the snapshot could not be reserved earlier"
+        else:
+            return "process"
+        self._fall_back(reason)
+        return "thread"
+
+    def _fall_back(self, reason: str) -> None:
+        if self.writer == "process" and reason not in self._warned:
+            self._warned.add(reason)
+            logger.warning(
+                "async_writer='process': the writer thread writes this save instead, because "
+                "%s. Pass ProjectConfiguration(async_writer='auto') to fall back silently.",
+                reason,
+            )
+        else:
+            logger.debug("The writer thread writes this asynchronous save: %s.", reason)
+
+    def _allocate(self, shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+        """A snapshot buffer in shared memory; ordinary memory (and the thread writer, with a
+        warning) once that fails."""
+        if not self._shared_failed and self._arena is not None:
+            try:
+                return self._arena.empty(shape, dtype, pin)
+            except OSError as exc:
+                self._shared_failed = True
+                nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+                logger.warning(
+                    "Could not reserve %d bytes of shared memory for the checkpoint snapshot "
+                    "(%s; %d bytes already held): the writer thread writes asynchronous saves "
+                    "from now on, with ordinary memory. The process writer needs free memory "
+                    "the size of the saved state; pass ProjectConfiguration("
+                    "async_writer='thread') to silence this.",
+                    nbytes,
+                    exc,
+                    self._arena.nbytes,
+                )
+        return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=pin)
+
+    def close(self) -> None:
+        """Wait for the save in flight, then give back the shared memory (the writer process,
+        shared by the interpreter's savers, stops at interpreter exit)."""
+        self.wait()
+        if self._arena is not None:
+            if self.process is not None:
+                self.process.forget(self._arena)
+            self.snapshot.clear()
+            self.snapshot.allocate = None
+            self._arena.release()
+            self._arena = None
 
     def _run(self, sequence: SaveSequence, handle: AsyncCheckpoint) -> None:
         error: BaseException | None = None
@@ -203,6 +342,7 @@ def _finish_saves_at_exit() -> None:
         if thread.is_alive():
             logger.info("Waiting for the checkpoint save in flight (%s) to finish.", thread.name)
             thread.join()
+    close_writers()  # then the writer processes (they exit at the end of their pipe)
 
 
 # Registered through threading's own exit hooks (as concurrent.futures does), which run before

@@ -34,7 +34,7 @@ import copy
 import ctypes
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -286,11 +286,20 @@ class HostSnapshot:
         pin_memory: use pinned (page-locked) buffers for CUDA tensors, so device-to-host copies
             are asynchronous and run at full bus speed. Falls back to ordinary memory, with a
             warning, if pinning fails.
+        allocate: ``allocate(shape, dtype, pin)`` makes a new buffer (the shared memory of the
+            process writer: :meth:`~accelkit.checkpointing.commit.writer_process.SharedArena.
+            empty`); ordinary host memory by default.
     """
 
-    def __init__(self, pin_memory: bool = True) -> None:
+    def __init__(
+        self,
+        pin_memory: bool = True,
+        allocate: Callable[[torch.Size, torch.dtype, bool], torch.Tensor] | None = None,
+    ) -> None:
         self.pin_memory = pin_memory
+        self.allocate = allocate
         self._buffers: dict[_Key, torch.Tensor] = {}
+        self._pinned: dict[_Key, bool] = {}
         self._streams: dict[torch.device, Any] = {}
 
     @property
@@ -305,6 +314,7 @@ class HostSnapshot:
     def clear(self) -> None:
         """Release every buffer (the next capture allocates them again)."""
         self._buffers.clear()
+        self._pinned.clear()
 
     def _side_stream(self, device: torch.device) -> Any:
         stream = self._streams.get(device)
@@ -315,14 +325,18 @@ class HostSnapshot:
 
     def _buffer(self, key: _Key, src: torch.Tensor, pinned: bool) -> torch.Tensor:
         old = self._buffers.get(key)
+        pin = pinned and self.pin_memory
         if (
             old is not None
             and old.dtype == src.dtype
             and old.numel() == src.numel()
-            and old.is_pinned() == (pinned and self.pin_memory)
+            and self._pinned.get(key) == pin
         ):
             return old.view(src.shape)
-        pin = pinned and self.pin_memory
+        if self.allocate is not None:
+            buffer = self.allocate(src.shape, src.dtype, pin)
+            self._buffers[key], self._pinned[key] = buffer, pin
+            return buffer
         try:
             buffer = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=pin)
         except RuntimeError as exc:
@@ -335,8 +349,9 @@ class HostSnapshot:
                 exc,
             )
             self.pin_memory = False
+            pin = False
             buffer = torch.empty(src.shape, dtype=src.dtype, device="cpu")
-        self._buffers[key] = buffer
+        self._buffers[key], self._pinned[key] = buffer, pin
         return buffer
 
     def capture(
@@ -381,4 +396,5 @@ class HostSnapshot:
         frozen.events = copier.finish()
         for key in [k for k in self._buffers if k not in copier.used]:
             del self._buffers[key]  # not part of the newest checkpoint: give it back
+            self._pinned.pop(key, None)
         return frozen
