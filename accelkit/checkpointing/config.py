@@ -58,9 +58,11 @@ class ProjectConfiguration:
         async_writer: who hashes and writes an asynchronous save's files. ``"auto"`` (the
             default): a persistent writer process at lower CPU and I/O priority, fed from a
             shared-memory snapshot (so the work does not compete with training for the GIL),
-            wherever it can be used (Linux, local disk, shared memory available), else a
-            thread of the training process. ``"process"``: the same, with a warning when it
-            falls back to the thread. ``"thread"``: always the thread (no extra process).
+            wherever it can be used (Linux, local disk, shared memory available, state on
+            the CPU), else a thread of the training process (state on a GPU: the snapshot is
+            the device-to-host copy with either writer). ``"process"``: the process also for
+            GPU state, with a warning when it falls back to the thread. ``"thread"``: always
+            the thread (no extra process).
             See docs/guides/async-writer.md.
         continue_tracker_runs: a job resumed with ``load_state`` continues the tracker runs
             its checkpoint names (the same W&B run id, MLflow run, Comet experiment;

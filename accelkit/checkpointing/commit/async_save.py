@@ -25,10 +25,11 @@ persistent writer process at a lower CPU and I/O priority
 training step for the GIL; the writer thread then only waits for it and runs the small rest of
 the sequence. The thread writes the files itself (as before) where a process cannot: with
 ``"thread"``, on a platform other than Linux, for storage other than the local disk (an object
-store's clients and credentials live in the training process), and once shared memory for the
-snapshot could not be reserved. ``"process"`` warns (once per cause) when it falls back to the
-thread; ``"auto"`` says so at debug level. Both writers leave the same files, manifest and
-checksums, as they run the same function.
+store's clients and credentials live in the training process), once shared memory for the
+snapshot could not be reserved, and, under ``"auto"``, for state on a GPU (its snapshot goes to
+PyTorch's page-locked memory; see docs/guides/async-writer.md). ``"process"`` warns (once per
+cause) when it falls back to the thread; ``"auto"`` says so at debug level. Both writers leave
+the same files, manifest and checksums, as they run the same function.
 
 A failure is never silent: the writer logs it when it happens, and it is raised to the caller
 once: by the handle (``result()`` raises it, ``exception()`` returns it) if the caller asks,
@@ -83,6 +84,11 @@ WRITER_MODES = ("auto", "process", "thread")
 files (see the module docstring)."""
 
 logger = logging.getLogger(__name__)
+
+_CUDA_REASON = (
+    "the state is on a CUDA device (async_writer='auto' leaves a GPU's snapshot in the page-"
+    "locked memory of the training process; async_writer='process' asks for the writer process)"
+)
 
 
 class AsyncCheckpoint:
@@ -162,6 +168,7 @@ class AsyncSaver:
         """The writer process, once started."""
         self._arena: SharedArena | None = None
         self._shared_failed = False
+        self._cuda_state = False  # "auto" met CUDA tensors: the thread writes (see _allocate)
         self._warned: set[str] = set()
         self._pending: AsyncCheckpoint | None = None
         self._thread: threading.Thread | None = None
@@ -232,7 +239,7 @@ class AsyncSaver:
             frozen = self.snapshot.capture(live.contents, live.sharded)
             if self._arena is not None:
                 self._arena.keep_only(list(self.snapshot.buffers().values()))
-            if writer == "process" and not self._shared_failed:
+            if writer == "process" and not self._shared_failed and not self._cuda_state:
                 assert self._arena is not None and self.process is not None
                 self.last_writer = "process"
                 return ProcessPayload(frozen, self._arena, self.process)
@@ -254,7 +261,9 @@ class AsyncSaver:
 
     def _choose(self, storage: Storage, target: str) -> str:
         """``"process"`` or ``"thread"`` for a save into ``target`` on ``storage``."""
-        if self._shared_failed and self._arena is not None:  # give the shared memory back
+        # Shared memory given back once it failed. Under "auto" with CUDA state it is kept:
+        # it holds only the CPU tensors' buffers, which the thread reads as well as any.
+        if self._shared_failed and self._arena is not None:
             self.snapshot.clear()
             self.snapshot.allocate = None
             self._arena.release()
@@ -272,6 +281,8 @@ class AsyncSaver:
             )
         elif self._shared_failed:
             reason = "shared memory for the snapshot could not be reserved earlier"
+        elif self._cuda_state and self.writer == "auto":
+            reason = _CUDA_REASON
         else:
             return "process"
         self._fall_back(reason)
@@ -290,7 +301,17 @@ class AsyncSaver:
 
     def _allocate(self, shape: torch.Size, dtype: torch.dtype, pin: bool) -> torch.Tensor:
         """A snapshot buffer in shared memory; ordinary memory (and the thread writer, with a
-        warning) once that fails."""
+        warning) once that fails; ordinary pinned memory for CUDA tensors under ``"auto"``."""
+        if pin and self.writer == "auto":
+            # Tensors on a GPU: the thread writes this save and the next ones. On a GPU the
+            # snapshot's blocking part is the device-to-host copy with either writer (1.04x a
+            # pinned copy, measured on an H200 with both, and the same 1.3-1.4% of throughput),
+            # and torch's own page-locked memory needs no registration of shared memory with
+            # CUDA. async_writer="process" asks for the writer process all the same.
+            if not self._cuda_state:
+                self._cuda_state = True
+                logger.debug("The writer thread writes asynchronous saves: %s.", _CUDA_REASON)
+            return torch.empty(shape, dtype=dtype, device="cpu", pin_memory=True)
         if not self._shared_failed and self._arena is not None:
             try:
                 return self._arena.empty(shape, dtype, pin)

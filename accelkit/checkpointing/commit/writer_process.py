@@ -44,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -112,6 +113,7 @@ class _Segment:
     memory: mmap.mmap
     base: torch.Tensor  # uint8 over the whole segment
     registered: bool = False  # cudaHostRegister-ed
+    unregister: weakref.finalize | None = None  # undoes the registration, once
 
 
 _ARENA_IDS = itertools.count()
@@ -180,7 +182,24 @@ class SharedArena:
         base = torch.frombuffer(memory, dtype=torch.uint8)
         segment = _Segment(fd, size, memory, base)
         if pin:
-            segment.registered = _cuda_register(base)
+            error = _cuda_register(base)
+            if error is not None:
+                # Never used, pinned or not: a range CUDA already holds (error 712, a mapping
+                # someone unmapped while registered) would have the device copy into the pages
+                # of the old mapping, not these. The caller falls back to ordinary pinned memory.
+                del base, segment
+                try:
+                    memory.close()
+                except BufferError:  # pragma: no cover - a view still alive: freed with it
+                    pass
+                os.close(fd)
+                raise OSError(f"cudaHostRegister of {size} bytes failed: {error}")
+            segment.registered = True
+            # Unregistered when the segment is released, or at the latest when its base view is
+            # collected: always before the mapping can be unmapped (the view holds it), so that
+            # no registration outlives its pages and a later mapping at the same address is
+            # never mistaken for pinned.
+            segment.unregister = weakref.finalize(base, _cuda_unregister, base.data_ptr())
         self._segments[base.data_ptr()] = segment
         self._ids[base.data_ptr()] = next(_SEGMENT_IDS)
         return segment
@@ -216,31 +235,49 @@ class SharedArena:
         segment = self._segments.pop(base)
         self._ids.pop(base, None)
         self._free = {k: v for k, v in self._free.items() if v[0] != base}
-        if segment.registered:
-            _cuda_unregister(segment.base)
+        if segment.unregister is not None:
+            segment.unregister()
         os.close(segment.fd)
         # The mapping itself goes when the last tensor viewing it does.
 
 
-def _cuda_register(base: torch.Tensor) -> bool:
-    """Page-lock ``base`` (a whole segment) for CUDA; ``False`` (with a warning) if refused."""
+def _cuda_register(base: torch.Tensor) -> str | None:
+    """Page-lock ``base`` (a whole segment) for CUDA; ``None`` on success, else the error.
+
+    A refused registration also leaves CUDA's "last error" set, which PyTorch would report at
+    the next kernel launch of the training step as that kernel's failure: it is cleared here.
+    """
     if not torch.cuda.is_available():
-        return False
-    code = torch.cuda.cudart().cudaHostRegister(base.data_ptr(), base.numel(), 0)
-    if int(code) != 0:
-        logger.warning(
-            "cudaHostRegister of %d bytes of shared memory failed (CUDA error %s); the "
-            "device-to-host copies of the snapshot block.",
-            base.numel(),
-            int(code),
-        )
-        return False
-    return True
-
-
-def _cuda_unregister(base: torch.Tensor) -> None:
+        return "CUDA is not available"
+    code = int(torch.cuda.cudart().cudaHostRegister(base.data_ptr(), base.numel(), 0))
+    if code == 0:
+        return None
+    _clear_cuda_error()
     try:
-        torch.cuda.cudart().cudaHostUnregister(base.data_ptr())
+        text = str(torch.cuda.cudart().cudaGetErrorString(code))
+    except Exception:  # pragma: no cover - older bindings
+        text = ""
+    return f"CUDA error {code}" + (f" ({text})" if text else "")
+
+
+def _clear_cuda_error() -> None:
+    """Reset the CUDA runtime's last error (``cudaGetLastError``) of the runtime PyTorch uses:
+    the ``libcudart`` mapped into this process (PyTorch's wheels load it as a shared library;
+    where it is linked in statically there is nothing to find and nothing is done)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+        for path in paths:
+            # RTLD_NOLOAD: the copy already loaded, whose state PyTorch's calls share.
+            mode = getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_LAZY", 1)
+            ctypes.CDLL(path, mode=mode).cudaGetLastError()
+    except (OSError, AttributeError, IndexError):  # pragma: no cover - best effort
+        pass
+
+
+def _cuda_unregister(address: int) -> None:
+    try:
+        torch.cuda.cudart().cudaHostUnregister(address)
     except Exception:  # pragma: no cover - best effort at release
         pass
 
