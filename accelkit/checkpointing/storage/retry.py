@@ -413,11 +413,11 @@ class RetryingStorage(WrappedStorage):
 
     @override
     def open_read(self, url: str) -> BinaryIO:
-        return self._retry(f"open({url})", lambda: self.inner.open_read(url))
+        return self.inner.open_read_retrying(url, self._retry)
 
     @override
     def open_sink(self, url: str) -> Sink:
-        return _SpooledSink(self, url)
+        return self.inner.open_sink_retrying(url, self._retry) or _SpooledSink(self, url)
 
     @override
     def open_write(self, url: str, algorithm: str = DEFAULT_ALGORITHM) -> HashingWriter:

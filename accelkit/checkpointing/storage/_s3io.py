@@ -1,0 +1,381 @@
+"""S3 transfers at the client's limit: what :class:`~accelkit.checkpointing.storage.fsspec.
+S3Storage` writes and reads checkpoint files with.
+
+- :class:`MultipartSink` -- a file streamed to S3 as a multipart upload. The bytes are copied
+  into part buffers (the hash of :class:`~accelkit.checkpointing.storage.base.HashingWriter` is
+  taken on the way in, on the caller's thread), and each full part is sent by a pool thread
+  while the caller fills the next one: a few parts in flight, bounded for the whole process by
+  :data:`MAX_PARTS_IN_FLIGHT` (the memory budget: that many parts plus the one being filled).
+  A part stays in memory until the server has it, so a transient failure re-sends that part
+  only (no spool file, no restart of the file). A file smaller than one part is one PUT. The
+  object becomes visible only when the upload completes: inside a :func:`~accelkit.
+  checkpointing.storage.sync_batch` that completion is deferred to the end of the batch, so the
+  next file's parts start right away.
+- :class:`RangedReader` -- a file read with ranged GETs: a large ``readinto`` is split into
+  :data:`PART_SIZE` ranges fetched concurrently, each streamed straight into its slice of the
+  caller's buffer (no intermediate ``bytes`` of the whole range, no read-ahead cache copy);
+  small reads are served from a small read-ahead. Every range is pinned to the ETag seen when
+  the file was opened, so a file replaced during the read fails instead of mixing versions.
+
+Both take a ``retry`` runner (``retry(what, fn)``, from :class:`~accelkit.checkpointing.
+storage.retry.RetryingStorage`) that each request is run under.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from accelkit.checkpointing.storage._localfile import defer_to_batch
+from accelkit.checkpointing.storage._pools import thread_pool
+
+__all__ = [
+    "MAX_PARTS_IN_FLIGHT",
+    "PART_SIZE",
+    "MultipartSink",
+    "RangedReader",
+    "no_retry",
+]
+
+T = TypeVar("T")
+
+PART_SIZE = 16 * 1024 * 1024
+"""Bytes per part of an upload and per range of a read (S3 needs >= 5 MiB for every part but
+the last)."""
+
+MAX_PARTS_IN_FLIGHT = 6
+"""Parts sent (or ranges fetched) at once by the whole process; uploads also bound their
+memory with it."""
+
+_MAX_PARTS = 10_000  # S3's limit per upload
+_READ_AHEAD = 1024 * 1024
+_WORKERS = MAX_PARTS_IN_FLIGHT
+_BUDGET = threading.BoundedSemaphore(MAX_PARTS_IN_FLIGHT)
+
+
+def no_retry(what: str, fn: Callable[[], T]) -> T:
+    """The runner that runs ``fn`` once."""
+    return fn()
+
+
+def _pool() -> Any:
+    return thread_pool("s3", _WORKERS)
+
+
+def _part_size(number: int) -> int:
+    """Size of part ``number`` (1-based): :data:`PART_SIZE`, growing after every 1,000 parts so
+    a file of any size fits in S3's 10,000 parts."""
+    return PART_SIZE * (1 + (number - 1) // 1000)
+
+
+class MultipartSink:
+    """A new S3 object written as parts sent concurrently; see the module docstring.
+
+    Args:
+        fs: the ``s3fs.S3FileSystem``.
+        path: ``bucket/key``.
+        retry: the runner each request goes through.
+    """
+
+    chunk_size = PART_SIZE
+
+    def __init__(self, fs: Any, path: str, retry: Callable[[str, Callable[[], Any]], Any]) -> None:
+        self._fs = fs
+        self._path = path
+        self._bucket, self._key, _ = fs.split_path(path)
+        self._retry = retry
+        self._number = 1
+        self._buffer = bytearray(min(_READ_AHEAD, PART_SIZE))
+        self._filled = 0
+        self._upload_id: str | None = None
+        self._parts: list[Future[dict[str, Any]]] = []
+        self._closed = False
+
+    def _what(self, part: int | None = None) -> str:
+        return f"upload of s3://{self._path}" + (f" (part {part})" if part else "")
+
+    def write(self, data: memoryview) -> int:
+        """Copy ``data`` into the current part; a full part is sent, the call returning once
+        the process's budget of parts in flight allows it."""
+        total = len(data)
+        done = 0
+        while done < total:
+            size = _part_size(self._number)
+            if len(self._buffer) < size:  # grow from the small first buffer on demand
+                grown = bytearray(size)
+                grown[: self._filled] = self._buffer[: self._filled]
+                self._buffer = grown
+            count = min(size - self._filled, total - done)
+            self._buffer[self._filled : self._filled + count] = data[done : done + count]
+            self._filled += count
+            done += count
+            if self._filled == size:
+                self._send_part()
+        return total
+
+    def _send_part(self) -> None:
+        if self._upload_id is None:
+            answer = self._retry(
+                f"start of {self._what()}",
+                lambda: self._fs.call_s3(
+                    "create_multipart_upload", Bucket=self._bucket, Key=self._key
+                ),
+            )
+            self._upload_id = str(answer["UploadId"])
+        if self._number > _MAX_PARTS:
+            raise OSError(f"{self._what()}: more than {_MAX_PARTS} parts")
+        body, self._buffer, self._filled = self._buffer, bytearray(), 0
+        number = self._number
+        self._number += 1
+        _BUDGET.acquire()  # memory: at most MAX_PARTS_IN_FLIGHT parts wait for the server
+        try:
+            future = _pool().submit(self._upload_part, number, body)
+        except BaseException:
+            _BUDGET.release()
+            raise
+        self._parts.append(future)
+        # A part that already failed for good ends the file now, not at its commit.
+        failed = next((f for f in self._parts if f.done() and f.exception() is not None), None)
+        if failed is not None:
+            failed.result()
+
+    def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
+        try:
+            answer = self._retry(
+                self._what(number),
+                lambda: self._fs.call_s3(
+                    "upload_part",
+                    Bucket=self._bucket,
+                    Key=self._key,
+                    UploadId=self._upload_id,
+                    PartNumber=number,
+                    Body=body,
+                ),
+            )
+            return {"PartNumber": number, "ETag": answer["ETag"]}
+        finally:
+            _BUDGET.release()
+
+    def _finish(self) -> None:
+        """Complete the upload (or PUT a file smaller than one part); aborts it on failure."""
+        try:
+            if self._upload_id is None:
+                body = bytes(self._buffer[: self._filled])
+                self._retry(
+                    self._what(),
+                    lambda: self._fs.call_s3(
+                        "put_object", Bucket=self._bucket, Key=self._key, Body=body
+                    ),
+                )
+            else:
+                parts = [f.result() for f in self._parts]
+                self._retry(
+                    f"completion of {self._what()}",
+                    lambda: self._fs.call_s3(
+                        "complete_multipart_upload",
+                        Bucket=self._bucket,
+                        Key=self._key,
+                        UploadId=self._upload_id,
+                        MultipartUpload={"Parts": parts},
+                    ),
+                )
+        except BaseException:
+            self._abort_upload()
+            raise
+        finally:
+            self._buffer = bytearray()
+            self._fs.invalidate_cache(self._path)
+
+    def commit(self, deferred: bool) -> None:
+        """Send what is left and complete the upload: now, or with ``deferred`` inside a
+        :func:`~accelkit.checkpointing.storage.sync_batch`, when the batch ends."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._upload_id is not None and (self._filled or self._number == 1):
+            # the last part goes out now: the caller may reuse nothing of ours, but a deferred
+            # completion must not hold a full buffer per file
+            del self._buffer[self._filled :]
+            self._send_part()
+        if not (deferred and defer_to_batch(self._finish)):
+            self._finish()
+
+    def abort(self) -> None:
+        """Drop the upload: parts in flight are waited for, then the upload is aborted."""
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer = bytearray()
+        self._abort_upload()
+
+    def _abort_upload(self) -> None:
+        for future in self._parts:
+            future.cancel()
+        for future in self._parts:
+            with contextlib.suppress(BaseException):
+                future.result()
+        if self._upload_id is not None:
+            upload_id, self._upload_id = self._upload_id, None
+            with contextlib.suppress(Exception):
+                self._fs.call_s3(
+                    "abort_multipart_upload",
+                    Bucket=self._bucket,
+                    Key=self._key,
+                    UploadId=upload_id,
+                )
+
+
+async def _get_into(fs: Any, request: dict[str, Any], view: memoryview) -> int:
+    """One ranged GET streamed into ``view``; returns the byte count."""
+    answer = await fs._call_s3("get_object", **request)
+    body = answer["Body"]
+    got = 0
+    try:
+        while got < len(view):
+            count = await body.readinto(view[got:])
+            if not count:
+                break
+            got += count
+    finally:
+        body.close()
+    return got
+
+
+class RangedReader:
+    """A binary stream over one S3 object, read with concurrent ranged GETs; see the module
+    docstring.
+
+    Args:
+        fs: the ``s3fs.S3FileSystem``.
+        path: ``bucket/key``.
+        retry: the runner each request goes through.
+
+    Raises:
+        FileNotFoundError: there is no such object.
+    """
+
+    def __init__(self, fs: Any, path: str, retry: Callable[[str, Callable[[], Any]], Any]) -> None:
+        self._fs = fs
+        self.path = path
+        self._bucket, self._key, _ = fs.split_path(path)
+        self._retry = retry
+        head = retry(f"open(s3://{path})", lambda: fs.info(path, refresh=True))
+        if head.get("type") == "directory":
+            raise IsADirectoryError(f"s3://{path} is a folder")
+        self.size = int(head["size"])
+        self._etag = head.get("ETag")
+        self._pos = 0
+        self._ahead = b""
+        self._ahead_at = 0
+        self.closed = False
+
+    def __enter__(self) -> RangedReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the stream (nothing is held open between reads)."""
+        self.closed = True
+        self._ahead = b""
+
+    def readable(self) -> bool:
+        """Always true."""
+        return True
+
+    def seekable(self) -> bool:
+        """Always true."""
+        return True
+
+    def tell(self) -> int:
+        """The read position."""
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Move the read position (``whence``: 0 start, 1 current, 2 end)."""
+        base = {0: 0, 1: self._pos, 2: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def _request(self, start: int, end: int) -> dict[str, Any]:
+        request = {"Bucket": self._bucket, "Key": self._key, "Range": f"bytes={start}-{end - 1}"}
+        if self._etag:
+            request["IfMatch"] = self._etag
+        return request
+
+    def _fetch(self, start: int, view: memoryview) -> None:
+        from fsspec.asyn import sync
+
+        def once() -> None:
+            got = sync(
+                self._fs.loop,
+                _get_into,
+                self._fs,
+                self._request(start, start + len(view)),
+                view,
+            )
+            if got != len(view):
+                raise ConnectionError(
+                    f"s3://{self.path}: {got} of {len(view)} bytes of a range at {start}"
+                )
+
+        self._retry(f"read of s3://{self.path} at {start}", once)
+
+    def _fetch_many(self, start: int, view: memoryview) -> None:
+        if len(view) <= PART_SIZE:
+            self._fetch(start, view)
+            return
+        futures: list[Future[None]] = []
+        try:
+            for offset in range(0, len(view), PART_SIZE):
+                piece = view[offset : offset + PART_SIZE]
+                futures.append(_pool().submit(self._fetch, start + offset, piece))
+        finally:
+            first: BaseException | None = None
+            for future in futures:
+                try:
+                    future.result()
+                except BaseException as exc:
+                    first = first or exc
+            if first is not None:
+                raise first
+
+    def readinto(self, buffer: Any) -> int:
+        """Fill ``buffer`` from the read position (less at the end of the file)."""
+        view = memoryview(buffer).cast("B")
+        want = max(0, min(len(view), self.size - self._pos))
+        done = 0
+        ahead_end = self._ahead_at + len(self._ahead)
+        if self._ahead_at <= self._pos < ahead_end:
+            count = min(want, ahead_end - self._pos)
+            at = self._pos - self._ahead_at
+            view[:count] = self._ahead[at : at + count]
+            done = count
+        rest = want - done
+        if rest >= _READ_AHEAD:
+            self._fetch_many(self._pos + done, view[done:want])
+            done = want
+        elif rest:
+            start = self._pos + done
+            block = bytearray(min(_READ_AHEAD, self.size - start))
+            self._fetch(start, memoryview(block))
+            self._ahead, self._ahead_at = bytes(block), start
+            view[done:want] = self._ahead[:rest]
+            done = want
+        self._pos += done
+        return done
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (everything that is left for ``n < 0``)."""
+        left = self.size - self._pos
+        n = left if n is None or n < 0 else min(n, left)
+        if n <= 0:
+            return b""
+        out = bytearray(n)
+        count = self.readinto(out)
+        del out[count:]
+        return bytes(out)
