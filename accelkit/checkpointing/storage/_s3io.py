@@ -61,6 +61,19 @@ def no_retry(what: str, fn: Callable[[], T]) -> T:
     return fn()
 
 
+def _call(fs: Any, method: str, **kwargs: Any) -> Any:
+    """``fs.call_s3(method, **kwargs)``, a failure always an ``OSError`` (botocore's own
+    errors, which s3fs lets through, become its cause: :func:`~accelkit.checkpointing.storage.
+    retry.classify` reads them there)."""
+    try:
+        return fs.call_s3(method, **kwargs)
+    except OSError:
+        raise
+    except Exception as exc:
+        where = f"s3://{kwargs.get('Bucket')}/{kwargs.get('Key')}"
+        raise OSError(f"S3 {method} of {where} failed: {exc}") from exc
+
+
 def _pool() -> Any:
     return thread_pool("s3", _WORKERS)
 
@@ -120,8 +133,8 @@ class MultipartSink:
         if self._upload_id is None:
             answer = self._retry(
                 f"start of {self._what()}",
-                lambda: self._fs.call_s3(
-                    "create_multipart_upload", Bucket=self._bucket, Key=self._key
+                lambda: _call(
+                    self._fs, "create_multipart_upload", Bucket=self._bucket, Key=self._key
                 ),
             )
             self._upload_id = str(answer["UploadId"])
@@ -146,7 +159,8 @@ class MultipartSink:
         try:
             answer = self._retry(
                 self._what(number),
-                lambda: self._fs.call_s3(
+                lambda: _call(
+                    self._fs,
                     "upload_part",
                     Bucket=self._bucket,
                     Key=self._key,
@@ -166,15 +180,16 @@ class MultipartSink:
                 body = bytes(self._buffer[: self._filled])
                 self._retry(
                     self._what(),
-                    lambda: self._fs.call_s3(
-                        "put_object", Bucket=self._bucket, Key=self._key, Body=body
+                    lambda: _call(
+                        self._fs, "put_object", Bucket=self._bucket, Key=self._key, Body=body
                     ),
                 )
             else:
                 parts = [f.result() for f in self._parts]
                 self._retry(
                     f"completion of {self._what()}",
-                    lambda: self._fs.call_s3(
+                    lambda: _call(
+                        self._fs,
                         "complete_multipart_upload",
                         Bucket=self._bucket,
                         Key=self._key,
@@ -220,7 +235,8 @@ class MultipartSink:
         if self._upload_id is not None:
             upload_id, self._upload_id = self._upload_id, None
             with contextlib.suppress(Exception):
-                self._fs.call_s3(
+                _call(
+                    self._fs,
                     "abort_multipart_upload",
                     Bucket=self._bucket,
                     Key=self._key,
@@ -310,14 +326,15 @@ class RangedReader:
     def _fetch(self, start: int, view: memoryview) -> None:
         from fsspec.asyn import sync
 
+        request = self._request(start, start + len(view))
+
         def once() -> None:
-            got = sync(
-                self._fs.loop,
-                _get_into,
-                self._fs,
-                self._request(start, start + len(view)),
-                view,
-            )
+            try:
+                got = sync(self._fs.loop, _get_into, self._fs, request, view)
+            except OSError:
+                raise
+            except Exception as exc:
+                raise OSError(f"S3 read of s3://{self.path} at {start} failed: {exc}") from exc
             if got != len(view):
                 raise ConnectionError(
                     f"s3://{self.path}: {got} of {len(view)} bytes of a range at {start}"
