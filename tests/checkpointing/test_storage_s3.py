@@ -20,8 +20,7 @@ from torch import nn
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.storage import get_storage, join, sync_batch
-from accelkit.checkpointing.storage import _s3io
+from accelkit.checkpointing.storage import _s3io, get_storage, join, sync_batch
 from accelkit.checkpointing.storage.checksum import checksum_bytes
 from accelkit.checkpointing.storage.fsspec import S3Storage
 from accelkit.checkpointing.storage.retry import RetryingStorage, RetryPolicy
@@ -124,7 +123,7 @@ def test_an_upload_that_cannot_finish_leaves_nothing(
     storage = _retrying(s3_server.storage_options, s3_server.url())
     url = join(s3_server.new_prefix(), "model.safetensors")
     key = url.split("/", 3)[3]
-    with pytest.raises(RuntimeError, match="boom"), storage.open_write(url) as writer:  # noqa: PT012
+    with pytest.raises(RuntimeError, match="boom"), storage.open_write(url) as writer:
         writer.write(os.urandom(2 * small_parts + 1))
         assert len(_pending_uploads(s3_server, key)) == 1
         raise RuntimeError("boom")
@@ -139,7 +138,7 @@ def test_an_upload_past_its_retry_deadline_fails_with_no_object(
     url = join(s3_server.new_prefix(), "model.safetensors")
     with FaultProxy(("127.0.0.1", s3_server.port)) as proxy:
         storage = _retrying(_proxied(s3_server, proxy), s3_server.url(), deadline=1.0)
-        with pytest.raises(OSError), storage.open_write(url) as writer:  # noqa: PT012
+        with pytest.raises(OSError), storage.open_write(url) as writer:
             writer.write(os.urandom(2 * small_parts))  # two parts sent
             proxy.down_for(60)
             writer.write(os.urandom(2 * small_parts))
