@@ -76,7 +76,7 @@ def main(quick: bool = False) -> dict[str, Any]:
     from accelkit.checkpointing.storage._s3io import MAX_PARTS_IN_FLIGHT, PART_SIZE
 
     size = 16 * MB if quick else 256 * MB
-    repeats = 3 if quick else 5
+    repeats = 3 if quick else 7
     notes = [
         "SeaweedFS `weed mini` on 127.0.0.1 (same machine, same disk): the limit is the client "
         "and this 2-core machine, shared with other processes.",
