@@ -259,11 +259,17 @@ class MultipartSink:
         if self._closed:
             return
         self._closed = True
-        if self._upload_id is not None and (self._filled or self._number == 1):
-            # the last part goes out now: the caller may reuse nothing of ours, but a deferred
-            # completion must not hold a full buffer per file
+        if self._upload_id is not None and self._filled:
+            # The last part goes out now: a deferred completion holds no buffer of its own.
             del self._buffer[self._filled :]
-            self._send_part()
+            try:
+                self._send_part()
+            except BaseException:
+                try:
+                    self._abort_upload()
+                finally:
+                    self._leave()
+                raise
         if not (deferred and defer_to_batch(self._finish)):
             self._finish()
 
