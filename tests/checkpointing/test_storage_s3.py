@@ -32,8 +32,11 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def small_parts(monkeypatch: pytest.MonkeyPatch) -> int:
-    """Parts of 5 MiB (S3's smallest), so a few MiB make a multipart upload."""
+    """Parts of 5 MiB (S3's smallest), so a few MiB make a multipart upload; reads of 10 MiB
+    or more go straight into the caller's buffer, smaller ones through a 5 MiB window."""
     monkeypatch.setattr(_s3io, "PART_SIZE", 5 * MIB)
+    monkeypatch.setattr(_s3io, "_DIRECT", 10 * MIB)
+    monkeypatch.setattr(_s3io, "_WINDOW", 5 * MIB)
     return 5 * MIB
 
 
@@ -83,7 +86,8 @@ def test_a_file_is_a_multipart_upload_read_back_whole(
     fs = storage.inner.fs  # type: ignore[attr-defined]
     etag = str(fs.info(url, refresh=True)["ETag"]).strip('"')
     assert etag.endswith("-4"), f"not a 4-part upload: ETag {etag}"
-    # Read back with small reads (the read-ahead), then one large readinto (ranges at once).
+    # Read back with a small read (a window), then one large readinto (what the window holds,
+    # then ranges at once straight into the buffer).
     with storage.open_read(url) as f:
         head = f.read(8)
         rest = bytearray(len(data) - 8)

@@ -11,10 +11,11 @@ S3Storage` writes and reads checkpoint files with.
   object becomes visible only when the upload completes: inside a :func:`~accelkit.
   checkpointing.storage.sync_batch` that completion is deferred to the end of the batch, so the
   next file's parts start right away.
-- :class:`RangedReader` -- a file read with ranged GETs: a large ``readinto`` is split into
-  :data:`PART_SIZE` ranges fetched concurrently, each streamed straight into its slice of the
-  caller's buffer (no intermediate ``bytes`` of the whole range, no read-ahead cache copy);
-  small reads are served from a small read-ahead. Every range is pinned to the ETag seen when
+- :class:`RangedReader` -- a file read with ranged GETs: a large ``readinto`` (32 MiB or
+  more) is split into :data:`PART_SIZE` ranges fetched concurrently, each streamed straight
+  into its slice of the caller's buffer (no intermediate ``bytes`` of the whole range, no
+  read-ahead cache copy); smaller reads (a header, tensors of a few MiB) are served from a
+  64 MiB window fetched the same way. Every range is pinned to the ETag seen when
   the file was opened, so a file replaced during the read fails instead of mixing versions.
 
 Both take a ``retry`` runner (``retry(what, fn)``, from :class:`~accelkit.checkpointing.
@@ -51,7 +52,11 @@ MAX_PARTS_IN_FLIGHT = 6
 memory with it."""
 
 _MAX_PARTS = 10_000  # S3's limit per upload
-_READ_AHEAD = 1024 * 1024
+_FIRST_BUFFER = 1024 * 1024  # a file's first part buffer: small files stay cheap
+# Reads smaller than this are served from a window of _WINDOW bytes fetched as concurrent
+# ranges (a checkpoint holds many tensors of a few MiB: one GET each would run serially).
+_DIRECT = 32 * 1024 * 1024
+_WINDOW = 64 * 1024 * 1024
 _WORKERS = MAX_PARTS_IN_FLIGHT
 _BUDGET = threading.BoundedSemaphore(MAX_PARTS_IN_FLIGHT)
 
@@ -143,7 +148,7 @@ class MultipartSink:
         self._bucket, self._key, _ = fs.split_path(path)
         self._retry = retry
         self._number = 1
-        self._buffer = bytearray(min(_READ_AHEAD, PART_SIZE))
+        self._buffer = bytearray(min(_FIRST_BUFFER, PART_SIZE))
         self._filled = 0
         self._upload_id: str | None = None
         self._parts: list[Future[dict[str, Any]]] = []
@@ -342,7 +347,7 @@ class RangedReader:
         self.size = int(head["size"])
         self._etag = head.get("ETag")
         self._pos = 0
-        self._ahead = b""
+        self._ahead = memoryview(b"")
         self._ahead_at = 0
         self.closed = False
 
@@ -355,7 +360,7 @@ class RangedReader:
     def close(self) -> None:
         """Close the stream (nothing is held open between reads)."""
         self.closed = True
-        self._ahead = b""
+        self._ahead = memoryview(b"")
 
     def readable(self) -> bool:
         """Always true."""
@@ -431,15 +436,16 @@ class RangedReader:
             view[:count] = self._ahead[at : at + count]
             done = count
         rest = want - done
-        if rest >= _READ_AHEAD:
+        if rest >= _DIRECT:
             self._fetch_many(self._pos + done, view[done:want])
             done = want
         elif rest:
             start = self._pos + done
-            block = bytearray(min(_READ_AHEAD, self.size - start))
-            self._fetch(start, memoryview(block))
-            self._ahead, self._ahead_at = bytes(block), start
-            view[done:want] = self._ahead[:rest]
+            block = memoryview(bytearray(min(max(_WINDOW, rest), self.size - start)))
+            self._ahead = memoryview(b"")
+            self._fetch_many(start, block)
+            self._ahead, self._ahead_at = block, start
+            view[done:want] = block[:rest]
             done = want
         self._pos += done
         return done
