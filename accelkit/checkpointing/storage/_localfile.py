@@ -22,11 +22,13 @@ each chunk started at once (``sync_file_range``) so the disk works while the nex
 prepared.
 
 Durability: :func:`finish_local` ``fsync``-s a finished file, at once or, inside
-:func:`sync_batch`, in a background thread while the next file is written.
+:func:`sync_batch`, in a background thread while the next file is written; a remote file's
+completion joins the batch the same way (:func:`defer_to_batch`).
 
 Public API (for :mod:`~accelkit.checkpointing.storage.local`; :mod:`~accelkit.checkpointing.storage`
 re-exports :func:`sync_batch`):
-:class:`LocalFile`, :func:`direct_io_enabled`, :func:`finish_local`, :func:`sync_batch`.
+:class:`LocalFile`, :func:`direct_io_enabled`, :func:`finish_local`, :func:`defer_to_batch`,
+:func:`sync_batch`.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import BinaryIO
 
@@ -52,6 +54,7 @@ __all__ = [
     "IN_FLIGHT",
     "STAGE_BYTES",
     "LocalFile",
+    "defer_to_batch",
     "direct_io_enabled",
     "finish_local",
     "open_regular",
@@ -300,6 +303,17 @@ def sync_batch() -> Iterator[None]:
                 first = first or exc
         if first is not None and not failed:
             raise first
+
+
+def defer_to_batch(finish: Callable[[], None]) -> bool:
+    """Run ``finish`` (the completion of a remote file) in a background thread of the current
+    :func:`sync_batch`, which waits for it and raises its failure; ``False`` (nothing run)
+    outside a batch."""
+    batch = _SYNC_BATCH.get()
+    if batch is None:
+        return False
+    batch.append(thread_pool("finish", 4).submit(finish))
+    return True
 
 
 def finish_local(file: LocalFile, deferred: bool = False) -> None:

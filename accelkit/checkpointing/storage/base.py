@@ -48,9 +48,10 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, TypeVar
 
 from typing_extensions import override
 
@@ -60,6 +61,7 @@ from accelkit.errors import AccelkitError
 __all__ = [
     "Entry",
     "HashingWriter",
+    "RetryRunner",
     "Sink",
     "Storage",
     "StorageError",
@@ -111,6 +113,17 @@ class WrittenFile:
     path: str
     size: int
     checksum: str
+
+
+T = TypeVar("T")
+
+
+class RetryRunner(Protocol):
+    """Runs one request of a storage under a retry policy: ``retry(what, fn)`` calls ``fn``
+    (again, from its start, after a transient failure) and returns its result; ``what`` names
+    the request in messages (``"upload of s3://b/run/x (part 3)"``)."""
+
+    def __call__(self, what: str, fn: Callable[[], T], /) -> T: ...
 
 
 class Sink(Protocol):
@@ -312,6 +325,17 @@ class Storage(abc.ABC):
         """Open a new file at ``url`` for :class:`HashingWriter` (parents created as needed).
         A file already there must stay readable, whole, until the new one is committed."""
 
+    def open_sink_retrying(self, url: str, retry: RetryRunner) -> Sink | None:
+        """A sink for ``url`` whose requests are each run under ``retry`` (an upload's parts
+        re-sent from memory), or ``None`` where the backend has none (the default: the caller
+        then spools the file and retries it whole)."""
+        return None
+
+    def open_read_retrying(self, url: str, retry: RetryRunner) -> BinaryIO:
+        """:meth:`open_read`, with every request of the stream run under ``retry`` where the
+        backend can (the default retries the open only: a read cut in the middle raises)."""
+        return retry(f"open({url})", lambda: self.open_read(url))
+
     @abc.abstractmethod
     def create_exclusive(self, url: str, data: bytes) -> bool:
         """Create the file ``url`` holding ``data`` only if it does not exist yet.
@@ -447,6 +471,14 @@ class WrappedStorage(Storage):
     @override
     def open_sink(self, url: str) -> Sink:
         return self.inner.open_sink(url)
+
+    @override
+    def open_sink_retrying(self, url: str, retry: RetryRunner) -> Sink | None:
+        return self.inner.open_sink_retrying(url, retry)
+
+    @override
+    def open_read_retrying(self, url: str, retry: RetryRunner) -> BinaryIO:
+        return self.inner.open_read_retrying(url, retry)
 
     @override
     def open_write(self, url: str, algorithm: str = DEFAULT_ALGORITHM) -> HashingWriter:

@@ -39,7 +39,7 @@ from typing_extensions import override
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage._localfile import open_regular
-from accelkit.checkpointing.storage.base import Entry, Storage, WrappedStorage
+from accelkit.checkpointing.storage.base import Entry, RetryRunner, Storage, WrappedStorage
 
 __all__ = [
     "ConfinedStorage",
@@ -276,6 +276,13 @@ class ConfinedStorage(WrappedStorage):
         with self._parent_fd(parts) as parent:
             fd = self._open_below(parent, parts[-1], parts, directory=False)
         return open_regular(fd, url)
+
+    @override
+    def open_read_retrying(self, url: str, retry: RetryRunner) -> BinaryIO:
+        if self._os_root is None:
+            self._relative(url)
+            return self.inner.open_read_retrying(url, retry)
+        return retry(f"open({url})", lambda: self.open_read(url))
 
     @override
     def local_path(self, url: str) -> str | None:

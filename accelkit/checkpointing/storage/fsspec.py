@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from typing import IO, Any, BinaryIO
+from typing import IO, Any, BinaryIO, cast
 
 import fsspec
 from typing_extensions import override
 
-from accelkit.checkpointing.storage.base import Entry, Sink, Storage, WrittenFile
+from accelkit.checkpointing.storage._s3io import MultipartSink, RangedReader, no_retry
+from accelkit.checkpointing.storage.base import Entry, RetryRunner, Sink, Storage, WrittenFile
 from accelkit.checkpointing.storage.checksum import checksum_bytes
 
 __all__ = ["FsspecStorage", "S3Storage", "fsspec_storage"]
@@ -170,6 +171,11 @@ class FsspecStorage(Storage):
 class S3Storage(FsspecStorage):
     """S3 and S3-compatible servers (AWS, SeaweedFS, MinIO) through s3fs.
 
+    Checkpoint files are written as multipart uploads whose parts go out concurrently and are
+    retried one by one, and read with concurrent ranged GETs straight into the caller's buffer
+    (:mod:`~accelkit.checkpointing.storage._s3io`): a save and a load run at the speed of the
+    client's own bulk transfers.
+
     Two quirks are handled here:
 
     - :meth:`create_exclusive` is a conditional PUT (``If-None-Match: *``); a server that finds
@@ -180,6 +186,22 @@ class S3Storage(FsspecStorage):
     - some servers (SeaweedFS) keep an empty "folder" after its keys are deleted; it would be
       listed as an empty incomplete checkpoint, so :meth:`rmtree` deletes such markers.
     """
+
+    @override
+    def open_sink(self, url: str) -> Sink:
+        return MultipartSink(self.fs, self._path(url), no_retry)
+
+    @override
+    def open_sink_retrying(self, url: str, retry: RetryRunner) -> Sink | None:
+        return MultipartSink(self.fs, self._path(url), retry)
+
+    @override
+    def open_read(self, url: str) -> BinaryIO:
+        return cast(BinaryIO, RangedReader(self.fs, self._path(url), no_retry))
+
+    @override
+    def open_read_retrying(self, url: str, retry: RetryRunner) -> BinaryIO:
+        return cast(BinaryIO, RangedReader(self.fs, self._path(url), retry))
 
     @override
     def create_exclusive(self, url: str, data: bytes) -> bool:

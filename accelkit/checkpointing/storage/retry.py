@@ -12,10 +12,12 @@ once, and :func:`hard_error_fix` says what to change.
   It reads exception classes and the status/code of a botocore ``ClientError`` found on the
   chain (``__cause__``/``__context__``), never message text.
 - :func:`retry_call` -- call a function under a policy.
-- :class:`RetryingStorage` -- a storage whose every primitive is retried per call; a file
-  written through it is spooled to a local temporary file and uploaded whole under the policy
-  (so one file is retried, never the whole checkpoint, with memory bounded by one chunk). What
-  ``ProjectConfiguration(project_dir="s3://...")`` saves go through.
+- :class:`RetryingStorage` -- a storage whose every primitive is retried per call. A file
+  written through it is retried request by request where the backend can
+  (:meth:`~accelkit.checkpointing.storage.base.Storage.open_sink_retrying`: S3 re-sends one
+  part from memory); elsewhere it is spooled to a local temporary file and uploaded whole
+  under the policy (one file retried, never the whole checkpoint, memory bounded by one
+  chunk). What ``ProjectConfiguration(project_dir="s3://...")`` saves go through.
 """
 
 from __future__ import annotations
@@ -349,10 +351,14 @@ def copy_stream(source: IO[bytes], sink: Sink, chunk: int = _SPOOL_CHUNK) -> int
 class RetryingStorage(WrappedStorage):
     """A storage that retries transient errors of ``inner`` under ``policy``, per call.
 
-    Queries, deletes and small writes are retried as they are; a streamed file
-    (:meth:`open_write`) is spooled to a local temporary file and uploaded whole on close, so
-    an upload cut by an outage is redone from its first byte, never half-committed. Reads are
-    retried when opened (a read cut in the middle raises: the caller re-reads the file).
+    Queries, deletes and small writes are retried as they are. A streamed file
+    (:meth:`open_write`) is retried request by request where ``inner`` offers it
+    (:meth:`~accelkit.checkpointing.storage.base.Storage.open_sink_retrying`: an S3 upload
+    re-sends a cut part from memory); otherwise it is spooled to a local temporary file and
+    uploaded whole on close, so an upload cut by an outage is redone from its first byte. Either
+    way it is never half-committed. Reads are retried per request where ``inner`` can
+    (:meth:`~accelkit.checkpointing.storage.base.Storage.open_read_retrying`: S3's ranged
+    GETs), else when opened (a read cut in the middle raises: the caller re-reads the file).
 
     Args:
         inner: the storage to retry (an object store).
@@ -413,11 +419,11 @@ class RetryingStorage(WrappedStorage):
 
     @override
     def open_read(self, url: str) -> BinaryIO:
-        return self._retry(f"open({url})", lambda: self.inner.open_read(url))
+        return self.inner.open_read_retrying(url, self._retry)
 
     @override
     def open_sink(self, url: str) -> Sink:
-        return _SpooledSink(self, url)
+        return self.inner.open_sink_retrying(url, self._retry) or _SpooledSink(self, url)
 
     @override
     def open_write(self, url: str, algorithm: str = DEFAULT_ALGORITHM) -> HashingWriter:
