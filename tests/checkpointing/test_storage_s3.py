@@ -193,3 +193,46 @@ def test_a_damaged_object_fails_its_checksum_on_load(s3_server: S3Server) -> Non
         model.weight.zero_()
     with pytest.raises(CorruptCheckpointError, match="checksum"):
         accelerator.load_state(path)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_parts_in_flight_bounds_an_uploads_memory(
+    s3_server: S3Server, small_parts: int, monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    """The replicator's budget: inside parts_in_flight(limit) an upload never has more than
+    ``limit`` parts waiting for the server (counted as the pool runs them), and the file
+    arrives whole."""
+    import threading
+
+    running, peak = 0, 0
+    lock = threading.Lock()
+    send = _s3io.MultipartSink._upload_part
+
+    def counted(self: Any, number: int, body: bytearray) -> Any:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        try:
+            return send(self, number, body)
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(_s3io.MultipartSink, "_upload_part", counted)
+    storage = _retrying(s3_server.storage_options, s3_server.url())
+    data = os.urandom(6 * small_parts + 1)
+
+    def upload() -> str:
+        url = join(s3_server.new_prefix(), "model.safetensors")
+        with storage.open_write(url) as writer:
+            for start in range(0, len(data), small_parts):
+                writer.write(memoryview(data)[start : start + small_parts])
+        return url
+
+    with _s3io.parts_in_flight(limit):
+        url = upload()
+    assert peak <= limit
+    assert storage.read_bytes(url) == data
+    with pytest.raises(ValueError, match="at least 1"), _s3io.parts_in_flight(0):
+        pass

@@ -49,15 +49,25 @@ from accelkit.checkpointing.formats.layout import (
 )
 from accelkit.checkpointing.formats.manifest import FileEntry, Manifest, read_manifest
 from accelkit.checkpointing.formats.manifest import write_manifest as _write_manifest
-from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage import Storage, join, parts_in_flight
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.checkpointing.storage.retry import RetryPolicy, retry_call
 from accelkit.checkpointing.storage.verified import open_verified
 
-__all__ = ["READ_CHUNK", "UPLOAD_WORKERS", "Replicated", "replicate_checkpoint"]
+__all__ = [
+    "READ_CHUNK",
+    "UPLOAD_PARTS_IN_FLIGHT",
+    "UPLOAD_WORKERS",
+    "Replicated",
+    "replicate_checkpoint",
+]
 
 READ_CHUNK = 8 * 1024 * 1024
 """Bytes read from the local tier at a time (one buffer per file in flight)."""
+
+UPLOAD_PARTS_IN_FLIGHT = 2
+"""Parts of an S3 upload in flight at once (16 MiB each): with the one being filled and the
+read buffer, the replicator stays within 64 MB plus one read buffer."""
 
 UPLOAD_WORKERS = 1
 """Files of one checkpoint uploaded at the same time (each adds a read buffer and a part)."""
@@ -101,7 +111,8 @@ def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, t
     buffer = bytearray(min(READ_CHUNK, max(entry.size, 1)))
     view = memoryview(buffer)
     with open_verified(local, source, entry) as reader:
-        sink = remote.open_sink(target)
+        with parts_in_flight(UPLOAD_PARTS_IN_FLIGHT):  # the replicator's memory budget
+            sink = remote.open_sink(target)
         try:
             while True:
                 count = reader.readinto(view)

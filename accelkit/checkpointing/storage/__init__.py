@@ -23,6 +23,9 @@ Public API:
   :mod:`~accelkit.checkpointing.storage.base`.
 - :func:`sync_batch` -- a context manager: local files written inside it are ``fsync``-ed in
   background threads, overlapping the next writes; leaving it waits for all of them.
+- :func:`parts_in_flight(limit) <parts_in_flight>` -- a context manager: S3 uploads begun
+  inside it in this thread keep at most ``limit`` parts in memory at once (the replicator's
+  budget).
 
 Durability: every file written through :meth:`Storage.open_write` or
 :meth:`Storage.write_bytes` is durable once reported written (``fsync`` on a local disk, a
@@ -35,6 +38,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from accelkit.checkpointing.storage._localfile import sync_batch
+from accelkit.checkpointing.storage._s3io import parts_in_flight
 from accelkit.checkpointing.storage.base import (
     Entry,
     HashingWriter,
@@ -59,6 +63,7 @@ __all__ = [
     "WrittenFile",
     "get_storage",
     "join",
+    "parts_in_flight",
     "protocol_of",
     "register_storage",
     "sync_batch",

@@ -18,6 +18,9 @@ S3Storage` writes and reads checkpoint files with.
   64 MiB window fetched the same way. Every range is pinned to the ETag seen when
   the file was opened, so a file replaced during the read fails instead of mixing versions.
 
+A caller with a tighter memory budget than the process's asks for fewer parts in flight per
+upload with :func:`parts_in_flight` (the replicator does: 64 MB for its uploads).
+
 Both take a ``retry`` runner (``retry(what, fn)``, from :class:`~accelkit.checkpointing.
 storage.retry.RetryingStorage`) that each request is run under.
 """
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -39,6 +42,7 @@ __all__ = [
     "MultipartSink",
     "RangedReader",
     "no_retry",
+    "parts_in_flight",
 ]
 
 T = TypeVar("T")
@@ -59,6 +63,26 @@ _DIRECT = 32 * 1024 * 1024
 _WINDOW = 64 * 1024 * 1024
 _WORKERS = MAX_PARTS_IN_FLIGHT
 _BUDGET = threading.BoundedSemaphore(MAX_PARTS_IN_FLIGHT)
+_LOCAL = threading.local()  # .limit: parts_in_flight's limit in this thread
+
+
+@contextlib.contextmanager
+def parts_in_flight(limit: int) -> Iterator[None]:
+    """Uploads begun in this thread inside the block keep at most ``limit`` of their parts in
+    flight (each part :data:`PART_SIZE` bytes of memory until the server has it), within the
+    process's :data:`MAX_PARTS_IN_FLIGHT`: for a caller with a tighter memory budget.
+
+    Raises:
+        ValueError: ``limit`` is below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"parts_in_flight needs a limit of at least 1, got {limit}")
+    previous = getattr(_LOCAL, "limit", None)
+    _LOCAL.limit = limit
+    try:
+        yield
+    finally:
+        _LOCAL.limit = previous
 
 
 class _Buffers:
@@ -98,8 +122,10 @@ class _Buffers:
 _BUFFERS = _Buffers()
 
 
-def _part_done(body: bytearray) -> None:
+def _part_done(body: bytearray, slots: threading.BoundedSemaphore | None = None) -> None:
     _BUDGET.release()
+    if slots is not None:
+        slots.release()
     _BUFFERS.give(body)
 
 
@@ -154,6 +180,8 @@ class MultipartSink:
         self._parts: list[Future[dict[str, Any]]] = []
         self._closed = False
         self._left = False
+        limit = getattr(_LOCAL, "limit", None)
+        self._slots = threading.BoundedSemaphore(limit) if limit else None
         _BUFFERS.enter()
 
     def _leave(self) -> None:
@@ -197,14 +225,19 @@ class MultipartSink:
         body, self._buffer, self._filled = self._buffer, bytearray(), 0
         number = self._number
         self._number += 1
+        slots = self._slots
+        if slots is not None:  # this upload's own budget (parts_in_flight)
+            slots.acquire()
         _BUDGET.acquire()  # memory: at most MAX_PARTS_IN_FLIGHT parts wait for the server
         try:
             future = _pool().submit(self._upload_part, number, body)
         except BaseException:
             _BUDGET.release()
+            if slots is not None:
+                slots.release()
             raise
         # Sent, failed for good or cancelled: the part's memory is free again.
-        future.add_done_callback(lambda _f: _part_done(body))
+        future.add_done_callback(lambda _f: _part_done(body, slots))
         self._parts.append(future)
         # A part that already failed for good ends the file now, not at its commit.
         failed = next((f for f in self._parts if f.done() and f.exception() is not None), None)
