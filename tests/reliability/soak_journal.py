@@ -178,6 +178,10 @@ def main() -> None:
         **_CLIENT_ENV,
         "PYTHONPATH": str(ROOT),
         "ACCELKIT_TRACKER_RETRY_MAX_S": "2",
+        # A killed server refuses at once; a loaded one can take > 5 s to answer the start's
+        # first request, and a start that fails is not retried (yet): the runs would not
+        # compare (a baseline without MLflow).
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "60",
     }
     os.environ.update({**OFFLINE_ENV, **_CLIENT_ENV})
     from mlflow import MlflowClient
@@ -187,6 +191,7 @@ def main() -> None:
     (work / "server").mkdir()
     server = Server(work / "server", template)
     server.start()
+    MlflowClient(tracking_uri=server.url).create_experiment("soak")  # warm, and made once
     report: dict[str, Any] = {
         "points": args.points,
         "processes": 2,
@@ -220,6 +225,8 @@ def main() -> None:
             if thread is not None:
                 thread.join()
                 entry.update(events)
+            if name.startswith("baseline"):  # the runs compare only if MLflow logged here too
+                entry["mlflow_points"] = len(_history(server.url, project))
             if name == "outage":
                 entry["restarted_before_the_loop_ended"] = (  # else the catch-up is not live
                     events.get("restarted_at_s", 1e9) < entry["seconds"]
