@@ -40,7 +40,9 @@ sets the step counter past the checkpoint's last logged step. That works whichev
 only builds the trackers and their runs are opened at their first use: the first ``log``,
 ``flush``, ``get``, ``trackers``, a checkpoint save, or ``finish``. A start failure is then
 reported at that use, like a failure in ``log``. :meth:`TrackerHub.references` gives the
-references for a new checkpoint and :meth:`TrackerHub.event` queues a checkpoint event
+references for a new checkpoint (with ``wait=False``, what a save uses, only those of the runs
+already open: :meth:`TrackerHub.opening` names the others and :meth:`TrackerHub.wait_opened`
+waits for them off the training thread) and :meth:`TrackerHub.event` queues a checkpoint event
 (:mod:`accelkit.trackers.events`) for every tracker's worker.
 
 Journal: with a logging directory, each tracker's worker keeps a journal of what it sends
