@@ -245,6 +245,8 @@ def main() -> None:
                 _check(entry, server.url, project, args.points)
             runs[name] = entry
             print(f"{name}: {json.dumps(entry)}", flush=True)
+            # Written after each run, so an interrupted soak leaves what it measured.
+            Path(args.out).write_text(json.dumps({**report, "complete": False}, indent=2) + "\n")
     finally:
         server.kill()
     baseline = (runs["baseline_before"]["steps_per_s"] + runs["baseline_after"]["steps_per_s"]) / 2
@@ -256,6 +258,7 @@ def main() -> None:
     report["never_back_throughput_change_pct"] = (
         runs["never_back"]["steps_per_s"] / baseline - 1
     ) * 100
+    report["complete"] = True
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     _summary(report)
 
