@@ -271,7 +271,7 @@ def _summary(report: dict[str, Any]) -> None:
             f"  {name:16s} {entry['steps_per_s']:7.1f} steps/s  "
             f"load {entry['load_average_before'][0]:.1f}"
         )
-        if "mlflow_points" in entry:
+        if "mlflow_exactly_once" in entry:
             line += (
                 f"  mlflow {entry['mlflow_points']} points, exactly once: "
                 f"{entry['mlflow_exactly_once']}; delivered in the run "
