@@ -214,6 +214,7 @@ class Accelerator:
             self._trackers,
             continue_runs=self.project_configuration.continue_tracker_runs,
             checkpoint_events=self.project_configuration.checkpoint_events,
+            complete=self._checkpoints.complete_experiment,
         )
         # Save decisions and preemption signals (ProjectConfiguration.save_every_*,
         # preemption_signals): last, once everything a preemption exit cleans up exists.
@@ -525,7 +526,7 @@ class Accelerator:
         ``ProjectConfiguration.replicate_deadline_seconds``, naming what is left behind), then
         finish every tracker and the preemption handling; call once at the end of the script."""
         try:
-            self._checkpoints.wait()
+            self._checkpointing.wait_for_checkpoints()  # the experiment records too
         finally:
             try:
                 self._checkpoints.close_replication()

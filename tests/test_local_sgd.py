@@ -75,3 +75,21 @@ def test_one_process_or_disabled_is_a_no_op_and_bad_steps_are_refused() -> None:
     assert local_sgd.num_steps == 1
     with pytest.raises(ValueError, match=r"local_sgd_steps=0 must be a positive integer"):
         LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=0)
+
+
+def test_fsdp_is_refused_by_name_with_the_fix() -> None:
+    # LocalSGD averages a DDP model's full parameters; under FSDP each process holds only a
+    # shard, so averaging "the parameters" would mix shards: refused before anything runs.
+    from accelkit import DistributedType, FullyShardedDataParallelPlugin
+
+    accelerator = Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+    assert accelerator.distributed_type == DistributedType.FSDP
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(NotImplementedError, match=r"this run is FSDP\. Use plain data-parallel"):
+        LocalSGD(accelerator=accelerator, model=model, local_sgd_steps=4)
+    # The fix the message names works: switched off, it is a no-op on any layout.
+    with LocalSGD(accelerator, model, local_sgd_steps=4, enabled=False) as local_sgd:
+        before = [p.detach().clone() for p in model.parameters()]
+        local_sgd.step()
+    assert not local_sgd.enabled and local_sgd.num_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))

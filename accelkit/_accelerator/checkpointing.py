@@ -228,12 +228,17 @@ class Checkpointing:
         return result
 
     def wait_for_checkpoints(self) -> None:
-        """Block until the asynchronous save in flight (if any) has committed.
+        """Block until the asynchronous save in flight (if any) has committed, and the
+        experiment records of checkpoints saved while a tracker's run was opening are complete
+        (at most the trackers' ``timeout``; see :mod:`accelkit._accelerator.experiment`).
 
         Raises:
             CheckpointError: a background save failed (raised once; it was not committed).
         """
         self.manager.wait()
+        wait = getattr(self.manager.listener, "wait", None)  # ExperimentLink.wait
+        if callable(wait):
+            wait()
 
     def load_state(
         self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kwargs: Any

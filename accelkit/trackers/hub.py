@@ -40,7 +40,9 @@ sets the step counter past the checkpoint's last logged step. That works whichev
 only builds the trackers and their runs are opened at their first use: the first ``log``,
 ``flush``, ``get``, ``trackers``, a checkpoint save, or ``finish``. A start failure is then
 reported at that use, like a failure in ``log``. :meth:`TrackerHub.references` gives the
-references for a new checkpoint and :meth:`TrackerHub.event` queues a checkpoint event
+references for a new checkpoint (with ``wait=False``, what a save uses, only those of the runs
+already open: :meth:`TrackerHub.opening` names the others and :meth:`TrackerHub.wait_opened`
+waits for them off the training thread) and :meth:`TrackerHub.event` queues a checkpoint event
 (:mod:`accelkit.trackers.events`) for every tracker's worker.
 
 Journal: with a logging directory, each tracker's worker keeps a journal of what it sends
@@ -128,6 +130,7 @@ class TrackerHub:
         self.requested_names = [spec.name for spec in specs]
         self._specs = [s for s in specs if is_main_process or not s.main_process_only]
         self._workers: list[Worker] = []
+        self._retired: list[Worker] = []  # the finished run's workers (see wait_opened)
         self._live: list[Worker] = []
         self._lock = threading.Lock()
         self._atexit_registered = False
@@ -204,7 +207,7 @@ class TrackerHub:
         the module docstring).
         """
         state = self.__dict__.copy()
-        for key in ("_workers", "_live", "_specs", "_unstarted", "_early_events"):
+        for key in ("_workers", "_retired", "_live", "_specs", "_unstarted", "_early_events"):
             state[key] = []
         state.update(_lock=None, _atexit_registered=False, _config=None)
         state["_detached"] = True
@@ -519,6 +522,7 @@ class TrackerHub:
         """
         self._open_runs(wait=False)  # a run with only its configuration is still a run
         workers, self._workers, self._live = self._workers, [], []
+        self._retired = workers
         self._resume = None
         if self._atexit_registered:
             atexit.unregister(self._drain_at_exit)
@@ -565,22 +569,62 @@ class TrackerHub:
         """The step of the last ``log()`` call of this run (``-1`` before the first)."""
         return self._next_step - 1
 
-    def references(self) -> dict[str, dict[str, Any]]:
+    def references(self, wait: bool = True) -> dict[str, dict[str, Any]]:
         """Tracker name -> what its ``run_reference()`` returned, for a checkpoint's manifest.
 
-        Opens the runs not opened yet (a checkpoint saved before the first ``log()``) and
-        waits for them at most ``timeout`` seconds; failed trackers and those that record
-        nothing are left out.
+        Opens the runs not opened yet (a checkpoint saved before the first ``log()``); failed
+        trackers and those that record nothing are left out.
+
+        Args:
+            wait: wait for the runs still opening, at most ``timeout`` seconds. ``False``:
+                return at once with the runs open so far (those still opening are named by
+                :meth:`opening`); what a checkpoint save does, so that it never waits for a
+                backend's start-up.
         """
-        self._open_runs(wait=True)
-        self._wait_opened()
+        self._open_runs(wait=wait)
+        if wait:
+            self._wait_opened()
         return {
             worker.name: worker.reference
             for worker in self._live
-            if worker.reference is not None and not worker.failed
+            if worker.opened.is_set() and worker.reference is not None and not worker.failed
         }
 
-    def resume(self, runs: Mapping[str, Any], step: int) -> None:
+    def opening(self) -> list[str]:
+        """The names of the live trackers whose run is still opening (``start`` queued or
+        running, not returned yet)."""
+        return [worker.name for worker in self._live if not worker.opened.is_set()]
+
+    def wait_opened(self, names: list[str], timeout: float | None = None) -> dict[str, Any]:
+        """Wait until the runs of ``names`` have opened (or failed); return their references.
+
+        Safe to call from any thread (experiment continuity waits here, off the training
+        thread, to complete a checkpoint saved while a run was opening).
+
+        Args:
+            names: tracker names.
+            timeout: the most seconds to wait in all (default: the hub's ``timeout``).
+
+        Returns:
+            Tracker name -> its run reference, or ``None`` for a tracker whose run failed to
+            open or that records none; names still opening when the time ran out are left out.
+        """
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        everyone = list(self._workers) or list(self._retired)  # finish() may have begun
+        workers = [worker for worker in everyone if worker.name in names]
+        found: dict[str, Any] = {}
+        for worker in workers:
+            if not worker.opened.wait(max(0.0, deadline - time.monotonic())):
+                continue
+            reference = None if worker.failed else worker.reference
+            found[worker.name] = None if reference is None else dict(reference)
+        for name in names:  # a tracker that was dropped (failed) before it opened
+            if name not in found and not any(w.name == name for w in workers):
+                found[name] = None
+        return found
+
+    def resume(self, runs: Mapping[str, Any], step: int) -> bool:
         """Continue the runs a loaded checkpoint names, after its last logged ``step``.
 
         Sets the step counter to ``step + 1`` (so ``log()`` without a step continues the
@@ -593,11 +637,16 @@ class TrackerHub:
         Args:
             runs: tracker name -> the reference the checkpoint recorded for it.
             step: the checkpoint's last logging step (``-1``: nothing was logged before it).
+
+        Returns:
+            ``True`` if the runs will be continued; ``False`` if this run had logged already
+            (or the hub is an unpickled copy) and nothing changed.
         """
         if self._logged or self._detached:
-            return
+            return False
         self._resume = (dict(runs), int(step))
         self._next_step = int(step) + 1
+        return True
 
     def event(self, event: CheckpointEvent) -> None:
         """Queue a checkpoint event for every live tracker (``on_checkpoint``) and return.

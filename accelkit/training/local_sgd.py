@@ -50,7 +50,8 @@ class LocalSGD:
 
     Raises:
         NotImplementedError: for a process layout other than one process or DDP (FSDP,
-            DeepSpeed, ...), naming it.
+            DeepSpeed, ...), naming it. Unlike Accelerate's, ``enabled=False`` is accepted on
+            any layout (it does nothing), so a script can switch local SGD off under FSDP.
         ValueError: for a ``local_sgd_steps`` that is not a positive integer.
     """
 
@@ -58,7 +59,7 @@ class LocalSGD:
         self, accelerator: Any, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True
     ) -> None:
         kind = accelerator.distributed_type
-        if kind not in _SUPPORTED:
+        if enabled and kind not in _SUPPORTED:
             raise NotImplementedError(
                 f"LocalSGD runs on one process or on DDP (MULTI_CPU, MULTI_GPU); this run is "
                 f"{getattr(kind, 'value', kind)}. Use plain data-parallel training there, or "

@@ -108,3 +108,53 @@ class RecordingTracker(GeneralTracker):
 
     def logged(self) -> list[tuple[Any, Any]]:
         return [(step, values) for kind, values, step in self.calls if kind == "log"]
+
+
+class SlowStartTracker(GeneralTracker):
+    """A tracker whose ``start()`` is slow, as an MLflow server's is under load (10-20 s):
+    it waits for ``gate`` (at most ``limit`` seconds) before opening its run. Its runs are
+    files ``<folder>/<run_id>.txt`` of ``step value`` lines; it continues the run a checkpoint
+    names (``run_reference`` / ``continue_run``)."""
+
+    name = "slow_start"
+    requires_logging_directory = False
+
+    def __init__(
+        self, folder: str, gate: threading.Event | None = None, limit: float = 60.0
+    ) -> None:
+        super().__init__(run_name="")
+        self.folder = folder
+        self.gate = gate
+        self.limit = limit
+        self.run_id: str | None = None
+        self.continued: dict[str, Any] | None = None
+        self.started = threading.Event()
+
+    @property
+    @override
+    def tracker(self) -> Any:
+        return self.run_id
+
+    @override
+    def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        self.continued = reference
+
+    @override
+    def start(self) -> None:
+        import uuid
+
+        if self.gate is not None:
+            self.gate.wait(self.limit)
+        self.run_id = (self.continued or {}).get("run_id") or uuid.uuid4().hex
+        os.makedirs(self.folder, exist_ok=True)
+        self.started.set()
+
+    @override
+    def run_reference(self) -> dict[str, Any] | None:
+        return {"run_id": self.run_id}
+
+    @override
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        with open(os.path.join(self.folder, f"{self.run_id}.txt"), "a") as file:
+            for key, value in values.items():
+                file.write(f"{step} {key} {value}\n")

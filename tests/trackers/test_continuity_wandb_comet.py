@@ -184,10 +184,12 @@ def _check_wandb_continued(project: Path, run_id: str) -> None:
 
 
 def _check_comet_continued(project: Path, key: str) -> None:
-    # The killed process left only an empty archive (Comet writes it at the end); the
-    # resumed one continues the same experiment key.
-    (killed_name, killed, _), (resumed_name, meta, messages) = _comet_archives(project)
-    assert killed is None and killed_name.startswith(key) and resumed_name.startswith(key)
+    # The killed process left at most an empty archive (Comet writes it at the end; whether
+    # the empty file exists depends on how long its run had been open when SIGKILL came, and
+    # a save no longer waits for the run to open); the resumed one continues the same key.
+    *killed, (resumed_name, meta, messages) = _comet_archives(project)
+    assert len(killed) <= 1 and all(m is None and n.startswith(key) for n, m, _ in killed)
+    assert resumed_name.startswith(key)
     assert meta is not None and meta["offline_id"] == key and meta["project_name"] == "run"
     assert meta["resume_strategy"] == "get_or_create" and meta["user_provided_experiment_key"]
     assert _comet_metrics(messages, "loss") == [(s, s + 1000.0) for s in range(101, 201)]

@@ -95,7 +95,11 @@ class Manifest:
         metrics: numbers given at save time (used by ``keep_best`` retention).
         experiment: the tracker runs the checkpoint belongs to: ``{"step": <the last logged
             step, -1 if none>, "runs": {<tracker name>: <its run reference>}}``; empty when
-            the run had no trackers (see :mod:`accelkit.trackers.events`).
+            the run had no trackers (see :mod:`accelkit.trackers.events`). A tracker whose
+            run was still opening when the checkpoint was saved is listed in ``"pending"``
+            instead, until :meth:`CheckpointManager.complete_experiment
+            <accelkit.checkpointing.manager.CheckpointManager.complete_experiment>` rewrites
+            the manifest with its reference.
         accelkit_version / torch_version: versions that wrote it.
         format_version: the manifest format (:data:`FORMAT_VERSION`).
         process_index: the process that wrote this folder alone, for a per-process checkpoint
@@ -310,7 +314,13 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
             f"{source}: experiment.runs must map tracker names to objects, got "
             f"{str(runs)[:200]!r}. The manifest was damaged or edited: load another checkpoint."
         )
-    return {"step": step, "runs": runs}
+    pending = data.get("pending", [])
+    if not isinstance(pending, list) or not all(isinstance(name, str) for name in pending):
+        raise ManifestError(
+            f"{source}: experiment.pending must be a list of tracker names, got "
+            f"{str(pending)[:200]!r}. The manifest was damaged or edited: load another checkpoint."
+        )
+    return {"step": step, "runs": runs, **({"pending": pending} if pending else {})}
 
 
 def read_manifest(storage: Storage, folder: str) -> Manifest | None:
