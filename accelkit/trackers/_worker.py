@@ -164,6 +164,7 @@ class Worker:
         self._backoff = min(_FIRST_RETRY_S, _max_retry_s())
         self._outage: float | None = None  # when the backend stopped answering
         self._singly = 0  # entries to send one at a time (a batch holding a refused value)
+        self._start_waiting = False  # start() failed with a transient error: retried
         self.thread = threading.Thread(
             target=self._run, name=f"accelkit-tracker-{self.name}", daemon=True
         )
@@ -180,7 +181,9 @@ class Worker:
                 if self._handle(items.popleft()):
                     return
             wait = POLL_S
-            if self._pending or self._on_disk:
+            if self._start_waiting and time.monotonic() >= self._retry_at and self._try_start():
+                self._deliver()  # what was journaled meanwhile; says it answers again
+            if self._pending or self._on_disk or self._start_waiting:
                 self._deliver()
                 if self._retry_at:
                     wait = min(POLL_S, max(0.0005, self._retry_at - time.monotonic()))
@@ -296,20 +299,29 @@ class Worker:
         self._retry_at = 0.0
 
     def _drain(self) -> None:
-        """At the end of the run, keep trying to deliver (with the backoff) for at most
+        """At the end of the run, keep trying to deliver (and to start a backend whose
+        ``start()`` is being retried), with the backoff, for at most
         ``ACCELKIT_TRACKER_DRAIN_S`` seconds (10 by default) and half the tracker timeout;
         what is left stays journaled."""
-        if not (self._pending or self._on_disk):
+        if not (self._pending or self._on_disk or self._start_waiting):
             return
         limit = float(os.environ.get("ACCELKIT_TRACKER_DRAIN_S", "10"))
         # Within the hub's wait for finish (its timeout), so the run ends without a warning.
         deadline = time.monotonic() + min(limit, self.policy.timeout / 2)
+        if self._start_waiting:
+            self._try_start()
         self._deliver(force=True)
-        while (self._pending or self._on_disk) and not self.failed and self.started:
+        while (
+            (self._pending or self._on_disk or self._start_waiting)
+            and not self.failed
+            and (self.started or self._start_waiting)
+        ):
             pause = max(0.0, self._retry_at - time.monotonic())
             if time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)
+            if self._start_waiting:
+                self._try_start()
             self._deliver()
 
     def _refill(self) -> None:
@@ -415,7 +427,7 @@ class Worker:
                 self.call("log", self.tracker.log, values, step, **(kwargs or {}))
             return False
         if isinstance(item, Checkpoint):
-            if not self.failed and self.started:
+            if not self.failed and (self.started or self._start_waiting):
                 if self.journal is not None:
                     event = item.event
                     extra = {"kind": event.kind, "path": event.path, "iteration": event.iteration}
@@ -450,30 +462,76 @@ class Worker:
 
     def _open(self, config: Mapping[str, Any] | None, resume: Resume | None) -> None:
         """Open the run: continue the checkpoint's run (``resume``), start, store the
-        configuration, take the reference."""
+        configuration, take the reference.
+
+        With a journal, a ``start()`` that fails with an error retrying may fix (a server down,
+        a refused connection: :func:`~accelkit.trackers.failures.classify`) is tried again
+        with the backoff, the values being journaled meanwhile and sent once it returns; any
+        other error fails the tracker (reported once).
+        """
         tracker = self.tracker
         if resume is not None and not self.call(
             "continue_run", tracker.continue_run, resume.reference, resume.step
         ):
             return
-        # Not failed again: a start() that returned after its time limit was reported.
-        if not self.call("start", tracker.start) or self.failed:
+        if self.journal_settings is None:
+            # Not failed again: a start() that returned after its time limit was reported.
+            if not self.call("start", tracker.start) or self.failed:
+                return
+            self.started = True
+            if config is not None:
+                self.call("store_init_configuration", tracker.store_init_configuration, config)
+            self._take_reference()
             return
-        self.started = True
-        self._open_journal(resume)
-        if config is not None and self.journal is None:
-            self.call("store_init_configuration", tracker.store_init_configuration, config)
+        self._open_journal(resume)  # before start(): values are journaled while it is retried
+        if self.journal is None:  # it could not be used (reported): no retrying without it
+            if self.call("start", tracker.start) and not self.failed:
+                self.started = True
+                if config is not None:
+                    self.call("store_init_configuration", tracker.store_init_configuration, config)
+                self._take_reference()
+            return
+        if not self._try_start():
+            self._write_run()  # no reference yet: `accelkit track sync` starts a new run
+        if config is not None and self.journal is not None and not self.failed:
+            entry = self.journal.entry("config", -1, config)
+            self._record([(entry, config)])
+            self._deliver()
+
+    def _try_start(self) -> bool:
+        """Call ``start()``; True once the backend's run is open (its reference taken and
+        recorded). A transient error schedules another try after the backoff; any other error
+        fails the tracker."""
+        self.busy = "start"
+        self.busy_since = time.monotonic()
         try:
-            reference = tracker.run_reference()
+            self.tracker.start()
+        except Exception as error:
+            if classify(error) == "retry" and self.journal is not None:
+                self._start_waiting = True
+                self._retry_later("start", error)
+            else:
+                self._start_waiting = False
+                self.fail("start", error)
+            return False
+        finally:
+            self.busy = None
+        self._start_waiting = False
+        if self.failed:  # returned after its time limit: reported already
+            return False
+        self.started = True
+        self._retry_at = 0.0
+        self._take_reference()
+        self._write_run()
+        return True
+
+    def _take_reference(self) -> None:
+        try:
+            reference = self.tracker.run_reference()
             self.reference = None if reference is None else dict(reference)
         except Exception as error:
             self.reference = None
             self._degrade(f"run_reference() failed ({type(error).__name__}: {error})")
-        self._write_run()
-        if config is not None and self.journal is not None:
-            entry = self.journal.entry("config", -1, config)
-            self._record([(entry, config)])
-            self._deliver()
 
     def _checkpoint(self, event: CheckpointEvent) -> None:
         # A tracker that cannot record a checkpoint event still logs the run's values.
