@@ -266,6 +266,11 @@ class Worker:
                 for _ in range(settle(tracker, journal, entries)):
                     pending.popleft()
                 continue
+            if not batched and journal is not None and pending[0][0].kind == "log":
+                outcome = self._send_logs(pending, journal)
+                if outcome == "retry" or outcome == "fatal":
+                    return
+                continue
             count = 1
             if batched and not self._singly:
                 count = batch_length(
@@ -331,6 +336,44 @@ class Worker:
         self._pending.extend((entry, None) for entry in entries)
         if not entries or entries[-1].seq >= journal.next_seq - 1:
             self._on_disk = False
+
+    def _send_logs(self, pending: collections.deque[tuple[Entry, Any]], journal: Journal) -> str:
+        """Send the ``log`` entries at the head of ``pending`` with one ``log`` call each (a
+        tracker without ``log_batch``), each marked as being sent before its call and as
+        delivered right after: the worker's inner loop, kept lean (it runs once per value set
+        and tracker, on a thread that shares the GIL with the training loop). Returns the
+        outcome of the last call (``"ok"`` when a run of entries went out)."""
+        log = self.tracker.log
+        monotonic = time.monotonic
+        outcome = "ok"
+        try:
+            sent = 0
+            while pending and sent < _SEND_BATCH:
+                entry, live = pending[0]
+                if entry.kind != "log":
+                    break
+                journal.sending(entry.seq)
+                self.busy = "log"
+                self.busy_since = monotonic()
+                try:
+                    kwargs = entry.extra.get("kwargs") if entry.extra else None
+                    values = live if live is not None else dict(entry.values)
+                    if kwargs:
+                        log(values, entry.step, **kwargs)
+                    else:
+                        log(values, entry.step)
+                except Exception as error:
+                    self.busy = None
+                    outcome = self._failed_send(error, "log", [(entry, live)])
+                    if outcome != "skip":
+                        return outcome
+                self.busy = None
+                pending.popleft()
+                journal.ack(entry.seq)
+                sent += 1
+        except OSError as error:  # the journal's own files (the tracker's errors are above)
+            self._journal_broken(error)
+        return outcome
 
     def _send(self, group: list[tuple[Entry, Any]], batched: bool) -> str:
         """Hand entries to the backend: ``"ok"``, ``"skip"`` (refused: reported, not sent
