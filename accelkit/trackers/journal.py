@@ -18,8 +18,9 @@ On disk (all plain text, written by :class:`Journal` only):
                     ``values`` (plus ``kwargs`` and the event's fields where there are some);
                     a segment is named after its first entry's ``seq``
 ``acked``           two lines: the ``seq`` of the last entry the backend accepted, and of the
-                    entry being sent; each rewritten in place by one ``pwrite`` just before a
-                    backend call and right after it returns
+                    last entry being sent (one entry, or the end of a ``log_batch`` call's);
+                    rewritten in place (through a shared memory map of the file, else one
+                    ``pwrite``) just before a backend call and right after it returns
 =================== ==========================================================================
 
 Every file of a journal is untrusted input when it is read back (a resumed job, ``track sync``):
