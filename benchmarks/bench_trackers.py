@@ -11,6 +11,12 @@ Each pattern also times an empty function call the same way: after a sleep, cach
 frequency are cold and even an empty call costs microseconds on a busy machine; that floor is
 reported as ``empty_call``.
 
+A third job (``worker_cpu``) measures what the tracker journal costs where it runs: the CPU time
+of each tracker's worker thread per logged value set (``pthread_getcpuclockid``: CPU time, not
+wall time, so other work on the machine inflates it far less than a timed step), journal on and
+off, alternating, best of 3. That thread shares the GIL with the training loop, so its extra CPU
+per step bounds what the journal can take from a training step.
+
 A second job runs accelkit in two real processes (gloo on 127.0.0.1) and times ``log()`` on the
 non-main process, where no tracker exists (batches of calls, to stay above the timer's noise).
 
@@ -209,9 +215,63 @@ def run_non_main(calls: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def _worker_cpu_us(backend: str, journal: bool, entries: int, work: Path) -> float:
+    """Worker-thread CPU microseconds per ``log()`` of 3 floats to ``backend`` (one hub)."""
+    from accelkit.trackers.hub import TrackerHub
+
+    folder = work / f"{backend}-{journal}-{time.monotonic_ns()}"
+    folder.mkdir()
+    kwargs: dict[str, Any] = {}
+    if backend == "mlflow":
+        kwargs = {"mlflow": {"tracking_uri": f"sqlite:///{folder / 'mlflow.db'}"}}
+    if backend == "wandb":
+        kwargs = {"wandb": {"dir": str(folder)}}
+    hub = TrackerHub.create([backend], logging_dir=str(folder), journal=journal)
+    hub.init("bench-worker-cpu", init_kwargs=kwargs)
+    hub.flush()
+    (worker,) = hub._workers
+    clock = time.pthread_getcpuclockid(worker.thread.ident)  # type: ignore[arg-type]
+    begin = time.clock_gettime(clock)
+    chunk = 50  # a 50 ms poll of a 1 ms step: what the worker finds waiting
+    for first in range(0, entries, chunk):
+        for step in range(first, first + chunk):
+            hub.log(_values(step), step=step)
+        hub.flush()
+    spent = time.clock_gettime(clock) - begin
+    hub.finish()
+    return spent / entries * 1e6
+
+
+def run_worker_cpu(entries: int, repeats: int = 3) -> dict[str, Any]:
+    """Child-process entry: worker CPU per value set, journal on and off, per backend."""
+    # MLflow's sqlite store takes seconds to create on a busy machine: not a start to give up on.
+    os.environ.setdefault("ACCELKIT_TRACKER_TIMEOUT", "600")
+    work = Path(tempfile.mkdtemp(prefix="bench-trackers-worker-cpu-"))
+    results: dict[str, Any] = {}
+    try:
+        for backend in BACKENDS:
+            count = entries if backend in ("jsonl", "tensorboard") else max(500, entries // 10)
+            best = {"on": float("inf"), "off": float("inf")}
+            for _ in range(repeats):
+                for side, journal in (("on", True), ("off", False)):
+                    best[side] = min(best[side], _worker_cpu_us(backend, journal, count, work))
+            results[backend] = {
+                "journal_on_us": best["on"],
+                "journal_off_us": best["off"],
+                "journal_extra_us": best["on"] - best["off"],
+                "entries": count,
+            }
+        results["load_average"] = list(os.getloadavg())
+        return results
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def _child(args: argparse.Namespace) -> None:
     os.environ.update(OFFLINE_ENV)
-    if args.backend == "non_main":
+    if args.backend == "worker_cpu":
+        result = run_worker_cpu(args.calls * 20)
+    elif args.backend == "non_main":
         result = run_non_main(args.calls * 10, args.rounds * 4)
     else:
         result = run_backend(args.backend, args.rounds, args.calls, args.step_us)
@@ -244,9 +304,9 @@ def main(argv: list[str] | None = None) -> None:
     args.calls = args.calls or (100 if args.quick else 300)
     # Each backend runs in a fresh interpreter that imports torch and the SDK; in quick mode
     # (the 2-minute development run) one backend beside the non-main case is enough.
-    quick_backends = ["tensorboard", "non_main"]
+    quick_backends = ["tensorboard", "non_main", "worker_cpu"]
     args.backends = args.backends or ",".join(
-        quick_backends if args.quick else [*BACKENDS, "non_main"]
+        quick_backends if args.quick else [*BACKENDS, "non_main", "worker_cpu"]
     )
     if args.backend:
         _child(args)
@@ -285,6 +345,15 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _print(backend: str, result: dict[str, Any]) -> None:
+    if backend == "worker_cpu":
+        for name, row in result.items():
+            if isinstance(row, dict):
+                print(
+                    f"worker CPU     {name:<12} journal on {row['journal_on_us']:7.1f} us | off "
+                    f"{row['journal_off_us']:7.1f} us | extra {row['journal_extra_us']:+6.1f} us"
+                    " per log()"
+                )
+        return
     if backend == "non_main":
         print(f"{'non-main process':<14} accelkit median {result['median_us']:.3f} us/call")
         return

@@ -14,6 +14,7 @@ for an example.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -248,14 +249,24 @@ class TrackerContract:
         original = get_tracker_class(name)
         failing = [FAILING_CALLS]
 
-        class Outage(original):  # type: ignore[valid-type,misc]
-            def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-                if failing[0] > 0:
-                    failing[0] -= 1
-                    raise ConnectionError("the contract's outage: connection refused")
-                super().log(values, step, **kwargs)
+        def outage() -> None:
+            if failing[0] > 0:
+                failing[0] -= 1
+                raise ConnectionError("the contract's outage: connection refused")
 
-        Outage.__name__ = original.__name__
+        def log(self: Any, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+            outage()
+            original.log(self, values, step, **kwargs)
+
+        def log_batch(self: Any, batch: Sequence[tuple[dict[str, Any], int, float]]) -> None:
+            outage()
+            original.log_batch(self, batch)
+
+        # A tracker with a log_batch of its own receives the backlog there: it fails there too.
+        methods: dict[str, Any] = {"log": log}
+        if original.log_batch is not GeneralTracker.log_batch:
+            methods["log_batch"] = log_batch
+        Outage = type(original.__name__, (original,), methods)
         register_tracker(Outage, overwrite=True)
         try:
             with warnings.catch_warnings():

@@ -48,6 +48,9 @@ POLL_S = 0.05
 _BATCH = 4096  # requests journaled per write
 _MEMORY = 65_536  # undelivered entries kept in memory; beyond, they are read back from disk
 _FIRST_RETRY_S = 0.5
+# Entries handed to one ``log_batch`` call at most (and the tracker's ``max_batch_values``):
+# a catch-up after an outage goes out in requests of this size, each acknowledged on its own.
+_SEND_BATCH = 200
 
 
 def _max_retry_s() -> float:
@@ -160,6 +163,8 @@ class Worker:
         self._retry_at = 0.0
         self._backoff = min(_FIRST_RETRY_S, _max_retry_s())
         self._outage: float | None = None  # when the backend stopped answering
+        self._singly = 0  # entries to send one at a time (a batch holding a refused value)
+        self._start_waiting = False  # start() failed with a transient error: retried
         self.thread = threading.Thread(
             target=self._run, name=f"accelkit-tracker-{self.name}", daemon=True
         )
@@ -176,7 +181,9 @@ class Worker:
                 if self._handle(items.popleft()):
                     return
             wait = POLL_S
-            if self._pending or self._on_disk:
+            if self._start_waiting and time.monotonic() >= self._retry_at and self._try_start():
+                self._deliver()  # what was journaled meanwhile; says it answers again
+            if self._pending or self._on_disk or self._start_waiting:
                 self._deliver()
                 if self._retry_at:
                     wait = min(POLL_S, max(0.0005, self._retry_at - time.monotonic()))
@@ -189,11 +196,15 @@ class Worker:
         journal = self.journal
         assert journal is not None
         batch: list[tuple[Entry, Any]] = []
+        append = batch.append
+        entry = journal.entry
         while items and type(items[0]) is tuple and len(batch) < _BATCH:
             values, step, kwargs, pending = items.popleft()  # type: ignore[misc]
-            values = resolve(values) if pending else dict(values)
-            extra = {"kwargs": dict(kwargs)} if kwargs else None
-            batch.append((journal.entry("log", step, values, extra), values))
+            values = resolve(values) if pending else dict(values)  # this tracker's own copy
+            # Plain values (the usual numbers) are journaled as they are: the same dict.
+            append(
+                (entry("log", step, values, {"kwargs": dict(kwargs)} if kwargs else None), values)
+            )
         self._record(batch)
         self._deliver()
 
@@ -224,12 +235,19 @@ class Worker:
     def _deliver(self, *, force: bool = False) -> None:
         """Send undelivered entries in order until one fails; a backend that does not answer
         is tried again after a backoff (0.5 s, doubling up to ``ACCELKIT_TRACKER_RETRY_MAX_S``,
-        30 by default)."""
+        30 by default).
+
+        A tracker with its own ``log_batch`` receives runs of ``log`` entries (all that are
+        waiting, up to ``_SEND_BATCH`` entries and its ``max_batch_values``) in one call, each
+        run recorded as delivered when the call returns; the others receive one call per entry.
+        """
         if self.failed or not self.started:
             return
         if not force and time.monotonic() < self._retry_at:
             return
         pending = self._pending
+        tracker = self.tracker
+        batched = has_log_batch(tracker)
         while True:
             if not pending:
                 if not self._on_disk or self.journal is None:
@@ -237,25 +255,46 @@ class Worker:
                 self._refill()
                 if not pending:
                     break
-            entry, live = pending[0]
             journal = self.journal
-            if journal is not None:
-                if entry.seq == journal.in_doubt and settle(self.tracker, journal, entry):
+            if journal is not None and journal.in_doubt is not None:
+                doubt = journal.in_doubt
+                entries = []
+                for entry, _ in pending:
+                    if entry.seq > doubt:
+                        break
+                    entries.append(entry)
+                for _ in range(settle(tracker, journal, entries)):
                     pending.popleft()
-                    continue
+                continue
+            if not batched and journal is not None and pending[0][0].kind == "log":
+                outcome = self._send_logs(pending, journal)
+                if outcome == "retry" or outcome == "fatal":
+                    return
+                continue
+            count = 1
+            if batched and not self._singly:
+                count = batch_length(
+                    tracker, [pending[i][0] for i in range(min(len(pending), _SEND_BATCH))]
+                )
+            group = [pending[i] for i in range(count)] if count > 1 else [pending[0]]
+            if journal is not None:
                 try:
-                    journal.sending(entry.seq)
+                    journal.sending(group[-1][0].seq)
                 except OSError as error:
                     self._journal_broken(error)
-            outcome = self._send(entry, live)
-            if outcome == "retry":
+            outcome = self._send(group, batched)
+            if outcome == "retry" or outcome == "fatal":
                 return
-            if outcome == "fatal":
-                return
-            pending.popleft()
+            if outcome == "split":  # a refused value in a batch: find it, one entry at a time
+                self._singly = count
+                continue
+            for _ in range(count):
+                pending.popleft()
+            if self._singly:
+                self._singly = max(0, self._singly - count)
             if self.journal is not None:
                 try:
-                    self.journal.ack(entry.seq)
+                    self.journal.ack(group[-1][0].seq)
                 except OSError as error:
                     self._journal_broken(error)
         if self._outage is not None:
@@ -265,20 +304,29 @@ class Worker:
         self._retry_at = 0.0
 
     def _drain(self) -> None:
-        """At the end of the run, keep trying to deliver (with the backoff) for at most
+        """At the end of the run, keep trying to deliver (and to start a backend whose
+        ``start()`` is being retried), with the backoff, for at most
         ``ACCELKIT_TRACKER_DRAIN_S`` seconds (10 by default) and half the tracker timeout;
         what is left stays journaled."""
-        if not (self._pending or self._on_disk):
+        if not (self._pending or self._on_disk or self._start_waiting):
             return
         limit = float(os.environ.get("ACCELKIT_TRACKER_DRAIN_S", "10"))
         # Within the hub's wait for finish (its timeout), so the run ends without a warning.
         deadline = time.monotonic() + min(limit, self.policy.timeout / 2)
+        if self._start_waiting:
+            self._try_start()
         self._deliver(force=True)
-        while (self._pending or self._on_disk) and not self.failed and self.started:
+        while (
+            (self._pending or self._on_disk or self._start_waiting)
+            and not self.failed
+            and (self.started or self._start_waiting)
+        ):
             pause = max(0.0, self._retry_at - time.monotonic())
             if time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)
+            if self._start_waiting:
+                self._try_start()
             self._deliver()
 
     def _refill(self) -> None:
@@ -289,37 +337,97 @@ class Worker:
         if not entries or entries[-1].seq >= journal.next_seq - 1:
             self._on_disk = False
 
-    def _send(self, entry: Entry, live: Any) -> str:
-        """Hand one entry to the backend: ``"ok"``, ``"skip"`` (refused: reported, not sent
-        again), ``"retry"`` or ``"fatal"`` (the tracker is failed)."""
+    def _send_logs(self, pending: collections.deque[tuple[Entry, Any]], journal: Journal) -> str:
+        """Send the ``log`` entries at the head of ``pending`` with one ``log`` call each (a
+        tracker without ``log_batch``), each marked as being sent before its call and as
+        delivered right after: the worker's inner loop, kept lean (it runs once per value set
+        and tracker, on a thread that shares the GIL with the training loop). Returns the
+        outcome of the last call (``"ok"`` when a run of entries went out)."""
+        log = self.tracker.log
+        monotonic = time.monotonic
+        outcome = "ok"
+        try:
+            sent = 0
+            while pending and sent < _SEND_BATCH:
+                entry, live = pending[0]
+                if entry.kind != "log":
+                    break
+                journal.sending(entry.seq)
+                self.busy = "log"
+                self.busy_since = monotonic()
+                try:
+                    kwargs = entry.extra.get("kwargs") if entry.extra else None
+                    values = live if live is not None else dict(entry.values)
+                    if kwargs:
+                        log(values, entry.step, **kwargs)
+                    else:
+                        log(values, entry.step)
+                except Exception as error:
+                    self.busy = None
+                    outcome = self._failed_send(error, "log", [(entry, live)])
+                    if outcome != "skip":
+                        return outcome
+                self.busy = None
+                pending.popleft()
+                journal.ack(entry.seq)
+                sent += 1
+        except OSError as error:  # the journal's own files (the tracker's errors are above)
+            self._journal_broken(error)
+        return outcome
+
+    def _send(self, group: list[tuple[Entry, Any]], batched: bool) -> str:
+        """Hand entries to the backend: ``"ok"``, ``"skip"`` (refused: reported, not sent
+        again), ``"split"`` (a batch was refused: send its entries one by one to find the
+        value), ``"retry"`` or ``"fatal"`` (the tracker is failed)."""
+        entry = group[0][0]
         method = {"log": "log", "config": "store_init_configuration"}.get(
             entry.kind, "on_checkpoint"
         )
+        if batched and entry.kind == "log" and not entry.extra:
+            method = "log_batch"
         self.busy = method
         self.busy_since = time.monotonic()
         try:
-            call(self.tracker, entry, live)
+            if method == "log_batch":
+                self.tracker.log_batch(
+                    [
+                        (live if live is not None else dict(e.values), e.step, e.time)
+                        for e, live in group
+                    ]
+                )
+            else:
+                call(self.tracker, entry, group[0][1])
             return "ok"
         except Exception as error:
-            if entry.kind == "event":
-                self._degrade(f"on_checkpoint() failed ({type(error).__name__}: {error})")
-                return "skip"
-            verdict = classify(error)
-            if verdict == "refused":
-                self.policy.refused(self.name, method, entry.seq, entry.step, error)
-                return "skip"
-            if verdict == "fatal":
-                self.fail(method, error)
-                return "fatal"
-            if self._outage is None:
-                self._outage = time.monotonic()
-                folder = self.journal.folder if self.journal is not None else None
-                self.policy.retrying(self.name, method, error, folder)
-            self._retry_at = time.monotonic() + self._backoff
-            self._backoff = min(self._backoff * 2, _max_retry_s())
-            return "retry"
+            return self._failed_send(error, method, group)
         finally:
             self.busy = None
+
+    def _failed_send(self, error: Exception, method: str, group: list[tuple[Entry, Any]]) -> str:
+        entry = group[0][0]
+        if entry.kind == "event":
+            self._degrade(f"on_checkpoint() failed ({type(error).__name__}: {error})")
+            return "skip"
+        verdict = classify(error)
+        if verdict == "refused":
+            if len(group) > 1:
+                return "split"
+            self.policy.refused(self.name, method, entry.seq, entry.step, error)
+            return "skip"
+        if verdict == "fatal":
+            self.fail(method, error)
+            return "fatal"
+        self._retry_later(method, error)
+        return "retry"
+
+    def _retry_later(self, method: str, error: BaseException) -> None:
+        """The backend did not answer: say so once per outage, try again after the backoff."""
+        if self._outage is None:
+            self._outage = time.monotonic()
+            folder = self.journal.folder if self.journal is not None else None
+            self.policy.retrying(self.name, method, error, folder)
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, _max_retry_s())
 
     def _open_journal(self, resume: Resume | None) -> None:
         settings = self.journal_settings
@@ -362,7 +470,7 @@ class Worker:
                 self.call("log", self.tracker.log, values, step, **(kwargs or {}))
             return False
         if isinstance(item, Checkpoint):
-            if not self.failed and self.started:
+            if not self.failed and (self.started or self._start_waiting):
                 if self.journal is not None:
                     event = item.event
                     extra = {"kind": event.kind, "path": event.path, "iteration": event.iteration}
@@ -397,30 +505,76 @@ class Worker:
 
     def _open(self, config: Mapping[str, Any] | None, resume: Resume | None) -> None:
         """Open the run: continue the checkpoint's run (``resume``), start, store the
-        configuration, take the reference."""
+        configuration, take the reference.
+
+        With a journal, a ``start()`` that fails with an error retrying may fix (a server down,
+        a refused connection: :func:`~accelkit.trackers.failures.classify`) is tried again
+        with the backoff, the values being journaled meanwhile and sent once it returns; any
+        other error fails the tracker (reported once).
+        """
         tracker = self.tracker
         if resume is not None and not self.call(
             "continue_run", tracker.continue_run, resume.reference, resume.step
         ):
             return
-        # Not failed again: a start() that returned after its time limit was reported.
-        if not self.call("start", tracker.start) or self.failed:
+        if self.journal_settings is None:
+            # Not failed again: a start() that returned after its time limit was reported.
+            if not self.call("start", tracker.start) or self.failed:
+                return
+            self.started = True
+            if config is not None:
+                self.call("store_init_configuration", tracker.store_init_configuration, config)
+            self._take_reference()
             return
-        self.started = True
-        self._open_journal(resume)
-        if config is not None and self.journal is None:
-            self.call("store_init_configuration", tracker.store_init_configuration, config)
+        self._open_journal(resume)  # before start(): values are journaled while it is retried
+        if self.journal is None:  # it could not be used (reported): no retrying without it
+            if self.call("start", tracker.start) and not self.failed:
+                self.started = True
+                if config is not None:
+                    self.call("store_init_configuration", tracker.store_init_configuration, config)
+                self._take_reference()
+            return
+        if not self._try_start():
+            self._write_run()  # no reference yet: `accelkit track sync` starts a new run
+        if config is not None and self.journal is not None and not self.failed:
+            entry = self.journal.entry("config", -1, config)
+            self._record([(entry, config)])
+            self._deliver()
+
+    def _try_start(self) -> bool:
+        """Call ``start()``; True once the backend's run is open (its reference taken and
+        recorded). A transient error schedules another try after the backoff; any other error
+        fails the tracker."""
+        self.busy = "start"
+        self.busy_since = time.monotonic()
         try:
-            reference = tracker.run_reference()
+            self.tracker.start()
+        except Exception as error:
+            if classify(error) == "retry" and self.journal is not None:
+                self._start_waiting = True
+                self._retry_later("start", error)
+            else:
+                self._start_waiting = False
+                self.fail("start", error)
+            return False
+        finally:
+            self.busy = None
+        self._start_waiting = False
+        if self.failed:  # returned after its time limit: reported already
+            return False
+        self.started = True
+        self._retry_at = 0.0
+        self._take_reference()
+        self._write_run()
+        return True
+
+    def _take_reference(self) -> None:
+        try:
+            reference = self.tracker.run_reference()
             self.reference = None if reference is None else dict(reference)
         except Exception as error:
             self.reference = None
             self._degrade(f"run_reference() failed ({type(error).__name__}: {error})")
-        self._write_run()
-        if config is not None and self.journal is not None:
-            entry = self.journal.entry("config", -1, config)
-            self._record([(entry, config)])
-            self._deliver()
 
     def _checkpoint(self, event: CheckpointEvent) -> None:
         # A tracker that cannot record a checkpoint event still logs the run's values.
@@ -518,38 +672,87 @@ def call(tracker: GeneralTracker, entry: Entry, live: Any = None) -> None:
         tracker.on_checkpoint(event)
 
 
-def settle(tracker: GeneralTracker, journal: Journal, entry: Entry) -> bool:
-    """Settle the entry a killed sender left *in doubt*: ``True`` when the backend has it
-    already (it is then recorded as delivered and not sent again).
+def has_log_batch(tracker: GeneralTracker) -> bool:
+    """Whether ``tracker`` has a ``log_batch`` of its own (else the worker calls ``log`` once
+    per entry, recording each as delivered: the default ``log_batch`` could not say how far it
+    got when one of its calls fails)."""
+    return type(tracker).log_batch is not GeneralTracker.log_batch
 
-    A tracker that can tell defines ``journal_delivered(step, values) -> bool`` (MLflow
-    does); for one that cannot, the entry is sent again, with a warning: at most one entry
-    per killed sender may then reach the backend twice.
+
+def batch_length(tracker: GeneralTracker, entries: list[Entry]) -> int:
+    """How many of ``entries`` (the next to send, in order) go in one ``log_batch`` call:
+    the ``log`` entries without keyword arguments at their head, at most ``_SEND_BATCH`` and
+    the tracker's ``max_batch_values`` values (an entry with more goes alone); ``1`` when
+    the first is not such an entry (it is sent with its own method)."""
+    limit = tracker.max_batch_values
+    total = 0
+    count = 0
+    for entry in entries:
+        if entry.kind != "log" or entry.extra:
+            break
+        weight = 0
+        for value in entry.values.values():
+            weight += len(value) if type(value) is dict else 1
+        total += weight
+        if count and total > limit:
+            break
+        count += 1
+    return max(count, 1)
+
+
+def settle(tracker: GeneralTracker, journal: Journal, entries: list[Entry]) -> int:
+    """Settle the entries a killed sender left *in doubt* (``entries``: those after ``acked``
+    up to :attr:`Journal.in_doubt`, in order): returns how many of them the backend has
+    already; they are recorded as delivered and not sent again.
+
+    They were sent in order, so the backend holds a first part of them: a tracker that can
+    tell defines ``journal_delivered(step, values) -> bool`` (MLflow does), asked about as few
+    entries as a bisection needs. For one that cannot, they are sent again, with a warning:
+    a killed sender's one entry (or, for a tracker with ``log_batch``, its one batch) may then
+    reach the backend twice.
     """
     journal.in_doubt = None
+    if not entries:
+        return 0
     probe = getattr(tracker, "journal_delivered", None)
     if probe is None:
+        what = (
+            f"journal entry {entries[0].seq} (step {entries[0].step}) was"
+            if len(entries) == 1
+            else f"journal entries {entries[0].seq}-{entries[-1].seq} (steps "
+            f"{entries[0].step}-{entries[-1].step}) were"
+        )
         warnings.warn(
-            f"Tracker {tracker.name!r}: journal entry {entry.seq} (step {entry.step}) was being "
-            "sent when the last sender stopped, and this tracker cannot tell whether its backend "
-            "took it (it has no journal_delivered method); it is sent again and may appear "
-            "twice.",
+            f"Tracker {tracker.name!r}: {what} being sent when the last sender stopped, and "
+            "this tracker cannot tell whether its backend took them (it has no "
+            "journal_delivered method); they are sent again and may appear twice.",
             JournalWarning,
             stacklevel=2,
         )
-        return False
-    try:
-        delivered = bool(probe(entry.step, dict(entry.values)))
-    except Exception:
-        delivered = False
-    if delivered:
-        journal.ack(entry.seq)
-    return delivered
+        return 0
+
+    def delivered(entry: Entry) -> bool:
+        try:
+            return bool(probe(entry.step, dict(entry.values)))
+        except Exception:
+            return False
+
+    low, high = 0, len(entries)  # the backend has the first `low`, not all past `high`
+    while low < high:
+        middle = (low + high + 1) // 2
+        if delivered(entries[middle - 1]):
+            low = middle
+        else:
+            high = middle - 1
+    if low:
+        journal.ack(entries[low - 1].seq)
+    return low
 
 
 def deliver(tracker: GeneralTracker, journal: Journal, on_sent: Callable[[Entry], None]) -> int:
-    """Send every undelivered entry of ``journal`` to a started ``tracker``, in order,
-    recording each as delivered right after the tracker accepts it (``accelkit track sync``).
+    """Send every undelivered entry of ``journal`` to a started ``tracker``, in order
+    (in batches to a tracker with ``log_batch``), recording each call's entries as delivered
+    right after the tracker accepts them (``accelkit track sync``).
 
     Returns:
         How many were sent.
@@ -558,15 +761,26 @@ def deliver(tracker: GeneralTracker, journal: Journal, on_sent: Callable[[Entry]
         Exception: the tracker's error; the entries before it stay delivered.
     """
     sent = 0
+    batched = has_log_batch(tracker)
     while True:
         entries = journal.pending(limit=_MEMORY)
         if not entries:
             return sent
-        for entry in entries:
-            if entry.seq == journal.in_doubt and settle(tracker, journal, entry):
-                continue
-            journal.sending(entry.seq)
-            call(tracker, entry)
-            journal.ack(entry.seq)
-            sent += 1
-            on_sent(entry)
+        if journal.in_doubt is not None:
+            doubt = journal.in_doubt
+            settle(tracker, journal, [entry for entry in entries if entry.seq <= doubt])
+            continue
+        at = 0
+        while at < len(entries):
+            count = batch_length(tracker, entries[at : at + _SEND_BATCH]) if batched else 1
+            group = entries[at : at + count]
+            journal.sending(group[-1].seq)
+            if batched and group[0].kind == "log" and not group[0].extra:
+                tracker.log_batch([(dict(e.values), e.step, e.time) for e in group])
+            else:
+                call(tracker, group[0])
+            journal.ack(group[-1].seq)
+            at += count
+            sent += count
+            for entry in group:
+                on_sent(entry)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
@@ -98,6 +98,9 @@ class GeneralTracker:
     requires_logging_directory: ClassVar[bool] = False
     main_process_only: ClassVar[bool] = True
     required_packages: ClassVar[tuple[str, ...]] = ()
+    max_batch_values: ClassVar[int] = 1000
+    """The most values one :meth:`log_batch` call receives (an entry with more comes alone):
+    a backend's limit per request, so that a batch goes out in one request."""
 
     def __init__(self, run_name: str = "", logging_dir: str | None = None, **kwargs: Any) -> None:
         self.run_name = run_name
@@ -132,6 +135,27 @@ class GeneralTracker:
             **kwargs: backend options (``log_kwargs[name]`` of ``Accelerator.log``).
         """
         raise NotImplementedError(f"{type(self).__name__} must implement log(values, step)")
+
+    def log_batch(self, batch: Sequence[tuple[dict[str, Any], int, float]]) -> None:
+        """Record several ``log`` calls at once, in order (optional: a hook for backends with a
+        batch request).
+
+        With the tracker journal (:mod:`accelkit.trackers.journal`), a tracker that defines
+        its own ``log_batch`` receives what is waiting when its worker has a backlog (a fast
+        loop, a catch-up after an outage, ``accelkit track sync``) in calls of at most 200
+        entries and :attr:`max_batch_values` values; each call's entries are recorded as
+        delivered when it returns, so a call should store all of them or none (one request),
+        and raise when it could not. Values logged with ``log_kwargs`` for this tracker go to
+        :meth:`log` instead. The default calls :meth:`log` for each; a tracker without its own
+        ``log_batch`` gets one ``log`` call per value set, each recorded on its own.
+
+        Args:
+            batch: ``(values, step, wall_time)`` per ``log`` call: the values, their step,
+                and when they were logged (seconds since the epoch; backends that take a
+                timestamp should store this one, so that points sent late keep their time).
+        """
+        for values, step, _ in batch:
+            self.log(values, step)
 
     def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Record images (optional; backends that support images override it).

@@ -87,10 +87,17 @@ class TrackerFailure:
 
     def describe(self) -> str:
         """A one-line report naming the tracker and the error."""
-        return (
+        text = (
             f"Tracker {self.name!r} failed in {self.method}(): {type(self.error).__name__}: "
             f"{self.error}. It is skipped from now on; the other trackers continue."
         )
+        if self.method == "start" and classify(self.error) != "retry":
+            text += (
+                " Retrying cannot fix this error (a credential, a setting or a value the "
+                f"backend refuses): correct init_kwargs[{self.name!r}] or the backend's "
+                "environment variables and start the run again."
+            )
+        return text
 
 
 class FailurePolicy:

@@ -18,8 +18,9 @@ On disk (all plain text, written by :class:`Journal` only):
                     ``values`` (plus ``kwargs`` and the event's fields where there are some);
                     a segment is named after its first entry's ``seq``
 ``acked``           two lines: the ``seq`` of the last entry the backend accepted, and of the
-                    entry being sent; each rewritten in place by one ``pwrite`` just before a
-                    backend call and right after it returns
+                    last entry being sent (one entry, or the end of a ``log_batch`` call's);
+                    rewritten in place (through a shared memory map of the file, else one
+                    ``pwrite``) just before a backend call and right after it returns
 =================== ==========================================================================
 
 Every file of a journal is untrusted input when it is read back (a resumed job, ``track sync``):
@@ -36,6 +37,7 @@ the oldest are removed (the newest are kept) and that is said once.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import shutil
@@ -43,7 +45,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from accelkit.trackers._files import (
     TrackerFileError,
@@ -52,7 +54,7 @@ from accelkit.trackers._files import (
     open_regular,
 )
 from accelkit.trackers._reference import short
-from accelkit.trackers.values import to_plain
+from accelkit.trackers.values import PLAIN_TYPES, to_plain
 
 __all__ = [
     "JOURNAL_FOLDER",
@@ -72,13 +74,39 @@ _MAX_LINE = 16 * 2**20  # a longer line is not an entry (values are numbers and 
 _ROLE = "the tracker journal keeps the values not yet delivered"
 
 
+def _refuse(value: object) -> object:
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
+# One C encoder for every line, made once: ``json.dumps`` with any non-default argument builds
+# a new encoder per call (most of a line's cost, on the tracker's thread, holding the GIL). No
+# circular-reference check: entry values are plain data (``to_plain`` output), never cyclic.
+_C_ENCODER = getattr(json.encoder, "c_make_encoder", None)
+if _C_ENCODER is not None:
+    _ITERENCODE = _C_ENCODER(
+        None, _refuse, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+    )
+
+    def _encode(record: dict[str, Any]) -> str:
+        return "".join(_ITERENCODE(record, 0))
+
+else:  # an interpreter without the C accelerator
+    _PY_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+
+    def _encode(record: dict[str, Any]) -> str:
+        return _PY_ENCODE(record)
+
+
+_ACK_SIZE = 42  # two lines of 20 digits: `acked` and the entry (or batch end) being sent
+
+
 class JournalWarning(UserWarning):
     """A journal file could not be used as it is (damaged, a link, a pipe) or its cap was hit."""
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One journaled request to a tracker.
+class Entry(NamedTuple):
+    """One journaled request to a tracker (a named tuple: the worker makes one per logged
+    value set, and a tuple costs a fraction of a frozen dataclass).
 
     Attributes:
         seq: its number in the journal (0, 1, ...; never reused).
@@ -143,8 +171,14 @@ def journal_folders(logging_dir: str) -> list[str]:
     return folders
 
 
-def _plain_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {str(key): to_plain(value) for key, value in values.items()}
+def _plain_values(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``values`` as JSON data: the mapping itself when it holds only plain values under text
+    keys (the usual numbers: no copy), else a converted copy."""
+    plain = PLAIN_TYPES
+    for key, value in values.items():
+        if type(value) not in plain or type(key) is not str:
+            return {str(key): to_plain(value) for key, value in values.items()}
+    return values
 
 
 class Journal:
@@ -158,6 +192,10 @@ class Journal:
     Attributes:
         next_seq: the ``seq`` the next entry gets.
         acked: the ``seq`` of the last delivered entry (``-1``: none).
+        in_doubt: ``None``, or the last ``seq`` of the entries a killed sender was sending
+            (those after ``acked`` up to it): the backend may hold some of them (in order), so
+            the next sender asks it before sending them again
+            (:func:`accelkit.trackers._worker.settle`).
         problems: what was reported when the journal was read.
     """
 
@@ -173,6 +211,8 @@ class Journal:
         self._segments: list[tuple[int, str, int]] = []  # (first seq, path, size)
         self._fd: int | None = None
         self._ack_fd: int | None = None
+        self._ack_map: mmap.mmap | None = None
+        self._ack_map_failed = False
         self._cap_said = False
         self.dropped = 0
         self.in_doubt: int | None = None
@@ -215,6 +255,8 @@ class Journal:
             last = max(last, segments[-1][0] - 1)
         self.next_seq = last + 1
         self.acked = min(self._read_ack(), last)
+        if self.in_doubt is not None:
+            self.in_doubt = min(self.in_doubt, last) if self.in_doubt > self.acked else None
 
     def _read_ack(self) -> int:
         path = os.path.join(self.folder, "acked")
@@ -240,7 +282,7 @@ class Journal:
             self._problem(f"{path}: not a number ({short(text, 40)}); treated as all delivered")
             return 2**62
         sending = _number(lines[1].strip()) if len(lines) > 1 else None
-        if sending is not None and sending == acked + 1:
+        if sending is not None and sending > acked:
             self.in_doubt = sending
         return acked
 
@@ -354,30 +396,79 @@ class Journal:
             self._ack_fd = open_regular(path, os.O_WRONLY | os.O_CREAT, _ROLE)
         return self._ack_fd
 
+    def _mark(self, acked: int, sending: int) -> None:
+        """Rewrite ``acked`` in place: into a shared memory map of the file when the system
+        allows one (no system call: the worker marks two per entry it sends), else one
+        ``pwrite``. Either way the bytes are in the page cache at once, so a process killed
+        right after still leaves them (a power cut may not: :meth:`sync` for that)."""
+        data = b"%020d\n%020d\n" % (acked, sending)
+        view = self._ack_map
+        if view is None:
+            if self._ack_map_failed:
+                os.pwrite(self._ack_file(), data, 0)
+                return
+            view = self._map_ack()
+            if view is None:
+                os.pwrite(self._ack_file(), data, 0)
+                return
+        view[:_ACK_SIZE] = data
+
+    def _map_ack(self) -> mmap.mmap | None:
+        path = os.path.join(self.folder, "acked")
+        try:
+            descriptor = open_regular(path, os.O_RDWR | os.O_CREAT, _ROLE)
+        except OSError:
+            self._ack_map_failed = True
+            return None
+        try:
+            if os.fstat(descriptor).st_size != _ACK_SIZE:
+                os.ftruncate(descriptor, _ACK_SIZE)
+            self._ack_map = mmap.mmap(
+                descriptor, _ACK_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        except (OSError, ValueError):
+            self._ack_map_failed = True  # a file system without shared maps: pwrite
+            os.close(descriptor)
+            return None
+        if self._ack_fd is not None:
+            os.close(self._ack_fd)
+        self._ack_fd = descriptor
+        return self._ack_map
+
     def sending(self, seq: int) -> None:
-        """Record that entry ``seq`` is being sent: a process killed before its :meth:`ack`
-        leaves it *in doubt* (the backend may have taken it), which the next sender settles
-        (see :attr:`in_doubt`)."""
-        os.pwrite(self._ack_file(), b"%020d\n%020d\n" % (self.acked, seq), 0)
+        """Record that the entries after ``acked`` up to ``seq`` are being sent (one entry,
+        or a batch handed to ``log_batch``): a process killed before its :meth:`ack` leaves
+        them *in doubt* (the backend may have taken them), which the next sender settles (see
+        :attr:`in_doubt`)."""
+        self._mark(self.acked, seq)
 
     def ack(self, seq: int, *, sync: bool = False) -> None:
-        """Record that the backend accepted every entry up to ``seq`` (one ``pwrite``)."""
+        """Record that the backend accepted every entry up to ``seq``."""
         if seq <= self.acked:
             return
         self.acked = seq
         self.in_doubt = None
-        os.pwrite(self._ack_file(), b"%020d\n%020d\n" % (seq, seq), 0)
+        self._mark(seq, seq)
         if sync:
-            os.fsync(self._ack_file())
+            self.sync()
 
     def sync(self) -> None:
         """Flush the open segment and ``acked`` to the disk (``fsync``)."""
+        if self._ack_map is not None:
+            self._ack_map.flush()
         for descriptor in (self._fd, self._ack_fd):
             if descriptor is not None:
                 os.fsync(descriptor)
 
     def close(self) -> None:
         """Sync and close the files."""
+        if self._ack_map is not None:
+            try:
+                self._ack_map.flush()
+            except OSError:
+                pass
+            self._ack_map.close()
+            self._ack_map = None
         for name in ("_fd", "_ack_fd"):
             descriptor = getattr(self, name)
             if descriptor is not None:
@@ -514,7 +605,7 @@ def _line(entry: Entry) -> str:
     if entry.extra:
         record["extra"] = entry.extra
     try:
-        return json.dumps(record, separators=(",", ":")) + "\n"
+        return _encode(record) + "\n"
     except (TypeError, ValueError):
         record["values"] = to_plain(entry.values)
         record["extra"] = to_plain(entry.extra)

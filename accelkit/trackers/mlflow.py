@@ -8,6 +8,7 @@ import re
 import time
 import urllib.parse
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,6 +110,7 @@ class MLflowTracker(GeneralTracker):
     name = "mlflow"
     requires_logging_directory = False
     main_process_only = True
+    max_batch_values = _MAX_METRICS_PER_BATCH
 
     def __init__(
         self,
@@ -377,8 +379,6 @@ class MLflowTracker(GeneralTracker):
         ``model_id``, ``dataset`` (its name and digest go with each metric), ``run_id`` (log
         to that run instead) and ``synchronous``.
         """
-        from mlflow.entities import Metric
-
         timestamp = kwargs.pop("timestamp", None) or int(time.time() * 1000)
         dataset = kwargs.pop("dataset", None)
         extra = {
@@ -387,21 +387,39 @@ class MLflowTracker(GeneralTracker):
             "dataset_digest": None if dataset is None else dataset.digest,
         }
         run_id = kwargs.pop("run_id", None) or self.run_id
-        mlflow_step = 0 if step is None else int(step)
+        metrics = self._metrics(values, 0 if step is None else int(step), timestamp, extra)
+        for i in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
+            self.client.log_batch(run_id, metrics=metrics[i : i + _MAX_METRICS_PER_BATCH], **kwargs)
+
+    @override
+    def log_batch(self, batch: Sequence[tuple[dict[str, Any], int, float]]) -> None:
+        """Log several value sets in one ``MlflowClient.log_batch`` request per 1000 metrics
+        (MLflow's limit), each point with its own step and the wall time it was logged at
+        (points sent after an outage keep their time)."""
+        metrics = []
+        for values, step, wall_time in batch:
+            metrics += self._metrics(values, int(step), int(wall_time * 1000), {})
+        for i in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + _MAX_METRICS_PER_BATCH])
+
+    def _metrics(
+        self, values: dict[str, Any], step: int, timestamp: int, extra: dict[str, Any]
+    ) -> list[Any]:
+        """MLflow ``Metric`` objects for the numbers of ``values`` (and of one level of nested
+        dicts); other values are skipped with one warning per key."""
+        from mlflow.entities import Metric
+
         metrics = []
         for key, value in values.items():
             if is_number(value):
-                metrics.append(
-                    Metric(self._key(key), float(value), timestamp, mlflow_step, **extra)
-                )
+                metrics.append(Metric(self._key(key), float(value), timestamp, step, **extra))
             elif isinstance(value, dict) and value and all(is_number(v) for v in value.values()):
                 for inner, number in value.items():
                     name = self._key(f"{key}/{inner}")
-                    metrics.append(Metric(name, float(number), timestamp, mlflow_step, **extra))
+                    metrics.append(Metric(name, float(number), timestamp, step, **extra))
             else:
                 self.warn_skipped(key, value, "skipped by MLflow (metrics are numbers)")
-        for i in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
-            self.client.log_batch(run_id, metrics=metrics[i : i + _MAX_METRICS_PER_BATCH], **kwargs)
+        return metrics
 
     def journal_delivered(self, step: int, values: dict[str, Any]) -> bool:
         """Whether this run already has the numbers of one journal entry at ``step`` (the

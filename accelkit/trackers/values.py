@@ -23,10 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["flatten", "is_number", "resolve", "snapshot", "to_plain"]
+__all__ = ["PLAIN_TYPES", "flatten", "is_number", "resolve", "snapshot", "to_plain"]
 
 _PLAIN_TYPES = (float, int, str, bool, type(None))
-_PLAIN_SET = frozenset(_PLAIN_TYPES)
+_PLAIN_SET: frozenset[type] = frozenset(_PLAIN_TYPES)
+PLAIN_TYPES: frozenset[type] = _PLAIN_SET
+"""The exact types a value is stored as it is (``type(value) in PLAIN_TYPES``: a fast check
+that leaves subclasses, such as numpy's ``float64``, to :func:`to_plain`)."""
 
 
 class _PendingDeviceTensor:

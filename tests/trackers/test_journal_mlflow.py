@@ -92,6 +92,16 @@ def _history(url: str, name: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "x"))
 
 
+def _times(url: str, name: str) -> dict[int, float]:
+    """Step -> the wall time (s) MLflow recorded for metric ``x`` of run ``name``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=url)
+    (experiment,) = [e for e in client.search_experiments() if e.name == name]
+    (run,) = client.search_runs([experiment.experiment_id])
+    return {m.step: m.timestamp / 1000 for m in client.get_metric_history(run.info.run_id, "x")}
+
+
 def _acked(path: Path) -> int:
     """The last delivered entry (the first line of the journal's ``acked`` file)."""
     text = path.read_text() if path.exists() else ""
@@ -107,10 +117,11 @@ def _accelerator(folder: Path, url: str) -> Accelerator:
 def test_an_mlflow_outage_is_caught_up_and_synced_exactly_once(
     server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One server (each start costs 15-40 s here), killed once during two runs: the first
-    outlives the outage and catches up; the second ends during it, and ``accelkit track
-    sync`` delivers its points, killed with ``kill -9`` in the middle of its replay and run
-    again."""
+    """One server (each start costs 15-40 s here), killed once during three runs: the first
+    outlives the outage and catches up; the third starts during it (its ``start()`` is
+    retried) and catches up too, every replayed point with the wall time it was logged at;
+    the second ends during it, and ``accelkit track sync`` delivers its points, killed with
+    ``kill -9`` in the middle of its replay and run again."""
     monkeypatch.setenv("ACCELKIT_TRACKER_DRAIN_S", "0.5")
     first = _accelerator(tmp_path / "first", server.url)
     second = _accelerator(tmp_path / "second", server.url)
@@ -123,20 +134,36 @@ def test_an_mlflow_outage_is_caught_up_and_synced_exactly_once(
     points = 600
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        third = _accelerator(tmp_path / "third", server.url)  # its start() fails: retried
         for step in range(50, 150):
             first.log({"x": float(step)}, step=step)
+            third.log({"x": float(step)}, step=step)
+            time.sleep(0.002)
         for step in range(1, points):
             second.log({"x": float(step)}, step=step)
         second.end_training()  # during the outage: its points stay journaled
+        first._trackers.flush()  # journaled (with their times), not delivered
+        third._trackers.flush()
+        restarted = time.time()
         server.start()  # the same store, the same port
         for step in range(150, 200):
             first.log({"x": float(step)}, step=step)
+            third.log({"x": float(step)}, step=step)
         first.end_training()
-    # 1. The run that outlived the outage caught up: every point exactly once.
+        third.end_training()
+    # 1. The runs that outlived the outage, or began in it, caught up: every point once,
+    # those of the outage with the wall time they were logged at (before the restart).
     assert _history(server.url, "first") == [(s, float(s)) for s in range(200)]
+    assert _history(server.url, "third") == [(s, float(s)) for s in range(50, 200)]
+    for name in ("first", "third"):
+        times = _times(server.url, name)
+        during = [times[step] for step in range(50, 150)]
+        assert max(during) < restarted and during == sorted(during), name
+        assert min(times[step] for step in range(150, 200)) > restarted, name
     reports = [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
     retried = [r for r in reports if "retried with backoff" in r]
-    assert len(retried) == 2, "\n".join(reports)  # once per run
+    assert len(retried) == 3, "\n".join(reports)  # once per run
+    assert len([r for r in retried if "failed in start()" in r]) == 1, retried
     # The run that ended during the outage could not mark its MLflow run finished (sync will).
     assert [r for r in reports if r not in retried] == [
         r for r in reports if "failed in finish()" in r
