@@ -157,6 +157,10 @@ class Worker:
         self.wake = threading.Event()
         self.journal_settings = journal
         self.journal: Journal | None = None
+        # Held while entries are numbered and written, and while the journal closes: the hub's
+        # thread journals the queue itself when this thread hangs in a backend call (adopt).
+        self._journal_lock = threading.RLock()
+        self._hung_said = False  # kept_while_hung was said
         # Undelivered entries in order, with the live values (``None``: read from disk).
         self._pending: collections.deque[tuple[Entry, Any]] = collections.deque()
         self._on_disk = False  # undelivered entries exist on disk beyond those in memory
@@ -193,33 +197,95 @@ class Worker:
 
     def _journal_logs(self, items: collections.deque[Item]) -> None:
         """Journal the ``Log`` requests at the head of the queue (one write), then send."""
-        journal = self.journal
-        assert journal is not None
-        batch: list[tuple[Entry, Any]] = []
-        append = batch.append
-        entry = journal.entry
-        while items and type(items[0]) is tuple and len(batch) < _BATCH:
-            values, step, kwargs, pending = items.popleft()  # type: ignore[misc]
-            values = resolve(values) if pending else dict(values)  # this tracker's own copy
-            # Plain values (the usual numbers) are journaled as they are: the same dict.
-            append(
-                (entry("log", step, values, {"kwargs": dict(kwargs)} if kwargs else None), values)
-            )
-        self._record(batch)
+        with self._journal_lock:
+            journal = self.journal
+            if journal is None:
+                return
+            batch: list[tuple[Entry, Any]] = []
+            append = batch.append
+            entry = journal.entry
+            while items and type(items[0]) is tuple and len(batch) < _BATCH:
+                try:
+                    item = items.popleft()
+                except IndexError:  # adopted by the hub's thread meanwhile
+                    break
+                if type(item) is not tuple:  # a control item: back to the head, in order
+                    items.appendleft(item)
+                    break
+                values, step, kwargs, pending = item  # type: ignore[misc]
+                values = resolve(values) if pending else dict(values)  # this tracker's copy
+                # Plain values (the usual numbers) are journaled as they are: the same dict.
+                append(
+                    (
+                        entry("log", step, values, {"kwargs": dict(kwargs)} if kwargs else None),
+                        values,
+                    )
+                )
+            self._record(batch)
         self._deliver()
 
     def _record(self, batch: list[tuple[Entry, Any]]) -> None:
-        journal = self.journal
-        if journal is None:
-            return
-        try:
-            journal.write([entry for entry, _ in batch])
-        except OSError as error:
-            self._journal_broken(error)
-        if self._on_disk or len(self._pending) + len(batch) > _MEMORY:
-            self._on_disk = True
-        else:
-            self._pending.extend(batch)
+        with self._journal_lock:
+            journal = self.journal
+            if journal is None or not batch:
+                return
+            try:
+                journal.write([entry for entry, _ in batch])
+            except OSError as error:
+                self._journal_broken(error)
+            if self._on_disk or len(self._pending) + len(batch) > _MEMORY:
+                self._on_disk = True
+            else:
+                self._pending.extend(batch)
+
+    def adopt(self) -> int:
+        """Journal the queue from the calling thread while this worker hangs in a backend call.
+
+        Called by the hub when it gives up waiting for the worker (the queue outgrew
+        ``max_pending`` behind a call that does not return, or ``finish`` ran out of time): the
+        values and checkpoint events waiting in the queue are numbered and written to the
+        journal in their order, so nothing queued is lost when the process ends. The worker
+        sends them from the journal once its call returns (or ``accelkit track sync`` does).
+        Control items (a flush mark, the stop) stay queued, in order.
+
+        Returns:
+            How many entries were journaled (0 without a journal or with nothing waiting).
+        """
+        with self._journal_lock:
+            journal = self.journal
+            if journal is None:
+                return 0
+            items = self.items
+            kept: list[Item] = []
+            batch: list[tuple[Entry, Any]] = []
+            while True:
+                try:
+                    item = items.popleft()
+                except IndexError:
+                    break
+                if type(item) is tuple:
+                    values, step, kwargs, pending = item  # type: ignore[misc]
+                    values = resolve(values) if pending else dict(values)
+                    options = {"kwargs": dict(kwargs)} if kwargs else None
+                    batch.append((journal.entry("log", step, values, options), values))
+                elif isinstance(item, Checkpoint) and not self.failed:
+                    event = item.event
+                    where = {"kind": event.kind, "path": event.path, "iteration": event.iteration}
+                    entry = journal.entry("event", event.step, dict(event.values), where)
+                    batch.append((entry, event))
+                else:
+                    kept.append(item)
+            for item in reversed(kept):
+                items.appendleft(item)
+            if not batch:
+                return 0
+            self._on_disk = True  # behind what the worker holds in memory: read back in order
+            try:
+                journal.write([entry for entry, _ in batch])
+            except OSError as error:
+                self._journal_broken(error)
+                return 0
+            return len(batch)
 
     def _journal_broken(self, error: BaseException) -> None:
         """Go on without the journal (reported once); what is in memory is still sent."""
@@ -474,8 +540,11 @@ class Worker:
                 if self.journal is not None:
                     event = item.event
                     extra = {"kind": event.kind, "path": event.path, "iteration": event.iteration}
-                    entry = self.journal.entry("event", event.step, dict(event.values), extra)
-                    self._record([(entry, event)])
+                    with self._journal_lock:
+                        journal = self.journal
+                        if journal is not None:
+                            entry = journal.entry("event", event.step, dict(event.values), extra)
+                            self._record([(entry, event)])
                     self._deliver()
                 else:
                     self._checkpoint(item.event)
@@ -488,14 +557,16 @@ class Worker:
             return False
         if isinstance(item, Stop):
             self._drain()
-            if self.journal is not None:
-                left = self.journal.next_seq - 1 - self.journal.acked
-                if left > 0 and not self.failed:  # a failed tracker was reported already
-                    self.policy.undelivered(self.name, left, self.journal.folder)
-                try:
-                    self.journal.close()
-                except OSError:
-                    pass
+            with self._journal_lock:  # after an adoption in flight has written its entries
+                closing = self.journal
+                if closing is not None:
+                    left = closing.next_seq - 1 - closing.acked
+                    if left > 0 and not self.failed:  # a failed tracker was reported already
+                        self.policy.undelivered(self.name, left, closing.folder)
+                    try:
+                        closing.close()
+                    except OSError:
+                        pass
             if not self.failed and self.started:
                 self.call("finish", self.tracker.finish)
             item.done.set()
@@ -537,8 +608,9 @@ class Worker:
         if not self._try_start():
             self._write_run()  # no reference yet: `accelkit track sync` starts a new run
         if config is not None and self.journal is not None and not self.failed:
-            entry = self.journal.entry("config", -1, config)
-            self._record([(entry, config)])
+            with self._journal_lock:
+                if self.journal is not None:
+                    self._record([(self.journal.entry("config", -1, config), config)])
             self._deliver()
 
     def _try_start(self) -> bool:
@@ -613,8 +685,16 @@ class Worker:
         return self.policy.stuck(self.busy, self.busy_since)
 
     def overflow(self) -> None:
-        """Skip this tracker: its queue outgrew the policy's ``max_pending`` (its backend is
-        hung); the values waiting are dropped and the failure is reported."""
+        """Its queue outgrew the policy's ``max_pending`` behind a backend call that does not
+        return. With a journal, the values waiting are journaled from the calling thread
+        (:meth:`adopt`) and sent once the backend answers, said once; without one, the tracker
+        is skipped: the values waiting are dropped and the failure is reported."""
+        journal = self.journal
+        if journal is not None and self.adopt() and self.journal is not None:
+            if not self._hung_said:
+                self._hung_said = True
+                self.policy.kept_while_hung(self.name, self.busy, journal.folder)
+            return
         waiting = len(self.items)
         busy = self.busy
         if not self.mark_failed():

@@ -233,15 +233,37 @@ class FailurePolicy:
         )
         return TrackerFailure(name, "log", error)
 
-    def late(self, name: str, what: str, limit: float, busy: str | None) -> None:
+    def late(
+        self, name: str, what: str, limit: float, busy: str | None, journal: str | None = None
+    ) -> None:
         """Warn that a tracker did not ``what`` (flush, finish) within ``limit`` seconds; it is
-        not waited for any longer, but not skipped either."""
+        not waited for any longer, but not skipped either. ``journal``: the folder of the
+        journal its waiting values were written to (then nothing is lost)."""
+        if journal:
+            logdir = os.path.dirname(os.path.dirname(journal))
+            fate = (
+                f"The values it has not sent are kept in its journal {journal}: sent when it "
+                f"answers, or with: accelkit track sync {logdir} --tracker {name}."
+            )
+        else:
+            fate = "Values it has not written yet may be lost."
         _warn(
             f"Tracker {name!r} did not {what} within {limit:g} s ("
             + (f"busy in {busy}()" if busy else "values still queued")
-            + "); not waiting for it any longer. Values it has not written yet may be lost. "
+            + f"); not waiting for it any longer. {fate} "
             "If the backend is just slow, raise ACCELKIT_TRACKER_TIMEOUT (seconds).",
             TrackerWarning,
+        )
+
+    def kept_while_hung(self, name: str, busy: str | None, journal: str) -> None:
+        """Say (once per tracker: the caller keeps count) that the values queued behind a
+        backend call that does not return went to the tracker's journal."""
+        _warn(
+            f"Tracker {name!r}: its backend has not returned from {busy or 'a call'}() for "
+            f"over {self.timeout:g} s; the values logged meanwhile are kept in its journal "
+            f"{journal} and sent, in order, when it answers (or with `accelkit track sync`). "
+            "Training goes on.",
+            UserWarning,
         )
 
     def degraded(self, name: str, what: str) -> None:

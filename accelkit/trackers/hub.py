@@ -505,7 +505,12 @@ class TrackerHub:
                 if not worker.opened.is_set():  # still opening its run: hung like in init
                     worker.timed_out()
                     continue
-                self._policy.late(worker.name, what, limit, worker.busy)
+                # Hung in a backend call: what waits behind it goes to its journal now (from
+                # this thread), so that the end of the process loses none of it.
+                worker.adopt()
+                journal = worker.journal  # None if it could not be written (reported)
+                kept = journal.folder if journal is not None else None
+                self._policy.late(worker.name, what, limit, worker.busy, kept)
         return done
 
     def finish(self, timeout: float | None = None) -> bool:

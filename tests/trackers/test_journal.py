@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -225,3 +227,101 @@ def test_hostile_journal_files_are_reported_and_never_stop_training(
     said = " ".join(str(w.message) for w in caught)
     assert "symbolic link" in said or "named pipe" in said
     assert outside.read_text() == "secret\n"
+
+
+class HangingCSV(CSVTracker):
+    """The CSV tracker behind a backend whose ``log`` does not return while a ``HANG`` file
+    sits in the logging directory (a request that hangs rather than fails)."""
+
+    name = "hanging_csv"
+    entered = threading.Event()
+
+    def __init__(self, run_name: str = "", logging_dir: str | None = None, **kwargs: Any) -> None:
+        super().__init__(run_name, logging_dir, **kwargs)
+        self.hang_flag = os.path.join(logging_dir or ".", "HANG")
+
+    @override
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        deadline = time.monotonic() + 60
+        while os.path.exists(self.hang_flag) and time.monotonic() < deadline:
+            HangingCSV.entered.set()
+            time.sleep(0.01)
+        super().log(values, step, **kwargs)
+        self.file.flush()
+
+
+def test_values_queued_behind_a_hung_backend_call_are_journaled_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The soak's finding: while the worker hung in a backend call, nothing queued behind it
+    was journaled, and the end of the run dropped it. Now the hub journals the queue itself
+    when it stops waiting, the hung call's return sends the rest from the journal, once."""
+    monkeypatch.setenv("ACCELKIT_TRACKER_TIMEOUT", "1")  # finish() waits 1 s for the hung call
+    register_tracker(HangingCSV)
+    HangingCSV.entered.clear()
+    accelerator = Accelerator(
+        log_with="hanging_csv", project_config=ProjectConfiguration(project_dir=str(tmp_path))
+    )
+    accelerator.init_trackers("run")
+    for step in range(5):
+        accelerator.log({"x": float(step)}, step=step)
+    accelerator.get_tracker("hanging_csv")  # flushed: steps 0-4 delivered
+    (tmp_path / "HANG").touch()
+    accelerator.log({"x": 5.0}, step=5)
+    assert HangingCSV.entered.wait(30), "the worker never reached the hanging call"
+    for step in range(6, 300):  # queued behind the hung call
+        accelerator.log({"x": float(step)}, step=step)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        accelerator.end_training()
+    late = [str(w.message) for w in caught if "did not finish" in str(w.message)]
+    assert len(late) == 1 and "kept in its journal" in late[0], late
+    assert f"accelkit track sync {tmp_path} --tracker hanging_csv" in late[0]
+    (row,) = status(str(tmp_path))
+    assert (row.journaled, row.delivered) == (300, 5)  # nothing left only in memory
+
+    # The backend answers again: the worker (alive in this process) sends the rest, once.
+    (tmp_path / "HANG").unlink()
+    deadline = time.monotonic() + 60
+    while len(_rows(tmp_path)) < 300 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _rows(tmp_path) == [(s, float(s)) for s in range(300)]
+    deadline = time.monotonic() + 30
+    while status(str(tmp_path))[0].pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    capsys.readouterr()
+    assert cli(["track", "sync", str(tmp_path), "--tracker", "hanging_csv"]) == 0
+    assert "nothing to send" in capsys.readouterr().out
+    assert _rows(tmp_path) == [(s, float(s)) for s in range(300)]
+
+
+def test_a_queue_outgrowing_its_bound_behind_a_hung_call_is_journaled_not_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a journal, a queue past ACCELKIT_TRACKER_MAX_PENDING behind a hung call is
+    dropped and the tracker skipped; with one, the queue goes to the journal and the tracker
+    stays: every point arrives once the backend answers."""
+    monkeypatch.setenv("ACCELKIT_TRACKER_TIMEOUT", "0.5")  # stuck after half a second
+    monkeypatch.setenv("ACCELKIT_TRACKER_MAX_PENDING", "300")
+    register_tracker(HangingCSV)
+    HangingCSV.entered.clear()
+    accelerator = Accelerator(
+        log_with="hanging_csv", project_config=ProjectConfiguration(project_dir=str(tmp_path))
+    )
+    accelerator.init_trackers("run")
+    (tmp_path / "HANG").touch()
+    accelerator.log({"x": 0.0}, step=0)
+    assert HangingCSV.entered.wait(30), "the worker never reached the hanging call"
+    time.sleep(0.7)  # past the timeout: the worker is stuck
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(1, 2000):
+            accelerator.log({"x": float(step)}, step=step)
+    said = [str(w.message) for w in caught]
+    assert any("kept in its journal" in m for m in said), said
+    assert not any(issubclass(w.category, TrackerWarning) for w in caught), said  # not skipped
+    (tmp_path / "HANG").unlink()
+    accelerator.end_training()
+    assert _rows(tmp_path) == [(s, float(s)) for s in range(2000)]
+    (row,) = status(str(tmp_path))
+    assert (row.journaled, row.delivered, row.pending) == (2000, 2000, 0)
