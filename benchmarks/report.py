@@ -359,6 +359,53 @@ def _cuda_details(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _soak_journal_details(data: dict[str, Any]) -> list[str]:
+    """The tracker journal's outage soak (tests/reliability/soak_journal.py): one row a run."""
+    lines = [
+        "",
+        f"{data.get('points')} points, {data.get('processes')} processes, {data.get('cpus')} "
+        f"cores, server killed {data.get('kill_at_s')} s in and down {data.get('down_s')} s, "
+        f"{data.get('matmuls_per_step')} matmuls a step, git {data.get('commit')}:",
+        "",
+    ]
+    rows = []
+    for name, run in (data.get("runs") or {}).items():
+        rows.append(
+            [
+                name,
+                _num(run.get("steps_per_s")),
+                _num((run.get("load_average_before") or [None])[0]),
+                run.get("restarted_before_the_loop_ended", "n/a"),
+                _num(run.get("delivered_during_the_run")),
+                _num(run.get("mlflow_points")),
+                run.get("mlflow_exactly_once", "n/a"),
+                _num(run.get("jsonl_points")),
+                _num(run.get("tensorboard_points")),
+            ]
+        )
+    header = [
+        "run",
+        "steps/s",
+        "load before",
+        "server back in the run",
+        "MLflow points in the run",
+        "MLflow points",
+        "exactly once",
+        "jsonl",
+        "TensorBoard",
+    ]
+    lines += _table(header, rows)
+    lines += [
+        "",
+        f"- throughput vs the mean of the baselines: outage "
+        f"{_num(data.get('outage_throughput_change_pct'))}%, never back "
+        f"{_num(data.get('never_back_throughput_change_pct'))}% (the baselines differ by "
+        f"{_num(data.get('baselines_differ_pct'))}%; the MLflow server shares the 2 cores, so "
+        "a run without it is faster).",
+    ]
+    return lines
+
+
 DETAILS = {
     "cuda": _cuda_details,
     "trackers": _trackers_details,
@@ -367,6 +414,7 @@ DETAILS = {
     "s3": _s3_details,
     "scaling": _scaling_details,
     "async": _async_details,
+    "soak_journal": _soak_journal_details,
 }
 
 
