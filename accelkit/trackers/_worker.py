@@ -279,12 +279,12 @@ class Worker:
                 items.appendleft(item)
             if not batch:
                 return 0
-            self._on_disk = True  # behind what the worker holds in memory: read back in order
             try:
                 journal.write([entry for entry, _ in batch])
             except OSError as error:
                 self._journal_broken(error)
                 return 0
+            self._on_disk = True  # behind what the worker holds in memory: read back in order
             return len(batch)
 
     def _journal_broken(self, error: BaseException) -> None:
@@ -396,12 +396,15 @@ class Worker:
             self._deliver()
 
     def _refill(self) -> None:
-        journal = self.journal
-        assert journal is not None
-        entries = journal.pending(limit=_MEMORY)
-        self._pending.extend((entry, None) for entry in entries)
-        if not entries or entries[-1].seq >= journal.next_seq - 1:
-            self._on_disk = False
+        with self._journal_lock:  # never half of an adoption's write
+            journal = self.journal
+            if journal is None:  # given up meanwhile (reported): nothing to read back
+                self._on_disk = False
+                return
+            entries = journal.pending(limit=_MEMORY)
+            self._pending.extend((entry, None) for entry in entries)
+            if not entries or entries[-1].seq >= journal.next_seq - 1:
+                self._on_disk = False
 
     def _send_logs(self, pending: collections.deque[tuple[Entry, Any]], journal: Journal) -> str:
         """Send the ``log`` entries at the head of ``pending`` with one ``log`` call each (a
