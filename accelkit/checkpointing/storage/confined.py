@@ -250,7 +250,10 @@ class ConfinedStorage(WrappedStorage):
                     for item in it:
                         if item.is_symlink():
                             raise self._link_error([*parts, item.name])
-                        st = item.stat(follow_symlinks=False)
+                        try:
+                            st = item.stat(follow_symlinks=False)
+                        except FileNotFoundError:  # gone since the scan (a temp file renamed)
+                            continue
                         is_dir = stat.S_ISDIR(st.st_mode)
                         if not is_dir and not stat.S_ISREG(st.st_mode):
                             raise CorruptCheckpointError(

@@ -76,7 +76,13 @@ class LocalStorage(Storage):
             for item in it:
                 link = item.is_symlink()
                 is_dir = item.is_dir(follow_symlinks=False)
-                size = 0 if is_dir or link else item.stat(follow_symlinks=False).st_size
+                try:
+                    size = 0 if is_dir or link else item.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    # Gone since the scan: an atomic write's temporary file renamed over its
+                    # target (a manifest rewritten beside a reader). Not listed, rather than
+                    # failing the listing (which made the folder look empty: "incomplete").
+                    continue
                 out.append(Entry(item.name, is_dir, size, link))
         return sorted(out, key=lambda e: e.name)
 
