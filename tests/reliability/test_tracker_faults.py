@@ -28,6 +28,7 @@ from accelkit import Accelerator
 from accelkit.trackers import GeneralTracker
 from accelkit.trackers.hub import TrackerWarning
 from accelkit.trackers.jsonl import read_jsonl
+from accelkit.trackers.sync import status
 from tests.helpers.distributed import free_port
 
 STEPS = 20
@@ -158,12 +159,16 @@ def test_raising_and_hanging_trackers_do_not_stop_training(
     }
 
 
+@pytest.mark.parametrize("journal", [False, True], ids=["no-journal", "journal"])
 def test_hung_tracker_queue_is_bounded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, summary: dict[str, Any]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, summary: dict[str, Any], journal: bool
 ) -> None:
-    """A backend hung for good does not make the hub hold values without limit."""
+    """A backend hung for good does not make the hub hold values without limit: without a
+    journal the waiting values are dropped and the tracker skipped; with one (the default) they
+    go to the journal, the tracker is not skipped, and the end of the run says where they are."""
     monkeypatch.setenv("ACCELKIT_TRACKER_TIMEOUT", "3")
     monkeypatch.setenv("ACCELKIT_TRACKER_MAX_PENDING", "300")
+    monkeypatch.setenv("ACCELKIT_TRACKER_JOURNAL", "1" if journal else "0")
     hanging, recorder = _Hanging(), _Recorder()
     accelerator = Accelerator(cpu=True, log_with=[hanging, recorder], project_dir=str(tmp_path))
     steps = 2000
@@ -179,8 +184,20 @@ def test_hung_tracker_queue_is_bounded(
         hanging.release.set()
     assert recorder.steps == list(range(steps))
     reports = _reports(caught, "hanging")
-    assert len(reports) == 1 and "values waiting" in reports[0], reports
-    summary["tracker_hung_queue_bounded"] = {"trials": 1, "held": 1, "report": reports[0][:160]}
+    if not journal:
+        assert len(reports) == 1 and "values waiting" in reports[0], reports
+        summary["tracker_hung_queue_bounded"] = {
+            "trials": 1,
+            "held": 1,
+            "report": reports[0][:160],
+        }
+        return
+    kept = [str(w.message) for w in caught if "kept in its journal" in str(w.message)]
+    assert len(reports) == 1 and "did not finish" in reports[0], reports
+    assert "kept in its journal" in reports[0] and "accelkit track sync" in reports[0]
+    assert any("has not returned from log()" in m for m in kept), kept  # the bound, said once
+    (row,) = [r for r in status(str(tmp_path)) if r.name == "hanging"]
+    assert row.journaled == steps  # nothing dropped: every value is in the journal
 
 
 # ------------------------------------------------------------------ MLflow server killed
