@@ -44,10 +44,23 @@ def _env() -> dict[str, str]:
     return env
 
 
+# A 2-process gloo job's worker was seen (twice in about a dozen CI runs, under Accelerate and
+# under accelkit alike) to abort in the C++ runtime while the interpreter exits ("terminate
+# called without an active exception", exit -6), after the script had done its work. It is not
+# what these tests compare, so such a run gets one more try; a second abort fails the test.
+_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
 def _run(command: list[str], cwd: Path) -> None:
     result = subprocess.run(
         command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=240
     )
+    if result.returncode != 0 and _TEARDOWN_ABORT in result.stderr:
+        first = result.stderr[-3000:]
+        result = subprocess.run(
+            command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=240
+        )
+        result.stderr = f"(first try aborted:)\n{first}\n(second try:)\n{result.stderr}"
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
 
 
