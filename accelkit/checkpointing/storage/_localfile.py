@@ -45,7 +45,7 @@ from concurrent.futures import Future
 from typing import BinaryIO
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.storage._pools import thread_pool
+from accelkit.checkpointing.storage._pools import first_failure, thread_pool
 from accelkit.checkpointing.storage._writeback import start_writeback
 from accelkit.checkpointing.storage.base import StorageError
 
@@ -295,12 +295,7 @@ def sync_batch() -> Iterator[None]:
         raise
     finally:
         _SYNC_BATCH.reset(token)
-        first: BaseException | None = None
-        for future in futures:
-            try:
-                future.result()
-            except BaseException as exc:
-                first = first or exc
+        first = first_failure(futures)
         if first is not None and not failed:
             raise first
 

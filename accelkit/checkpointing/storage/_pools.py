@@ -7,9 +7,11 @@ snapshot's host copies: separate pools, so that a slow ``fsync`` never delays a 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
-__all__ = ["thread_pool"]
+__all__ = ["first_failure", "thread_pool"]
 
 _POOLS: dict[str, ThreadPoolExecutor] = {}
 _LOCK = threading.Lock()
@@ -24,3 +26,15 @@ def thread_pool(name: str, workers: int) -> ThreadPoolExecutor:
             pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"accelkit-{name}")
             _POOLS[name] = pool
         return pool
+
+
+def first_failure(futures: Iterable[Future[Any]]) -> BaseException | None:
+    """Wait for every future (none is left running behind the caller's back) and return the
+    first failure in their order, or ``None``."""
+    first: BaseException | None = None
+    for future in futures:
+        try:
+            future.result()
+        except BaseException as exc:
+            first = first or exc
+    return first

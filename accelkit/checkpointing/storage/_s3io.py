@@ -34,7 +34,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from accelkit.checkpointing.storage._localfile import defer_to_batch
-from accelkit.checkpointing.storage._pools import thread_pool
+from accelkit.checkpointing.storage._pools import first_failure, thread_pool
 
 __all__ = [
     "MAX_PARTS_IN_FLIGHT",
@@ -448,12 +448,7 @@ class RangedReader:
                 piece = view[offset : offset + PART_SIZE]
                 futures.append(_pool().submit(self._fetch, start + offset, piece))
         finally:
-            first: BaseException | None = None
-            for future in futures:
-                try:
-                    future.result()
-                except BaseException as exc:
-                    first = first or exc
+            first = first_failure(futures)
             if first is not None:
                 raise first
 
