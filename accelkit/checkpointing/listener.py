@@ -137,21 +137,18 @@ class SafeListener:
     def checkpoint_replicated(self, report: ReplicationReport) -> None:
         """Tell the listener that a checkpoint reached the remote tier (from the replicator's
         thread), if it has the optional method ``checkpoint_replicated(report)``."""
-        method = getattr(self.listener, "checkpoint_replicated", None)
-        if method is None:
-            return
-        try:
-            method(report)
-        except Exception:
-            logger.warning("Checkpoint listener checkpoint_replicated failed:", exc_info=True)
+        self._optional("checkpoint_replicated", report)
 
     def checkpoint_dropped(self, report: DropReport) -> None:
         """Tell the listener that the disk budget deleted a checkpoint not yet replicated, if
         it has the optional method ``checkpoint_dropped(report)``."""
-        method = getattr(self.listener, "checkpoint_dropped", None)
+        self._optional("checkpoint_dropped", report)
+
+    def _optional(self, name: str, report: Any) -> None:
+        method = getattr(self.listener, name, None)
         if method is None:
             return
         try:
             method(report)
         except Exception:
-            logger.warning("Checkpoint listener checkpoint_dropped failed:", exc_info=True)
+            logger.warning("Checkpoint listener %s failed:", name, exc_info=True)
