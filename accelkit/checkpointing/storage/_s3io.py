@@ -76,7 +76,10 @@ def parts_in_flight(limit: int) -> Iterator[None]:
         ValueError: ``limit`` is below 1.
     """
     if limit < 1:
-        raise ValueError(f"parts_in_flight needs a limit of at least 1, got {limit}")
+        raise ValueError(
+            f"parts_in_flight needs a limit of at least 1 (parts waiting for the server), got "
+            f"{limit!r}; e.g. parts_in_flight(1) for the least memory."
+        )
     previous = getattr(_LOCAL, "limit", None)
     _LOCAL.limit = limit
     try:
