@@ -148,6 +148,9 @@ class Worker:
         self.failed = False
         self.started = False
         self.reference: dict[str, Any] | None = None
+        # Called on this worker's thread once start() returned (the hub moves its exit hook
+        # behind the one the backend may have registered in start(): wandb does).
+        self.on_started: Callable[[], None] | None = None
         self.opened = threading.Event()  # the first Start was handled (successfully or not)
         self._failed_lock = threading.Lock()
         self._degraded = False
@@ -644,6 +647,12 @@ class Worker:
         return True
 
     def _take_reference(self) -> None:
+        """After a successful ``start()``: the run's reference, then ``on_started``."""
+        if self.on_started is not None:
+            try:
+                self.on_started()
+            except Exception:  # pragma: no cover - an exit hook's order is not worth a failure
+                pass
         try:
             reference = self.tracker.run_reference()
             self.reference = None if reference is None else dict(reference)

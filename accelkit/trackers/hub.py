@@ -134,6 +134,7 @@ class TrackerHub:
         self._live: list[Worker] = []
         self._lock = threading.Lock()
         self._atexit_registered = False
+        self._exit_lock = threading.Lock()  # the exit hook's registration
         self._next_step = 0  # the step of the next log() called without one
         self._logged = False  # log() was called in this run (a later load_state is mid-run)
         self._detached = False  # an unpickled copy: no trackers of its own
@@ -209,7 +210,7 @@ class TrackerHub:
         state = self.__dict__.copy()
         for key in ("_workers", "_retired", "_live", "_specs", "_unstarted", "_early_events"):
             state[key] = []
-        state.update(_lock=None, _atexit_registered=False, _config=None)
+        state.update(_lock=None, _exit_lock=None, _atexit_registered=False, _config=None)
         state["_detached"] = True
         return state
 
@@ -217,6 +218,7 @@ class TrackerHub:
         """Restore a detached copy (see :meth:`__getstate__`)."""
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._exit_lock = threading.Lock()
 
     @property
     def trackers(self) -> list[GeneralTracker]:
@@ -311,6 +313,7 @@ class TrackerHub:
                 self._policy,
                 self._journal_settings(tracker, project_name, init_kwargs.get(tracker.name)),
             )
+            worker.on_started = self._exit_hook_last
             self._workers.append(worker)
             self._unstarted.append(worker)
         if not self.defer_start:
@@ -332,12 +335,14 @@ class TrackerHub:
                 self._open_runs(wait=True, only=given)
             if self._resume is not None:
                 self._open_runs(wait=False)
-        if self._workers and not self._atexit_registered:
-            # Registered after the trackers were made, so this runs before the backends' own
-            # exit hooks (atexit is last-in, first-out) and their runs still accept values.
-            # It also keeps the hub alive until exit, so a dropped Accelerator still flushes.
-            atexit.register(self._drain_at_exit)
-            self._atexit_registered = True
+        with self._exit_lock:
+            if self._workers and not self._atexit_registered:
+                # Registered after the trackers were made (and moved again after each start():
+                # _exit_hook_last), so this runs before the backends' own exit hooks (atexit
+                # is last-in, first-out) and their runs still accept values. It also keeps the
+                # hub alive until exit, so a dropped Accelerator still flushes.
+                atexit.register(self._drain_at_exit)
+                self._atexit_registered = True
         self._policy.raise_pending()
 
     def _journal_settings(
@@ -529,12 +534,22 @@ class TrackerHub:
         workers, self._workers, self._live = self._workers, [], []
         self._retired = workers
         self._resume = None
-        if self._atexit_registered:
-            atexit.unregister(self._drain_at_exit)
-            self._atexit_registered = False
+        with self._exit_lock:
+            if self._atexit_registered:
+                atexit.unregister(self._drain_at_exit)
+                self._atexit_registered = False
         done = self._wait(workers, Stop, timeout, "finish")
         self._policy.raise_pending()
         return done
+
+    def _exit_hook_last(self) -> None:
+        """Move the exit hook behind any registered since (a backend's ``start()`` may add its
+        own: wandb's tears its service down, after which ``finish()`` fails with "Connection
+        lost"). Called on a worker's thread when its ``start()`` returned."""
+        with self._exit_lock:
+            if self._atexit_registered:
+                atexit.unregister(self._drain_at_exit)
+                atexit.register(self._drain_at_exit)
 
     def _drain_at_exit(self) -> None:
         try:

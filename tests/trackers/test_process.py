@@ -57,3 +57,36 @@ def test_lazy_sdks_and_draining_and_not_hanging_at_exit(tmp_path: Path) -> None:
     assert [r["step"] for r in records] == list(range(50))
     assert [r["values"]["step_value"] for r in records] == list(range(50))
     assert "Tracker 'hung' did not finish within 5 s (busy in log()" in result.stderr
+
+
+WANDB_SCRIPT = """
+from accelkit import Accelerator
+accelerator = Accelerator(cpu=True, log_with=["wandb"], project_dir=LOGDIR)
+accelerator.init_trackers("run", init_kwargs={"wandb": {"dir": LOGDIR}})
+for step in range(5):
+    accelerator.log({"x": float(step)}, step=step)
+accelerator._trackers.flush()  # wandb's run is open (it starts at first use, in the background)
+print("logged", flush=True)
+"""
+
+
+def test_a_run_that_never_calls_end_training_finishes_wandb_before_wandb_exits(
+    tmp_path: Path,
+) -> None:
+    """wandb registers its own exit hook in ``wandb.init()``, which accelkit calls on a worker
+    thread after its own hook was registered: unless accelkit's hook is moved behind it, wandb's
+    service is gone when accelkit finishes the run ("failed in finish(): ConnectionResetError:
+    Connection lost")."""
+    from tests.trackers.conftest import OFFLINE_ENV
+    from tests.trackers.readers import read_wandb
+
+    result = subprocess.run(
+        [sys.executable, "-c", f"LOGDIR = {str(tmp_path)!r}\n" + textwrap.dedent(WANDB_SCRIPT)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+        env={**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "logged" in result.stdout
+    assert "failed in finish()" not in result.stderr, result.stderr
+    scalars, _ = read_wandb(str(tmp_path), "run")
+    assert scalars["x"] == [(step, float(step)) for step in range(5)]
