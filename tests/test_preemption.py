@@ -414,3 +414,59 @@ def test_an_untrusted_exit_record_is_refused_without_hanging(tmp_path: Path, pla
     started = time.monotonic()
     assert _read_soon(path, "job-a") is None
     assert time.monotonic() - started < 2
+
+
+SPAWNED_LOADER_JOB = """
+import os, signal, sys, time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+from accelkit import Accelerator, ProjectConfiguration
+
+if __name__ == "__main__":
+    config = ProjectConfiguration(
+        project_dir=sys.argv[1], automatic_checkpoint_naming=True, preemption_signals=("SIGUSR1",)
+    )
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    loader = DataLoader(
+        data, batch_size=4, num_workers=1, multiprocessing_context="spawn", persistent_workers=True
+    )
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for step, (x, y) in enumerate(loader):
+        if step == 1:
+            # What SLURM's --signal=USR1@N (without B:) does: every process of the job step.
+            workers = loader._iterator._workers
+            for worker in workers:
+                os.kill(worker.pid, signal.SIGUSR1)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(1.0)
+            print("workers alive:", all(w.is_alive() for w in workers), flush=True)
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    print("not preempted", flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_signal_to_every_process_spares_spawned_dataloader_workers(tmp_path: Path) -> None:
+    """A spawned DataLoader worker is a fresh interpreter in which SIGUSR1 terminates: without
+    the watched signals blocked while workers start, the job step's signal killed the worker
+    and the training process failed on its next batch instead of saving."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.py"
+    script.write_text(SPAWNED_LOADER_JOB)
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "project")],
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert "workers alive: True" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 75, result.stdout + result.stderr
+    (manifest,) = _manifests(tmp_path / "project")
+    assert manifest["reason"] == "preemption"

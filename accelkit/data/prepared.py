@@ -39,6 +39,7 @@ from accelkit.data.sampling import (
     SeedableRandomSampler,
 )
 from accelkit.runtime import ops
+from accelkit.runtime.preemption import spare_child_processes
 from accelkit.training.optim import GradientState
 
 __all__ = [
@@ -366,6 +367,13 @@ class PreparedLoaderMixin:
             self._premade = False
             self._iterator = None
             self._initial_iter_for_state_dict = False
+
+    def _get_iterator(self) -> Any:
+        # Where DataLoader starts its worker processes: with preemption signals watched, they
+        # start with those signals blocked, so a signal sent to the whole job (SLURM without
+        # B:) cannot kill a spawned worker before the training process saves.
+        with spare_child_processes():
+            return super()._get_iterator()  # type: ignore[misc]
 
     def _new_iterator(self, resumed: bool) -> Iterator[Any]:
         # Making an iterator draws the workers' base seed from the loader's generator, or from

@@ -34,7 +34,7 @@ import signal
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -62,6 +62,7 @@ __all__ = [
     "parse_signals",
     "read_exit_record",
     "signal_name",
+    "spare_child_processes",
     "write_exit_record",
 ]
 
@@ -81,6 +82,11 @@ ENV_PREEMPTION_JOB = "ACCELKIT_PREEMPTION_JOB"
 
 # Signals a process cannot catch (or that only a debugger should own).
 _UNCATCHABLE = {"SIGKILL", "SIGSTOP"}
+# The installed flags of this process (spare_child_processes blocks what they watch).
+_INSTALLED: list[SignalFlag] = []
+# Never blocked in child processes: they are how a parent stops them (multiprocessing's
+# terminate(), a terminal's Ctrl-C to the foreground group).
+_STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 def signal_name(signum: int) -> str:
@@ -228,13 +234,41 @@ class SignalFlag:
                 "leave preemption_signals empty."
             )
         self._previous = {sig: signal.signal(sig, self._record) for sig in self.signals}
+        _INSTALLED.append(self)
 
     def restore(self) -> None:
         """Put back the handlers that were there before :meth:`install`."""
         previous, self._previous = self._previous, {}
+        if self in _INSTALLED:
+            _INSTALLED.remove(self)
         if previous and threading.current_thread() is threading.main_thread():
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def spare_child_processes() -> Iterator[None]:
+    """Start child processes inside this block (DataLoader workers) so that the preemption
+    signals this process watches, SIGTERM and SIGINT excepted, cannot kill them.
+
+    A signal sent to every process of a job (SLURM's ``--signal=USR1@120`` without ``B:``
+    signals the whole job step) would end a worker started with ``spawn`` or ``forkserver``
+    (a fresh interpreter: SIGUSR1's default action is to terminate), and the training process
+    would fail on its next batch instead of saving. The block holds those signals blocked in
+    this thread: a child inherits the blocked mask across ``fork`` and ``exec``, so the signal
+    stays pending there for good, while this process gets any that arrived in the block as
+    soon as it ends. SIGTERM and SIGINT stay deliverable to children: they are how a parent
+    stops its workers (``terminate()``) and how a terminal's Ctrl-C reaches them.
+    """
+    blocked = {sig for flag in _INSTALLED for sig in flag.signals} - _STOPPING
+    if not blocked:
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 #: On several processes, boundaries without an optimizer step between them start a round of the

@@ -25,8 +25,9 @@ training loop) of the outage run with the mean of the two baselines, and the sec
 training thread spent inside ``log()``. The job runs on the first CPU and the server (with this
 driver) on the others (``--no-pin``: anywhere): unpinned, a live server takes CPU from the job, so
 the baselines ran 25-34% slower than the outage runs on a 2-core machine and the "within 2%"
-comparison measured the server, not the outage. The load average is recorded before each run. A summary is printed, and the results written to
-``benchmarks/results/soak_journal.json`` (``--out``).
+comparison measured the server, not the outage. The load average is recorded before each run.
+A summary is printed, and the results written to ``benchmarks/results/soak_journal.json``
+(``--out``).
 """
 
 from __future__ import annotations
