@@ -47,6 +47,15 @@ class FaultProxy:
         reset_next: if set, ``reset_after_bytes`` applies to the next this many connections
             only (counted down), whatever ``reset_fraction`` says.
         bytes_per_second: upstream bandwidth per connection (``None``: unlimited).
+        lose_reply_to: a byte string; the reply to the next request containing it (e.g.
+            ``b"<CompleteMultipartUpload"``) is lost: the server got and handled the request,
+            the client's connection is reset instead of getting the answer.
+        lose_replies: how many such replies are lost (counted down).
+        lost: replies lost so far.
+        answers: whole HTTP responses; once ``lose_replies`` is spent, each next request
+            containing ``lose_reply_to`` gets the first one left instead of being forwarded
+            (the connection is then closed): what another S3 server would have answered.
+        answered: requests answered so far.
     """
 
     def __init__(self, upstream: tuple[str, int], seed: int = 0) -> None:
@@ -56,6 +65,11 @@ class FaultProxy:
         self.reset_fraction = 1.0
         self.reset_next: int | None = None
         self.bytes_per_second: float | None = None
+        self.lose_reply_to: bytes | None = None
+        self.lose_replies = 0
+        self.lost = 0
+        self.answers: list[bytes] = []
+        self.answered = 0
         self.connections = 0
         self.dropped = 0
         self.cut = 0
@@ -146,9 +160,13 @@ class FaultProxy:
         with self._lock:
             self._open.update((client, upstream))
         done = threading.Event()
+        armed = threading.Event()  # a request whose reply is to be lost went upstream
+        canned = threading.Event()  # the client got `answer`: close it gently, no reset
 
-        def pump(src: socket.socket, dst: socket.socket, limit: int | None, slow: bool) -> None:
+        def pump(src: socket.socket, dst: socket.socket, limit: int | None, outbound: bool) -> None:
+            # outbound: client -> server (slowed, cut, scanned for lose_reply_to)
             sent = 0
+            tail = b""  # the marker may straddle two reads
             try:
                 while True:
                     data = src.recv(_BUF)
@@ -156,10 +174,31 @@ class FaultProxy:
                         with contextlib.suppress(OSError):
                             dst.shutdown(socket.SHUT_WR)
                         return
+                    marker = self.lose_reply_to
+                    if outbound and marker and marker in tail + data:
+                        with self._lock:
+                            if self.lose_replies > 0:
+                                self.lose_replies -= 1
+                                armed.set()
+                            elif self.answers:
+                                answer = self.answers.pop(0)
+                                self.answered += 1
+                                canned.set()
+                        if canned.is_set():
+                            with contextlib.suppress(OSError):  # the server never sees the rest
+                                dst.shutdown(socket.SHUT_RDWR)
+                            src.sendall(answer)
+                            src.shutdown(socket.SHUT_WR)
+                            return
+                    # One byte short of a marker: a marker is never seen twice.
+                    tail = (tail + data)[1 - len(marker) :] if marker and len(marker) > 1 else b""
+                    if not outbound and armed.is_set():  # the server answered: lose the answer
+                        self.lost += 1
+                        raise OSError("reply lost by the proxy")
                     if limit is not None and sent + len(data) > limit:
                         self.cut += 1
                         raise OSError("cut by the proxy")
-                    rate = self.bytes_per_second if slow else None
+                    rate = self.bytes_per_second if outbound else None
                     if rate:
                         time.sleep(len(data) / rate)
                     dst.sendall(data)
@@ -167,6 +206,9 @@ class FaultProxy:
                     if self.down:
                         raise OSError("outage")
             except OSError:
+                if canned.is_set():  # the client reads the answer; only the server goes
+                    _reset(dst if outbound else src)
+                    return
                 _reset(src)
                 _reset(dst)
             finally:

@@ -28,6 +28,7 @@ storage.retry.RetryingStorage`) that each request is run under.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -35,12 +36,15 @@ from typing import Any, TypeVar
 
 from accelkit.checkpointing.storage._localfile import defer_to_batch
 from accelkit.checkpointing.storage._pools import first_failure, thread_pool
+from accelkit.checkpointing.storage.retry import error_code
 
 __all__ = [
     "MAX_PARTS_IN_FLIGHT",
     "PART_SIZE",
     "MultipartSink",
     "RangedReader",
+    "made_from",
+    "multipart_etag",
     "no_retry",
     "parts_in_flight",
 ]
@@ -148,6 +152,37 @@ def _call(fs: Any, method: str, **kwargs: Any) -> Any:
     except Exception as exc:
         where = f"s3://{kwargs.get('Bucket')}/{kwargs.get('Key')}"
         raise OSError(f"S3 {method} of {where} failed: {exc}") from exc
+
+
+def multipart_etag(parts: list[dict[str, Any]]) -> str | None:
+    """The ETag S3 gives the object completed from ``parts`` (``{"PartNumber", "ETag"}``, in
+    order): the MD5 of the parts' binary MD5s, ``-`` and their count. ``None`` when a part's
+    ETag is not an MD5 (encrypted with SSE-KMS or SSE-C): then nothing can be told from it."""
+    digests = []
+    for part in parts:
+        tag = str(part["ETag"]).strip('"')
+        if len(tag) != 32 or any(c not in "0123456789abcdefABCDEF" for c in tag):
+            return None
+        digests.append(bytes.fromhex(tag))
+    digest = hashlib.md5(b"".join(digests), usedforsecurity=False).hexdigest()
+    return f"{digest}-{len(parts)}"
+
+
+def made_from(fs: Any, bucket: str, key: str, parts: list[dict[str, Any]]) -> bool:
+    """Whether the object at ``bucket/key`` is the one a completion of ``parts`` made (its ETag
+    is :func:`multipart_etag`); ``False`` when there is none or it cannot be told."""
+    expected = multipart_etag(parts)
+    if expected is None:
+        return False
+    try:
+        answer = _call(fs, "head_object", Bucket=bucket, Key=key)
+    except OSError as error:
+        if error_code(error) in ("404", "NoSuchKey", "NotFound") or isinstance(
+            error, FileNotFoundError
+        ):
+            return False
+        raise
+    return str(answer.get("ETag", "")).strip('"').lower() == expected
 
 
 def _pool() -> Any:
@@ -274,18 +309,7 @@ class MultipartSink:
                     ),
                 )
             else:
-                parts = [f.result() for f in self._parts]
-                self._retry(
-                    f"completion of {self._what()}",
-                    lambda: _call(
-                        self._fs,
-                        "complete_multipart_upload",
-                        Bucket=self._bucket,
-                        Key=self._key,
-                        UploadId=self._upload_id,
-                        MultipartUpload={"Parts": parts},
-                    ),
-                )
+                self._complete([f.result() for f in self._parts])
         except BaseException:
             self._abort_upload()
             raise
@@ -293,6 +317,36 @@ class MultipartSink:
             self._buffer = bytearray()
             self._fs.invalidate_cache(self._path)
             self._leave()
+
+    def _complete(self, parts: list[dict[str, Any]]) -> None:
+        """Complete the upload from ``parts``.
+
+        A completion the server handled but whose reply was lost (a cut connection) is sent
+        again, by the retry runner or by the HTTP client itself; some servers (MinIO) answer
+        the second one with ``NoSuchUpload``, the first having made the object. A
+        ``NoSuchUpload`` counts as done only if the object under the key is the one these parts
+        make (its multipart ETag, the MD5 of each part's MD5: the same bytes), never on the
+        key's existence.
+        """
+
+        def complete() -> Any:
+            try:
+                return _call(
+                    self._fs,
+                    "complete_multipart_upload",
+                    Bucket=self._bucket,
+                    Key=self._key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": parts},
+                )
+            except OSError as error:
+                if error_code(error) == "NoSuchUpload" and made_from(
+                    self._fs, self._bucket, self._key, parts
+                ):
+                    return None
+                raise
+
+        self._retry(f"completion of {self._what()}", complete)
 
     def commit(self, deferred: bool) -> None:
         """Send what is left and complete the upload: now, or with ``deferred`` inside a

@@ -50,6 +50,7 @@ __all__ = [
     "RetryingStorage",
     "classify",
     "copy_stream",
+    "error_code",
     "hard_error_fix",
     "retry_call",
     "with_retries",
@@ -150,6 +151,16 @@ def _response(error: BaseException) -> tuple[str, int | None] | None:
     code = str((response.get("Error") or {}).get("Code", ""))
     status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
     return code, status if isinstance(status, int) else None
+
+
+def error_code(exc: BaseException) -> str:
+    """The first S3 error code (``"NoSuchUpload"``, ...) in ``exc``'s chain of causes, ``""`` if
+    none (s3fs re-raises botocore's errors as ``OSError``)."""
+    for error in _chain(exc):
+        answer = _response(error)
+        if answer is not None and answer[0]:
+            return answer[0]
+    return ""
 
 
 def _one(error: BaseException) -> str | None:
