@@ -374,6 +374,7 @@ def _soak_journal_details(data: dict[str, Any]) -> list[str]:
             [
                 name,
                 _num(run.get("steps_per_s")),
+                _num(run.get("log_seconds")),
                 _num((run.get("load_average_before") or [None])[0]),
                 run.get("restarted_before_the_loop_ended", "n/a"),
                 _num(run.get("delivered_during_the_run")),
@@ -386,6 +387,7 @@ def _soak_journal_details(data: dict[str, Any]) -> list[str]:
     header = [
         "run",
         "steps/s",
+        "s in log() (rank 0)",
         "load before",
         "server back in the run",
         "MLflow points in the run",
@@ -400,8 +402,12 @@ def _soak_journal_details(data: dict[str, Any]) -> list[str]:
         f"- throughput vs the mean of the baselines: outage "
         f"{_num(data.get('outage_throughput_change_pct'))}%, never back "
         f"{_num(data.get('never_back_throughput_change_pct'))}% (the baselines differ by "
-        f"{_num(data.get('baselines_differ_pct'))}%; the MLflow server shares the 2 cores, so "
-        "a run without it is faster).",
+        f"{_num(data.get('baselines_differ_pct'))}%). "
+        + (
+            f"The job ran on CPU {data['job_cpus']}, the server and the driver on the others."
+            if data.get("job_cpus")
+            else "The MLflow server shared the cores with the job, so a run without it is faster."
+        ),
     ]
     return lines
 
