@@ -50,6 +50,7 @@ from accelkit.checkpointing.formats.layout import (
 from accelkit.checkpointing.formats.manifest import FileEntry, Manifest, read_manifest
 from accelkit.checkpointing.formats.manifest import write_manifest as _write_manifest
 from accelkit.checkpointing.storage import Storage, join, parts_in_flight
+from accelkit.checkpointing.storage.base import Sink
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.checkpointing.storage.retry import RetryPolicy, retry_call
 from accelkit.checkpointing.storage.verified import open_verified
@@ -110,22 +111,16 @@ def _same(a: Manifest, b: Manifest) -> bool:
 
 def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, target: str) -> int:
     """Stream one file, verified against ``entry``; the upload commits only if it verifies."""
-    buffer = bytearray(min(READ_CHUNK, max(entry.size, 1)))
-    view = memoryview(buffer)
     with open_verified(local, source, entry) as reader:
         with parts_in_flight(UPLOAD_PARTS_IN_FLIGHT):  # the replicator's memory budget
             sink = remote.open_sink(target)
         try:
-            while True:
-                count = reader.readinto(view)
-                if not count:
-                    break
-                done = 0
-                while done < count:
-                    written = sink.write(view[done:count])
-                    if not written:
-                        raise OSError(f"uploading {target!r} made no progress (0 bytes written)")
-                    done += written
+            fill = getattr(sink, "fill", None)
+            if fill is not None:  # S3: read straight into the part being filled, no copy
+                while fill(reader.readinto):
+                    pass
+            else:
+                _stream(reader.readinto, sink, entry.size, target)
             reader.verify()  # the local bytes are the ones the save hashed, or nothing is sent
         except BaseException:
             with contextlib.suppress(Exception):
@@ -135,6 +130,22 @@ def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, t
             raise
         sink.commit(False)
     return entry.size
+
+
+def _stream(readinto: Callable[[memoryview], int], sink: Sink, size: int, target: str) -> None:
+    """Copy through one read buffer (:data:`READ_CHUNK`): a sink that cannot be filled in
+    place."""
+    view = memoryview(bytearray(min(READ_CHUNK, max(size, 1))))
+    while True:
+        count = readinto(view)
+        if not count:
+            return
+        done = 0
+        while done < count:
+            written = sink.write(view[done:count])
+            if not written:
+                raise OSError(f"uploading {target!r} made no progress (0 bytes written)")
+            done += written
 
 
 def replicate_checkpoint(
