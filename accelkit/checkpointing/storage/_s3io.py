@@ -98,7 +98,11 @@ def parts_in_flight(limit: int) -> Iterator[None]:
 def _new_part(size: int) -> io.BytesIO:
     """A part buffer of ``size`` bytes (zeros), filled through ``getbuffer()`` and sent as
     the request's body itself."""
-    return io.BytesIO(bytes(size))
+    part = io.BytesIO()
+    if size:
+        part.seek(size - 1)
+        part.write(b"\0")  # one allocation of ``size`` (``BytesIO(bytes(size))`` makes two)
+    return part
 
 
 class _Buffers:
