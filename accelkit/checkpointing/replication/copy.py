@@ -54,7 +54,7 @@ from accelkit.checkpointing.storage import Storage, join, parts_in_flight
 from accelkit.checkpointing.storage.base import Sink
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.checkpointing.storage.retry import RetryPolicy, retry_call
-from accelkit.checkpointing.storage.verified import open_verified
+from accelkit.checkpointing.storage.verified import check_expected, open_verified
 
 __all__ = [
     "READ_CHUNK",
@@ -118,17 +118,20 @@ def _same(a: Manifest, b: Manifest) -> bool:
 
 def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, target: str) -> int:
     """Stream one file, verified against ``entry``; the upload commits only if it verifies."""
-    with open_verified(local, source, entry) as reader:
+    reader = open_verified(local, source, entry)
+    try:
         with parts_in_flight(UPLOAD_PARTS_IN_FLIGHT):  # the replicator's memory budget
             sink = remote.open_sink(target)
         try:
             fill = getattr(sink, "fill", None)
             if fill is not None:  # S3: read straight into the part being filled, no copy
-                while fill(reader.readinto):
+                while fill(reader.readinto, entry.size - reader.size):
                     pass
             else:
                 _stream(reader.readinto, sink, entry.size, target)
-            reader.verify()  # the local bytes are the ones the save hashed, or nothing is sent
+            # The reader is at the end of the file: the local bytes are the ones the save
+            # hashed, or nothing is committed (no read past the end: verify() would make one).
+            check_expected(reader.url, entry, reader.size, reader.checksum)
         except BaseException:
             with contextlib.suppress(Exception):
                 sink.abort()
@@ -136,6 +139,8 @@ def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, t
                 remote.remove(target)
             raise
         sink.commit(False)
+    finally:
+        reader.close()
     return entry.size
 
 

@@ -217,16 +217,17 @@ class MultipartSink:
     def _what(self, part: int | None = None) -> str:
         return f"upload of s3://{self._path}" + (f" (part {part})" if part else "")
 
-    def _room(self) -> memoryview:
-        """The free space of the current part (a part buffer of its full size)."""
+    def _room(self, want: int) -> memoryview:
+        """The free space of the current part for ``want`` more bytes: the small first buffer
+        while they fit in it, else a part buffer of the part's full size."""
         size = _part_size(self._number)
-        if self._size < size:  # grow from the small first buffer on demand
-            grown = _BUFFERS.take(size)
+        if self._size < size and self._filled + max(want, 1) > self._size:
+            grown = _BUFFERS.take(size)  # grow from the small first buffer on demand
             view = grown.getbuffer()
             view[: self._filled] = self._view[: self._filled]
             self._view.release()
             self._part, self._view, self._size = grown, view, size
-        return self._view[self._filled : size]
+        return self._view[self._filled : min(size, self._size)]
 
     def _filled_by(self, count: int) -> None:
         self._filled += count
@@ -239,22 +240,27 @@ class MultipartSink:
         total = len(data)
         done = 0
         while done < total:
-            with self._room() as room:
+            with self._room(total - done) as room:
                 count = min(len(room), total - done)
                 room[:count] = data[done : done + count]
             done += count
             self._filled_by(count)
         return total
 
-    def fill(self, readinto: Callable[[memoryview], int]) -> int:
+    def fill(self, readinto: Callable[[memoryview], int], expected: int) -> int:
         """Read the next bytes of the file straight into the current part: ``readinto(view)``
         fills (some of) the part's free space; no copy is made. A full part is sent as
         :meth:`write` sends it.
 
+        Args:
+            readinto: reads into the view it is given, returns the byte count (0: the end).
+            expected: the bytes still to come, as far as the caller knows (a small file keeps
+                to the small first buffer; a wrong guess costs a copy of it, nothing else).
+
         Returns:
             The byte count ``readinto`` returned (0: the source is at its end).
         """
-        with self._room() as room:
+        with self._room(expected) as room:
             count = readinto(room)
         if count:
             self._filled_by(count)
