@@ -3,9 +3,11 @@ S3Storage` writes and reads checkpoint files with.
 
 - :class:`MultipartSink` -- a file streamed to S3 as a multipart upload. The bytes are copied
   into part buffers (the hash of :class:`~accelkit.checkpointing.storage.base.HashingWriter` is
-  taken on the way in, on the caller's thread), and each full part is sent by a pool thread
-  while the caller fills the next one: a few parts in flight, bounded for the whole process by
-  :data:`MAX_PARTS_IN_FLIGHT` (the memory budget: that many parts plus the one being filled).
+  taken on the way in, on the caller's thread), or read straight into them
+  (:meth:`MultipartSink.fill`, the replicator's copy), and each full part is sent, from its
+  buffer and without a copy, by a pool thread while the caller fills the next one: a few
+  parts in flight, bounded for the whole process by :data:`MAX_PARTS_IN_FLIGHT` (the memory
+  budget: that many parts plus the one being filled).
   A part stays in memory until the server has it, so a transient failure re-sends that part
   only (no spool file, no restart of the file). A file smaller than one part is one PUT. The
   object becomes visible only when the upload completes: inside a :func:`~accelkit.
@@ -19,7 +21,8 @@ S3Storage` writes and reads checkpoint files with.
   the file was opened, so a file replaced during the read fails instead of mixing versions.
 
 A caller with a tighter memory budget than the process's asks for fewer parts in flight per
-upload with :func:`parts_in_flight` (the replicator does: 64 MB for its uploads).
+upload with :func:`parts_in_flight` (the replicator does: its budget is 64 MB plus one read
+buffer).
 
 Both take a ``retry`` runner (``retry(what, fn)``, from :class:`~accelkit.checkpointing.
 storage.retry.RetryingStorage`) that each request is run under.
