@@ -85,7 +85,7 @@ def main(quick: bool = False) -> dict[str, Any]:
         return {}
     import accelkit
     from accelkit.checkpointing.replication import replicate_checkpoint
-    from accelkit.checkpointing.replication.copy import READ_CHUNK
+    from accelkit.checkpointing.replication.copy import READ_CHUNK, UPLOAD_PARTS_IN_FLIGHT
     from accelkit.checkpointing.replication.replicator import FOREVER, remote_options
     from accelkit.checkpointing.storage import get_storage
 
@@ -217,8 +217,10 @@ def main(quick: bool = False) -> dict[str, Any]:
                 "(the kernel's high-water mark minus the resident set before the copy)."
             )
             notes.append(
-                "Memory target: 64 MB plus one file's read buffer (8 MiB; one file in flight, "
-                "s3fs's part buffer 8 MiB for the replicator)."
+                f"Memory target: 64 MB plus one file's read buffer (READ_CHUNK, 8 MiB: one file "
+                f"in flight). An S3 upload is read straight into its 16 MiB part buffers, "
+                f"{UPLOAD_PARTS_IN_FLIGHT} in flight plus the one being filled, each sent "
+                "without a copy (io.BytesIO bodies)."
             )
             results = {
                 "state_bytes": nbytes,
@@ -227,6 +229,7 @@ def main(quick: bool = False) -> dict[str, Any]:
                 "upload": upload,
                 "files": len(files),
                 "memory_fresh_process": memory,
+                "upload_parts_in_flight": UPLOAD_PARTS_IN_FLIGHT,
             }
             plain.end_training()
             replicated.end_training()

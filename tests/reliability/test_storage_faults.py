@@ -129,8 +129,13 @@ def _restart(server: S3Server, cmd: list[str]) -> None:
 
 
 def test_s3_server_killed_mid_save_then_back(
-    own_s3_server: S3Server, capsys: pytest.CaptureFixture[str], summary: dict[str, Any]
+    own_s3_server: S3Server,
+    capsys: pytest.CaptureFixture[str],
+    summary: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from accelkit.checkpointing.storage import _s3io
+
     server = own_s3_server
     options = {**server.storage_options, **copy.deepcopy(BOUNDED)}  # botocore edits it
     project = server.new_prefix()
@@ -141,37 +146,31 @@ def test_s3_server_killed_mid_save_then_back(
     before = _verify(capsys, join(project, "checkpoints"), options)
 
     cmd: list[str] = []
-    watcher: list[threading.Thread] = []
+    armed = threading.Event()
+    lock = threading.Lock()
     target = join(project, "checkpoints", "checkpoint_2")
+    finish = _s3io.MultipartSink._finish
+
+    def finish_then_kill(self: Any) -> None:
+        # Kill the server as soon as the first object of the new checkpoint exists, i.e. in
+        # the middle of its uploads, from the upload itself: a watcher polling the bucket
+        # lost the race to a save of small files that completes in ~0.15 s.
+        finish(self)
+        if armed.is_set() and self._path.startswith(target.split("://", 1)[1] + "/"):
+            with lock:
+                if not cmd:
+                    cmd.extend(_kill(server))
 
     def kill_once_uploading(models: Any, weights: Any, output_dir: str) -> None:
-        # Watch the bucket with a client of our own; kill the server as soon as the first
-        # object of the new checkpoint exists, i.e. in the middle of its uploads.
-        import s3fs
+        armed.set()
 
-        fs = s3fs.S3FileSystem(**server.storage_options, skip_instance_cache=True)
-
-        def watch() -> None:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    if fs.ls(target.split("://", 1)[1], refresh=True):
-                        break
-                except FileNotFoundError:
-                    pass
-                time.sleep(0.005)
-            cmd.extend(_kill(server))
-
-        watcher.append(threading.Thread(target=watch, daemon=True))
-        watcher[0].start()
-
+    monkeypatch.setattr(_s3io.MultipartSink, "_finish", finish_then_kill)
     handle = accelerator.register_save_state_pre_hook(kill_once_uploading)
     start = time.monotonic()
     with pytest.raises(CheckpointError) as info:
         accelerator.save_state(max_shard_size="1MB")
     failed_after = time.monotonic() - start
     handle.remove()
-    watcher[0].join(120)
     message = str(info.value)
     assert "checkpoint_2" in message and "not committed" in message, message
     assert cmd, "the server was not killed"

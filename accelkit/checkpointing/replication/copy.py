@@ -18,11 +18,12 @@ replication.replicator.Replicator` and ``accelkit ckpt sync``):
 Every remote operation is retried under a :class:`~accelkit.checkpointing.storage.retry.
 RetryPolicy` (transient errors only), per file: an outage in the middle of a checkpoint redoes
 the file it cut, not the ones already uploaded. Files are uploaded one at a time
-(:data:`UPLOAD_WORKERS`): memory is one read buffer (:data:`READ_CHUNK`) plus what the remote
-storage buffers for the upload (s3fs: one part, :data:`~accelkit.checkpointing.replication.
-replicator.UPLOAD_PART`), about 49 MB above the process's resident set for a 252 MB checkpoint
-(``benchmarks/bench_replication.py``; its upload ran at 99% of s3fs ``put_file`` of the same
-files). Two files at a time took 74 MB, beyond the budget of 64 MB plus one read buffer.
+(:data:`UPLOAD_WORKERS`), each read from the local tier straight into the part buffers of its
+upload (an S3 remote: no read buffer, no copy; another storage gets one :data:`READ_CHUNK`
+buffer), at most :data:`UPLOAD_PARTS_IN_FLIGHT` parts waiting for the server: about 53 MB above
+the process's resident set for a 252 MB checkpoint, within the budget of 64 MB plus one read
+buffer (``benchmarks/bench_replication.py``, which also compares its upload with s3fs
+``put_file`` of the same files).
 
 Public API: :func:`replicate_checkpoint`, :class:`Replicated`, :data:`READ_CHUNK`.
 """
@@ -50,9 +51,10 @@ from accelkit.checkpointing.formats.layout import (
 from accelkit.checkpointing.formats.manifest import FileEntry, Manifest, read_manifest
 from accelkit.checkpointing.formats.manifest import write_manifest as _write_manifest
 from accelkit.checkpointing.storage import Storage, join, parts_in_flight
+from accelkit.checkpointing.storage.base import Sink
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.checkpointing.storage.retry import RetryPolicy, retry_call
-from accelkit.checkpointing.storage.verified import open_verified
+from accelkit.checkpointing.storage.verified import check_expected, open_verified
 
 __all__ = [
     "READ_CHUNK",
@@ -63,13 +65,19 @@ __all__ = [
 ]
 
 READ_CHUNK = 8 * 1024 * 1024
-"""Bytes read from the local tier at a time (one buffer per file in flight)."""
+"""Bytes read from the local tier at a time when the remote storage cannot be filled in place
+(one buffer per file in flight; an S3 upload is read straight into its part buffers)."""
 
-UPLOAD_PARTS_IN_FLIGHT = 1
-"""Parts of an S3 upload in flight at once (16 MiB each), the fewest: measured after the S3
-multipart change, the replicator's extra memory is 97 MB with 1 (134 MB with 2), over the
-64 MB-plus-a-read-buffer budget (the client's copies of the bodies and the allocator's kept
-pages, not the part count, dominate; see issue #26's note)."""
+UPLOAD_PARTS_IN_FLIGHT = 2
+"""Parts of an S3 upload in flight at once (16 MiB each, plus the one being read into). The
+budget is 64 MB plus one read buffer (issue #26); measured in a fresh process replicating a
+252 MB checkpoint to a local SeaweedFS: 35 MB extra with 1 part in flight, 53 MB with 2
+(``benchmarks/bench_replication.py``). Where the memory went before (97 MB with 1 part,
+tracemalloc at the peak): two part buffers (34 MB), the 8 MiB read buffer, and three
+transient copies of the part being sent that aiohttp and asyncio made of a ``bytearray`` body
+on Python 3.11 (41 MB); parts are now ``io.BytesIO`` bodies streamed without a copy, filled
+straight from the local file. 2, not 1: the upload keeps pace with s3fs ``put_file`` (one part
+in flight left the server idle while the next part was read)."""
 
 UPLOAD_WORKERS = 1
 """Files of one checkpoint uploaded at the same time (each adds a read buffer and a part)."""
@@ -110,23 +118,20 @@ def _same(a: Manifest, b: Manifest) -> bool:
 
 def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, target: str) -> int:
     """Stream one file, verified against ``entry``; the upload commits only if it verifies."""
-    buffer = bytearray(min(READ_CHUNK, max(entry.size, 1)))
-    view = memoryview(buffer)
-    with open_verified(local, source, entry) as reader:
+    reader = open_verified(local, source, entry)
+    try:
         with parts_in_flight(UPLOAD_PARTS_IN_FLIGHT):  # the replicator's memory budget
             sink = remote.open_sink(target)
         try:
-            while True:
-                count = reader.readinto(view)
-                if not count:
-                    break
-                done = 0
-                while done < count:
-                    written = sink.write(view[done:count])
-                    if not written:
-                        raise OSError(f"uploading {target!r} made no progress (0 bytes written)")
-                    done += written
-            reader.verify()  # the local bytes are the ones the save hashed, or nothing is sent
+            fill = getattr(sink, "fill", None)
+            if fill is not None:  # S3: read straight into the part being filled, no copy
+                while fill(reader.readinto, entry.size - reader.size):
+                    pass
+            else:
+                _stream(reader.readinto, sink, entry.size, target)
+            # The reader is at the end of the file: the local bytes are the ones the save
+            # hashed, or nothing is committed (no read past the end: verify() would make one).
+            check_expected(reader.url, entry, reader.size, reader.checksum)
         except BaseException:
             with contextlib.suppress(Exception):
                 sink.abort()
@@ -134,7 +139,25 @@ def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, t
                 remote.remove(target)
             raise
         sink.commit(False)
+    finally:
+        reader.close()
     return entry.size
+
+
+def _stream(readinto: Callable[[memoryview], int], sink: Sink, size: int, target: str) -> None:
+    """Copy through one read buffer (:data:`READ_CHUNK`): a sink that cannot be filled in
+    place."""
+    view = memoryview(bytearray(min(READ_CHUNK, max(size, 1))))
+    while True:
+        count = readinto(view)
+        if not count:
+            return
+        done = 0
+        while done < count:
+            written = sink.write(view[done:count])
+            if not written:
+                raise OSError(f"uploading {target!r} made no progress (0 bytes written)")
+            done += written
 
 
 def replicate_checkpoint(

@@ -79,13 +79,15 @@ __all__ = ["UPLOAD_PART", "ReplicationReport", "Replicator", "remote_options"]
 logger = logging.getLogger(__name__)
 
 UPLOAD_PART = 8 * 1024 * 1024
-"""The multipart part size the replicator asks of S3 (s3fs's ``default_block_size``; its own
-default, 50 MiB, would be buffered, and copied, per upload in flight)."""
+"""The block size of s3fs's own file objects on the replicator's S3 filesystem (s3fs's
+``default_block_size``; its default, 50 MiB, would be buffered per file object). The
+checkpoint files themselves are uploaded in accelkit's own 16 MiB parts, at most
+:data:`~accelkit.checkpointing.replication.copy.UPLOAD_PARTS_IN_FLIGHT` in flight."""
 
 
 def remote_options(url: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """The storage options the replicator opens ``url`` with: ``options``, plus
-    :data:`UPLOAD_PART` as S3's part size unless ``options`` sets one."""
+    :data:`UPLOAD_PART` as s3fs's block size unless ``options`` sets one."""
     out = dict(options)
     if protocol_of(url) in ("s3", "s3a"):
         out.setdefault("default_block_size", UPLOAD_PART)

@@ -3,9 +3,11 @@ S3Storage` writes and reads checkpoint files with.
 
 - :class:`MultipartSink` -- a file streamed to S3 as a multipart upload. The bytes are copied
   into part buffers (the hash of :class:`~accelkit.checkpointing.storage.base.HashingWriter` is
-  taken on the way in, on the caller's thread), and each full part is sent by a pool thread
-  while the caller fills the next one: a few parts in flight, bounded for the whole process by
-  :data:`MAX_PARTS_IN_FLIGHT` (the memory budget: that many parts plus the one being filled).
+  taken on the way in, on the caller's thread), or read straight into them
+  (:meth:`MultipartSink.fill`, the replicator's copy), and each full part is sent, from its
+  buffer and without a copy, by a pool thread while the caller fills the next one: a few
+  parts in flight, bounded for the whole process by :data:`MAX_PARTS_IN_FLIGHT` (the memory
+  budget: that many parts plus the one being filled).
   A part stays in memory until the server has it, so a transient failure re-sends that part
   only (no spool file, no restart of the file). A file smaller than one part is one PUT. The
   object becomes visible only when the upload completes: inside a :func:`~accelkit.
@@ -19,7 +21,8 @@ S3Storage` writes and reads checkpoint files with.
   the file was opened, so a file replaced during the read fails instead of mixing versions.
 
 A caller with a tighter memory budget than the process's asks for fewer parts in flight per
-upload with :func:`parts_in_flight` (the replicator does: 64 MB for its uploads).
+upload with :func:`parts_in_flight` (the replicator does: its budget is 64 MB plus one read
+buffer).
 
 Both take a ``retry`` runner (``retry(what, fn)``, from :class:`~accelkit.checkpointing.
 storage.retry.RetryingStorage`) that each request is run under.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -92,14 +96,30 @@ def parts_in_flight(limit: int) -> Iterator[None]:
         _LOCAL.limit = previous
 
 
+# Why a part is an ``io.BytesIO`` (measured for issue #26 with tracemalloc at the replicator's
+# peak): aiohttp sends a bytes-like body as one write, which on Python 3.11 costs three
+# transient copies of the part (headers and body joined into one ``bytes``; asyncio's
+# transport slicing off what the socket took, then copying the rest into its own buffer):
+# 41 MB of the replicator's 97 MB with 16 MiB parts. A ``BytesIO`` body is streamed in 256 KiB
+# reads, each written once the socket drained the previous one: no copy of the part is made.
+def _new_part(size: int) -> io.BytesIO:
+    """A part buffer of ``size`` bytes (zeros), filled through ``getbuffer()`` and sent as
+    the request's body itself."""
+    part = io.BytesIO()
+    if size:
+        part.seek(size - 1)
+        part.write(b"\0")  # one allocation of ``size`` (``BytesIO(bytes(size))`` makes two)
+    return part
+
+
 class _Buffers:
-    """Part buffers reused from part to part and file to file while uploads run (a fresh
-    buffer costs its page faults each time: a fifth of a save's CPU on a busy machine), all
-    dropped when the process's last upload ends."""
+    """Part buffers (:data:`PART_SIZE` bytes) reused from part to part and file to file while
+    uploads run (a fresh buffer costs its page faults each time: a fifth of a save's CPU on a
+    busy machine), all dropped when the process's last upload ends."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._free: list[bytearray] = []
+        self._free: list[io.BytesIO] = []
         self._users = 0
 
     def enter(self) -> None:
@@ -113,27 +133,30 @@ class _Buffers:
                 self._users = 0
                 self._free.clear()
 
-    def take(self, size: int) -> bytearray:
-        with self._lock:
-            for i, buffer in enumerate(self._free):
-                if len(buffer) == size:
-                    return self._free.pop(i)
-        return bytearray(size)
+    def take(self, size: int) -> io.BytesIO:
+        if size == PART_SIZE:
+            with self._lock:
+                if self._free:
+                    return self._free.pop()
+        return _new_part(size)
 
-    def give(self, buffer: bytearray) -> None:
+    def give(self, part: io.BytesIO, size: int) -> None:
         with self._lock:
-            if self._users and len(buffer) == PART_SIZE and len(self._free) <= MAX_PARTS_IN_FLIGHT:
-                self._free.append(buffer)
+            if self._users and size == PART_SIZE and len(self._free) <= MAX_PARTS_IN_FLIGHT:
+                self._free.append(part)
 
 
 _BUFFERS = _Buffers()
+_EMPTY = io.BytesIO()  # a sink's part once sent or dropped
 
 
-def _part_done(body: bytearray, slots: threading.BoundedSemaphore | None = None) -> None:
+def _part_done(
+    body: io.BytesIO, size: int, slots: threading.BoundedSemaphore | None = None
+) -> None:
     _BUDGET.release()
     if slots is not None:
         slots.release()
-    _BUFFERS.give(body)
+    _BUFFERS.give(body, size)
 
 
 def no_retry(what: str, fn: Callable[[], T]) -> T:
@@ -212,7 +235,9 @@ class MultipartSink:
         self._bucket, self._key, _ = fs.split_path(path)
         self._retry = retry
         self._number = 1
-        self._buffer = bytearray(min(_FIRST_BUFFER, PART_SIZE))
+        self._size = min(_FIRST_BUFFER, PART_SIZE)
+        self._part: io.BytesIO = _new_part(self._size)
+        self._view = self._part.getbuffer()
         self._filled = 0
         self._upload_id: str | None = None
         self._parts: list[Future[dict[str, Any]]] = []
@@ -230,24 +255,54 @@ class MultipartSink:
     def _what(self, part: int | None = None) -> str:
         return f"upload of s3://{self._path}" + (f" (part {part})" if part else "")
 
+    def _room(self, want: int) -> memoryview:
+        """The free space of the current part for ``want`` more bytes: the small first buffer
+        while they fit in it, else a part buffer of the part's full size."""
+        size = _part_size(self._number)
+        if self._size < size and self._filled + max(want, 1) > self._size:
+            grown = _BUFFERS.take(size)  # grow from the small first buffer on demand
+            view = grown.getbuffer()
+            view[: self._filled] = self._view[: self._filled]
+            self._view.release()
+            self._part, self._view, self._size = grown, view, size
+        return self._view[self._filled : min(size, self._size)]
+
+    def _filled_by(self, count: int) -> None:
+        self._filled += count
+        if self._filled == _part_size(self._number):
+            self._send_part()
+
     def write(self, data: memoryview) -> int:
         """Copy ``data`` into the current part; a full part is sent, the call returning once
         the process's budget of parts in flight allows it."""
         total = len(data)
         done = 0
         while done < total:
-            size = _part_size(self._number)
-            if len(self._buffer) < size:  # grow from the small first buffer on demand
-                grown = _BUFFERS.take(size)
-                grown[: self._filled] = self._buffer[: self._filled]
-                self._buffer = grown
-            count = min(size - self._filled, total - done)
-            self._buffer[self._filled : self._filled + count] = data[done : done + count]
-            self._filled += count
+            with self._room(total - done) as room:
+                count = min(len(room), total - done)
+                room[:count] = data[done : done + count]
             done += count
-            if self._filled == size:
-                self._send_part()
+            self._filled_by(count)
         return total
+
+    def fill(self, readinto: Callable[[memoryview], int], expected: int) -> int:
+        """Read the next bytes of the file straight into the current part: ``readinto(view)``
+        fills (some of) the part's free space; no copy is made. A full part is sent as
+        :meth:`write` sends it.
+
+        Args:
+            readinto: reads into the view it is given, returns the byte count (0: the end).
+            expected: the bytes still to come, as far as the caller knows (a small file keeps
+                to the small first buffer; a wrong guess costs a copy of it, nothing else).
+
+        Returns:
+            The byte count ``readinto`` returned (0: the source is at its end).
+        """
+        with self._room(expected) as room:
+            count = readinto(room)
+        if count:
+            self._filled_by(count)
+        return count
 
     def _send_part(self) -> None:
         if self._upload_id is None:
@@ -260,7 +315,8 @@ class MultipartSink:
             self._upload_id = str(answer["UploadId"])
         if self._number > _MAX_PARTS:
             raise OSError(f"{self._what()}: more than {_MAX_PARTS} parts")
-        body, self._buffer, self._filled = self._buffer, bytearray(), 0
+        body, size = self._body(), self._size
+        self._part, self._size, self._view, self._filled = _EMPTY, 0, memoryview(b""), 0
         number = self._number
         self._number += 1
         slots = self._slots
@@ -275,17 +331,26 @@ class MultipartSink:
                 slots.release()
             raise
         # Sent, failed for good or cancelled: the part's memory is free again.
-        future.add_done_callback(lambda _f: _part_done(body, slots))
+        future.add_done_callback(lambda _f: _part_done(body, size, slots))
         self._parts.append(future)
         # A part that already failed for good ends the file now, not at its commit.
         failed = next((f for f in self._parts if f.done() and f.exception() is not None), None)
         if failed is not None:
             failed.result()
 
-    def _upload_part(self, number: int, body: bytearray) -> dict[str, Any]:
-        answer = self._retry(
-            self._what(number),
-            lambda: _call(
+    def _body(self) -> io.BytesIO:
+        """The current part as a request body: its filled bytes, the buffer itself."""
+        self._view.release()
+        body = self._part
+        if self._filled < self._size:
+            body.truncate(self._filled)  # the last part (or a small file): never pooled
+            self._size = 0
+        return body
+
+    def _upload_part(self, number: int, body: io.BytesIO) -> dict[str, Any]:
+        def send() -> Any:
+            body.seek(0)  # each try sends the part from its start
+            return _call(
                 self._fs,
                 "upload_part",
                 Bucket=self._bucket,
@@ -293,28 +358,31 @@ class MultipartSink:
                 UploadId=self._upload_id,
                 PartNumber=number,
                 Body=body,
-            ),
-        )
+            )
+
+        answer = self._retry(self._what(number), send)
         return {"PartNumber": number, "ETag": answer["ETag"]}
 
     def _finish(self) -> None:
         """Complete the upload (or PUT a file smaller than one part); aborts it on failure."""
         try:
             if self._upload_id is None:
-                body = bytes(self._buffer[: self._filled])
-                self._retry(
-                    self._what(),
-                    lambda: _call(
+                body = self._body()
+
+                def put() -> Any:
+                    body.seek(0)  # each try sends the file from its start
+                    return _call(
                         self._fs, "put_object", Bucket=self._bucket, Key=self._key, Body=body
-                    ),
-                )
+                    )
+
+                self._retry(self._what(), put)
             else:
                 self._complete([f.result() for f in self._parts])
         except BaseException:
             self._abort_upload()
             raise
         finally:
-            self._buffer = bytearray()
+            self._drop()
             self._fs.invalidate_cache(self._path)
             self._leave()
 
@@ -356,7 +424,6 @@ class MultipartSink:
         self._closed = True
         if self._upload_id is not None and self._filled:
             # The last part goes out now: a deferred completion holds no buffer of its own.
-            del self._buffer[self._filled :]
             try:
                 self._send_part()
             except BaseException:
@@ -373,11 +440,15 @@ class MultipartSink:
         if self._closed:
             return
         self._closed = True
-        self._buffer = bytearray()
+        self._drop()
         try:
             self._abort_upload()
         finally:
             self._leave()
+
+    def _drop(self) -> None:
+        self._view.release()
+        self._part, self._size, self._view = _EMPTY, 0, memoryview(b"")
 
     def _abort_upload(self) -> None:
         for future in self._parts:
