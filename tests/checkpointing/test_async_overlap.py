@@ -28,7 +28,9 @@ from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.commit import snapshot, writer_process
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.errors import ConfigurationError
+from accelkit.local_sgd import LocalSGD
 from tests.checkpointing.test_async_writer import _accelerator, _committed, _writer
+from tests.helpers.distributed import run_distributed
 
 pytestmark = pytest.mark.usefixtures("open_gate")
 
@@ -215,11 +217,12 @@ def test_the_fence_waits_for_the_background_copy(tmp_path: Path, gate: Gate, fen
     acc.end_training()
 
 
+@pytest.mark.parametrize("writer", ["thread", pytest.param("process", marks=_PROCESS)])
 def test_a_tensor_changed_before_its_copy_fails_the_save(
-    tmp_path: Path, gate: Gate, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, gate: Gate, writer: str
 ) -> None:
     acc, model, optimizer, batches = _setup(
-        tmp_path, async_writer="thread", async_snapshot="overlapped"
+        tmp_path, async_writer=writer, async_snapshot="overlapped"
     )
     _step(model, optimizer, batches[0])
     gate.release()
@@ -288,3 +291,47 @@ def test_a_killed_writer_with_overlap_fails_its_save_once_and_training_goes_on(
     acc.load_state()
     assert torch.equal(model[0].weight, saved)
     acc.end_training()
+
+
+def _local_sgd_body(project: str) -> dict[str, Any]:
+    monkeypatch = pytest.MonkeyPatch()
+    gate = Gate(monkeypatch)
+    try:
+        acc = Accelerator(
+            project_config=ProjectConfiguration(
+                project_dir=project, async_writer="thread", async_snapshot="overlapped"
+            )
+        )
+        torch.manual_seed(acc.process_index)  # different weights: averaging changes them
+        model = nn.Linear(WIDTH, WIDTH)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, optimizer = acc.prepare(model, optimizer)
+        weight = acc.unwrap_model(model).weight
+        at_save = weight.detach().clone()
+        out = f"{project}/rank{acc.process_index}"
+        with LocalSGD(accelerator=acc, model=model, local_sgd_steps=1) as local_sgd:
+            handle = acc.save_state(out, async_save=True)
+            assert gate.entered.wait(30)
+            worker = threading.Thread(target=local_sgd.step)  # averages (through .data)
+            worker.start()
+            worker.join(0.5)
+            waited = worker.is_alive() and torch.equal(weight, at_save)
+            gate.release()
+            worker.join(60)
+        handle.result(timeout=60)
+        averaged = not torch.equal(weight, at_save)
+        acc.load_state(out)
+        restored = torch.equal(weight, at_save)
+        acc.end_training()
+        return {"waited": waited, "averaged": averaged, "restored": restored}
+    finally:
+        gate.release()
+        monkeypatch.undo()
+
+
+@pytest.mark.slow
+def test_local_sgd_averaging_waits_for_the_background_copy(tmp_path: Path) -> None:
+    # LocalSGD writes the averages through .data, which the version check cannot see: only
+    # the fence keeps them out of the checkpoint.
+    results = run_distributed(_local_sgd_body, str(tmp_path))
+    assert results == [{"waited": True, "averaged": True, "restored": True}] * 2
