@@ -302,11 +302,12 @@ def _local_sgd_body(project: str) -> dict[str, Any]:
                 project_dir=project, async_writer="thread", async_snapshot="overlapped"
             )
         )
-        torch.manual_seed(acc.process_index)  # different weights: averaging changes them
         model = nn.Linear(WIDTH, WIDTH)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         model, optimizer = acc.prepare(model, optimizer)
         weight = acc.unwrap_model(model).weight
+        with torch.no_grad():
+            weight.add_(acc.process_index)  # different weights: averaging changes them
         at_save = weight.detach().clone()
         out = f"{project}/rank{acc.process_index}"
         with LocalSGD(accelerator=acc, model=model, local_sgd_steps=1) as local_sgd:
