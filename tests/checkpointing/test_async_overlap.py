@@ -217,6 +217,34 @@ def test_the_fence_waits_for_the_background_copy(tmp_path: Path, gate: Gate, fen
     acc.end_training()
 
 
+def test_unguarded_tensors_are_copied_before_save_state_returns(tmp_path: Path, gate: Gate) -> None:
+    acc = Accelerator(
+        cpu=True,
+        project_config=ProjectConfiguration(
+            project_dir=str(tmp_path), async_writer="thread", async_snapshot="overlapped"
+        ),
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.BatchNorm1d(WIDTH), nn.Linear(WIDTH, WIDTH))
+    # model[2] is left out of the optimizer: 256 KiB, but nothing fences its changes.
+    optimizer = torch.optim.AdamW(model[0].parameters(), lr=0.01)
+    model, optimizer = acc.prepare(model, optimizer)
+    _step(model, optimizer, torch.randn(8, WIDTH))
+    at_save = _state(model, optimizer)
+    handle = acc.save_state(str(tmp_path / "out"), async_save=True)
+    assert gate.entered.wait(30)  # the guarded tensors are still being copied
+    model(torch.randn(8, WIDTH)).square().mean().backward()  # changes BatchNorm's statistics
+    with torch.no_grad():
+        model[2].weight.add_(1.0)  # a parameter no prepared optimizer updates
+    assert not torch.equal(model[1].running_mean, at_save["model.1.running_mean"])
+    gate.release()
+    assert handle.result(timeout=60)  # committed: only guarded tensors are checked
+    assert gate.copied == 3  # model[0].weight, its exp_avg and exp_avg_sq
+    acc.load_state(str(tmp_path / "out"))
+    _assert_equal(_state(model, optimizer), at_save)
+    acc.end_training()
+
+
 @pytest.mark.parametrize("writer", ["thread", pytest.param("process", marks=_PROCESS)])
 def test_a_tensor_changed_before_its_copy_fails_the_save(
     tmp_path: Path, gate: Gate, writer: str
