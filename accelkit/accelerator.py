@@ -233,6 +233,8 @@ class Accelerator:
         # first backward() (or save_state()) unless load_state() ran first.
         self._checkpointing.look_for_earlier_checkpoints()
         self._training.on_first_backward = self._checkpointing.before_training
+        # free_memory() must not drop tensors an overlapped save is still copying.
+        self._training.before_release = self._checkpointing.wait_for_snapshot
 
     # Who this process is (AcceleratorState), process control, collectives (accelkit.runtime.ops).
 
@@ -445,6 +447,7 @@ class Accelerator:
         )
 
     wait_for_checkpoints = forward(Checkpointing.wait_for_checkpoints, _checkpointing_part)
+    wait_for_snapshot = forward(Checkpointing.wait_for_snapshot, _checkpointing_part)
     should_save = forward(Preemption.should_save, _preemption_part)
 
     @property

@@ -132,6 +132,7 @@ PUBLIC_SURFACE = {
     "use_seedable_sampler": "property",
     "use_stateful_dataloader": "property",
     "wait_for_checkpoints": "(self)",
+    "wait_for_snapshot": "(self)",  # issue 29: the fence of overlapped async saves
     "wait_for_everyone": "(self)",
 }
 

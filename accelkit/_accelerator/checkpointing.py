@@ -240,6 +240,28 @@ class Checkpointing:
         if callable(wait):
             wait()
 
+    def wait_for_snapshot(self) -> None:
+        """Block until the host copy of the last asynchronous save has finished, so that its
+        tensors may be changed in place.
+
+        Only needed with ``ProjectConfiguration(async_snapshot="overlapped")``, where
+        ``save_state(async_save=True)`` returns before the large parameters and state tensors
+        of the prepared optimizers are copied (a background thread copies them during the next
+        forward and backward). The prepared optimizer's ``step()``, ``load_state``, the next
+        ``save_state``, LocalSGD, ``free_memory``, :meth:`wait_for_checkpoints` and
+        ``end_training`` call it themselves; call it before changing parameters or optimizer
+        state anywhere else (an EMA swap, a manual ``param.copy_``, a write through
+        ``.data``). It does not wait for the files to be written (see
+        :meth:`wait_for_checkpoints`) and never raises: a tensor changed too early fails that
+        save, reported as any failed asynchronous save.
+
+        Example:
+            >>> accelerator.save_state(async_save=True)
+            >>> accelerator.wait_for_snapshot()
+            >>> ema.copy_to(model.parameters())  # safe: the copy is done
+        """
+        self.manager.wait_for_snapshot()
+
     def load_state(
         self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kwargs: Any
     ) -> str:

@@ -74,6 +74,8 @@ class Training:
         # Called once, at the first backward(): training starts there (the facade checks
         # that a resumable project is resumed, before the first optimizer step).
         self.on_first_backward: Callable[[], None] | None = None
+        # Called by free_memory() first: waits for an overlapped save's background copy.
+        self.before_release: Callable[[], None] | None = None
         self.ddp_handler: _kwargs.DistributedDataParallelKwargs | None = _kwargs.find(
             kwargs_handlers, ddp
         )
@@ -300,6 +302,8 @@ class Training:
         Returns:
             None for each object passed (assign them back to drop your references).
         """
+        if self.before_release is not None:
+            self.before_release()
         self.prepared.clear()
         self.gradient_state.reset()
         return _training.release_memory(len(objects))

@@ -22,6 +22,8 @@ def _as_location(value: str | os.PathLike[str] | None) -> str | None:
 
 # The values of async_writer (accelkit.checkpointing.commit.async_save.WRITER_MODES).
 _ASYNC_WRITERS = ("auto", "process", "thread")
+# The values of async_snapshot (accelkit.checkpointing.commit.async_save.SNAPSHOT_MODES).
+_ASYNC_SNAPSHOTS = ("blocking", "overlapped")
 
 
 @dataclass
@@ -64,6 +66,17 @@ class ProjectConfiguration:
             GPU state, with a warning when it falls back to the thread. ``"thread"``: always
             the thread (no extra process).
             See docs/guides/async-writer.md.
+        async_snapshot: how an asynchronous save copies CPU state to host memory.
+            ``"blocking"`` (the default): ``save_state`` returns once every tensor is copied.
+            ``"overlapped"``: it copies everything small or unguarded at once and leaves the
+            large parameters and state tensors of the *prepared* optimizers to a background
+            copy that overlaps the next forward and backward; the prepared optimizer's
+            ``step()``, ``load_state``, the next ``save_state``, LocalSGD's averaging,
+            ``free_memory``, ``wait_for_checkpoints``/``end_training`` and
+            ``Accelerator.wait_for_snapshot()`` wait for that copy first. A tensor changed in
+            place before it was copied fails the save (never committed); writes through
+            ``.data`` are not detected, hence the default. GPU and sharded (FSDP) state is
+            always copied as with ``"blocking"``. See docs/guides/async-writer.md.
         continue_tracker_runs: a job resumed with ``load_state`` continues the tracker runs
             its checkpoint names (the same W&B run id, MLflow run, Comet experiment;
             TensorBoard and jsonl in the same folder with the points logged after the
@@ -142,6 +155,7 @@ class ProjectConfiguration:
     verify_checksums: bool = True
     async_save: bool = False
     async_writer: str = "auto"
+    async_snapshot: str = "blocking"
     continue_tracker_runs: bool = True
     checkpoint_events: bool = True
     # replication (#26)
@@ -172,6 +186,14 @@ class ProjectConfiguration:
                 f"{', '.join(map(repr, _ASYNC_WRITERS))}, got {short(self.async_writer)}; e.g. "
                 "async_writer='thread' to write asynchronous saves in a thread of the training "
                 "process."
+            )
+        if self.async_snapshot not in _ASYNC_SNAPSHOTS:
+            raise ConfigurationError(
+                f"ProjectConfiguration: async_snapshot must be one of "
+                f"{', '.join(map(repr, _ASYNC_SNAPSHOTS))}, got {short(self.async_snapshot)}; "
+                "e.g. async_snapshot='overlapped' to copy the optimizer's parameters and state "
+                "during the next step, or 'blocking' (the default) to copy everything before "
+                "save_state returns."
             )
         self.retention_policy()  # validate the retention settings now, not at the first save
         self._check_replication()

@@ -171,7 +171,9 @@ class CheckpointManager:
         self._load_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._lock: RunLock | None = None
         self.counter = IterationCounter(config)
-        self.background = AsyncSaver(writer=config.async_writer)
+        self.background = AsyncSaver(
+            writer=config.async_writer, snapshot_mode=config.async_snapshot
+        )
         self.listener: CheckpointListener | None = None
         self.replicator: Replicator | None = None
         """The background replicator (main process, with ``replicate_to``), once started."""
@@ -341,7 +343,8 @@ class CheckpointManager:
 
         if async_save:
             self.background.writer = self.config.async_writer
-            return self.background.start(sequence, take)
+            self.background.snapshot_mode = self.config.async_snapshot
+            return self.background.start(sequence, take, guard=objects.optimizers)
         sequence.capture(take)
         sequence.finish()
         return target
@@ -354,6 +357,11 @@ class CheckpointManager:
             CheckpointError: it failed; it was not committed.
         """
         self.background.wait()
+
+    def wait_for_snapshot(self) -> None:
+        """Block until the background copy of an overlapped asynchronous save (if any) has
+        finished (``ProjectConfiguration.async_snapshot="overlapped"``); never raises."""
+        self.background.wait_for_snapshot()
 
     def _run_lock(self) -> RunLock:
         """The project's save lock (see :mod:`~accelkit.checkpointing.commit.lock`): a save of

@@ -115,6 +115,11 @@ class LocalSGD:
 
     def _average(self) -> None:
         """Replace every parameter by its mean over the processes (in place)."""
+        # An overlapped async save may still be copying the parameters (writes through .data
+        # below would escape its version check).
+        fence = getattr(self.accelerator, "wait_for_snapshot", None)
+        if callable(fence):
+            fence()
         world = dist.get_world_size()
         with torch.no_grad():
             for param in self.model.parameters():

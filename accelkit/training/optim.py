@@ -245,7 +245,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         gradient_state: the accelerator's shared state.
         scaler: the grad scaler for fp16, or None.
         device: where to move the optimizer's state (None: leave it).
+
+    Attributes:
+        before_step: called before each synchronising ``step()`` when not ``None``: an
+            overlapped asynchronous save (``ProjectConfiguration(async_snapshot=
+            "overlapped")``) sets it to wait for its background copy of the parameters and
+            optimizer state, and clears it once that copy is done.
     """
+
+    before_step: Callable[[], None] | None = None
 
     def __init__(
         self,
@@ -261,6 +269,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler = scaler
         self._step_was_skipped = False
         self._unscaled = False
+        self.before_step = None
         if device is not None and device.type != "cpu" and optimizer.state:
             _move_state(optimizer, device)
 
@@ -299,7 +308,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     @override
     def __getstate__(self) -> dict[str, Any]:
         # An LR scheduler may have patched ``step`` on the instance; like torch, drop it.
-        return {k: v for k, v in self.__dict__.items() if k != "step"}
+        # The fence of an overlapped save (a bound method of this process's saver) too.
+        return {k: v for k, v in self.__dict__.items() if k not in ("step", "before_step")}
 
     @override
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -334,6 +344,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         """Step the wrapped optimizer if gradients are final (through the scaler in fp16)."""
         if not self.gradient_state.sync_gradients:
             return None
+        fence = self.before_step
+        if fence is not None:
+            fence()  # an overlapped save is still copying the tensors this step changes
         scaler = self.scaler
         if scaler is None:
             result = self.optimizer.step(closure)

@@ -31,6 +31,17 @@ PyTorch's page-locked memory; see docs/guides/async-writer.md). ``"process"`` wa
 cause) when it falls back to the thread; ``"auto"`` says so at debug level. Both writers leave
 the same files, manifest and checksums, as they run the same function.
 
+**How the state is copied** (``ProjectConfiguration.async_snapshot``): with ``"blocking"`` (the
+default) step 3 copies every tensor before ``save_state`` returns. With ``"overlapped"`` the
+large CPU parameters and state tensors of the prepared optimizers (``guard``) are copied by a
+background thread (:class:`~accelkit.checkpointing.commit.snapshot.DeferredCopy`) while the
+caller runs the next forward and backward; everything else is copied at once. The fence: the
+prepared optimizers' ``step()`` (through ``AcceleratedOptimizer.before_step``, set while the copy
+runs and cleared by it), :meth:`AsyncSaver.wait` (hence the next save, ``load_state``,
+``wait_for_checkpoints``, ``end_training``) and :meth:`AsyncSaver.wait_for_snapshot` (LocalSGD's
+averaging, ``free_memory``, users) wait for the copy first. The writer waits for it before
+hashing; a guarded tensor changed in place before its copy finished fails the save.
+
 A failure is never silent: the writer logs it when it happens, and it is raised to the caller
 once: by the handle (``result()`` raises it, ``exception()`` returns it) if the caller asks,
 otherwise by the next ``save_state``, ``load_state``, ``wait_for_checkpoints`` or
@@ -57,7 +68,7 @@ import concurrent.futures.thread  # noqa: F401  (its exit hook must be registere
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -65,7 +76,7 @@ import torch.distributed as dist
 
 from accelkit.checkpointing.commit.payload import LivePayload, Payload
 from accelkit.checkpointing.commit.protocol import GroupCoordinator, ProcessIdentity, SaveSequence
-from accelkit.checkpointing.commit.snapshot import HostSnapshot
+from accelkit.checkpointing.commit.snapshot import DeferredCopy, HostSnapshot
 from accelkit.checkpointing.commit.writer_process import (
     CRASH_MARK,
     ProcessPayload,
@@ -76,12 +87,18 @@ from accelkit.checkpointing.commit.writer_process import (
     shared_writer,
 )
 from accelkit.checkpointing.storage import LocalStorage, Storage
+from accelkit.training.optim import AcceleratedOptimizer
 
-__all__ = ["WRITER_MODES", "AsyncCheckpoint", "AsyncSaver"]
+__all__ = ["SNAPSHOT_MODES", "WRITER_MODES", "AsyncCheckpoint", "AsyncSaver", "guarded_storages"]
 
 WRITER_MODES = ("auto", "process", "thread")
 """The values of ``ProjectConfiguration.async_writer``: who writes an asynchronous save's
 files (see the module docstring)."""
+
+SNAPSHOT_MODES = ("blocking", "overlapped")
+"""The values of ``ProjectConfiguration.async_snapshot``: whether the large tensors of the
+prepared optimizers are copied before ``save_state`` returns or during the next step (see the
+module docstring)."""
 
 logger = logging.getLogger(__name__)
 
@@ -157,11 +174,23 @@ class AsyncSaver:
             between saves.
     """
 
-    def __init__(self, snapshot: HostSnapshot | None = None, writer: str = "auto") -> None:
+    def __init__(
+        self,
+        snapshot: HostSnapshot | None = None,
+        writer: str = "auto",
+        snapshot_mode: str = "blocking",
+    ) -> None:
         if writer not in WRITER_MODES:
             raise ValueError(f"writer must be one of {WRITER_MODES}, got {writer!r}.")
+        if snapshot_mode not in SNAPSHOT_MODES:
+            raise ValueError(
+                f"snapshot_mode must be one of {SNAPSHOT_MODES}, got {snapshot_mode!r}."
+            )
         self.snapshot = snapshot or HostSnapshot()
         self.writer = writer
+        self.snapshot_mode = snapshot_mode
+        """``"blocking"`` or ``"overlapped"`` (see the module docstring)."""
+        self._deferred: DeferredCopy | None = None
         self.last_writer: str | None = None
         """Who wrote the newest save's files: ``"process"`` or ``"thread"``."""
         self.process: WriterProcess | None = None
@@ -186,6 +215,7 @@ class AsyncSaver:
         Raises:
             CheckpointError: the save failed; it was not committed.
         """
+        self.wait_for_snapshot()  # even if the writer failed before waiting for it
         handle, thread = self._pending, self._thread
         if handle is None:
             return
@@ -200,6 +230,15 @@ class AsyncSaver:
                 return
             raise error
 
+    def wait_for_snapshot(self) -> None:
+        """Block until the background copy of an overlapped capture (if any) has finished,
+        so the tensors it copies may change. Never raises: a tensor changed too early fails
+        the save, which the writer reports."""
+        deferred = self._deferred
+        if deferred is not None:
+            deferred.wait()
+            self._deferred = None
+
     def coordinator(self, state: ProcessIdentity) -> GroupCoordinator:
         """The writer's coordinator: a gloo group of its own, created at the first
         asynchronous save (every process reaches it there, in the same order relative to any
@@ -209,16 +248,30 @@ class AsyncSaver:
             self._group = dist.new_group(backend="gloo")
         return GroupCoordinator(self._group, state.process_index, state.num_processes)
 
-    def start(self, sequence: SaveSequence, take: Callable[[], LivePayload]) -> AsyncCheckpoint:
+    def start(
+        self,
+        sequence: SaveSequence,
+        take: Callable[[], LivePayload],
+        guard: Sequence[Any] = (),
+    ) -> AsyncCheckpoint:
         """Copy this process's share into the host buffers (in the caller's thread) and run
         the rest of ``sequence`` in a writer thread; ``sequence.prepare()`` has succeeded.
 
         A failure of the copy (a save pre-hook raising, say) is reported by the writer, so
         that every process learns of it.
 
+        Args:
+            guard: the prepared optimizers; with ``snapshot_mode="overlapped"`` their large
+                CPU parameters and state tensors are copied in the background, and their
+                ``step()`` waits for that copy.
+
         Returns:
             The handle of the save.
         """
+        self.wait_for_snapshot()  # the buffers are about to be reused
+        fenced = [o for o in guard if isinstance(o, AcceleratedOptimizer)]
+        if self.snapshot_mode != "overlapped":
+            fenced = []
 
         writer = self._choose(sequence.storage, sequence.target)
         if writer == "process":
@@ -236,7 +289,10 @@ class AsyncSaver:
 
         def freeze() -> Payload:
             live = take()
-            frozen = self.snapshot.capture(live.contents, live.sharded)
+            defer = guarded_storages(fenced)
+            frozen = self.snapshot.capture(live.contents, live.sharded, defer)
+            if frozen.deferred is not None:
+                self._fence(frozen.deferred, fenced)
             if self._arena is not None:
                 self._arena.keep_only(list(self.snapshot.buffers().values()))
             if writer == "process" and not self._shared_failed and not self._cuda_state:
@@ -258,6 +314,18 @@ class AsyncSaver:
         _IN_FLIGHT.add(thread)
         thread.start()
         return handle
+
+    def _fence(self, deferred: DeferredCopy, optimizers: list[AcceleratedOptimizer]) -> None:
+        """Make the optimizers' ``step()`` wait for ``deferred`` until it is done."""
+        self._deferred = deferred
+        for optimizer in optimizers:
+            optimizer.before_step = self.wait_for_snapshot
+
+        def clear() -> None:
+            for optimizer in optimizers:
+                optimizer.before_step = None
+
+        deferred.add_done_callback(clear)  # at once if the copy has already finished
 
     def _choose(self, storage: Storage, target: str) -> str:
         """``"process"`` or ``"thread"`` for a save into ``target`` on ``storage``."""
@@ -352,6 +420,33 @@ class AsyncSaver:
         finally:
             _IN_FLIGHT.discard(threading.current_thread())
             handle._finish(error)  # last: a done handle means nothing is left to do
+
+
+def guarded_storages(optimizers: Sequence[Any]) -> set[int]:
+    """The storage addresses of the tensors only the optimizers' ``step()`` changes: the
+    parameters of their ``param_groups`` and their state tensors, on the CPU and not sharded
+    (GPU and DTensor state keeps the blocking path)."""
+    found: set[int] = set()
+
+    def add(value: Any) -> None:
+        if (
+            isinstance(value, torch.Tensor)
+            and value.device.type == "cpu"
+            and getattr(value, "_local_tensor", None) is None
+            and value.layout == torch.strided
+        ):
+            found.add(value.untyped_storage().data_ptr())
+
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                add(param)
+        for per_param in optimizer.state.values():
+            if isinstance(per_param, Mapping):
+                for value in per_param.values():
+                    add(value)
+    found.discard(0)
+    return found
 
 
 # Threads of saves in flight, joined at interpreter exit.

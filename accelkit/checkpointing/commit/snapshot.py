@@ -24,8 +24,22 @@ tensor before it is copied. The writer thread waits for the copies (a CUDA event
 reads the buffers. CPU tensors are copied into the reused buffers before ``capture`` returns
 (plain ``memmove`` calls, split among up to 4 threads: the caller is blocked meanwhile anyway).
 
+Overlapped copies (``ProjectConfiguration.async_snapshot="overlapped"``): ``capture(defer=...)``
+names the storages of *guarded* tensors (the parameters and state of the prepared optimizers,
+which only their ``step()`` changes); large contiguous CPU tensors among them are not copied
+before ``capture`` returns but by one background thread (:class:`DeferredCopy`, ``memmove``
+calls that release the GIL, straight into the same buffers), while the caller goes on with the
+next forward and backward. Everything else (small tensors, buffers that ``forward`` changes,
+registered objects, CUDA and sharded state) is copied as above. Whoever may change a guarded
+tensor waits for :meth:`DeferredCopy.wait` first (the fence, see
+:mod:`~accelkit.checkpointing.commit.async_save`); the writer waits too, in
+:meth:`FrozenSnapshot.wait_copies`, which fails the save if a deferred tensor's version counter
+moved before its copy finished (changed in place: the copy may mix old and new values). Writes
+through ``.data`` do not move version counters and are not detected.
+
 Public API: :class:`HostSnapshot` (``capture``, ``clear``, ``nbytes``), :class:`FrozenSnapshot`
-(``wait_copies``, ``write``, ``write_sharded``, ``has_sharded``, ``nbytes``).
+(``wait_copies``, ``write``, ``write_sharded``, ``has_sharded``, ``nbytes``),
+:class:`DeferredCopy` (``wait``, ``done``, ``add_done_callback``, ``check``).
 """
 
 from __future__ import annotations
@@ -34,12 +48,14 @@ import copy
 import ctypes
 import logging
 import os
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats import state_io
 from accelkit.checkpointing.formats.manifest import FileEntry
 from accelkit.checkpointing.formats.model_io import write_model_files
@@ -48,7 +64,7 @@ from accelkit.checkpointing.sharded import write_sharded
 from accelkit.checkpointing.storage import Storage, WrittenFile
 from accelkit.checkpointing.storage._pools import thread_pool
 
-__all__ = ["FrozenSnapshot", "HostSnapshot"]
+__all__ = ["DeferredCopy", "FrozenSnapshot", "HostSnapshot"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,12 +98,14 @@ class FrozenSnapshot:
             local shard in a host buffer (written with DCP, see
             :func:`~accelkit.checkpointing.sharded.write_sharded`); ``None`` without FSDP.
         events: CUDA events the copies into pinned buffers complete at.
+        deferred: the background copy of an overlapped capture, or ``None``.
     """
 
     models: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     states: list[_EncodedState] = field(default_factory=list)
     sharded: dict[str, Any] | None = None
     events: list[Any] = field(default_factory=list)
+    deferred: DeferredCopy | None = None
 
     @property
     def nbytes(self) -> int:
@@ -116,10 +134,19 @@ class FrozenSnapshot:
         return write_sharded(storage, folder, self.sharded, group)
 
     def wait_copies(self) -> None:
-        """Block until every device-to-host copy of this snapshot has finished."""
+        """Block until every copy of this snapshot has finished (device-to-host copies and
+        the background copy of an overlapped capture).
+
+        Raises:
+            CheckpointError: a deferred tensor was changed in place before it was copied (see
+                :meth:`DeferredCopy.check`); the snapshot must not be written.
+        """
         for event in self.events:
             event.synchronize()
         self.events = []
+        if self.deferred is not None:
+            self.deferred.wait()
+            self.deferred.check()
 
     def write(
         self, storage: Storage, folder: str, max_shard_size: int | str = "10GB"
@@ -155,11 +182,123 @@ def _write_encoded(storage: Storage, folder: str, state: _EncodedState) -> dict[
     )
 
 
+@dataclass
+class _Deferred:
+    """One tensor left to the background copy: its memmoves and its version at capture."""
+
+    name: str
+    source: torch.Tensor
+    version: int
+    pieces: list[tuple[int, int, int]]
+
+
+class DeferredCopy:
+    """The background part of an overlapped capture: one thread copying the large guarded
+    tensors into their snapshot buffers while training goes on.
+
+    Each tensor's version counter (``tensor._version``, which every in-place operation on it
+    or on a view of it moves, ``.data`` writes excepted) is read at capture and again once its
+    copy has finished: a difference means it was changed in between, so the copy may mix old
+    and new values, and :meth:`check` fails the save.
+    """
+
+    def __init__(self, items: list[_Deferred]) -> None:
+        self._items = items
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self.nbytes = sum(n for item in items for _, _, n in item.pieces)
+        """Bytes copied in the background."""
+        self.changed: list[str] = []
+        """The tensors changed in place before their copy finished."""
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="accelkit-snapshot-copy")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def done(self) -> bool:
+        """Whether every deferred tensor has been copied."""
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        """Block until every deferred tensor has been copied (never raises: see
+        :meth:`check`)."""
+        self._done.wait()
+
+    def add_done_callback(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once the copies are done: at once if they are already, else in
+        the copy thread, before :meth:`wait` returns."""
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def check(self) -> None:
+        """Raise if the copies failed or a tensor changed in place before it was copied.
+
+        Raises:
+            CheckpointError: naming the tensors, and the fix.
+        """
+        if self.error is not None:
+            raise CheckpointError(
+                f"The background copy of the checkpoint snapshot failed ({self.error!r}); "
+                "the save is not committed."
+            ) from self.error
+        if self.changed:
+            names = ", ".join(self.changed[:8]) + (
+                f" and {len(self.changed) - 8} more" if len(self.changed) > 8 else ""
+            )
+            raise CheckpointError(
+                f"Overlapped snapshot: {names} changed in place after save_state() returned "
+                "and before its background copy finished, so the copy may mix old and new "
+                "values; the save is not committed (earlier checkpoints are untouched). Call "
+                "accelerator.wait_for_snapshot() before changing parameters or optimizer state "
+                "outside the prepared optimizer's step(), or use "
+                "ProjectConfiguration(async_snapshot='blocking')."
+            )
+
+    def _run(self) -> None:
+        try:
+            for item in self._items:
+                _deferred_memmoves(item.pieces)
+                if item.source._version != item.version:
+                    self.changed.append(item.name)
+        except BaseException as exc:  # reported by check(), to the writer
+            self.error = exc
+        finally:
+            self._items = []  # the live tensors are no longer needed
+            with self._lock:
+                callbacks, self._callbacks = self._callbacks, []
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception:  # a fence not cleared costs one wait() per step
+                    logger.exception("A callback of the snapshot's background copy failed.")
+            self._done.set()
+
+
+def _deferred_memmoves(pieces: list[tuple[int, int, int]]) -> None:
+    """The background copy of one tensor (tests replace it to hold the copy back)."""
+    _memmoves(pieces)
+
+
+# Smaller guarded tensors are copied at once: a thread hand-off is not worth it for them.
+_DEFER_MIN_BYTES = 64 * 1024
+
+
+def _tensor_name(key: _Key) -> str:
+    kind, stem, name = key
+    return f"{name!r} of {stem}" if kind == "model" else f"{stem}: {name!r}"
+
+
 class _Copier:
     """Copies tensors of one capture into reused buffers; CUDA copies go on side streams."""
 
-    def __init__(self, owner: HostSnapshot) -> None:
+    def __init__(self, owner: HostSnapshot, defer: Collection[int] = ()) -> None:
         self.owner = owner
+        self.defer = defer  # storage addresses of guarded tensors: large ones copied later
+        self.deferred: list[_Deferred] = []
         self.used: dict[_Key, torch.Tensor] = {}
         self.by_view: dict[tuple[Any, ...], torch.Tensor] = {}
         self.streams: dict[torch.device, Any] = {}
@@ -202,10 +341,24 @@ class _Copier:
             # Plain memmoves (GIL released), run at finish() by a few threads: on a busy
             # machine several times faster than torch's copy, whose threads wait for each other.
             nbytes = _nbytes(src)
-            for start in range(0, nbytes, _COPY_PIECE):
-                n = min(_COPY_PIECE, nbytes - start)
-                self.pieces.append((buffer.data_ptr() + start, src.data_ptr() + start, n))
-            self.sources.append(src)  # alive until copied
+            pieces = [
+                (
+                    buffer.data_ptr() + start,
+                    src.data_ptr() + start,
+                    min(_COPY_PIECE, nbytes - start),
+                )
+                for start in range(0, nbytes, _COPY_PIECE)
+            ]
+            if (
+                self.defer
+                and key[0] != "sharded"
+                and nbytes >= _DEFER_MIN_BYTES
+                and src.untyped_storage().data_ptr() in self.defer
+            ):
+                self.deferred.append(_Deferred(_tensor_name(key), src, src._version, pieces))
+            else:
+                self.pieces.extend(pieces)
+                self.sources.append(src)  # alive until copied
         else:
             buffer.copy_(src)
         if src.numel() > 0:
@@ -229,7 +382,8 @@ class _Copier:
         self.sources = []
 
     def finish(self) -> list[Any]:
-        """Complete the host copies; return the CUDA events the device copies complete at."""
+        """Complete the host copies (not the deferred ones: see :class:`DeferredCopy`); return
+        the CUDA events the device copies complete at."""
         self._copy_host()
         events = []
         for device, stream in self.streams.items():
@@ -355,23 +509,30 @@ class HostSnapshot:
         return buffer
 
     def capture(
-        self, snapshot: Snapshot, sharded: Mapping[str, Any] | None = None
+        self,
+        snapshot: Snapshot,
+        sharded: Mapping[str, Any] | None = None,
+        defer: Collection[int] = (),
     ) -> FrozenSnapshot:
         """Copy ``snapshot`` (live tensors and states) into the buffers.
 
         Must not be called while a :class:`FrozenSnapshot` from an earlier capture is still
-        being written: its buffers are reused.
+        being written, or its deferred copy is still running: its buffers are reused.
 
         Args:
             snapshot: this process's unsharded contents.
             sharded: this process's sharded (FSDP) state, from
                 :meth:`~accelkit.checkpointing.sharded.ShardedTargets.state_dict`; only the
                 local shards are copied.
+            defer: ``untyped_storage().data_ptr()`` of the guarded tensors (see the module
+                docstring): those of at least 64 KiB, contiguous and on the CPU, are copied by
+                a background thread after ``capture`` returns (:attr:`FrozenSnapshot.deferred`);
+                empty: everything is copied before it returns.
 
         Returns:
             The copy; call :meth:`FrozenSnapshot.write` (from any thread) to write it.
         """
-        copier = _Copier(self)
+        copier = _Copier(self, defer)
         frozen = FrozenSnapshot()
         for stem, state_dict in snapshot.models:
             frozen.models.append(
@@ -394,6 +555,8 @@ class HostSnapshot:
         if sharded is not None:
             frozen.sharded = {k: _copy_sharded(copier, k, v) for k, v in sharded.items()}
         frozen.events = copier.finish()
+        if copier.deferred:
+            frozen.deferred = DeferredCopy(copier.deferred)
         for key in [k for k in self._buffers if k not in copier.used]:
             del self._buffers[key]  # not part of the newest checkpoint: give it back
             self._pinned.pop(key, None)
