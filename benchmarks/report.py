@@ -286,13 +286,25 @@ def _async_details(data: dict[str, Any]) -> list[str]:
             f"Training loop, a save every {loop['save_every']} of {loop['steps']} steps:",
             "",
         ]
+        steady = loop.get("throughput_lost_steady") or {}
         out += _table(
-            ["loop", "steps/s", "% throughput lost"],
+            ["loop", "steps/s", "% throughput lost", "% lost, steady state"],
             [
-                [k, _num(v), _num(100 * loop["throughput_lost"][k])]
+                [
+                    k,
+                    _num(v),
+                    _num(100 * loop["throughput_lost"][k]),
+                    _num(100 * steady[k]) if k in steady else "n/a",
+                ]
                 for k, v in loop["steps_per_s"].items()
             ],
         )
+        out += [
+            "",
+            "- % throughput lost: the whole loop, its final wait for the last save included; "
+            "steady state: from the first save's return to the last's (whole intervals, each "
+            "with one save and the previous one's background write), as in a long run.",
+        ]
     return out
 
 
