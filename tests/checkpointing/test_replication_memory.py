@@ -72,7 +72,7 @@ def test_replicator_holds_at_most_parts_in_flight_plus_one_part_buffers(
 
     monkeypatch.setattr(_s3io, "_new_part", counted)
     monkeypatch.setattr(_s3io.MultipartSink, "_upload_part", checked)
-    monkeypatch.setattr(replication_copy, "_stream", no_read_buffer)
+    monkeypatch.setattr(replication_copy, "copy_stream", no_read_buffer)
 
     url = s3_server.new_prefix()
     remote = get_storage(url, remote_options(url, s3_server.storage_options))

@@ -51,9 +51,8 @@ from accelkit.checkpointing.formats.layout import (
 from accelkit.checkpointing.formats.manifest import FileEntry, Manifest, read_manifest
 from accelkit.checkpointing.formats.manifest import write_manifest as _write_manifest
 from accelkit.checkpointing.storage import Storage, join, parts_in_flight
-from accelkit.checkpointing.storage.base import Sink
 from accelkit.checkpointing.storage.confined import confine
-from accelkit.checkpointing.storage.retry import RetryPolicy, retry_call
+from accelkit.checkpointing.storage.retry import RetryPolicy, copy_stream, retry_call
 from accelkit.checkpointing.storage.verified import check_expected, open_verified
 
 __all__ = [
@@ -128,7 +127,7 @@ def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, t
                 while fill(reader.readinto, entry.size - reader.size):
                     pass
             else:
-                _stream(reader.readinto, sink, entry.size, target)
+                copy_stream(reader, sink, min(READ_CHUNK, max(entry.size, 1)))
             # The reader is at the end of the file: the local bytes are the ones the save
             # hashed, or nothing is committed (no read past the end: verify() would make one).
             check_expected(reader.url, entry, reader.size, reader.checksum)
@@ -142,22 +141,6 @@ def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, t
     finally:
         reader.close()
     return entry.size
-
-
-def _stream(readinto: Callable[[memoryview], int], sink: Sink, size: int, target: str) -> None:
-    """Copy through one read buffer (:data:`READ_CHUNK`): a sink that cannot be filled in
-    place."""
-    view = memoryview(bytearray(min(READ_CHUNK, max(size, 1))))
-    while True:
-        count = readinto(view)
-        if not count:
-            return
-        done = 0
-        while done < count:
-            written = sink.write(view[done:count])
-            if not written:
-                raise OSError(f"uploading {target!r} made no progress (0 bytes written)")
-            done += written
 
 
 def replicate_checkpoint(

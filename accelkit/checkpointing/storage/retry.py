@@ -29,7 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, BinaryIO, TypeVar
+from typing import IO, BinaryIO, Protocol, TypeVar, cast
 
 from typing_extensions import override
 
@@ -46,6 +46,7 @@ from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, checksum_
 __all__ = [
     "HARD",
     "TRANSIENT",
+    "Readable",
     "RetryPolicy",
     "RetryingStorage",
     "classify",
@@ -340,14 +341,21 @@ class _SpooledSink:
         self._spool.close()
 
 
-def copy_stream(source: IO[bytes], sink: Sink, chunk: int = _SPOOL_CHUNK) -> int:
+class Readable(Protocol):
+    """What :func:`copy_stream` reads from: a file, or a verified reader."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None:
+        """Fill ``buffer``; the byte count (0 at the end)."""
+
+
+def copy_stream(source: Readable, sink: Sink, chunk: int = _SPOOL_CHUNK) -> int:
     """Copy ``source`` into ``sink`` in ``chunk``-sized reads (one buffer, reused); returns the
     byte count. The sink is neither committed nor aborted here."""
     buffer = bytearray(chunk)
     view = memoryview(buffer)
     total = 0
     while True:
-        count = source.readinto(view)  # type: ignore[attr-defined,unused-ignore]
+        count = source.readinto(view)
         if not count:
             return total
         done = 0
@@ -397,7 +405,7 @@ class RetryingStorage(WrappedStorage):
             spool.seek(0)
             sink = self.inner.open_sink(url)
             try:
-                copy_stream(spool, sink)
+                copy_stream(cast(Readable, spool), sink)  # a buffered file: it has readinto
             except BaseException:
                 with contextlib.suppress(Exception):
                     sink.abort()
