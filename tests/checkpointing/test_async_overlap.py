@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,12 @@ from accelkit.checkpointing.commit import snapshot, writer_process
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.errors import ConfigurationError
 from accelkit.local_sgd import LocalSGD
-from tests.checkpointing.test_async_writer import _accelerator, _committed, _writer
+from tests.checkpointing.test_async_writer import (
+    _accelerator,
+    _committed,
+    _kill_the_writer_mid_save,
+    _writer,
+)
 from tests.helpers.distributed import run_distributed
 
 pytestmark = pytest.mark.usefixtures("open_gate")
@@ -289,18 +291,7 @@ def test_a_killed_writer_with_overlap_fails_its_save_once_and_training_goes_on(
         str(tmp_path), width=2048, async_writer="process", async_snapshot="overlapped"
     )
     acc.save_state(async_save=True).result(timeout=120)
-    first = _writer(acc).pid
-    assert first is not None
-    handle = acc.save_state(async_save=True)
-    folder = tmp_path / "checkpoints" / "checkpoint_1"
-    deadline = time.monotonic() + 60
-    while not (folder / "model.safetensors").exists():  # the writer has begun the files
-        assert time.monotonic() < deadline and not handle.done()
-        time.sleep(0.001)
-    os.kill(first, signal.SIGKILL)
-    while not handle.done():  # not exception(): the next save_state must report it
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    first, folder, _ = _kill_the_writer_mid_save(acc, tmp_path)
     assert _committed(tmp_path) == ["checkpoint_0"] and not folder.exists()
 
     caplog.set_level(logging.WARNING, logger="accelkit")

@@ -92,24 +92,31 @@ def test_same_files_manifest_and_checksums_as_the_thread_writer(tmp_path: Path) 
         assert a == b, entry["path"]
 
 
+def _kill_the_writer_mid_save(acc: Any, project: Path) -> tuple[int, Path, Any]:
+    """Start the second save (checkpoint_1), SIGKILL the writer process once it has begun the
+    files, wait until the save is over; the writer's pid, the save's folder and handle."""
+    first = _writer(acc).pid
+    assert first is not None
+    handle = acc.save_state(async_save=True)
+    folder = project / "checkpoints" / "checkpoint_1"
+    deadline = time.monotonic() + 60
+    while not (folder / "model.safetensors").exists():  # the writer has begun the files
+        assert time.monotonic() < deadline and not handle.done()
+        time.sleep(0.001)
+    os.kill(first, signal.SIGKILL)
+    while not handle.done():  # not exception(): the next save_state must report it
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    return first, folder, handle
+
+
 def test_a_killed_writer_fails_its_save_once_and_training_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # 64 MB of weights: the write lasts long enough to be killed in the middle of it.
     acc, model, _ = _accelerator(str(tmp_path), width=2048, async_writer="process")
     acc.save_state(async_save=True).result(timeout=120)
-    first = _writer(acc).pid
-    assert first is not None
-
-    handle = acc.save_state(async_save=True)
-    folder = tmp_path / "checkpoints" / "checkpoint_1"
-    deadline = time.monotonic() + 60
-    while not (folder / "model.safetensors").exists():  # the writer has begun the files
-        assert time.monotonic() < deadline and not handle.done()
-        time.sleep(0.001)
-    os.kill(first, signal.SIGKILL)
-    while not handle.done():
-        time.sleep(0.01)
+    first, folder, handle = _kill_the_writer_mid_save(acc, tmp_path)
     # Not committed, and the automatic folder it had begun is gone.
     assert _committed(tmp_path) == ["checkpoint_0"] and not folder.exists()
 
