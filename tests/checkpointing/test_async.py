@@ -356,7 +356,7 @@ def test_two_processes_commit_every_rank_file_then_load(tmp_path: Path, mode: st
 # ---------------------------------------------------------------------- interpreter exit
 
 _EXIT_SCRIPT = """
-import os, sys, threading, torch
+import os, sys, threading, time, torch
 from torch import nn
 from accelkit import Accelerator, ProjectConfiguration
 from tests.checkpointing.writer_gate import WriterGate
@@ -385,7 +385,11 @@ if mode == "exit":
     # Lets the save go on from another thread after the main thread has finished.
     threading.Timer(0.5, gate.release).start()
 else:
-    sys.stdin.read()  # the test kills or interrupts the process here
+    # The test kills or interrupts the process here. Not a blocking read: a process-directed
+    # SIGINT may land on another thread, and Python raises KeyboardInterrupt only when the main
+    # thread next runs bytecode (a read of stdin would wait for the test to close it).
+    while True:
+        time.sleep(0.05)
 """
 
 
