@@ -356,10 +356,14 @@ def test_two_processes_commit_every_rank_file_then_load(tmp_path: Path, mode: st
 # ---------------------------------------------------------------------- interpreter exit
 
 _EXIT_SCRIPT = """
-import os, sys, threading, time, torch
+import os, signal, sys, threading, time, torch
 from torch import nn
 from accelkit import Accelerator, ProjectConfiguration
 from tests.checkpointing.writer_gate import WriterGate
+
+# As in a terminal: Ctrl-C raises KeyboardInterrupt. (A test run started in the background by a
+# non-interactive shell inherits SIGINT ignored, and Python then leaves it ignored.)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 folder, mode, writer = sys.argv[1], sys.argv[2], sys.argv[3]
 gate = WriterGate(writer)
@@ -385,10 +389,7 @@ if mode == "exit":
     # Lets the save go on from another thread after the main thread has finished.
     threading.Timer(0.5, gate.release).start()
 else:
-    # The test kills or interrupts the process here. Not a blocking read: a process-directed
-    # SIGINT may land on another thread, and Python raises KeyboardInterrupt only when the main
-    # thread next runs bytecode (a read of stdin would wait for the test to close it).
-    while True:
+    while True:  # the test kills or interrupts the process here
         time.sleep(0.05)
 """
 
