@@ -96,3 +96,33 @@ def test_replicator_holds_at_most_parts_in_flight_plus_one_part_buffers(
     local = get_storage(source)
     for name in ("custom_checkpoint_0.safetensors", "accelkit.json"):
         assert remote.read_bytes(join(target, name)) == local.read_bytes(join(source, name))
+
+
+@pytest.mark.parametrize("damage", ["grown", "flipped"])
+def test_parts_read_in_place_still_verify_the_local_file(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """Reading straight into the parts (no read buffer, no read past the end) still refuses a
+    local file that differs from its manifest: one that grew after the save (its size) and
+    one with a byte changed in place (its checksum, known only once the last part is read).
+    Nothing is committed remotely."""
+    from accelkit.checkpointing.errors import CorruptCheckpointError
+    from accelkit.checkpointing.formats.manifest import read_manifest
+
+    monkeypatch.setattr(_s3io, "PART_SIZE", PART)
+    source = _committed(tmp_path)
+    path = Path(source) / "custom_checkpoint_0.safetensors"
+    original = path.read_bytes()
+    if damage == "grown":
+        path.write_bytes(original + b"tail written later")
+    else:
+        changed = bytearray(original)
+        changed[len(changed) // 2] ^= 0xFF
+        path.write_bytes(bytes(changed))
+    url = s3_server.new_prefix()
+    remote = get_storage(url, remote_options(url, s3_server.storage_options))
+    target = join(url, "checkpoint_0")
+    with pytest.raises(CorruptCheckpointError, match=path.name):
+        replicate_checkpoint(get_storage(source), source, remote, target, FOREVER)
+    assert read_manifest(remote, target) is None
+    assert not remote.exists(join(target, path.name))
