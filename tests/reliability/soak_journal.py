@@ -91,8 +91,18 @@ def _run_job(
         "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
         str(script), str(points), url, str(out), str(work),
     ]  # fmt: skip
-    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
-    subprocess.run(command, env=env, check=True, cwd=out.parent, preexec_fn=pin)
+    # The child inherits the affinity of the thread that starts it (Linux affinity is per
+    # thread): set this thread's for the start only. (preexec_fn could deadlock: the outage
+    # thread runs meanwhile.)
+    previous = os.sched_getaffinity(0)
+    if cpus is not None:
+        os.sched_setaffinity(0, cpus)
+    try:
+        job = subprocess.Popen(command, env=env, cwd=out.parent)
+    finally:
+        os.sched_setaffinity(0, previous)
+    if job.wait() != 0:
+        raise subprocess.CalledProcessError(job.returncode, command)
     return json.loads((out / "timing.json").read_text())
 
 
