@@ -9,12 +9,16 @@ benchmark builds a model + AdamW state on the GPU and measures, alternating each
 - ``d2h pageable``: the same into ordinary host memory (what a plain ``.cpu()`` costs);
 - ``accelkit async (call returns)``: ``save_state(async_save=True)`` until it returns;
 - ``accelkit async (GPU free)``: the same until the GPU has finished the copies (the training
-  stream waits for them, so this is what the next step pays);
+  stream waits for them, so this is what the next step pays), with the default writer
+  (``async_writer="auto"``), then with each writer named (``"thread"``: the snapshot in the
+  training process's pinned memory; ``"process"``: in page-locked shared memory that the writer
+  process hashes and writes);
 - ``accelkit sync``: a durable ``save_state``;
 - ``accelerate+fsync``: Hugging Face accelerate's ``save_state`` of the same objects, then an
   fsync of every file it wrote (accelkit's saves are durable; accelerate has no async save).
 
-and then training throughput with no saves against an async save every few steps. Target
+and then training throughput with no saves against an async save every few steps, with each
+writer. Target
 (issue #29): blocking part of an async save <= 1.2x the pinned device-to-host copy.
 
 Skips (and records why) without a CUDA device.
@@ -132,14 +136,15 @@ def main(quick: bool = False) -> dict[str, Any]:
             kit.save_state(async_save=True)
             torch.cuda.synchronize()
 
-        def kit_async_gpu_thread() -> None:
-            # The same with the thread writer (the default, "auto", uses the writer process
-            # and pinned shared memory: issue 29).
-            kit._checkpoints.config.async_writer = "thread"
-            try:
-                kit_async_gpu()
-            finally:
-                kit._checkpoints.config.async_writer = "auto"
+        def with_writer(writer: str) -> Any:
+            def save() -> None:
+                kit._checkpoints.config.async_writer = writer
+                try:
+                    kit_async_gpu()
+                finally:
+                    kit._checkpoints.config.async_writer = "auto"
+
+            return save
 
         def kit_sync() -> None:
             kit.save_state()
@@ -154,7 +159,8 @@ def main(quick: bool = False) -> dict[str, Any]:
             "d2h pageable": _copier(tensors, pinned=False),
             "accelkit async (call returns)": kit_async,
             "accelkit async (GPU free)": kit_async_gpu,
-            "accelkit async, thread writer (GPU free)": kit_async_gpu_thread,
+            "accelkit async, thread writer (GPU free)": with_writer("thread"),
+            "accelkit async, process writer (GPU free)": with_writer("process"),
             "accelkit sync": kit_sync,
         }
         if hf is not None:
@@ -193,14 +199,19 @@ def main(quick: bool = False) -> dict[str, Any]:
         # queue: a save waits for the one before it.
         steps, every = (40, 20) if quick else (1050, 350)
         with section(f"throughput, async save every {every} of {steps} steps"):
-            rounds: dict[str, list[float]] = {"none": [], "async": []}
+            writers = {"none": None, "async": "auto", "async, process writer": "process"}
+            rounds: dict[str, list[float]] = {name: [] for name in writers}
             for r in range(3):
-                order = ["none", "async"] if r % 2 == 0 else ["async", "none"]
+                order = list(writers) if r % 2 == 0 else list(reversed(writers))
                 for name in order:
-                    interval = every if name == "async" else 0
+                    writer = writers[name]
+                    kit._checkpoints.config.async_writer = writer or "auto"
+                    interval = every if writer else 0
                     rounds[name].append(_throughput(kit, model, optimizer, steps, interval))
+            kit._checkpoints.config.async_writer = "auto"
             plain, saving = median(rounds["none"]), median(rounds["async"])
             lost = 100 * (1 - saving / plain)
+            lost_process = 100 * (1 - median(rounds["async, process writer"]) / plain)
             # The blocking part is paid on the training thread by design; what the background
             # writer costs the step is the rest.
             blocking_share = 100 * blocking / (every / plain + blocking)
@@ -208,9 +219,11 @@ def main(quick: bool = False) -> dict[str, Any]:
             results["save_every_steps"] = every
             results["throughput_lost_percent"] = lost
             results["throughput_lost_beyond_blocking_percent"] = lost - blocking_share
+            results["throughput_lost_percent_process_writer"] = lost_process
             print(
                 f"   throughput lost with async saves: {lost:.1f}% "
-                f"({lost - blocking_share:.1f}% beyond the blocking part)"
+                f"({lost - blocking_share:.1f}% beyond the blocking part); "
+                f"process writer: {lost_process:.1f}%"
             )
     finally:
         rmtree(root)

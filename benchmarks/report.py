@@ -366,7 +366,12 @@ def _cuda_details(data: dict[str, Any]) -> list[str]:
             f"Training throughput lost with an async save every "
             f"{r.get('save_every_steps', 350)} steps: "
             f"{_num(r['throughput_lost_percent'])}% "
-            f"({_num(r['throughput_lost_beyond_blocking_percent'])}% beyond the copies).",
+            f"({_num(r['throughput_lost_beyond_blocking_percent'])}% beyond the copies)"
+            + (
+                f"; with the process writer: {_num(r['throughput_lost_percent_process_writer'])}%."
+                if "throughput_lost_percent_process_writer" in r
+                else "."
+            ),
         ]
     return out
 

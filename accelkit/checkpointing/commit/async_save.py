@@ -372,10 +372,12 @@ class AsyncSaver:
         warning) once that fails; ordinary pinned memory for CUDA tensors under ``"auto"``."""
         if pin and self.writer == "auto":
             # Tensors on a GPU: the thread writes this save and the next ones. On a GPU the
-            # snapshot's blocking part is the device-to-host copy with either writer (1.04x a
-            # pinned copy, measured on an H200 with both, and the same 1.3-1.4% of throughput),
-            # and torch's own page-locked memory needs no registration of shared memory with
-            # CUDA. async_writer="process" asks for the writer process all the same.
+            # snapshot's blocking part is the device-to-host copy with either writer (1.03x a
+            # pinned copy with both on an H200, 3 GB of state; throughput lost with a save
+            # every 350 steps 1.40% thread, 1.31% process: benchmarks/results/cuda.json), and
+            # torch's own page-locked memory needs no registration of shared memory with CUDA.
+            # async_writer="process" asks for the writer process all the same (the CUDA tests
+            # pass with it forced everywhere).
             if not self._cuda_state:
                 self._cuda_state = True
                 logger.debug("The writer thread writes asynchronous saves: %s.", _CUDA_REASON)
