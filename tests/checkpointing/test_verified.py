@@ -4,6 +4,7 @@ CorruptCheckpointError naming the file; a matching file reads back whole."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -69,3 +70,29 @@ def test_missing_file_and_symlink_are_corrupt(root: Root) -> None:
     os.symlink(target, join(root.url, "link.bin"))
     with pytest.raises(CorruptCheckpointError, match="symbolic link"):
         read_verified_bytes(root.storage, join(root.url, "link.bin"), _entry(DATA))
+
+
+def test_leaving_a_block_asks_for_no_more_than_the_manifest_size_and_one_byte(
+    root: Root,
+) -> None:
+    """The check at the end reads what is left plus one byte (to see trailing bytes), not a
+    16 MiB buffer, so a file that ends where its entry says costs no large allocation at EOF."""
+    url = join(root.url, "f.bin")
+    root.storage.write_bytes(url, DATA)
+    asked: list[int] = []
+
+    class Recording:
+        def __init__(self, raw: Any) -> None:
+            self.raw = raw
+
+        def read(self, n: int = -1) -> bytes:
+            asked.append(n)
+            return bytes(self.raw.read(n))
+
+        def close(self) -> None:
+            self.raw.close()
+
+    with open_verified(root.storage, url, _entry(DATA)) as reader:
+        reader.raw = Recording(reader.raw)  # type: ignore[assignment]
+        reader.read(10)
+    assert asked == [10, len(DATA) - 10 + 1, 1]
