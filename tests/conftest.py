@@ -56,3 +56,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         relative = item.path.resolve().relative_to(_TESTS).as_posix()
         if relative.split("/", 1)[0] in _SLOW_FOLDERS or relative in _SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--async-writer",
+        choices=("process", "thread"),
+        default=None,
+        help="make every ProjectConfiguration left at async_writer='auto' use this writer "
+        "instead (e.g. `pytest -m cuda --async-writer process` runs the GPU tests on the writer "
+        "process, which 'auto' leaves GPU state without); tests of the default itself then fail",
+    )
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _async_writer_option(request: pytest.FixtureRequest) -> Iterator[None]:
+    writer = request.config.getoption("--async-writer")
+    if writer is None:
+        yield
+        return
+    from accelkit.checkpointing.config import ProjectConfiguration
+
+    post_init = ProjectConfiguration.__post_init__
+
+    def forced(self: ProjectConfiguration) -> None:
+        if self.async_writer == "auto":
+            self.async_writer = writer
+        post_init(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ProjectConfiguration, "__post_init__", forced)
+        yield
