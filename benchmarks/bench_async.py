@@ -405,6 +405,8 @@ def main(quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
             step_s = median([r["step_seconds"] / steps for r in runs["no saves"]])
             one = rows["accelkit async (blocking part), torch 1 thread"]
             floor = rows["memcpy of the state (1 thread)"]
+            snapshot_block = blocked["async saves, process writer"]
+            snapshot_share = 100 * snapshot_block / (every * step_s + snapshot_block)
             targets = [
                 Target(
                     "async blocking / accelerate save",
@@ -435,18 +437,26 @@ def main(quick: bool = False, rounds: int | None = None) -> dict[str, Any]:
                     ),
                 ),
                 Target(
-                    "throughput lost (steady state), async saves, process writer",
-                    100 * steady_loss["async saves, process writer"],
+                    # What the writer itself costs the step (issue #29: "a writer that does not
+                    # steal the step"): the steady-state loss less the blocking snapshot's own
+                    # share of the loop, which the training thread pays by design. The whole
+                    # loss, snapshot included, is the overlapped snapshot's target below.
+                    "throughput lost beyond the blocking snapshot (steady state), async saves, "
+                    "process writer",
+                    100 * steady_loss["async saves, process writer"] - snapshot_share,
                     3.0,
                     unit="%",
                     higher_is_better=False,
                     reason=(
                         f"back-to-back async saves of {loop_size / 2**20:.0f} MiB, one every "
                         f"{every} steps of {1000 * step_s:.0f} ms (torch at 1 thread, median of "
-                        f"rounds), timed from the first save's return to the last's; the "
+                        f"rounds), timed from the first save's return to the last's: "
+                        f"{100 * steady_loss['async saves, process writer']:.1f}% lost in all, "
+                        f"{snapshot_share:.1f}% of it the blocking snapshot "
+                        f"({1000 * blocked['async saves, process writer']:.0f} ms a save); the "
                         f"whole loop with the final wait: "
                         f"{100 * loss['async saves, process writer']:.1f}%; the thread writer "
-                        f"lost {100 * steady_loss['async saves']:.1f}% in the same rounds; "
+                        f"lost {100 * steady_loss['async saves']:.1f}% in all in the same rounds; "
                         f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
                     ),
                 ),
