@@ -10,6 +10,9 @@
 "Linear or better" is checked by the least-squares log-log slope of time against N over every
 size but the smallest: a slope above 1.2 is reported as a miss. Plots go to
 ``benchmarks/results/scaling_tensors.png`` and ``scaling_checkpoints.png``.
+
+Growth with the number of *processes* (issue #29: collective rounds and bytes per save and load
+at 2 to 16 gloo processes) is ``bench_world.py`` (``results/world.json``, ``world.png``).
 """
 
 from __future__ import annotations
