@@ -18,8 +18,8 @@ benchmark builds a model + AdamW state on the GPU and measures, alternating each
   fsync of every file it wrote (accelkit's saves are durable; accelerate has no async save).
 
 and then training throughput with no saves against an async save every few steps, with each
-writer. Target
-(issue #29): blocking part of an async save <= 1.2x the pinned device-to-host copy.
+writer. Target (issue #29): blocking part of an async save <= 1.2x the pinned device-to-host
+copy.
 
 Skips (and records why) without a CUDA device.
 """
