@@ -10,7 +10,7 @@ import pytest
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.manifest import FileEntry
-from accelkit.checkpointing.storage import join
+from accelkit.checkpointing.storage import join, verified
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, checksum_bytes
 from accelkit.checkpointing.storage.verified import (
     file_checksum,
@@ -73,7 +73,7 @@ def test_missing_file_and_symlink_are_corrupt(root: Root) -> None:
 
 
 def test_leaving_a_block_asks_for_no_more_than_the_manifest_size_and_one_byte(
-    root: Root,
+    root: Root, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The check at the end reads what is left plus one byte (to see trailing bytes), not a
     16 MiB buffer, so a file that ends where its entry says costs no large allocation at EOF."""
@@ -96,3 +96,10 @@ def test_leaving_a_block_asks_for_no_more_than_the_manifest_size_and_one_byte(
         reader.raw = Recording(reader.raw)  # type: ignore[assignment]
         reader.read(10)
     assert asked == [10, len(DATA) - 10 + 1, 1]
+
+    # A file checked from its start is still read in bounded pieces, never in one allocation.
+    asked.clear()
+    monkeypatch.setattr(verified, "_CHUNK", 4096)
+    with open_verified(root.storage, url, _entry(DATA)) as reader:
+        reader.raw = Recording(reader.raw)  # type: ignore[assignment]
+    assert asked == [4096, 4096, len(DATA) - 2 * 4096 + 1, 1]

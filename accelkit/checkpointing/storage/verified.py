@@ -115,10 +115,11 @@ class VerifiedReader:
     def finish(self) -> tuple[int, str]:
         """Read what is left and return ``(size, checksum)`` of the whole file."""
         while True:
-            # Where the size is known, ask for one byte past it: a file that ends where the
-            # manifest says costs a 1-byte read at its end, not a 16 MiB buffer for nothing.
+            # Where the size is known, ask for no more than one byte past it: a file that ends
+            # where the manifest says costs a 1-byte read at its end, not a 16 MiB buffer for
+            # nothing. Never more than _CHUNK at once (a file read from its start here).
             left = self._expected.size - self.size + 1 if self._expected is not None else 0
-            if not self.read(left if left > 0 else _CHUNK):
+            if not self.read(min(left, _CHUNK) if left > 0 else _CHUNK):
                 return self.size, self.checksum
 
     def verify(self) -> None:
