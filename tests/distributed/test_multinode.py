@@ -13,13 +13,15 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 from tests.helpers.distributed import free_port
 
 SCRIPT = textwrap.dedent(
     """
-    import json, os, sys
+    import faulthandler, json, os, sys
+    faulthandler.dump_traceback_later(100, exit=True)  # a hung rank prints its stacks (CI log)
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -106,17 +108,31 @@ def _two_nodes(tmp_path: Path, script: Path, mode: str, project: Path, out: Path
             subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         )
     outputs = []
+    deadline = time.monotonic() + 120  # one phase (about 8 s here); both within pytest's 300 s
     try:
         for proc in procs:
-            stdout, _ = proc.communicate(timeout=240)
+            stdout, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
             outputs.append(stdout.decode(errors="replace"))
+    except subprocess.TimeoutExpired:
+        # Keep what both nodes printed (the ranks' stack dumps among it): a bare timeout says
+        # nothing of where the job stopped.
+        texts = []
+        for proc in procs:
+            proc.kill()
+            try:
+                texts.append(proc.communicate(timeout=20)[0].decode(errors="replace"))
+            except subprocess.TimeoutExpired:  # a worker still holds the pipe
+                texts.append("(no output: the launcher's pipe stayed open after it was killed)")
+        report = "\n".join(f"--- node {i} ---\n{t[-6000:]}" for i, t in enumerate(texts))
+        raise AssertionError(f"the two-node job ({mode}) did not end in 120 s:\n{report}") from None
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    for machine_rank, (proc, text) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0, f"node {machine_rank} ({mode}) failed:\n{text[-4000:]}"
+    failed = [rank for rank, proc in enumerate(procs) if proc.returncode != 0]
+    report = "\n".join(f"--- node {i} ---\n{t[-4000:]}" for i, t in enumerate(outputs))
+    assert not failed, f"node(s) {failed} ({mode}) failed:\n{report}"
 
 
 def _records(out: Path, mode: str) -> list[dict]:
