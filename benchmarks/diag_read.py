@@ -1,7 +1,7 @@
 """Diagnosis: how fast this disk gives back N bytes from a cold cache (not part of the run).
 
 ``python -m benchmarks.diag_read [GB] [rounds]`` (root: it drops the page cache before every
-read) writes one file of N bytes, then reads it back, alternating, five ways:
+read) writes one file of N bytes, then reads it back cold, alternating, seven ways:
 
 - ``buffered``: one thread, 8 MiB ``pread`` calls through the page cache (what "raw read" is in
   ``bench_save_load``);

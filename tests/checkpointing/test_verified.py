@@ -4,6 +4,8 @@ CorruptCheckpointError naming the file; a matching file reads back whole."""
 from __future__ import annotations
 
 import os
+import tracemalloc
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.manifest import FileEntry
 from accelkit.checkpointing.storage import join, verified
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, checksum_bytes
+from accelkit.checkpointing.storage.local import LocalStorage
 from accelkit.checkpointing.storage.verified import (
     file_checksum,
     open_verified,
@@ -40,7 +43,7 @@ def test_matching_file_reads_back_and_hashes_like_the_writer(root: Root) -> None
     ("on_disk", "message"),
     [
         (DATA[:-1], "size 9999 bytes, but the manifest says 10000"),
-        (DATA + b"x", "size 10001 bytes, but the manifest says 10000"),
+        (DATA + b"x", "longer than the 10000 bytes the manifest says"),
         (b"X" + DATA[1:], "does not match the manifest"),
     ],
     ids=["truncated", "trailing", "flipped"],
@@ -103,3 +106,25 @@ def test_leaving_a_block_asks_for_no_more_than_the_manifest_size_and_one_byte(
     with open_verified(root.storage, url, _entry(DATA)) as reader:
         reader.raw = Recording(reader.raw)  # type: ignore[assignment]
     assert asked == [4096, 4096, len(DATA) - 2 * 4096 + 1, 1]
+
+
+def test_a_file_that_grew_huge_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """A manifest-listed file replaced by a 2 GiB one (sparse here: an attacker's or a bad
+    copy's) is refused after reading one byte past the entry's size, not read into memory."""
+    storage = LocalStorage()
+    url = str(tmp_path / "random_states_0.json")
+    storage.write_bytes(url, DATA)
+    os.truncate(url, 2 << 30)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptCheckpointError, match="longer than the 10000 bytes"):
+            read_verified_bytes(storage, url, _entry(DATA))
+        with (
+            pytest.raises(CorruptCheckpointError, match="longer than the 10000 bytes"),
+            open_verified(storage, url, _entry(DATA)) as reader,
+        ):
+            reader.read(10)  # then leaving the block checks the rest
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak

@@ -83,7 +83,11 @@ class VerifiedReader:
         self.size = 0
 
     def read(self, n: int = -1) -> bytes:
-        """Up to ``n`` bytes (all that is left for ``n < 0``), hashed."""
+        """Up to ``n`` bytes, hashed. ``n < 0``: all that is left, but with an expected entry
+        no more than one byte past its size (a file that grew is refused by :meth:`verify`
+        without being read into memory whole)."""
+        if n < 0 and self._expected is not None:
+            n = max(self._expected.size - self.size, 0) + 1
         data = self.raw.read(n)
         self._seen(memoryview(data))
         return data
@@ -113,13 +117,19 @@ class VerifiedReader:
         return format_checksum(self._algorithm, self._hasher.hexdigest())
 
     def finish(self) -> tuple[int, str]:
-        """Read what is left and return ``(size, checksum)`` of the whole file."""
+        """Read what is left and return ``(size, checksum)`` of the whole file; with an
+        expected entry, stop one byte past its size (the file disagrees already: the rest,
+        however large, is not read)."""
         while True:
-            # Where the size is known, ask for no more than one byte past it: a file that ends
-            # where the manifest says costs a 1-byte read at its end, not a 16 MiB buffer for
-            # nothing. Never more than _CHUNK at once (a file read from its start here).
-            left = self._expected.size - self.size + 1 if self._expected is not None else 0
-            if not self.read(min(left, _CHUNK) if left > 0 else _CHUNK):
+            want = _CHUNK
+            if self._expected is not None:
+                left = self._expected.size - self.size
+                if left < 0:
+                    return self.size, self.checksum
+                # One byte past the end: a file that ends where the manifest says costs a
+                # 1-byte read, not a 16 MiB buffer for nothing.
+                want = min(left + 1, _CHUNK)
+            if not self.read(want):
                 return self.size, self.checksum
 
     def verify(self) -> None:
@@ -130,6 +140,12 @@ class VerifiedReader:
         """
         size, checksum = self.finish()
         if self._expected is not None:
+            if size > self._expected.size:  # finish() stopped there: the true size is unknown
+                raise CorruptCheckpointError(
+                    f"{self.url}: longer than the {self._expected.size} bytes the manifest "
+                    "says. The file grew or was replaced after the save: load another "
+                    "checkpoint."
+                )
             check_expected(self.url, self._expected, size, checksum)
 
     def close(self) -> None:
