@@ -46,22 +46,26 @@ def _env() -> dict[str, str]:
 
 # A 2-process gloo job's worker was seen (twice in about a dozen CI runs, under Accelerate and
 # under accelkit alike) to abort in the C++ runtime while the interpreter exits ("terminate
-# called without an active exception", exit -6), after the script had done its work. It is not
-# what these tests compare, so such a run gets one more try; a second abort fails the test.
+# called without an active exception", exit -6), after the script had done its work; once (a
+# rehearsal of Nov 26) on two tries in a row. It is not what these tests compare, so such a run
+# is tried up to three times; any other failure, or a third abort, fails the test.
 _TEARDOWN_ABORT = "terminate called without an active exception"
+_TRIES = 3
 
 
 def _run(command: list[str], cwd: Path) -> None:
-    result = subprocess.run(
-        command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=240
-    )
-    if result.returncode != 0 and _TEARDOWN_ABORT in result.stderr:
-        first = result.stderr[-3000:]
+    aborted: list[str] = []
+    while True:
         result = subprocess.run(
             command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=240
         )
-        result.stderr = f"(first try aborted:)\n{first}\n(second try:)\n{result.stderr}"
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+        if result.returncode == 0 or _TEARDOWN_ABORT not in result.stderr:
+            break
+        aborted.append(result.stderr[-3000:])
+        if len(aborted) == _TRIES:
+            break
+    earlier = "".join(f"(try {i} aborted:)\n{text}\n" for i, text in enumerate(aborted, 1))
+    assert result.returncode == 0, earlier + result.stdout[-3000:] + result.stderr[-6000:]
 
 
 def test_same_results_as_accelerate(tmp_path: Path) -> None:
