@@ -36,6 +36,7 @@ from accelkit.runtime.environment import (
     parse_mixed_precision,
 )
 from accelkit.runtime.splitting import split_for_process
+from accelkit.runtime.teardown import settle_collective_threads
 
 __all__ = [
     "ENV_MIXED_PRECISION",
@@ -98,6 +99,28 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
+_exit = {"hooked": False, "destroy": False}
+
+
+def _leave_at_exit() -> None:
+    """At interpreter exit: tear down the process group accelkit created (unless the script
+    did), then let gloo's worker threads finish with their last collective before the
+    interpreter finalizes; otherwise one may abort a run that succeeded ("terminate called
+    without an active exception", see :mod:`accelkit.runtime.teardown`). Saves in flight
+    finish before this runs (their exit hook runs before atexit's)."""
+    if _exit["destroy"]:
+        destroy_process_group()
+    settle_collective_threads()
+
+
+def _arrange_exit(destroy: bool) -> None:
+    """Register :func:`_leave_at_exit` once per process; ``destroy``: the group is ours."""
+    _exit["destroy"] = _exit["destroy"] or destroy
+    if not _exit["hooked"]:
+        atexit.register(_leave_at_exit)
+        _exit["hooked"] = True
+
+
 class PartialState:
     """The state of this process in the run: rank, world size, device and process group.
 
@@ -148,6 +171,7 @@ class PartialState:
         if self.num_processes > 1:
             if dist.is_initialized():
                 self.backend = str(dist.get_backend())
+                _arrange_exit(destroy=False)  # the script's group: the script tears it down
             else:
                 self._init_process_group(timeout_s, kwargs)
             self.distributed_type = (
@@ -176,11 +200,7 @@ class PartialState:
             kwargs["device_id"] = self.device
         kwargs.update(extra)
         dist.init_process_group(**kwargs)
-        # The group we created is torn down at exit unless the script did it: otherwise gloo's
-        # worker threads can outlive the interpreter's teardown and abort a run that succeeded
-        # ("terminate called without an active exception"). Saves in flight finish first (their
-        # exit hook runs before atexit's).
-        atexit.register(destroy_process_group)
+        _arrange_exit(destroy=True)
 
     @classmethod
     def _reset_state(cls) -> None:

@@ -171,16 +171,6 @@ def _last_heading(stdout: str) -> str:
     return headings[-1] if headings else ""
 
 
-def _gloo_teardown_abort(last: str, stdout: str, stderr: str) -> bool:
-    """Whether a run printed its last heading and then died of gloo's known abort."""
-    output = stdout + stderr
-    return (
-        last in stdout
-        and "terminate called without an active exception" in output
-        and "]: Traceback" not in output  # no worker raised (torch prefixes theirs [rankN]: )
-    )
-
-
 @pytest.mark.parametrize(("script", "processes", "part"), [_param(*case) for case in CASES])
 def test_reference_script_runs_to_the_end(
     script: str, processes: int, part: str, tmp_path: Path
@@ -192,13 +182,6 @@ def test_reference_script_runs_to_the_end(
     last = PART_LAST_HEADING.get(part, LAST_HEADING[script])
     returncode, stdout, stderr = _run(command, tmp_path, env, timeout)
     output = stdout + stderr
-    if returncode not in (0, None) and _gloo_teardown_abort(last, stdout, stderr):
-        # Every test of the script ran and passed; gloo then aborted a worker while the process
-        # group was torn down at exit (pytorch/pytorch#179291; accelkit destroys its group at
-        # exit, which made it rare, not impossible under load). Run once more: a second abort,
-        # or any other failure, fails the test.
-        returncode, stdout, stderr = _run(command, tmp_path, env, timeout)
-        output = stdout + stderr
     if returncode is None:
         if part == FAULT_TOLERANT and _last_heading(stdout) == "Test fault tolerant":
             pytest.xfail(_FAULT_TOLERANT_RACE)
