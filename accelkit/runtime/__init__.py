@@ -1,8 +1,8 @@
 """The process runtime: launch settings from the environment (:mod:`.environment`), this
 process's identity, device and process group (:mod:`.state`), collectives (:mod:`.ops`),
-seeding (:mod:`.random`), how inputs are split between processes (:mod:`.splitting`) and
+seeding (:mod:`.random`), how inputs are split between processes (:mod:`.splitting`),
 preemption: signal flags, the agreement every process reaches at step boundaries, and the save
-policy (:mod:`.preemption`).
+policy (:mod:`.preemption`), and leaving a distributed run at exit (:mod:`.teardown`).
 
 The lowest room of accelkit: it imports no other room.
 """
