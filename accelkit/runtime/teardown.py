@@ -11,11 +11,11 @@ script did all its work, and the launcher reports the run as failed.
 
 The window is the few milliseconds between a script's last collective (typically
 ``wait_for_everyone()``) and finalization, during which the main thread keeps the GIL: a worker
-asks for it, and is granted it only after the switch interval (5 ms by default), too late. About
-one two-process run in 40-60 hit it on a loaded 2-core machine; a script that raises
-:func:`sys.setswitchinterval` hits it in almost half its runs. Destroying the process group does
-not help: the group lives on while anything holds it (a ``DistributedDataParallel`` module does),
-and so do its threads.
+asks for it, and is granted it only after the switch interval (5 ms by default), too late.
+About one two-process run in 40-60 hit it on a 2-core machine; a script that raises
+:func:`sys.setswitchinterval` hits it in more than a third of its runs. Destroying the process
+group does not help: the group lives on while anything holds it (a ``DistributedDataParallel``
+module does), and so do its threads.
 
 :func:`settle_collective_threads` closes the window: at exit, the main thread sleeps (so the GIL
 is free) until every gloo worker has been asleep for several polls in a row, i.e. has finished
