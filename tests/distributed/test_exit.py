@@ -44,10 +44,12 @@ def test_runs_that_finished_exit_zero(tmp_path: Path) -> None:
     failures: list[str] = []
     for first in range(0, RUNS, AT_ONCE):
         folders = [tmp_path / f"run_{n}" for n in range(first, min(first + AT_ONCE, RUNS))]
+        for folder in folders:
+            folder.mkdir()
         jobs = [
             subprocess.Popen(
                 command,
-                cwd=folder.mkdir() or folder,
+                cwd=folder,
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
