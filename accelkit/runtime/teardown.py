@@ -45,14 +45,15 @@ def _worker_states() -> list[str] | None:
     states = []
     for tid in tids:
         try:
-            with open(f"{_TASKS}/{tid}/comm") as comm:
-                if comm.read().strip() not in _WORKER_NAMES:
-                    continue
             with open(f"{_TASKS}/{tid}/stat") as stat:
-                # "pid (comm) S ...": the state follows the last ')' (comm may hold one).
-                states.append(stat.read().rpartition(")")[2].split()[0])
-        except (OSError, IndexError):  # the thread ended meanwhile
+                line = stat.read()
+        except OSError:  # the thread ended meanwhile
             continue
+        # "tid (name) S ...": the name may hold spaces and ')', so cut at the first '(' and
+        # the last ')'.
+        name, _, rest = line.partition("(")[2].rpartition(")")
+        if name in _WORKER_NAMES and rest.split():
+            states.append(rest.split()[0])
     return states
 
 

@@ -18,7 +18,6 @@ failures once fixed.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 import torch
 
 from tests.compat._porting import port_script, reference_root
+from tests.helpers.processes import finish
 
 REPO = Path(__file__).resolve().parents[2]
 ROOT = reference_root()
@@ -157,13 +157,7 @@ def _run(
         text=True,
         start_new_session=True,
     )
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        return None, out, err
-    return proc.returncode, out, err
+    return finish(proc, timeout)
 
 
 def _last_heading(stdout: str) -> str:

@@ -1,10 +1,14 @@
-"""Looking at processes through ``/proc``: whether one still runs, and what it started."""
+"""Test processes: whether one still runs and what it started (through ``/proc``), and waiting
+for a job without leaving its workers behind."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from pathlib import Path
 
-__all__ = ["alive", "descendants"]
+__all__ = ["alive", "descendants", "finish"]
 
 
 def alive(pid: int) -> bool:
@@ -32,3 +36,16 @@ def descendants(pid: int) -> set[int]:
         frontier = {child for child, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return found
+
+
+def finish(process: subprocess.Popen[str], timeout: float) -> tuple[int | None, str, str]:
+    """Wait for ``process``, started with ``start_new_session=True``: its exit status (None on
+    timeout), stdout and stderr (``""`` where not piped). On timeout its whole session (a
+    launcher and its workers) is killed, so no worker outlives the test."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        return None, out or "", err or ""
+    return process.returncode, out or "", err or ""
