@@ -130,6 +130,21 @@ def test_crafted_record_is_shown_never_contacted(
             {"format": 1, "replicate_to": "s3://b/r", "checkpoints": {"checkpoint_1": {}}}
         ).encode(),
         json.dumps({"format": 1, "replicate_to": "x" * 5000}).encode(),
+        # a name past Python's digit limit (int() raises), and one within it (printed uncut)
+        json.dumps(
+            {
+                "format": 1,
+                "replicate_to": "s3://b/r",
+                "checkpoints": {"checkpoint_" + "9" * 5000: {"committed": 1.0, "replicated": 2.0}},
+            }
+        ).encode(),
+        json.dumps(
+            {
+                "format": 1,
+                "replicate_to": "s3://b/r",
+                "checkpoints": {"checkpoint_" + "9" * 4000: {"committed": 1.0, "replicated": 2.0}},
+            }
+        ).encode(),
         b"[" * 100_000,
         "link",
     ],
@@ -151,6 +166,11 @@ def test_malformed_record_is_ignored_with_a_note(
     rows = json.loads(out.out)
     assert [r["name"] for r in rows] == ["checkpoint_0"] and "tier" not in rows[0]
     assert "tier record ignored" in out.err
+    assert len(out.err) < 2000  # the note quotes the record's text clipped
+    capsys.readouterr()
+    assert cli(["ckpt", "ls", project]) == 0
+    table = capsys.readouterr()
+    assert "tier record ignored" in table.err and len(table.out + table.err) < 3000
 
 
 def test_recorded_location_drops_credentials() -> None:
