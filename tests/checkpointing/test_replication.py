@@ -477,3 +477,38 @@ def test_interpreter_exit_drains_the_queue_or_names_what_is_left(
     assert left.returncode == 0, left.stderr
     assert "not replicated: checkpoint_0, checkpoint_1" in left.stderr, left.stderr
     assert "accelkit ckpt sync" in left.stderr
+
+
+def test_checkpoints_the_queue_skips_are_named_once_and_in_the_summary(
+    s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The remote tier is unreachable for the whole run; the queue holds 4 and total_limit=2:
+    # the oldest checkpoints are skipped, and local retention may then delete them.
+    remote = s3_server.new_prefix()
+    local = str(tmp_path / "run")
+    caplog.set_level(logging.WARNING, "accelkit")
+    with FaultProxy(("127.0.0.1", s3_server.port)) as proxy:
+        proxy.down_for(3600)
+        accelerator, _, _ = _run(
+            local, remote, _options(s3_server, proxy), total_limit=2, replicate_queue_size=4
+        )
+        for _ in range(6):
+            accelerator.save_state()
+        left = accelerator._checkpoints.close_replication(0.5)
+        accelerator.end_training()
+    on_disk = sorted(_states(local, {}))
+    assert "checkpoint_0" not in on_disk  # deleted locally, never replicated
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    for name in ("checkpoint_0", "checkpoint_1"):
+        said = [m for m in messages if m.startswith(f"Replication skips {name}:")]
+        assert len(said) == 1, messages  # once, by name, with the reason
+        assert "replicate_queue_size=4" in said[0] and "accelkit ckpt sync" in said[0]
+    summary = [m for m in messages if m.startswith("Replication to ")]
+    assert len(summary) == 1, messages
+    # Still on the local tier: left behind, copied later by `ckpt sync`.
+    assert left == [n for n in on_disk if n != "checkpoint_0"]
+    assert "checkpoint_1 (skipped: the replication queue was full" in summary[0]
+    assert f"accelkit ckpt sync {local} {remote}" in summary[0]
+    # Gone from both tiers: said as such, with the reason.
+    gone = summary[0].split("no longer on the local tier either:")[1]
+    assert "checkpoint_0 (skipped: the replication queue was full" in gone
