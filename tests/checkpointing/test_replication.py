@@ -512,3 +512,93 @@ def test_checkpoints_the_queue_skips_are_named_once_and_in_the_summary(
     # Gone from both tiers: said as such, with the reason.
     gone = summary[0].split("no longer on the local tier either:")[1]
     assert "checkpoint_0 (skipped: the replication queue was full" in gone
+
+
+_STALLED = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    from torch import nn
+    from accelkit import Accelerator, ProjectConfiguration
+
+    local, remote, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    config = ProjectConfiguration(project_dir=local, automatic_checkpoint_naming=True,
+                                  replicate_to=remote, storage_options=options,
+                                  replicate_deadline_seconds=float(sys.argv[4]))
+    accelerator = Accelerator(project_config=config, cpu=True)
+    accelerator.prepare(nn.Linear(8, 8))
+
+    class Big:
+        def __init__(self):
+            self.data = torch.arange(12_000_000, dtype=torch.float32)
+        def state_dict(self):
+            return {"data": self.data}
+        def load_state_dict(self, state):
+            self.data = state["data"]
+
+    accelerator.register_for_checkpointing(Big())
+    accelerator.save_state()
+    print("saved", flush=True)
+    sys.stdin.readline()  # the parent pauses the server mid-upload
+    started = time.monotonic()
+    accelerator.end_training()
+    print(f"ended {time.monotonic() - started:.1f}", flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_stalled_remote_does_not_hold_the_interpreter_at_exit(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    # The server is paused (SIGSTOP: connections accepted, never answered) while a multipart
+    # upload is in flight, with s3fs's own timeouts and retries (minutes per request): the
+    # process must still exit soon after the drain deadline.
+    remote = s3_server.new_prefix()
+    local = str(tmp_path / "run")
+    script = tmp_path / "stalled.py"
+    script.write_text(_STALLED)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    deadline = 2.0
+    with FaultProxy(("127.0.0.1", s3_server.port)) as proxy:
+        proxy.bytes_per_second = 4_000_000  # a 48 MB upload takes ~12 s: the pause lands inside
+        options = {**s3_server.storage_options, "endpoint_url": proxy.endpoint_url}
+        child = subprocess.Popen(
+            [sys.executable, str(script), local, remote, json.dumps(options), str(deadline)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        paused = False
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout.readline().strip() == b"saved"
+            marker = join(remote, "checkpoints", "checkpoint_0", ".accelkit-save.json")
+            storage = get_storage(marker, _options(s3_server))
+            limit = time.monotonic() + 60
+            while not storage.exists(marker):
+                assert time.monotonic() < limit, "the upload never started"
+                time.sleep(0.05)
+            time.sleep(1.0)  # parts of the big file are on their way
+            s3_server.process.send_signal(signal.SIGSTOP)
+            paused = True
+            child.stdin.write(b"go\n")
+            child.stdin.flush()
+            try:
+                out, err = child.communicate(timeout=deadline + 45)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, _ = child.communicate()
+                pytest.fail(f"still running {deadline + 45:.0f} s after the pause: {out!r}")
+        finally:
+            if paused:
+                s3_server.process.send_signal(signal.SIGCONT)
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            proxy.bytes_per_second = None
+            proxy.cut_all()
+    assert child.returncode == 0, err.decode(errors="replace")[-3000:]
+    assert out.startswith(b"ended"), out  # end_training() returned, then the process exited
+    assert b"not replicated: checkpoint_0" in err, err.decode(errors="replace")[-3000:]
