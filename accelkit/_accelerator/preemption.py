@@ -91,6 +91,7 @@ class Preemption:
         self.training_loader: object | None = None  # the loader iterated at the last step
         checkpointing.decider = self.decider
         checkpointing.after_save = self.after_save
+        checkpointing.manager.register_drain_deadline(self.drain_deadline)
         self.reported = False
         if self.watching:
             self.flag.install()
@@ -225,6 +226,16 @@ class Preemption:
             logger.warning(
                 "accelkit: preemption: %s is on the remote tier %s", path, self.config.replicate_to
             )
+
+    def drain_deadline(self) -> float | None:
+        """How long the end of the run may wait for the replication queue:
+        ``replicate_preemption_seconds`` once a preemption signal arrived (agreed, or seen by
+        this process), so that a script that asks (``end_training(); sys.exit(75)``) leaves
+        within its grace period as one that never asks does; ``None`` otherwise
+        (``replicate_deadline_seconds``)."""
+        if self.watching and (self.decider.preempted or self.flag.raised):
+            return self.config.replicate_preemption_seconds
+        return None
 
     def after_save(self, reason: str, path: str, steps: int) -> None:
         """Told of each ``save_state``: a preemption checkpoint is reported."""
