@@ -204,6 +204,8 @@ def test_a_remote_folder_of_the_same_name_is_compared_by_content(
     assert cli(["ckpt", "sync", mine, remote, "--json", *flags]) == 1
     result = json.loads(capsys.readouterr().out)
     assert result["copied"] == [] and result["left"] == ["checkpoint_0"]
+    rows, _ = _ls_json(mine, capsys)  # the tier record sync wrote: not "both" either
+    assert rows["checkpoint_0"]["tier"] == "local"
 
     # The same checkpoint under its own name is "both", and sync has nothing to copy.
     rows, _ = _ls_json(other, capsys, "--remote", remote, *flags)
