@@ -222,7 +222,7 @@ class Preemption:
         (the main process replicates; the others return at once)."""
         deadline = self.config.replicate_preemption_seconds
         left = self.checkpointing.manager.close_replication(deadline)  # logs what is left
-        if self.state.is_main_process and not left and path is not None:
+        if self.state.is_main_process and path is not None and _name(path) not in left:
             logger.warning(
                 "accelkit: preemption: %s is on the remote tier %s", path, self.config.replicate_to
             )
@@ -294,3 +294,8 @@ def _agreement_group(world_size: int, signals: tuple[int, ...]) -> object:
     if not dist.is_initialized():
         return None
     return dist.new_group(backend="gloo")
+
+
+def _name(path: str) -> str:
+    """The folder name of a checkpoint's path or URL."""
+    return path.rstrip("/").rsplit("/", 1)[-1]

@@ -114,8 +114,6 @@ START_GRACE_S = 0.2
 """A queued checkpoint waits this long before its copy starts, so that the save which queued
 it returns before the upload competes with it for the CPU."""
 
-_BUDGET_REASON = "the local disk budget deleted it (replicate_local_budget_bytes)"
-
 FOREVER = RetryPolicy(base_delay=0.5, max_delay=15.0, deadline=None)
 """The replicator's default retries: keep trying while the run lasts."""
 
@@ -266,7 +264,11 @@ class Replicator:
             for name, job in self._state.pending.items():
                 if job.path.rstrip("/") == path:
                     # HoldBudget names the deletion itself (a warning): no second line here.
-                    self._skip(name, _BUDGET_REASON, quiet=True)
+                    self._skip(
+                        name,
+                        "the local disk budget deleted it (replicate_local_budget_bytes)",
+                        quiet=True,
+                    )
                     self._state.dropped.append(name)
                     return True
             return False
@@ -287,14 +289,6 @@ class Replicator:
         if self._state.in_flight is not None:
             jobs.append(self._state.in_flight)
         return [job.name for job in sorted(jobs, key=lambda j: j.iteration)]
-
-    def skipped(self) -> dict[str, str]:
-        """Checkpoints the queue policy skipped although the remote retention would keep them
-        (the queue was full, or the disk budget deleted them), each with the reason, oldest
-        first."""
-        with self._cond:
-            jobs = sorted(self._state.skipped.values(), key=lambda jw: jw[0].iteration)
-            return {job.name: why for job, why in jobs}
 
     def replicated(self) -> set[str]:
         """Names this replicator committed (or found committed) on the remote tier."""
@@ -347,7 +341,7 @@ class Replicator:
         for job, why in skipped:
             if job.name in left or job.name in done:
                 continue
-            if why != _BUDGET_REASON and self._still_local(job):
+            if self._still_local(job):  # the disk budget's deletion may have failed
                 reasons[job.name] = why
                 left.append(job.name)
             else:
