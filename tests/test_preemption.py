@@ -199,6 +199,37 @@ def test_a_preemption_exit_waits_no_longer_than_its_deadline_for_a_dead_remote(
     assert "ckpt sync" in caplog.text and "is on the remote tier" not in caplog.text
 
 
+@pytest.mark.slow
+def test_a_loop_that_asks_leaves_within_the_preemption_deadline_for_a_dead_remote(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37 item 7h: the guide's loop that asks (``end_training(); sys.exit(75)``) drains
+    the replication queue for replicate_preemption_seconds once a preemption is pending, not
+    for replicate_deadline_seconds (60 s here, 300 s by default)."""
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    options = {
+        "replicate_preemption_seconds": 2.0,
+        "replicate_deadline_seconds": 60.0,
+        "storage_options": {
+            "endpoint_url": f"http://127.0.0.1:{port}", "key": "k", "secret": "s",
+            "config_kwargs": {"connect_timeout": 1, "retries": {"max_attempts": 1}},
+        },
+    }  # fmt: skip
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="accelkit"):
+        result = train(
+            str(tmp_path / "local"), total=8, mode="explicit", where="backward", signal_at=3,
+            replicate_to="s3://nowhere/run", replicate_options=options,
+        )  # fmt: skip
+    assert result["exit"] == 75
+    assert time.monotonic() - started < 40  # replicate_deadline_seconds would hold it 60 s
+    (local,) = _manifests(tmp_path / "local")
+    assert local["reason"] == "preemption"
+    assert "not replicated: checkpoint_0" in caplog.text and "ckpt sync" in caplog.text
+
+
 # While step 10 runs (counter 9): in backward, between optimizer.step() and scheduler.step();
 # or in the evaluation after step 10 (counter 10). All save step 10, at the next batch.
 @pytest.mark.parametrize(("where", "at"), [("backward", 9), ("step", 9), ("eval", 10)])

@@ -91,6 +91,7 @@ class Preemption:
         self.training_loader: object | None = None  # the loader iterated at the last step
         checkpointing.decider = self.decider
         checkpointing.after_save = self.after_save
+        checkpointing.manager.register_drain_deadline(self.drain_deadline)
         self.reported = False
         if self.watching:
             self.flag.install()
@@ -221,10 +222,20 @@ class Preemption:
         (the main process replicates; the others return at once)."""
         deadline = self.config.replicate_preemption_seconds
         left = self.checkpointing.manager.close_replication(deadline)  # logs what is left
-        if self.state.is_main_process and not left and path is not None:
+        if self.state.is_main_process and path is not None and _name(path) not in left:
             logger.warning(
                 "accelkit: preemption: %s is on the remote tier %s", path, self.config.replicate_to
             )
+
+    def drain_deadline(self) -> float | None:
+        """How long the end of the run may wait for the replication queue:
+        ``replicate_preemption_seconds`` once a preemption signal arrived (agreed, or seen by
+        this process), so that a script that asks (``end_training(); sys.exit(75)``) leaves
+        within its grace period as one that never asks does; ``None`` otherwise
+        (``replicate_deadline_seconds``)."""
+        if self.watching and (self.decider.preempted or self.flag.raised):
+            return self.config.replicate_preemption_seconds
+        return None
 
     def after_save(self, reason: str, path: str, steps: int) -> None:
         """Told of each ``save_state``: a preemption checkpoint is reported."""
@@ -283,3 +294,8 @@ def _agreement_group(world_size: int, signals: tuple[int, ...]) -> object:
     if not dist.is_initialized():
         return None
     return dist.new_group(backend="gloo")
+
+
+def _name(path: str) -> str:
+    """The folder name of a checkpoint's path or URL."""
+    return path.rstrip("/").rsplit("/", 1)[-1]

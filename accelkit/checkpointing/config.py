@@ -96,7 +96,9 @@ class ProjectConfiguration:
             (``{"total_limit": 5, "keep_every": 1000, "keep_best": 2, "best_metric": "loss",
             "best_mode": "min"}``), with the same rules.
         replicate_deadline_seconds: how long ``end_training()`` (and interpreter exit) waits
-            for the replication queue to drain; what is left is named in a warning.
+            for the replication queue to drain; what is left is named in a warning, and the
+            process exits without waiting for an upload in flight. Once a preemption signal
+            arrived, ``replicate_preemption_seconds`` holds instead.
         replicate_queue_size: checkpoints waiting for replication beyond the one in flight;
             when the queue is full, intermediate ones are skipped (never the newest, never one
             the remote retention keeps).
@@ -115,6 +117,8 @@ class ProjectConfiguration:
         replicate_preemption_seconds: with ``preemption_signals`` and ``replicate_to``, how
             long a preemption exit waits for the checkpoints still queued (its own included) to
             reach the remote tier before the process exits; the log says whether they did.
+            ``end_training()`` keeps to it too once a preemption signal arrived (a script that
+            saves and exits by itself).
             Keep it inside the grace period (see ``docs/guides/preemption.md``).
         save_every_steps: ``Accelerator.should_save()`` is True every this many optimizer
             steps since the last save (``None``: off). Must be >= 1.

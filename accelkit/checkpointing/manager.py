@@ -177,6 +177,7 @@ class CheckpointManager:
         self.listener: CheckpointListener | None = None
         self.replicator: Replicator | None = None
         """The background replicator (main process, with ``replicate_to``), once started."""
+        self._drain_deadline: Callable[[], float | None] | None = None
 
     # ------------------------------------------------------------------ registration
 
@@ -210,6 +211,14 @@ class CheckpointManager:
         handle = RemovableHandle(self._save_hooks)
         self._save_hooks[handle.id] = hook
         return handle
+
+    def register_drain_deadline(self, deadline: Callable[[], float | None]) -> None:
+        """Set how long the end of the run (``end_training()``, interpreter exit) drains the
+        replication queue: ``deadline()`` is asked then, and its ``None`` means
+        ``replicate_deadline_seconds``. The preemption part registers one that answers
+        ``replicate_preemption_seconds`` once a preemption is pending: a job inside its grace
+        period must not wait 300 s for a remote tier that is down."""
+        self._drain_deadline = deadline
 
     def register_load_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """``hook(models, input_dir)`` runs before anything is loaded."""
@@ -489,12 +498,15 @@ class CheckpointManager:
         return True if replicator is None else replicator.wait(deadline)
 
     def close_replication(self, deadline: float | None = None) -> list[str]:
-        """Drain the replication queue for up to ``deadline`` seconds (default
-        ``replicate_deadline_seconds``) and stop the replicator; returns (and logs) the names
-        of the checkpoints left behind. A later save starts a new replicator."""
+        """Drain the replication queue for up to ``deadline`` seconds (default: the registered
+        drain deadline, see :meth:`register_drain_deadline`, else ``replicate_deadline_seconds``)
+        and stop the replicator; returns (and logs) the names of the checkpoints left behind. A
+        later save starts a new replicator."""
         replicator, self.replicator = self.replicator, None
         if replicator is None:
             return []
+        if deadline is None and self._drain_deadline is not None:
+            deadline = self._drain_deadline()
         limit = self.config.replicate_deadline_seconds if deadline is None else deadline
         return replicator.close(limit)
 

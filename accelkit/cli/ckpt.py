@@ -371,10 +371,29 @@ def _tiers(
         listing = list_checkpoints(
             get_storage(remote_root, dict(args.storage_options)), remote_root
         )
-        remote = {i.name: i.state == COMMITTED for i in listing}
+        from accelkit.checkpointing.replication.copy import same_checkpoint
+
+        remote = {}
+        others: list[str] = []
         for info in listing:
-            if info.name not in local:
+            twin = local.get(info.name)
+            if twin is None:
                 merged.append(info)
+            # By content, not by name: the remote folder may hold another run's checkpoint.
+            same = (
+                twin is None
+                or twin.manifest is None
+                or (info.manifest is not None and same_checkpoint(twin.manifest, info.manifest))
+            )
+            remote[info.name] = info.state == COMMITTED and same
+            if info.state == COMMITTED and not same:
+                others.append(info.name)
+        if others:
+            notes.append(
+                f"the remote tier holds other checkpoints under the names of local ones (their "
+                f"files or iteration differ): {', '.join(at_most(others, 10))}. The local ones "
+                "are not replicated, and `accelkit ckpt sync` refuses to overwrite the remote ones."
+            )
         source = "listing"
     else:
         assert record is not None

@@ -477,3 +477,128 @@ def test_interpreter_exit_drains_the_queue_or_names_what_is_left(
     assert left.returncode == 0, left.stderr
     assert "not replicated: checkpoint_0, checkpoint_1" in left.stderr, left.stderr
     assert "accelkit ckpt sync" in left.stderr
+
+
+def test_checkpoints_the_queue_skips_are_named_once_and_in_the_summary(
+    s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The remote tier is unreachable for the whole run; the queue holds 4 and total_limit=2:
+    # the oldest checkpoints are skipped, and local retention may then delete them.
+    remote = s3_server.new_prefix()
+    local = str(tmp_path / "run")
+    caplog.set_level(logging.WARNING, "accelkit")
+    with FaultProxy(("127.0.0.1", s3_server.port)) as proxy:
+        proxy.down_for(3600)
+        accelerator, _, _ = _run(
+            local, remote, _options(s3_server, proxy), total_limit=2, replicate_queue_size=4
+        )
+        for _ in range(6):
+            accelerator.save_state()
+        left = accelerator._checkpoints.close_replication(0.5)
+        accelerator.end_training()
+    on_disk = sorted(_states(local, {}))
+    assert "checkpoint_0" not in on_disk  # deleted locally, never replicated
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    for name in ("checkpoint_0", "checkpoint_1"):
+        said = [m for m in messages if m.startswith(f"Replication skips {name}:")]
+        assert len(said) == 1, messages  # once, by name, with the reason
+        assert "replicate_queue_size=4" in said[0] and "accelkit ckpt sync" in said[0]
+    summary = [m for m in messages if m.startswith("Replication to ")]
+    assert len(summary) == 1, messages
+    # Still on the local tier: left behind, copied later by `ckpt sync`.
+    assert left == [n for n in on_disk if n != "checkpoint_0"]
+    assert "checkpoint_1 (skipped: the replication queue was full" in summary[0]
+    assert f"accelkit ckpt sync {local} {remote}" in summary[0]
+    # Gone from both tiers: said as such, with the reason.
+    gone = summary[0].split("no longer on the local tier either:")[1]
+    assert "checkpoint_0 (skipped: the replication queue was full" in gone
+
+
+_STALLED = textwrap.dedent(
+    """
+    import json, sys, time
+    import torch
+    from torch import nn
+    from accelkit import Accelerator, ProjectConfiguration
+
+    local, remote, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    config = ProjectConfiguration(project_dir=local, automatic_checkpoint_naming=True,
+                                  replicate_to=remote, storage_options=options,
+                                  replicate_deadline_seconds=float(sys.argv[4]))
+    accelerator = Accelerator(project_config=config, cpu=True)
+    accelerator.prepare(nn.Linear(8, 8))
+
+    class Big:
+        def __init__(self):
+            self.data = torch.arange(12_000_000, dtype=torch.float32)
+        def state_dict(self):
+            return {"data": self.data}
+        def load_state_dict(self, state):
+            self.data = state["data"]
+
+    accelerator.register_for_checkpointing(Big())
+    accelerator.save_state()
+    print("saved", flush=True)
+    sys.stdin.readline()  # the parent pauses the server mid-upload
+    started = time.monotonic()
+    accelerator.end_training()
+    print(f"ended {time.monotonic() - started:.1f}", flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_stalled_remote_does_not_hold_the_interpreter_at_exit(
+    s3_server: S3Server, tmp_path: Path
+) -> None:
+    # The server is paused (SIGSTOP: connections accepted, never answered) while a multipart
+    # upload is in flight, with s3fs's own timeouts and retries (minutes per request): the
+    # process must still exit soon after the drain deadline.
+    remote = s3_server.new_prefix()
+    local = str(tmp_path / "run")
+    script = tmp_path / "stalled.py"
+    script.write_text(_STALLED)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    deadline = 2.0
+    with FaultProxy(("127.0.0.1", s3_server.port)) as proxy:
+        proxy.bytes_per_second = 4_000_000  # a 48 MB upload takes ~12 s: the pause lands inside
+        options = {**s3_server.storage_options, "endpoint_url": proxy.endpoint_url}
+        child = subprocess.Popen(
+            [sys.executable, str(script), local, remote, json.dumps(options), str(deadline)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        paused = False
+        try:
+            assert child.stdout is not None and child.stdin is not None
+            assert child.stdout.readline().strip() == b"saved"
+            marker = join(remote, "checkpoints", "checkpoint_0", ".accelkit-save.json")
+            storage = get_storage(marker, _options(s3_server))
+            limit = time.monotonic() + 60
+            while not storage.exists(marker):
+                assert time.monotonic() < limit, "the upload never started"
+                time.sleep(0.05)
+            time.sleep(1.0)  # parts of the big file are on their way
+            s3_server.process.send_signal(signal.SIGSTOP)
+            paused = True
+            child.stdin.write(b"go\n")
+            child.stdin.flush()
+            try:
+                out, err = child.communicate(timeout=deadline + 45)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, _ = child.communicate()
+                pytest.fail(f"still running {deadline + 45:.0f} s after the pause: {out!r}")
+        finally:
+            if paused:
+                s3_server.process.send_signal(signal.SIGCONT)
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            proxy.bytes_per_second = None
+            proxy.cut_all()
+    assert child.returncode == 0, err.decode(errors="replace")[-3000:]
+    assert out.startswith(b"ended"), out  # end_training() returned, then the process exited
+    assert b"not replicated: checkpoint_0" in err, err.decode(errors="replace")[-3000:]

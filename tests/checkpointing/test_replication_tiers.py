@@ -10,6 +10,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import torch
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.formats.tier_record import RECORD_NAME, public_location
@@ -82,9 +83,11 @@ def test_ls_shows_recorded_tiers_and_lag_without_remote(
     assert rows["checkpoint_0"]["lag_seconds"] == pytest.approx(lag, abs=1e-3)
 
 
-def _local_project(tmp_path: Path) -> str:
+def _local_project(tmp_path: Path, seed: int = 0) -> str:
     cfg = ProjectConfiguration(project_dir=str(tmp_path / "run"), automatic_checkpoint_naming=True)
     accelerator = Accelerator(project_config=cfg, cpu=True)
+    torch.manual_seed(seed)
+    accelerator.prepare(torch.nn.Linear(4, 4))
     accelerator.save_state()
     accelerator.end_training()
     return str(tmp_path / "run")
@@ -130,6 +133,21 @@ def test_crafted_record_is_shown_never_contacted(
             {"format": 1, "replicate_to": "s3://b/r", "checkpoints": {"checkpoint_1": {}}}
         ).encode(),
         json.dumps({"format": 1, "replicate_to": "x" * 5000}).encode(),
+        # a name past Python's digit limit (int() raises), and one within it (printed uncut)
+        json.dumps(
+            {
+                "format": 1,
+                "replicate_to": "s3://b/r",
+                "checkpoints": {"checkpoint_" + "9" * 5000: {"committed": 1.0, "replicated": 2.0}},
+            }
+        ).encode(),
+        json.dumps(
+            {
+                "format": 1,
+                "replicate_to": "s3://b/r",
+                "checkpoints": {"checkpoint_" + "9" * 4000: {"committed": 1.0, "replicated": 2.0}},
+            }
+        ).encode(),
         b"[" * 100_000,
         "link",
     ],
@@ -151,6 +169,11 @@ def test_malformed_record_is_ignored_with_a_note(
     rows = json.loads(out.out)
     assert [r["name"] for r in rows] == ["checkpoint_0"] and "tier" not in rows[0]
     assert "tier record ignored" in out.err
+    assert len(out.err) < 2000  # the note quotes the record's text clipped
+    capsys.readouterr()
+    assert cli(["ckpt", "ls", project]) == 0
+    table = capsys.readouterr()
+    assert "tier record ignored" in table.err and len(table.out + table.err) < 3000
 
 
 def test_recorded_location_drops_credentials() -> None:
@@ -159,3 +182,38 @@ def test_recorded_location_drops_credentials() -> None:
     )
     assert public_location("az://container/run?sv=2024&sig=s3cr3t") == "az://container/run"
     assert public_location("/fast/local/run") == "/fast/local/run"
+
+
+def test_a_remote_folder_of_the_same_name_is_compared_by_content(
+    s3_server: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Another run's checkpoint_0 sits on the remote tier under the name of this run's.
+    remote = s3_server.new_prefix()
+    options = _options(s3_server)
+    flags = [f for k, v in options.items() if k != "config_kwargs" for f in ("-o", _flag(k, v))]
+    other = _local_project(tmp_path / "other", seed=1)
+    capsys.readouterr()
+    assert cli(["ckpt", "sync", other, remote, *flags]) == 0
+    mine = _local_project(tmp_path / "mine", seed=2)
+
+    rows, err = _ls_json(mine, capsys, "--remote", remote, *flags)
+    assert rows["checkpoint_0"]["tier"] == "local"  # not "both": the remote one is another
+    assert "other checkpoints under the names of local ones" in err and "checkpoint_0" in err
+
+    capsys.readouterr()
+    assert cli(["ckpt", "sync", mine, remote, "--json", *flags]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert result["copied"] == [] and result["left"] == ["checkpoint_0"]
+    rows, _ = _ls_json(mine, capsys)  # the tier record sync wrote: not "both" either
+    assert rows["checkpoint_0"]["tier"] == "local"
+
+    # The same checkpoint under its own name is "both", and sync has nothing to copy.
+    rows, _ = _ls_json(other, capsys, "--remote", remote, *flags)
+    assert rows["checkpoint_0"]["tier"] == "both"
+    capsys.readouterr()
+    assert cli(["ckpt", "sync", other, remote, *flags]) == 0
+    assert "nothing to copy" in capsys.readouterr().out
+
+
+def _flag(key: str, value: object) -> str:
+    return f"{key}={value if isinstance(value, str) else json.dumps(value)}"

@@ -29,9 +29,9 @@ recorded location: ``accelkit ckpt ls`` shows it as text and contacts a remote t
 user names it with ``--remote`` (a crafted record pointing at ``http://intranet-host/`` must not
 make a listing reach that host).
 
-Public API: :data:`RECORD_NAME`, :data:`MAX_RECORD_BYTES`, :class:`TierRecord`,
-:class:`TierEntry`, :class:`TierRecordError`, :func:`public_location`, :func:`read_record`,
-:func:`write_record`.
+Public API: :data:`RECORD_NAME`, :data:`MAX_RECORD_BYTES`, :data:`MAX_NAME_CHARS`,
+:class:`TierRecord`, :class:`TierEntry`, :class:`TierRecordError`, :func:`public_location`,
+:func:`read_record`, :func:`write_record`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import confine
 
 __all__ = [
+    "MAX_NAME_CHARS",
     "MAX_RECORD_BYTES",
     "RECORD_NAME",
     "TierEntry",
@@ -66,6 +67,10 @@ MAX_RECORD_BYTES = 4 * 1024 * 1024
 """A record larger than this is refused unread (about 40,000 checkpoints)."""
 
 MAX_LOCATION_CHARS = 4096
+MAX_NAME_CHARS = 64
+"""The longest checkpoint name a record may hold (``checkpoint_`` and 53 digits: far past any
+iteration a run reaches). A longer one is a crafted record: its number would cost a
+quadratic conversion, or fail Python's limit on digits, and its name would fill a table."""
 FORMAT = 1
 
 
@@ -153,8 +158,11 @@ class TierRecord:
             raise bad("'checkpoints' must be an object")
         checkpoints: dict[str, TierEntry] = {}
         for name, entry in entries.items():
-            if parse_checkpoint_name(name) is None:
-                raise bad(f"'checkpoints' names {short(name)}, not a checkpoint_<n>")
+            if len(name) > MAX_NAME_CHARS or parse_checkpoint_name(name) is None:
+                raise bad(
+                    f"'checkpoints' names {short(name)}, not a checkpoint_<n> of at most "
+                    f"{MAX_NAME_CHARS} characters"
+                )
             if not isinstance(entry, dict):
                 raise bad(f"'checkpoints'[{short(name)}] must be an object")
             committed, replicated = entry.get("committed", -1), entry.get("replicated")

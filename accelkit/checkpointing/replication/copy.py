@@ -25,7 +25,8 @@ the process's resident set for a 252 MB checkpoint, within the budget of 64 MB p
 buffer (``benchmarks/bench_replication.py``, which also compares its upload with s3fs
 ``put_file`` of the same files).
 
-Public API: :func:`replicate_checkpoint`, :class:`Replicated`, :data:`READ_CHUNK`.
+Public API: :func:`replicate_checkpoint`, :func:`same_checkpoint`, :class:`Replicated`,
+:data:`READ_CHUNK`.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ __all__ = [
     "UPLOAD_WORKERS",
     "Replicated",
     "replicate_checkpoint",
+    "same_checkpoint",
 ]
 
 READ_CHUNK = 8 * 1024 * 1024
@@ -109,7 +111,15 @@ class Replicated:
     already: bool = False
 
 
-def _same(a: Manifest, b: Manifest) -> bool:
+def same_checkpoint(a: Manifest, b: Manifest) -> bool:
+    """Whether the manifests ``a`` and ``b`` commit the same checkpoint: the same iteration and
+    the same files with the same sizes and checksums.
+
+    How the tiers are compared (the replicator's catch-up, ``accelkit ckpt sync``, ``accelkit
+    ckpt ls --remote``): by content, never by folder name, since a remote folder of the same
+    name may hold another run's checkpoint. The rest of the manifest (creation time, the
+    tracker runs completed after the commit) may differ between two copies of one checkpoint.
+    """
     return a.iteration == b.iteration and {e.path: (e.size, e.checksum) for e in a.files} == {
         e.path: (e.size, e.checksum) for e in b.files
     }
@@ -187,7 +197,7 @@ def replicate_checkpoint(
             "replicated. `accelkit ckpt ls` shows its state."
         )
     existing = step(f"reading {target}", lambda: _remote_manifest(remote, target))
-    if existing is not None and _same(existing, manifest):
+    if existing is not None and same_checkpoint(existing, manifest):
         damage = step(f"listing {target}", lambda: _size_damage(remote, target, manifest))
         if not damage:
             seconds = time.perf_counter() - started

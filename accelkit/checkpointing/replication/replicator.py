@@ -19,6 +19,14 @@ When it falls behind:
 - if the queue is still over its size, the oldest waiting checkpoints are skipped;
 - the newest checkpoint is never skipped, and the next one copied is always the newest waiting.
 
+A checkpoint skipped because the queue is full is one the remote tier will lack: that is said
+once, as a warning naming it, the reason and the command that copies it later (local retention
+no longer holds it back, so it may leave the local tier too). The end-of-run summary
+(:meth:`Replicator.close`) names it again, with what became of it: still committed locally
+(``accelkit ckpt sync`` copies it), or deleted from the local tier without ever reaching the
+remote one (retention, or the disk budget below). A checkpoint the remote retention would
+delete anyway is skipped with an info line: the remote tier was never meant to keep it.
+
 **Disk budget.** Local retention holds back the checkpoints queued or in flight
 (:meth:`Replicator.unreplicated`); with ``replicate_local_budget_bytes`` it may release the
 oldest queued ones (:meth:`Replicator.release`, never the one in flight) and delete them, each
@@ -54,8 +62,12 @@ from accelkit.checkpointing.catalog.listing import (
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, select_for_deletion
 from accelkit.checkpointing.commit.deletion import apply_retention
 from accelkit.checkpointing.commit.lock import SAVE, RunLock
-from accelkit.checkpointing.formats.layout import checkpoints_dir, parse_checkpoint_name
-from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.formats.layout import (
+    MANIFEST_NAME,
+    checkpoints_dir,
+    parse_checkpoint_name,
+)
+from accelkit.checkpointing.formats.manifest import Manifest, read_manifest
 from accelkit.checkpointing.formats.tier_record import (
     TierEntry,
     TierRecord,
@@ -63,7 +75,11 @@ from accelkit.checkpointing.formats.tier_record import (
     read_record,
     write_record,
 )
-from accelkit.checkpointing.replication.copy import Replicated, replicate_checkpoint
+from accelkit.checkpointing.replication.copy import (
+    Replicated,
+    replicate_checkpoint,
+    same_checkpoint,
+)
 from accelkit.checkpointing.storage import Storage, join, protocol_of
 from accelkit.checkpointing.storage.retry import (
     HARD,
@@ -140,7 +156,8 @@ class _State:
     pending: dict[str, _Job] = field(default_factory=dict)
     in_flight: _Job | None = None
     done: set[str] = field(default_factory=set)
-    skipped: list[str] = field(default_factory=list)
+    skipped: dict[str, tuple[_Job, str]] = field(default_factory=dict)
+    """Skipped jobs that the remote tier was meant to keep, with the reason."""
     dropped: list[str] = field(default_factory=list)
     failed: dict[str, _Job] = field(default_factory=dict)
     remote: list[CheckpointInfo] = field(default_factory=list)
@@ -221,6 +238,7 @@ class Replicator:
             if self.failure is not None:  # stopped by a hard error: named as left behind
                 self._state.failed[name] = job
                 return
+            self._state.skipped.pop(name, None)
             self._state.pending[name] = job
             self._trim()
             self._cond.notify_all()
@@ -245,8 +263,11 @@ class Replicator:
         with self._cond:
             for name, job in self._state.pending.items():
                 if job.path.rstrip("/") == path:
+                    # HoldBudget names the deletion itself (a warning): no second line here.
                     self._skip(
-                        name, "the local disk budget deletes it (replicate_local_budget_bytes)"
+                        name,
+                        "the local disk budget deleted it (replicate_local_budget_bytes)",
+                        quiet=True,
                     )
                     self._state.dropped.append(name)
                     return True
@@ -298,29 +319,71 @@ class Replicator:
     def close(self, deadline: float | None) -> list[str]:
         """Drain the queue for up to ``deadline`` seconds, then stop the thread.
 
+        The summary (one warning) names every checkpoint this run did not replicate: those
+        still committed on the local tier, with the command that copies them, and those the
+        queue skipped that have since left the local tier (retention or the disk budget
+        deleted them), each with its reason.
+
         Returns:
-            The names left behind (logged as a warning with the command that copies them).
+            The names left behind on the local tier (``accelkit ckpt sync`` copies them),
+            oldest first; a skipped checkpoint still committed locally is among them.
         """
         self.wait(deadline)
         with self._cond:
             self._closing = True
             left = self._left()
+            skipped = list(self._state.skipped.values())
+            done = set(self._state.done)
             self._stop.set()
             self._cond.notify_all()
-        if left:
-            logger.warning(
-                "Replication to %s stopped with %d checkpoint(s) not replicated: %s. They are "
-                "committed locally under %s; copy them with `accelkit ckpt sync %s %s`.",
-                self.remote_root,
-                len(left),
-                ", ".join(left),
-                self.local_root,
-                self.local_root.rsplit("/", 1)[0],
-                self.remote_project,
-            )
+        reasons: dict[str, str] = {}
+        gone: dict[str, str] = {}
+        for job, why in skipped:
+            if job.name in left or job.name in done:
+                continue
+            if self._still_local(job):  # the disk budget's deletion may have failed
+                reasons[job.name] = why
+                left.append(job.name)
+            else:
+                gone[job.name] = why
+        left = sort_names(left)
+        if left or gone:
+            self._summary(left, reasons, gone)
         if self._thread is not None:
             self._thread.join(timeout=2)  # a daemon: one stuck in a network call is left
         return left
+
+    def _still_local(self, job: _Job) -> bool:
+        """Whether ``job``'s checkpoint is still committed on the local tier."""
+        try:
+            return self.local.exists(join(job.path, MANIFEST_NAME))
+        except Exception:  # the summary says "not replicated" either way
+            return True
+
+    def sync_command(self) -> str:
+        """The command that copies what this replicator left behind."""
+        project = self.local_root.rsplit("/", 1)[0]
+        return f"accelkit ckpt sync {project} {self.remote_project}"
+
+    def _summary(self, left: list[str], reasons: dict[str, str], gone: dict[str, str]) -> None:
+        parts = [f"Replication to {self.remote_root} stopped"]
+        if left:
+            named = ", ".join(
+                name + (f" (skipped: {reasons[name]})" if name in reasons else "") for name in left
+            )
+            parts.append(
+                f" with {len(left)} checkpoint(s) not replicated: {named}. They are committed "
+                f"locally under {self.local_root}; copy them with `{self.sync_command()}`."
+            )
+        else:
+            parts.append(".")
+        if gone:
+            named = ", ".join(f"{name} (skipped: {why})" for name, why in gone.items())
+            parts.append(
+                f" {len(gone)} checkpoint(s) never reached the remote tier and are no longer "
+                f"on the local tier either: {named}."
+            )
+        logger.warning("".join(parts))
 
     # ------------------------------------------------------------------ the queue policy
 
@@ -337,19 +400,35 @@ class Replicator:
         doomed = {c.name for c in select_for_deletion(known, self.policy)}
         for name in sorted(pending, key=lambda n: pending[n].iteration):
             if name != newest and name in doomed:
-                self._skip(
-                    name, "the remote retention policy would delete it once newer ones are there"
+                self._state.pending.pop(name)
+                logger.info(
+                    "Replication skips %s: the remote retention policy would delete it once "
+                    "newer ones are there; a newer checkpoint is queued.",
+                    name,
                 )
         while len(pending) > self.queue_size:
             oldest = min(
                 (j for j in pending.values() if j.name != newest), key=lambda j: j.iteration
             )
-            self._skip(oldest.name, f"the replication queue is full ({self.queue_size} waiting)")
+            self._skip(
+                oldest.name,
+                f"the replication queue was full (replicate_queue_size={self.queue_size})",
+            )
 
-    def _skip(self, name: str, why: str) -> None:
-        self._state.pending.pop(name)
-        self._state.skipped.append(name)
-        logger.info("Replication skips %s: %s; a newer checkpoint is queued.", name, why)
+    def _skip(self, name: str, why: str, quiet: bool = False) -> None:
+        """Take ``name`` off the queue although the remote tier was meant to keep it: said once
+        (unless the caller says it), and named again by :meth:`close`."""
+        job = self._state.pending.pop(name)
+        self._state.skipped[name] = (job, why)
+        if not quiet:
+            logger.warning(
+                "Replication skips %s: %s; it is not replicated by this run (a newer checkpoint "
+                "is queued). It is committed on the local tier only, where retention no longer "
+                "holds it back; while it is there, `%s` copies it.",
+                name,
+                why,
+                self.sync_command(),
+            )
 
     # ------------------------------------------------------------------ the thread
 
@@ -403,9 +482,14 @@ class Replicator:
             if self._failed(exc, "listing the checkpoints to catch up on"):
                 return
             return
-        there = {info.name for info in remote}
+        there = {info.name: info.manifest for info in remote}
         for info in local:
-            if info.name not in there and info.manifest is not None:
+            if info.manifest is None:
+                continue
+            twin = there.get(info.name)
+            # By content: a remote folder of this name may hold another run's checkpoint; then
+            # the copy refuses to overwrite it, and says so.
+            if twin is None or not same_checkpoint(info.manifest, twin):
                 self.submit(info.path, info.manifest)
 
     def _list_remote(self) -> list[CheckpointInfo]:
@@ -447,10 +531,21 @@ class Replicator:
         before = dict(record.checkpoints)
         record.checkpoints = {n: e for n, e in before.items() if n in there}
         for name, info in there.items():
-            if name not in record.checkpoints:
+            if name not in record.checkpoints and self._local_twin(info):
                 record.checkpoints[name] = TierEntry(info.created, None)
         if record.checkpoints != before:
             self._save_record()
+
+    def _local_twin(self, info: CheckpointInfo) -> bool:
+        """Whether the remote checkpoint ``info`` is the local one of its name, compared by
+        content (or the local tier has none of that name: it is on the remote tier only)."""
+        if info.manifest is None:
+            return False
+        try:
+            local = read_manifest(self.local, join(self.local_root, info.name))
+        except Exception:  # a damaged local one: not the same checkpoint
+            return False
+        return local is None or same_checkpoint(local, info.manifest)
 
     def _note_replicated(self, job: _Job, at: float, already: bool) -> None:
         record = self._record

@@ -209,7 +209,9 @@ def made_from(fs: Any, bucket: str, key: str, parts: list[dict[str, Any]]) -> bo
 
 
 def _pool() -> Any:
-    return thread_pool("s3", _WORKERS)
+    # Detached: a request stalled on a paused server must not hold interpreter exit once the
+    # uploader gave it up (the replicator's drain deadline, a preemption's budget).
+    return thread_pool("s3", _WORKERS, detached=True)
 
 
 def _part_size(number: int) -> int:
