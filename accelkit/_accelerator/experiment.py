@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.listener import CommitReport, DropReport, LoadReport
 from accelkit.checkpointing.replication import ReplicationReport
 from accelkit.trackers import events
@@ -150,6 +151,19 @@ class ExperimentLink:
             thread.join(max(0.0, deadline - time.monotonic()))
         return not any(thread.is_alive() for thread in threads)
 
+    def _step(self, manifest: Manifest) -> int:
+        """The checkpoint's step on the trackers' axis: its events are logged there, and a job
+        resumed from it continues after it (points past it are purged).
+
+        That is the save's step (``manifest.step``: the optimizer steps taken, what a script
+        that logs with ``step=`` its optimizer step calls it), or the last step logged before
+        the save where that is later: a script logging on another axis (samples, micro-batches)
+        or without a prepared optimizer (``manifest.step`` stays 0) keeps every point it had
+        logged before the checkpoint.
+        """
+        logged = manifest.experiment.get("step", self.hub.last_step)
+        return max(int(logged), int(manifest.step))
+
     def checkpoint_committed(self, report: CommitReport) -> None:
         """Complete the record later if a run was still opening; queue a ``save`` event
         (called by the thread that committed)."""
@@ -167,9 +181,13 @@ class ExperimentLink:
         }
         if manifest.reason == "preemption":
             values[events.PREEMPTION] = 1.0
-        step = manifest.experiment.get("step", self.hub.last_step)
         event = events.CheckpointEvent(
-            "save", max(0, step), report.path, manifest.iteration, values, manifest.reason
+            "save",
+            max(0, self._step(manifest)),
+            report.path,
+            manifest.iteration,
+            values,
+            manifest.reason,
         )
         self.hub.event(event)
 
@@ -183,10 +201,13 @@ class ExperimentLink:
             events.REPLICATION_LAG: report.lag_seconds,
             events.REPLICATION_QUEUED: float(report.queued),
         }
-        step = manifest.experiment.get("step", self.hub.last_step)
         self.hub.event(
             events.CheckpointEvent(
-                "replicate", max(0, step), report.replicated.target, manifest.iteration, values
+                "replicate",
+                max(0, self._step(manifest)),
+                report.replicated.target,
+                manifest.iteration,
+                values,
             )
         )
 
@@ -200,10 +221,9 @@ class ExperimentLink:
             events.REPLICATION_DROPPED: 1.0,
             events.BYTES: float(report.size_bytes),
         }
-        step = manifest.experiment.get("step", self.hub.last_step)
         self.hub.event(
             events.CheckpointEvent(
-                "replicate", max(0, step), report.path, manifest.iteration, values
+                "replicate", max(0, self._step(manifest)), report.path, manifest.iteration, values
             )
         )
 
@@ -211,7 +231,7 @@ class ExperimentLink:
         """Continue the checkpoint's runs, then queue a ``load`` event."""
         manifest = report.manifest
         record = manifest.experiment
-        step = int(record.get("step", -1))
+        step = self._step(manifest) if record else -1
         if self.continue_runs and record:
             runs = record.get("runs", {})
             lost = sorted(set(record.get("pending", [])) - set(runs))

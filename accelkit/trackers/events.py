@@ -18,7 +18,7 @@ The values (numbers), by event kind:
 ``checkpoint/preemption``     save: ``1`` on a checkpoint made for a preemption signal
                               (only then; :attr:`CheckpointEvent.reason` names every reason)
 ``checkpoint/load_seconds``   load: from the ``load_state`` call to the restored state
-``checkpoint/resumed_step``   load: the logging step the run continues after
+``checkpoint/resumed_step``   load: the step the run continues after (the checkpoint's step)
 ``checkpoint/replication_seconds`` replicate: how long the copy to the remote tier took
 ``checkpoint/replication_lag_seconds`` replicate: from the local commit to the remote commit
 ``checkpoint/replication_queued`` replicate: checkpoints still waiting for the remote tier
@@ -27,8 +27,11 @@ The values (numbers), by event kind:
                               before it reached the remote tier (its path is the event's)
 ========================== ==========================================================
 
-The step of an event is the run's logging step when the checkpoint was taken (the last step
-given to ``Accelerator.log``), so the points line up with the curves they belong to.
+The step of an event is the checkpoint's step: the save's step (the optimizer steps taken,
+the manifest's ``step``), or the last step given to ``Accelerator.log`` before the save where
+that is later (a script that logs on another axis, or has no prepared optimizer). A script that
+logs with ``step=`` its optimizer step sees each save at the step it was made, whenever it last
+logged; a job resumed from the checkpoint continues after that same step.
 """
 
 from __future__ import annotations
@@ -72,7 +75,7 @@ class CheckpointEvent:
     Attributes:
         kind: ``"save"``, ``"load"`` or ``"replicate"`` (the checkpoint reached the remote
             tier of ``ProjectConfiguration.replicate_to``).
-        step: the logging step the event belongs to (``0`` when nothing was logged yet).
+        step: the checkpoint's step (see the module's docstring; ``0`` when it has none).
         path: the checkpoint's folder or URL.
         iteration: the checkpoint's number, ``None`` for a folder named by the caller.
         values: the numbers of the event, by the names in this module's table.

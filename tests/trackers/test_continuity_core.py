@@ -302,3 +302,66 @@ def test_every_process_continues_at_the_checkpoints_step(tmp_path: Path) -> None
     assert main["logged_at"] == other["logged_at"] == 12
     assert main["first_call"] == [("continue_run", {"run": "first"}, 11)]
     assert other["first_call"] == []  # only the main process has the tracker
+
+
+def _epoch_logging_job(project: Path, resume_from: str | None = None) -> Accelerator:
+    """A script that takes 40 optimizer steps, logs at the end of each 20-step epoch and saves
+    every 10 steps, into the real jsonl tracker; resumed, it loads ``resume_from`` and logs
+    once more."""
+    config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(log_with="jsonl", project_config=config)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if resume_from is not None:
+        accelerator.load_state(resume_from)
+    accelerator.init_trackers("run")
+    if resume_from is not None:
+        accelerator.log({"resumed": 1.0}, step=31)
+        return accelerator
+    for step in range(1, 41):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 20 == 0:
+            accelerator.log({"epoch_loss": float(step)}, step=step)
+        if step % 10 == 0:
+            accelerator.save_state()
+    return accelerator
+
+
+def test_checkpoint_events_are_at_the_saves_step_and_a_resume_continues_after_it(
+    tmp_path: Path,
+) -> None:
+    from accelkit.trackers.jsonl import read_jsonl
+
+    project = tmp_path / "project"
+    _epoch_logging_job(project).end_training()
+    saves = [
+        row for row in read_jsonl(str(project / "run")) if row.get("event") == "checkpoint_save"
+    ]
+    # Each save at the optimizer step it was made (its manifest's step), not at the step of
+    # the epoch's log() before it (0, 20, 20, 40).
+    assert [row["step"] for row in saves] == [10, 20, 30, 40]
+    assert [row["values"]["checkpoint/iteration"] for row in saves] == [0.0, 1.0, 2.0, 3.0]
+    third = project / "checkpoints" / "checkpoint_2"
+    assert json.loads((third / "accelkit.json").read_text())["step"] == 30
+
+    # Resumed from the save at step 30: the run keeps what it had up to step 30 (the save's
+    # own point included) and drops what came after; the load is at step 30 too.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about: same file, same run
+        _epoch_logging_job(project, str(third)).end_training()
+    rows = [(row.get("event"), row["step"]) for row in read_jsonl(str(project / "run"))]
+    assert rows == [
+        ("checkpoint_save", 10),
+        (None, 20),
+        ("checkpoint_save", 20),
+        ("checkpoint_save", 30),
+        ("checkpoint_load", 30),
+        (None, 31),
+    ]
+    [load] = [
+        row for row in read_jsonl(str(project / "run")) if row.get("event") == "checkpoint_load"
+    ]
+    assert load["values"]["checkpoint/resumed_step"] == 30.0
