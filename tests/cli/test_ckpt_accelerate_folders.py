@@ -101,10 +101,13 @@ def test_verify_checks_accelerate_folders_and_prune_explains_them_once_and_keeps
     outputs: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = sorted(p.name for p in outputs.iterdir())
+    # A pickled sampler object (use_seedable_sampler=True): read, never unpickled, and said.
+    (outputs / "step_10" / "sampler.bin").write_bytes(b"a pickled SeedableRandomSampler")
     code, out, err = _cli(capsys, "ckpt", "verify", str(outputs))
     assert code == 0, err  # healthy: every file read, every pickle through the allow-list
     assert out.count("OK    ") == 3 and out.count("Hugging Face accelerate") == 1, out
     assert "3 of 3 checkpoint(s) intact." in out
+    assert out.count("read but not parsed: sampler.bin") == 1, out
     # One folder given alone, as JSON: every file counted.
     code, out, err = _cli(capsys, "ckpt", "verify", str(outputs / "step_3"), "--json")
     assert code == 0, err
