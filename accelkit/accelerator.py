@@ -210,12 +210,14 @@ class Accelerator:
             on_error=tracker_errors,
             defer_start=self.project_configuration.continue_tracker_runs,
         )
-        self._checkpoints.listener = ExperimentLink(
+        self._experiment = ExperimentLink(
             self._trackers,
             continue_runs=self.project_configuration.continue_tracker_runs,
             checkpoint_events=self.project_configuration.checkpoint_events,
             complete=self._checkpoints.complete_experiment,
+            gradient_state=self.gradient_state,
         )
+        self._checkpoints.listener = self._experiment
         # Save decisions and preemption signals (ProjectConfiguration.save_every_*,
         # preemption_signals): last, once everything a preemption exit cleans up exists.
         self._preemption = Preemption(
@@ -515,7 +517,7 @@ class Accelerator:
                 put every point at step 0).
             log_kwargs: tracker name -> keyword arguments for that tracker's ``log``.
         """
-        self._trackers.log(values, step, log_kwargs)
+        self._experiment.log(values, step, log_kwargs)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker called ``name`` (its backend object with ``unwrap=True``).

@@ -435,7 +435,8 @@ class CheckpointManager:
                 if reference is not None:
                     known[name] = dict(reference)
             left = [name for name in pending if name not in runs]
-            experiment = {"step": experiment.get("step", -1), "runs": known}
+            experiment.pop("pending", None)
+            experiment["runs"] = known
             if left:
                 experiment["pending"] = left
             write_manifest(storage, path, dataclasses.replace(manifest, experiment=experiment))

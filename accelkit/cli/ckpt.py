@@ -189,9 +189,12 @@ def register(subparsers: Any) -> None:
         help="check every file's size and checksum against the manifest",
         description=_wrap(
             "Check every file of a committed checkpoint (or of every checkpoint under "
-            "a folder) against the sizes and checksums in its manifest. Exits 1, naming the "
-            "files, if any is missing or differs, if a manifest is unreadable, if PATH is one "
-            "checkpoint without a manifest, or if there is no committed checkpoint to check. "
+            "a folder) against the sizes and checksums in its manifest. A folder written by "
+            "Hugging Face accelerate's save_state records no checksums: every file of it is "
+            "read to its end at its listed size, and the folder is read as load_state reads "
+            "it (pickles through the allow-list). Exits 1, naming the files, if any is "
+            "missing, unreadable or differs, if a manifest is unreadable, if PATH is one "
+            "checkpoint without a manifest, or if there is no checkpoint to check. "
             "Incomplete folders inside a folder of checkpoints are reported and skipped."
         ),
         epilog=_EPILOG,
@@ -556,6 +559,15 @@ def _report_kept(infos: list[CheckpointInfo], retention: RetentionPlan[Checkpoin
     )
     if note:
         say(note, err=True)
+    named = _names([i for i in infos if i.state == COMMITTED and not i.is_automatic])
+    if named:
+        say(
+            f"Keeping {named}: accelkit checkpoints saved under a name the script chose "
+            "(save_state(output_dir=...)); retention (--keep, total_limit) counts and deletes "
+            "only checkpoint_<n> folders. Save with ProjectConfiguration(automatic_checkpoint_"
+            "naming=True) to have them rotated, or delete these by hand if unwanted.",
+            err=True,
+        )
     for info, why in retention.damaged:
         say(
             f"Keeping damaged {info.name} ({why}): its files do not match its manifest, so it "
@@ -577,6 +589,32 @@ def _report_kept(infos: list[CheckpointInfo], retention: RetentionPlan[Checkpoin
         )
 
 
+def _names(infos: list[CheckpointInfo]) -> str:
+    """A few of ``infos``' names for one line."""
+    shown = ", ".join(i.name for i in infos[:5])
+    return shown + (f" and {len(infos) - 5} more" if len(infos) > 5 else "")
+
+
+def _why_kept(infos: list[CheckpointInfo], retention: RetentionPlan[CheckpointInfo]) -> str:
+    """``": 2 by the policy, 6 not accelkit's ..."``: why a prune that removes nothing kept
+    what it kept, by reason (the lines above say more), or ``""`` where the policy alone did."""
+    committed = committed_automatic(infos)
+    damaged = {id(info) for info, _ in retention.damaged}
+    counts = [
+        (sum(id(i) not in damaged for i in committed), "kept by the policy"),
+        (len(damaged), "damaged"),
+        (sum(i.state == COMMITTED and not i.is_automatic for i in infos), "named by the script"),
+        (sum(i.state == ACCELERATE for i in infos), "written by Hugging Face accelerate"),
+        (sum(i.state == FOREIGN for i in infos), "not written by accelkit"),
+        (sum(i.state == CORRUPT for i in infos), "corrupt"),
+        (sum(i.state == INCOMPLETE for i in infos), "incomplete, maybe a save in flight"),
+    ]
+    parts = [f"{n} {why}" for n, why in counts if n]
+    if len(parts) == 1 and parts[0].endswith("kept by the policy"):
+        return ""
+    return ": " + ", ".join(parts)
+
+
 def _run_prune(args: argparse.Namespace) -> int:
     policy = _policy(args)
     storage = open_storage(args)
@@ -589,7 +627,7 @@ def _run_prune(args: argparse.Namespace) -> int:
     kept = [i.name for i in infos if id(i) not in doomed]
     _report_kept(infos, retention)
     if not plan:
-        say(f"Nothing to remove under {root} ({len(kept)} kept).")
+        say(f"Nothing to remove under {root} ({len(kept)} kept{_why_kept(infos, retention)}).")
         return 0
     total = sum(i.size_bytes for i, _ in plan)
     rows = [[i.name, i.state, format_size(i.size_bytes), why] for i, why in plan]
@@ -694,16 +732,24 @@ def _run_verify(args: argparse.Namespace) -> int:
             "remove it with `accelkit ckpt prune`.",
             1,
         )
-    if single and infos[0].state in NOT_OURS:
+    if single and infos[0].state == FOREIGN:
         raise Fail(f"{infos[0].path!r} is {infos[0].error}; there is nothing to verify.", 1)
-    todo = [i for i in infos if i.state in (COMMITTED, CORRUPT)]
-    total = sum(i.manifest.total_size for i in todo if i.manifest is not None)
+    todo = [i for i in infos if i.state in (COMMITTED, CORRUPT, ACCELERATE)]
+    total = sum(
+        i.size_bytes if i.manifest is None else i.manifest.total_size
+        for i in todo
+        if i.manifest is not None or i.state == ACCELERATE
+    )
     results = []
     with progress(total, "B", "verifying") as bar:
         for info in infos:
             results.append(_verify_result(storage, info, bar))
     bad = sum(r["result"] == "fail" for r in results)
-    note = accelerate_note(infos, "verify has no manifest of theirs to check;")
+    note = accelerate_note(
+        infos,
+        "they record no checksums, so verify read every file to its end and each folder as "
+        "load_state reads it;",
+    )
     if args.json:
         say_json(
             {
@@ -721,8 +767,8 @@ def _run_verify(args: argparse.Namespace) -> int:
             say(note)
     if not todo:
         raise Fail(
-            f"no committed checkpoint to verify under {root!r} (only incomplete ones or folders "
-            "accelkit did not write).",
+            f"no checkpoint to verify under {root!r} (only incomplete ones or folders that "
+            "are neither accelkit's nor Hugging Face accelerate's checkpoints).",
             1,
         )
     if not args.json:
@@ -745,7 +791,7 @@ def _verify_result(storage: Storage, info: CheckpointInfo, bar: Any) -> dict[str
     if info.state == INCOMPLETE:
         return {**out, "result": "skip", "reason": f"incomplete (no {MANIFEST_NAME})"}
     if info.state == ACCELERATE:
-        return {**out, "result": "skip", "reason": "accelerate (no accelkit manifest)"}
+        return {**out, **_verify_accelerate(storage, info, bar)}
     if info.state in NOT_OURS:
         return {**out, "result": "skip", "reason": info.error}
     problems, extra = _verify_one(storage, info, bar)
@@ -761,19 +807,45 @@ def _verify_result(storage: Storage, info: CheckpointInfo, bar: Any) -> dict[str
     }
 
 
+def _verify_accelerate(storage: Storage, info: CheckpointInfo, bar: Any) -> dict[str, Any]:
+    """The verdict on a folder Hugging Face accelerate wrote (see
+    :func:`~accelkit.checkpointing.interop.accelerate_format.check_accelerate`)."""
+    # Deferred: reading a pickle needs torch, which `accelkit --help` must not import.
+    from accelkit.checkpointing.interop.accelerate_format import check_accelerate
+
+    check = check_accelerate(storage, info.path)
+    bar.update(check.size_bytes)
+    return {
+        "result": "fail" if check.problems else "ok",
+        "files": check.files,
+        "size_bytes": check.size_bytes,
+        "problems": at_most(check.problems, 50),
+        "not_in_manifest": [],
+        "not_parsed": at_most(check.unparsed, 20),
+    }
+
+
 def _say_result(r: dict[str, Any]) -> None:
     if r["result"] == "skip":
         reason = r["reason"]
         if r["state"] == INCOMPLETE:
             reason += "; not a checkpoint"
-        elif r["state"] == ACCELERATE:
-            reason = "accelerate (no accelkit manifest to verify against)"
         say(f"SKIP  {r['name']}: {reason}")
         return
     if r["result"] == "fail":
         say(f"FAIL  {r['name']}", *(f"      {line}" for line in r["problems"]))
+    elif r["state"] == ACCELERATE:
+        say(
+            f"OK    {r['name']}: {r['files']} files, {format_size(r['size_bytes'])} "
+            "(accelerate: read as load_state reads it; it records no checksums)"
+        )
     else:
         say(f"OK    {r['name']}: {r['files']} files, {format_size(r['size_bytes'])}")
+    if r.get("not_parsed"):
+        say(
+            f"      read but not parsed: {', '.join(r['not_parsed'])} (pickled sampler "
+            "objects, which accelkit never unpickles)"
+        )
     if r["not_in_manifest"]:
         # Not part of the checkpoint (never loaded), so not a failure; worth knowing.
         say(f"      not in the manifest (ignored): {', '.join(r['not_in_manifest'])}")

@@ -35,6 +35,7 @@ __all__ = [
     "ENV_FAILURE_FILE",
     "Failure",
     "failure_line",
+    "error_time_ns",
     "read_error_file",
     "read_failure",
     "run_script",
@@ -43,6 +44,10 @@ __all__ = [
 
 ENV_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # torch's name: set per worker by torchrun
 ENV_FAILURE_FILE = "ACCELKIT_LAUNCH_FAILURE_FILE"
+# Torch's format keeps whole seconds; a rank that fails because another one did (a peer that
+# closed its connection) fails within milliseconds of it. The worker also records the time in
+# nanoseconds under this key of ``extraInfo`` (torch ignores keys it does not know).
+_TIME_NS_KEY = "accelkit_time_ns"
 # A message can be a whole tensor repr or a server's HTML page: one line of sane length.
 _MAX_MESSAGE = 400
 
@@ -75,6 +80,7 @@ def record_exception(exc: BaseException, tb: TracebackType | None = None) -> Non
         exc: the exception.
         tb: its traceback as it should be shown (default: ``exc.__traceback__``).
     """
+    now_ns = time.time_ns()  # before anything else: the order of failures is what it is for
     path = os.environ.get(ENV_ERROR_FILE)
     if not path or os.path.exists(path):
         return
@@ -85,7 +91,8 @@ def record_exception(exc: BaseException, tb: TracebackType | None = None) -> Non
                 "py_callstack": "".join(
                     traceback.format_exception(type(exc), exc, tb or exc.__traceback__)
                 ),
-                "timestamp": str(int(time.time())),
+                "timestamp": str(now_ns // 1_000_000_000),
+                _TIME_NS_KEY: str(now_ns),
             },
         }
     }
@@ -159,6 +166,27 @@ def read_error_file(path: str) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return message if isinstance(message, str) else None
+
+
+def error_time_ns(path: str) -> int | None:
+    """When the worker that wrote the torch error file at ``path`` failed, in nanoseconds since
+    the epoch (this machine's clock), or None where there is no such file.
+
+    A file accelkit's worker wrote carries the time to the nanosecond; one the script's own
+    ``@record`` wrote carries whole seconds, so its modification time stands in for it (written
+    once, when the worker failed).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            stamp = os.fstat(f.fileno()).st_mtime_ns
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    try:
+        precise = int(data["message"]["extraInfo"][_TIME_NS_KEY])
+    except (KeyError, TypeError, ValueError):
+        return stamp
+    return precise if precise > 0 else stamp
 
 
 def write_failure(path: str, failure: Failure) -> None:

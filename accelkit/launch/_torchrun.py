@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from accelkit.launch._failure import ENV_FAILURE_FILE, Failure, write_failure
+from accelkit.launch._failure import ENV_FAILURE_FILE, Failure, error_time_ns, write_failure
 
 
 def main(argv: Sequence[str]) -> int:
@@ -59,7 +59,7 @@ def main(argv: Sequence[str]) -> int:
             return failure.exitcode
         # torchrun's report of every failed rank, without the twenty lines of torchrun's own
         # stack above it; the launcher ends with one line from the failure written here.
-        print(exc.format_msg(), file=sys.stderr, flush=True)
+        print(_root_cause_first(exc).format_msg(), file=sys.stderr, flush=True)
         path = os.environ.get(ENV_FAILURE_FILE)
         if path:
             write_failure(path, failure)
@@ -136,33 +136,63 @@ def _preempted(exitcode: int) -> bool:
 
 
 def _first_failure(exc: Any) -> Failure:
-    """The root cause among the failed ranks of a ``ChildFailedError``.
+    """The root cause among the failed ranks of a ``ChildFailedError``: the first to fail.
 
-    A rank that raised (it wrote an error file) comes first, then one that exited with a code
-    of its own, then one killed by a signal (torchrun SIGTERMs the others after a failure);
-    among equals, the earliest, then the lowest rank.
+    A rank that raised wrote an error file with the time it failed: the earliest of those is
+    the root cause (a rank whose peer died fails next in a collective, milliseconds later, and
+    raises too). Only where no rank raised, one that exited with a code of its own comes
+    before one killed by a signal (torchrun SIGTERMs the others after a failure), then the
+    earliest as torchrun saw it, then the lowest rank.
     """
-    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
-
-    def raised(failure: ProcessFailure) -> bool:
-        # torch names the error file only where the worker wrote one.
-        return os.path.isfile(failure.error_file)
-
-    def key(item: tuple[int, ProcessFailure]) -> tuple[bool, bool, int, int]:
-        rank, failure = item
-        # Then a rank that exited on its own before ranks killed by a signal (which torchrun
-        # sends to the survivors of a failure; timestamps are whole seconds, often equal).
-        return (not raised(failure), failure.exitcode < 0, int(failure.timestamp), rank)
-
-    rank, failure = min(exc.failures.items(), key=key)
+    rank, failure = _root_cause(exc.failures)
+    raised = error_time_ns(failure.error_file) is not None
     code = int(failure.exitcode)
-    exitcode = 128 - code if code < 0 else code  # a signal, as a shell reports it
+    if code >= 0:
+        exitcode = code
+    elif raised:
+        # It was on its way out after its exception (exit code 1) when a signal ended it:
+        # torchrun stops the other workers once one has exited, and a peer that failed after
+        # it may have exited first.
+        exitcode = 1
+    else:
+        exitcode = 128 - code  # a signal, as a shell reports it
     # torch keeps the error file's "message" as it is: a string, or torch's own
     # {"message": "Type: text", "extraInfo": ...} (what accelkit's workers write).
-    message: Any = failure.message if raised(failure) else ""
+    message: Any = failure.message if raised else ""
     if isinstance(message, dict):
         message = message.get("message", "")
     return Failure(int(rank), exitcode, str(message))
+
+
+def _root_cause(failures: dict[int, Any]) -> tuple[int, Any]:
+    """The ``(rank, ProcessFailure)`` that failed first (see :func:`_first_failure`)."""
+
+    def key(item: tuple[int, Any]) -> tuple[int, int, int]:
+        rank, failure = item
+        raised_at = error_time_ns(failure.error_file)  # None: no error file
+        if raised_at is not None:
+            return (0, raised_at, rank)
+        # torchrun's timestamp of a failure without an error file is when it noticed it.
+        return (1 if failure.exitcode >= 0 else 2, int(failure.timestamp), rank)
+
+    return min(failures.items(), key=key)
+
+
+def _root_cause_first(exc: Any) -> Any:
+    """``exc`` with its root cause (:func:`_root_cause`) first among its failures.
+
+    torchrun's report names as root cause the failure with the smallest timestamp, in whole
+    seconds, the first in order among equals: with the root cause first, its report and the
+    launcher's last line name the same rank.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    rank, failure = _root_cause(exc.failures)
+    others = {r: f for r, f in exc.failures.items() if r != rank}
+    try:
+        return ChildFailedError(exc.name, {rank: failure, **others})
+    except (TypeError, ValueError):  # a torch whose constructor differs: its own report
+        return exc
 
 
 if __name__ == "__main__":

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -382,14 +382,17 @@ def write_config_file(path: str, settings: dict[str, Any]) -> None:
     text = yaml.safe_dump(settings, sort_keys=True)
     # Written whole under a temporary name, then linked to its name: link() fails if anything,
     # a dangling symbolic link included, already has the name (it never follows one), and no
-    # reader ever sees half a file, whatever stops this process.
-    fd, temporary = tempfile.mkstemp(prefix=".accelkit-config-", suffix=".tmp", dir=folder)
+    # reader ever sees half a file, whatever stops this process. Created with mode 0o666 less
+    # the umask (and as the folder's default ACL says), as any new file: a config file may
+    # hold secrets, and a umask of 077 keeps it the user's own.
+    temporary = os.path.join(folder, f".accelkit-config-{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(temporary, flags | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(temporary, 0o644)
         os.link(temporary, path)
     finally:
         os.unlink(temporary)

@@ -14,11 +14,13 @@ The values (numbers), by event kind:
 ``checkpoint/blocking_seconds`` save: how long ``save_state`` blocked the training loop
                               (the whole save when synchronous)
 ``checkpoint/bytes``          save: total size of the checkpoint's files
-``checkpoint/iteration``      save: the checkpoint's number (``-1`` without one)
+``checkpoint/iteration``      save: the checkpoint's number (``-1`` without one); load too,
+                              where the resume dropped the save's own point
 ``checkpoint/preemption``     save: ``1`` on a checkpoint made for a preemption signal
                               (only then; :attr:`CheckpointEvent.reason` names every reason)
 ``checkpoint/load_seconds``   load: from the ``load_state`` call to the restored state
-``checkpoint/resumed_step``   load: the logging step the run continues after
+``checkpoint/resumed_step``   load: the logging step the run continues after (the last one
+                              logged before the save)
 ``checkpoint/replication_seconds`` replicate: how long the copy to the remote tier took
 ``checkpoint/replication_lag_seconds`` replicate: from the local commit to the remote commit
 ``checkpoint/replication_queued`` replicate: checkpoints still waiting for the remote tier
@@ -27,8 +29,18 @@ The values (numbers), by event kind:
                               before it reached the remote tier (its path is the event's)
 ========================== ==========================================================
 
-The step of an event is the run's logging step when the checkpoint was taken (the last step
-given to ``Accelerator.log``), so the points line up with the curves they belong to.
+The step of an event is the checkpoint's step on the axis the script logs on (its manifest's
+``experiment.saved_at_step``): the save's optimizer steps (the manifest's ``step``) as the
+script counts them. A script that logs with ``step=`` its optimizer step (0- or 1-based) sees
+each save at the step it was made, however long ago it last logged: the last logged step plus
+the optimizer steps taken since. Before anything was logged, the optimizer steps taken. On any
+other axis (``step=epoch``, ``log()`` without a step, no prepared optimizer) the last step
+given to ``Accelerator.log`` before the save, which is never ahead of that axis.
+
+A job resumed from a checkpoint drops the points logged after it was saved: those after the
+last step logged before the save (``experiment.step``), whatever the axis, so that no point
+is kept twice. Where the save's own point was past that step, the ``load`` event takes its
+place, with its ``checkpoint/iteration``.
 """
 
 from __future__ import annotations
@@ -72,7 +84,7 @@ class CheckpointEvent:
     Attributes:
         kind: ``"save"``, ``"load"`` or ``"replicate"`` (the checkpoint reached the remote
             tier of ``ProjectConfiguration.replicate_to``).
-        step: the logging step the event belongs to (``0`` when nothing was logged yet).
+        step: the checkpoint's step (see the module's docstring; ``0`` when it has none).
         path: the checkpoint's folder or URL.
         iteration: the checkpoint's number, ``None`` for a folder named by the caller.
         values: the numbers of the event, by the names in this module's table.

@@ -166,7 +166,8 @@ class JSONLTracker(GeneralTracker):
             warnings.warn(
                 f"Tracker 'jsonl': the checkpoint's run wrote to {short(recorded)}, this job "
                 f"writes to {os.path.abspath(self.path)!r}; continuing in this job's file "
-                f"(dropping its rows after step {step}), the other one is left alone.",
+                "(dropping the rows logged after the checkpoint was saved: those after step "
+                f"{step}, the last step logged before it), the other one is left alone.",
                 UserWarning,
                 stacklevel=2,
             )

@@ -119,7 +119,8 @@ class TensorBoardTracker(GeneralTracker):
             warnings.warn(
                 f"Tracker 'tensorboard': the checkpoint's run wrote to {short(recorded)}, this job "
                 f"writes to {os.path.abspath(self.log_dir)!r}; continuing in this job's folder "
-                f"(purging its points after step {step}), the other one is left alone.",
+                "(purging the points logged after the checkpoint was saved: those after step "
+                f"{step}, the last step logged before it), the other one is left alone.",
                 UserWarning,
                 stacklevel=2,
             )

@@ -282,6 +282,27 @@ def test_prune_dry_run_deletes_nothing_then_prune_deletes_plan(
     assert run.tree() == after
 
 
+def test_prune_says_why_it_keeps_checkpoints_the_script_named(
+    tmp_path: Path, cli: Callable[..., Result]
+) -> None:
+    # A script's own step_<n> folders (save_state(output_dir=...)): committed accelkit
+    # checkpoints that retention never counts; prune keeps them and says so, and why.
+    from accelkit import Accelerator
+
+    accelerator = Accelerator()
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    folder = tmp_path / "ckpts"
+    for step in (10, 20, 30):
+        accelerator.save_state(str(folder / f"step_{step}"))
+    result = cli("prune", str(folder), "--keep", "2", "--yes")
+    assert result.code == 0, result.err
+    assert f"Nothing to remove under {folder} (3 kept: 3 named by the script)." in result.out
+    [line] = [line for line in result.err.splitlines() if line.startswith("Keeping")]
+    assert line.startswith("Keeping step_10, step_20, step_30: accelkit checkpoints saved under ")
+    assert "only checkpoint_<n> folders" in line and "automatic_checkpoint_naming=True" in line
+    assert sorted(p.name for p in folder.iterdir()) == ["step_10", "step_20", "step_30"]
+
+
 def test_prune_keep_best_and_keep_every(run: Run, cli: Callable[..., Result]) -> None:
     # losses: 1/(i+1), except checkpoint_0 which saved the best loss 0.01
     result = cli(

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from accelkit.checkpointing.interop.accelerate_pickle import load_pickle
 from accelkit.checkpointing.storage import get_storage
@@ -96,19 +97,56 @@ def test_ls_lists_accelerate_folders_by_any_name_with_optimizer_steps(
     ]
 
 
-def test_verify_and_prune_explain_accelerate_folders_once_and_keep_them(
+def test_verify_checks_accelerate_folders_and_prune_explains_them_once_and_keeps_them(
     outputs: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = sorted(p.name for p in outputs.iterdir())
+    # A pickled sampler object (use_seedable_sampler=True): read, never unpickled, and said.
+    (outputs / "step_10" / "sampler.bin").write_bytes(b"a pickled SeedableRandomSampler")
     code, out, err = _cli(capsys, "ckpt", "verify", str(outputs))
-    assert code == 1  # nothing accelkit can verify there
-    assert out.count("SKIP") == 3 and out.count("Hugging Face accelerate") == 1, out
-    assert "no committed checkpoint to verify" in err
+    assert code == 0, err  # healthy: every file read, every pickle through the allow-list
+    assert out.count("OK    ") == 3 and out.count("Hugging Face accelerate") == 1, out
+    assert "3 of 3 checkpoint(s) intact." in out
+    assert out.count("read but not parsed: sampler.bin") == 1, out
+    # One folder given alone, as JSON: every file counted.
+    code, out, err = _cli(capsys, "ckpt", "verify", str(outputs / "step_3"), "--json")
+    assert code == 0, err
+    [result] = json.loads(out)["checkpoints"]
+    files = sorted(p.name for p in (outputs / "step_3").iterdir())
+    assert (result["state"], result["result"], result["files"]) == ("accelerate", "ok", len(files))
 
     code, out, err = _cli(capsys, "ckpt", "prune", str(outputs), "--keep", "1", "--yes")
     assert code == 0, err
     assert err.count("Hugging Face accelerate") == 1 and "prune keeps them" in err, err
+    assert "(3 kept: 3 written by Hugging Face accelerate)" in out, out
     assert sorted(p.name for p in outputs.iterdir()) == before
+
+
+@pytest.mark.parametrize("damage", ["truncated", "hostile_pickle", "wrong_shape"])
+def test_verify_names_the_damaged_file_of_an_accelerate_folder(
+    outputs: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    bad = outputs / "step_10"
+    if damage == "truncated":
+        target = bad / "optimizer.bin"
+        target.write_bytes(target.read_bytes()[:-100])
+    elif damage == "hostile_pickle":
+        # A pickle that would run code (os.system) were it unpickled: refused by the allow-list.
+        target = bad / "scheduler.bin"
+
+        class Hostile:
+            def __reduce__(self) -> tuple[object, tuple[str]]:
+                return (os.system, ("true",))
+
+        torch.save({"last_epoch": Hostile()}, target)
+    else:  # a well-formed pickle of what no scheduler's state_dict() is
+        target = bad / "scheduler.bin"
+        torch.save([1, 2, 3], target)
+    code, out, err = _cli(capsys, "ckpt", "verify", str(outputs))
+    assert code == 1, out
+    assert f"FAIL  step_10\n      {target}: " in out, out  # the file, named
+    assert out.count("OK    ") == 2 and "2 of 3 checkpoint(s) intact." in out
+    assert "1 checkpoint(s)" in err and "failed" in err
 
 
 def test_a_hostile_optimizer_file_leaves_step_unknown_and_says_why(

@@ -145,6 +145,55 @@ def test_failing_worker_fails_the_launch(tmp_path: Path, script: Path) -> None:
     assert "worker exploded on purpose" in proc.stderr
 
 
+# Rank 1 raises; rank 0 then fails in a collective rank 1 never joins (gloo: its peer closed the
+# connection) and raises too, milliseconds later, often in the same second.
+PEER_FAILS = textwrap.dedent(
+    """
+    import torch
+    import torch.distributed as dist
+    from accelkit import Accelerator
+
+    accelerator = Accelerator()
+    accelerator.wait_for_everyone()
+    if accelerator.process_index == 1:
+        class RankOneExploded(Exception):
+            pass
+
+        raise RankOneExploded("the root cause 7f3a")
+    dist.all_reduce(torch.ones(1))
+    """
+)
+
+
+def _busy_loop() -> subprocess.Popen[bytes]:
+    # A machine with more work than cores: the two ranks' failures land close together.
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+@pytest.mark.parametrize("monitor_interval", [None, "3"])
+def test_the_last_line_names_the_rank_that_failed_first(
+    tmp_path: Path, monitor_interval: str | None
+) -> None:
+    # With a long monitor interval torchrun sees both failures at once (rank 0 is not stopped
+    # by it first); with its default one, the launch runs twice beside a busy loop.
+    path = tmp_path / "peer_fails.py"
+    path.write_text(PEER_FAILS)
+    flags = ["--monitor_interval", monitor_interval] if monitor_interval else []
+    busy = _busy_loop()
+    try:
+        for _ in range(1 if monitor_interval else 2):
+            proc = _accelkit("launch", "--cpu", "--num_processes", "2", *flags, str(path))
+            assert proc.returncode == 1, proc.stderr
+            last = proc.stderr.strip().splitlines()[-1]
+            assert last == "accelkit launch: rank 1 failed: RankOneExploded: the root cause 7f3a"
+            # torchrun's own report above it names the same root cause.
+            root = proc.stderr.split("Root Cause (first observed failure):", 1)[1]
+            assert root.split("rank      : ", 1)[1].startswith("1 (local_rank: 1)"), root
+    finally:
+        busy.kill()
+        busy.wait()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -180,13 +181,16 @@ def test_aliases_within_the_budget_still_work(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
 
 
-def _config(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _config(
+    tmp_path: Path, *args: str, umask: int | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [ACCELKIT, "config", "default", *args],
         capture_output=True,
         text=True,
         timeout=120,
         env={**os.environ, "HF_HOME": str(tmp_path / "hf")},
+        preexec_fn=None if umask is None else lambda: os.umask(umask),
     )
 
 
@@ -228,3 +232,12 @@ def test_config_leaves_exactly_one_whole_file(tmp_path: Path) -> None:
         "config.yaml"
     ]
     assert "mixed_precision: 'no'" in path.read_text()
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o077, 0o600), (0o022, 0o644)], ids=["077", "022"])
+def test_config_honours_the_umask(tmp_path: Path, umask: int, mode: int) -> None:
+    # A config file may hold secrets: a user with umask 077 keeps it to themselves.
+    path = tmp_path / "conf" / "config.yaml"
+    proc = _config(tmp_path, "--config_file", str(path), umask=umask)
+    assert proc.returncode == 0, proc.stderr
+    assert stat.S_IMODE(path.stat().st_mode) == mode

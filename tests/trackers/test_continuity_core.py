@@ -96,7 +96,11 @@ def _first_job(tmp_path: Path) -> RunTracker:
 
 def test_a_checkpoint_names_its_runs_and_the_last_logged_step(tmp_path: Path) -> None:
     _first_job(tmp_path)
-    assert _manifest(tmp_path)["experiment"] == {"step": 4, "runs": {"runs": {"run": "first"}}}
+    assert _manifest(tmp_path)["experiment"] == {
+        "step": 4,
+        "saved_at_step": 4,  # no optimizer: at the last logged step
+        "runs": {"runs": {"run": "first"}},
+    }
     parsed = Manifest.from_json(json.dumps(_manifest(tmp_path)))
     assert parsed.experiment["runs"]["runs"] == {"run": "first"}
 
@@ -260,6 +264,8 @@ def test_a_save_makes_no_backend_call_on_the_training_thread(tmp_path: Path) -> 
         ({"step": True, "runs": {}}, "experiment.step"),
         ({"step": -5, "runs": {}}, "experiment.step"),
         ({"step": 10**30, "runs": {}}, "experiment.step"),
+        ({"step": 3, "saved_at_step": "3", "runs": {}}, "experiment.saved_at_step"),
+        ({"step": 3, "saved_at_step": -2, "runs": {}}, "experiment.saved_at_step"),
         ({"step": 3, "runs": ["wandb"]}, "experiment.runs"),
         ({"step": 3, "runs": {"wandb": "abc"}}, "experiment.runs"),
     ],
@@ -302,3 +308,80 @@ def test_every_process_continues_at_the_checkpoints_step(tmp_path: Path) -> None
     assert main["logged_at"] == other["logged_at"] == 12
     assert main["first_call"] == [("continue_run", {"run": "first"}, 11)]
     assert other["first_call"] == []  # only the main process has the tracker
+
+
+def _epoch_logging_job(
+    project: Path, resume_from: str | None = None, epoch_axis: bool = False
+) -> Accelerator:
+    """A script that takes 40 optimizer steps, logs at the end of each 20-step epoch (at its
+    optimizer step, or with ``step=epoch`` as Accelerate's examples do) and saves every 10
+    steps, into the real jsonl tracker; resumed, it loads ``resume_from`` and logs once more."""
+    config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(log_with="jsonl", project_config=config)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if resume_from is not None:
+        accelerator.load_state(resume_from)
+    accelerator.init_trackers("run")
+    if resume_from is not None:
+        accelerator.log({"resumed": 1.0}, step=31)
+        return accelerator
+    for step in range(1, 41):
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % 20 == 0:
+            accelerator.log({"epoch_loss": float(step)}, step=step // 20 if epoch_axis else step)
+        if step % 10 == 0:
+            accelerator.save_state()
+    return accelerator
+
+
+def _rows(project: Path) -> list[dict[str, Any]]:
+    from accelkit.trackers.jsonl import read_jsonl
+
+    return read_jsonl(str(project / "run"))
+
+
+def test_checkpoint_events_are_at_the_saves_step(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    _epoch_logging_job(project).end_training()
+    saves = [row for row in _rows(project) if row.get("event") == "checkpoint_save"]
+    # Each save at the optimizer step it was made (its manifest's step), not at the step of
+    # the epoch's log() before it (-1, 20, 20, 40).
+    assert [row["step"] for row in saves] == [10, 20, 30, 40]
+    assert [row["values"]["checkpoint/iteration"] for row in saves] == [0.0, 1.0, 2.0, 3.0]
+    third = project / "checkpoints" / "checkpoint_2"
+    manifest = json.loads((third / "accelkit.json").read_text())
+    assert manifest["step"] == 30
+    assert manifest["experiment"]["step"] == 20 and manifest["experiment"]["saved_at_step"] == 30
+
+    # Resumed from the save at step 30: the run drops what was logged after the checkpoint
+    # (after step 20, the last step logged before it: its own point at 30 too), and the load
+    # takes the save's place at step 30, with its iteration.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about: same file, same run
+        _epoch_logging_job(project, str(third)).end_training()
+    rows = [(row.get("event"), row["step"]) for row in _rows(project)]
+    assert rows == [
+        ("checkpoint_save", 10),
+        (None, 20),
+        ("checkpoint_save", 20),
+        ("checkpoint_load", 30),
+        (None, 31),
+    ]
+    [load] = [row for row in _rows(project) if row.get("event") == "checkpoint_load"]
+    assert load["values"]["checkpoint/iteration"] == 2.0
+    assert load["values"]["checkpoint/resumed_step"] == 20.0
+
+
+def test_a_script_logging_by_epoch_gets_its_checkpoints_at_its_last_logged_epoch(
+    tmp_path: Path,
+) -> None:
+    # step=epoch (Accelerate's examples): the optimizer steps are another axis; a save is put
+    # at the last logged epoch, never ahead of it.
+    project = tmp_path / "project"
+    _epoch_logging_job(project, epoch_axis=True).end_training()
+    saves = [row["step"] for row in _rows(project) if row.get("event") == "checkpoint_save"]
+    assert saves == [10, 1, 1, 2]  # before any log(): the save's own step

@@ -123,6 +123,7 @@ def _assert_continued(project: Path) -> None:
     manifest = json.loads((Path(checkpoint) / "accelkit.json").read_text())
     assert manifest["experiment"] == {
         "step": 100,
+        "saved_at_step": 100,  # logged at step 100 after 101 optimizer steps: 0-based
         "runs": {
             "jsonl": {"path": str(run / "metrics.jsonl")},
             "tensorboard": {"log_dir": str(run)},

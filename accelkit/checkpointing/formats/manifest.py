@@ -94,7 +94,9 @@ class Manifest:
         metadata: free-form JSON values given by the user.
         metrics: numbers given at save time (used by ``keep_best`` retention).
         experiment: the tracker runs the checkpoint belongs to: ``{"step": <the last logged
-            step, -1 if none>, "runs": {<tracker name>: <its run reference>}}``; empty when
+            step, -1 if none>, "saved_at_step": <the checkpoint's own step on the trackers'
+            axis, where its events are logged>, "runs": {<tracker name>: <its run
+            reference>}}`` (``saved_at_step`` is absent from older manifests); empty when
             the run had no trackers (see :mod:`accelkit.trackers.events`). A tracker whose
             run was still opening when the checkpoint was saved is listed in ``"pending"``
             instead, until :meth:`CheckpointManager.complete_experiment
@@ -301,12 +303,14 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
     if not data:
         return {}
     step, runs = data.get("step", -1), data.get("runs", {})
+    saved_at = data.get("saved_at_step", step)
     # A logging step every backend can store (TensorBoard and MLflow: int64).
-    if isinstance(step, bool) or not isinstance(step, int) or not -1 <= step < _MAX_STEP:
-        raise ManifestError(
-            f"{source}: experiment.step must be an integer from -1 to {_MAX_STEP - 1}, got "
-            f"{str(step)[:40]}. The manifest was damaged or edited: load another checkpoint."
-        )
+    for key, value in (("step", step), ("saved_at_step", saved_at)):
+        if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value < _MAX_STEP:
+            raise ManifestError(
+                f"{source}: experiment.{key} must be an integer from -1 to {_MAX_STEP - 1}, got "
+                f"{str(value)[:40]}. The manifest was damaged or edited: load another checkpoint."
+            )
     if not isinstance(runs, dict) or not all(
         isinstance(name, str) and isinstance(reference, dict) for name, reference in runs.items()
     ):
@@ -320,7 +324,10 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
             f"{source}: experiment.pending must be a list of tracker names, got "
             f"{str(pending)[:200]!r}. The manifest was damaged or edited: load another checkpoint."
         )
-    return {"step": step, "runs": runs, **({"pending": pending} if pending else {})}
+    record = {"step": step, "runs": runs, **({"pending": pending} if pending else {})}
+    if "saved_at_step" in data:
+        record["saved_at_step"] = saved_at
+    return record
 
 
 def read_manifest(storage: Storage, folder: str) -> Manifest | None:

@@ -33,6 +33,11 @@ Public API:
 - :class:`AccelerateCheckpoint` and :func:`read_accelerate(storage, folder, ranks)
   <read_accelerate>` -- everything in a folder, checked, as accelkit-shaped states (random
   states as :func:`~accelkit.checkpointing.objects.rng.capture_rng_state` returns them).
+- :func:`check_accelerate(storage, folder) <check_accelerate>` -> :class:`AccelerateCheck` --
+  what ``accelkit ckpt verify`` checks in such a folder, which records no checksums: every
+  file read to its end at its listed size, then the whole folder read as ``load_state`` reads
+  it (pickles through the allow-list, safetensors headers against their files, every value's
+  shape).
 - :class:`AccelerateReader` -- what ``load_state`` does with such a folder: the reader the
   checkpoint manager plugs into the load sequence
   (:class:`~accelkit.checkpointing.restore.sequence.LoadSequence`); its manifest is a stand-in
@@ -80,8 +85,10 @@ from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import confine
 
 __all__ = [
+    "AccelerateCheck",
     "AccelerateCheckpoint",
     "AccelerateReader",
+    "check_accelerate",
     "optimizer_steps",
     "read_accelerate",
     "read_optimizer_steps",
@@ -303,7 +310,7 @@ def _contiguous(folder: str, found: dict[int, str], kind: str) -> list[str]:
 
 
 def read_accelerate(
-    storage: Storage, folder: str, ranks: Iterable[int] | None = None
+    storage: Storage, folder: str, ranks: Iterable[int] | None = None, *, warn: bool = True
 ) -> AccelerateCheckpoint:
     """Read and check every file of the Accelerate checkpoint ``folder``; change nothing.
 
@@ -311,6 +318,7 @@ def read_accelerate(
         storage: a confined view of ``folder``.
         folder: the checkpoint folder.
         ranks: the processes whose random states to read (``None``: all of them).
+        warn: log that pickled sampler objects are not read (``False``: the caller says so).
 
     Raises:
         CorruptCheckpointError: naming the file (and the global or key) that is refused.
@@ -347,7 +355,7 @@ def read_accelerate(
         url = join(folder, name)
         out.dataloaders[index] = dataloader_from_accelerate(load_pickle(storage, url), url)
     samplers = sorted(_indexed(names, "sampler").values())
-    if samplers:
+    if samplers and warn:
         logger.warning(
             "%s: %s hold(s) a pickled sampler object, which accelkit never unpickles; the "
             "dataloader's shuffling restarts from its seed.",
@@ -407,6 +415,75 @@ def read_optimizer_steps(storage: Storage, folder: str) -> int | None:
         url = join(folder, name)
         states.append(_state_dict(load_pickle(storage, url), url, "optimizer"))
     return optimizer_steps(states)
+
+
+@dataclass(frozen=True)
+class AccelerateCheck:
+    """What :func:`check_accelerate` found in an Accelerate folder.
+
+    Attributes:
+        files: how many files the folder holds (all of them read).
+        size_bytes: their total size.
+        problems: ``"file: what is wrong"`` lines (a file that cannot be read, a size that
+            differs from the listing, a refused pickle or value); empty when the folder is
+            healthy.
+        unparsed: files read to their end but not parsed: pickled sampler objects, which
+            accelkit never unpickles (``load_state`` restarts the shuffling from its seed).
+    """
+
+    files: int
+    size_bytes: int
+    problems: list[str]
+    unparsed: list[str]
+
+
+_READ_CHUNK = 1 << 20
+
+
+def check_accelerate(storage: Storage, folder: str) -> AccelerateCheck:
+    """Check the Accelerate checkpoint ``folder`` as far as it can be without checksums (it
+    records none): every file is read to its end and must have the size its listing gives,
+    then the folder is read as ``load_state`` reads it (:func:`read_accelerate`), which names
+    the first file it refuses. Nothing runs, nothing is written.
+
+    Args:
+        storage: the storage holding ``folder`` (confined to it here: no link is followed).
+        folder: the checkpoint folder.
+
+    Returns:
+        The verdict; healthy when its ``problems`` are empty.
+    """
+    storage = confine(storage, folder)
+    try:
+        listing = storage.walk_files(folder)
+    except (CorruptCheckpointError, OSError) as exc:  # a link inside, or unreadable
+        return AccelerateCheck(0, 0, [f"{folder}: cannot be listed ({exc})"], [])
+    problems = []
+    for name, size in sorted(listing.items()):
+        try:
+            read = 0
+            with storage.open_read(join(folder, name)) as f:
+                while chunk := f.read(_READ_CHUNK):
+                    read += len(chunk)
+        except (CorruptCheckpointError, OSError) as exc:
+            problems.append(f"{name}: cannot be read ({type(exc).__name__}: {exc})")
+            continue
+        if read != size:
+            problems.append(f"{name}: the listing gives {size} bytes but {read} were read")
+    if not problems:
+        try:
+            read_accelerate(storage, folder, warn=False)
+        except (CheckpointMismatchError, CorruptCheckpointError) as exc:
+            problems.append(str(exc))
+        except OSError as exc:  # the folder changed under us
+            problems.append(f"{folder}: cannot be read ({type(exc).__name__}: {exc})")
+    names = [n for n in listing if "/" not in n]
+    return AccelerateCheck(
+        files=len(listing),
+        size_bytes=sum(listing.values()),
+        problems=problems,
+        unparsed=sorted(_indexed(names, "sampler").values()),
+    )
 
 
 def stand_in_manifest(folder: str, checkpoint: AccelerateCheckpoint) -> Manifest:
