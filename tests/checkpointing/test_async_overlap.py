@@ -482,3 +482,23 @@ def test_in_place_updates_right_after_save_never_commit_a_mix(tmp_path: Path) ->
         outcomes["mixed" if mixed else "committed"].append(f"{update.__name__}: {mixed[:3]}")
     acc.end_training()
     assert not outcomes["mixed"], outcomes
+
+
+def test_without_xxhash_nothing_is_deferred(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate: Gate
+) -> None:
+    # No checksum, no safety net: everything is copied before save_state returns.
+    monkeypatch.setattr(snapshot, "MEMORY_DIGEST_AVAILABLE", False)
+    acc, model, optimizer, batches = _setup(
+        tmp_path, async_writer="thread", async_snapshot="overlapped"
+    )
+    _step(model, optimizer, batches[0])
+    at_save = _state(model, optimizer)
+    handle = acc.save_state(async_save=True)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # at once: the copy is already done
+    assert handle.result(timeout=60).endswith("checkpoint_0")
+    assert gate.copied == 0 and not gate.entered.is_set()
+    acc.load_state()
+    _assert_equal(_state(model, optimizer), at_save)
+    acc.end_training()
