@@ -73,10 +73,12 @@ class ProjectConfiguration:
             copy that overlaps the next forward and backward; the prepared optimizer's
             ``step()``, ``load_state``, the next ``save_state``, LocalSGD's averaging,
             ``free_memory``, ``wait_for_checkpoints``/``end_training`` and
-            ``Accelerator.wait_for_snapshot()`` wait for that copy first. A tensor changed in
-            place before it was copied fails the save (never committed); writes through
-            ``.data`` are not detected, hence the default. GPU and sharded (FSDP) state is
-            always copied as with ``"blocking"``. See docs/guides/async-writer.md.
+            ``Accelerator.wait_for_snapshot()`` wait for that copy first. A deferred tensor
+            changed by any other path before it was copied (in place, through ``.data``,
+            ``numpy()``...) fails the save, never committed: its bytes are checked against a
+            checksum taken in ``save_state`` (a read of them, about two thirds of the time of
+            the copy it replaces). GPU and sharded (FSDP) state is always copied as with
+            ``"blocking"``. See docs/guides/async-writer.md.
         continue_tracker_runs: a job resumed with ``load_state`` continues the tracker runs
             its checkpoint names (the same W&B run id, MLflow run, Comet experiment;
             TensorBoard and jsonl in the same folder with the points logged after the

@@ -115,8 +115,8 @@ class LocalSGD:
 
     def _average(self) -> None:
         """Replace every parameter by its mean over the processes (in place)."""
-        # An overlapped async save may still be copying the parameters (writes through .data
-        # below would escape its version check).
+        # An overlapped async save may still be copying the parameters: averaging them first
+        # would fail that save (its copy would no longer match the checksum taken at save).
         fence = getattr(self.accelerator, "wait_for_snapshot", None)
         if callable(fence):
             fence()

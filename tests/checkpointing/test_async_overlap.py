@@ -355,3 +355,150 @@ def test_local_sgd_averaging_waits_for_the_background_copy(tmp_path: Path) -> No
     # the fence keeps them out of the checkpoint.
     results = run_distributed(_local_sgd_body, str(tmp_path))
     assert results == [{"waited": True, "averaged": True, "restored": True}] * 2
+
+
+@pytest.mark.parametrize("path", ["data", "numpy", "no_grad_copy", "foreach"])
+def test_a_change_through_any_path_before_the_copy_fails_the_save(
+    tmp_path: Path, gate: Gate, path: str
+) -> None:
+    # Writes through .data or numpy() do not move the version counter: before the content
+    # check, these saves committed a checkpoint holding the changed weight.
+    acc, model, optimizer, batches = _setup(
+        tmp_path, async_writer="thread", async_snapshot="overlapped"
+    )
+    _step(model, optimizer, batches[0])
+    weight = model[0].weight
+    handle = acc.save_state(async_save=True)
+    assert gate.entered.wait(30)  # save_state returned, the copy not started
+    if path == "data":
+        weight.data.add_(1.0)  # diffusers' EMAModel.copy_to writes through .data too
+    elif path == "numpy":
+        weight.detach().numpy()[0, :] += 1.0
+    elif path == "no_grad_copy":
+        with torch.no_grad():
+            weight.copy_(weight * 2.0)
+    else:
+        with torch.no_grad():
+            torch._foreach_add_(list(model.parameters()), 1.0)
+    gate.release()
+    error = handle.exception(timeout=60)
+    assert isinstance(error, CheckpointError), "a checkpoint holding the changed weight committed"
+    text = str(error)
+    assert "'0.weight' of model" in text and "not committed" in text
+    assert "wait_for_snapshot()" in text and "async_snapshot='blocking'" in text
+    assert _committed(tmp_path) == []
+    acc.end_training()
+
+
+def test_a_change_undone_before_the_copy_commits(tmp_path: Path, gate: Gate) -> None:
+    # The check is by content: a tensor changed and restored before its copy is saved as it was.
+    acc, model, optimizer, batches = _setup(
+        tmp_path, async_writer="thread", async_snapshot="overlapped"
+    )
+    _step(model, optimizer, batches[0])
+    at_save = _state(model, optimizer)
+    handle = acc.save_state(async_save=True)
+    assert gate.entered.wait(30)
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)
+        model[0].weight.mul_(0.5)  # exact in floating point
+    gate.release()
+    assert handle.result(timeout=60).endswith("checkpoint_0")
+    acc.load_state()
+    _assert_equal(_state(model, optimizer), at_save)
+    acc.end_training()
+
+
+@pytest.mark.slow
+def test_in_place_updates_right_after_save_never_commit_a_mix(tmp_path: Path) -> None:
+    # Issue 37 (7f): the weights changed in place at once after save_state(), racing the
+    # background copy (no gate). The version counter missed .data/numpy writes and any
+    # operation still running when its tensor's copy ended: 8 of 30 saves committed a mix of
+    # old and new weights. Every save must now either fail, naming the tensor, or load back
+    # exactly the state at save_state.
+    width = 1024  # 4 MiB weights: each copy lasts long enough for the race to happen
+    acc = Accelerator(
+        cpu=True,
+        project_config=ProjectConfiguration(
+            project_dir=str(tmp_path),
+            automatic_checkpoint_naming=True,
+            total_limit=1,
+            async_writer="thread",  # the process writer writes the same checked snapshot
+            async_snapshot="overlapped",
+        ),
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(2)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer = acc.prepare(model, optimizer)
+    params = list(model.parameters())
+    other = [p.detach() * 0.5 for p in params]  # e.g. EMA weights swapped in for validation
+
+    def data_add() -> None:
+        for p in params:
+            p.data.add_(0.01)
+
+    def numpy_add() -> None:
+        for p in params:
+            p.detach().numpy()[...] += 0.01
+
+    def detach_add() -> None:
+        for p in params:
+            p.detach().add_(0.01)
+
+    def no_grad_copy() -> None:
+        with torch.no_grad():
+            for p, q in zip(params, other, strict=True):
+                p.copy_(q)
+
+    def data_copy() -> None:
+        for p, q in zip(params, other, strict=True):
+            p.data.copy_(q)
+
+    def raw_step() -> None:  # the wrapped optimizer's step, around the prepared one's fence
+        optimizer.optimizer.step()
+
+    updates = [data_add, numpy_add, detach_add, no_grad_copy, data_copy, raw_step]
+    outcomes: dict[str, list[str]] = {"committed": [], "failed": [], "mixed": []}
+    batch = torch.randn(8, width, generator=torch.Generator().manual_seed(0))
+    for i in range(30):
+        update = updates[i % len(updates)]
+        _step(model, optimizer, batch)
+        model(batch).square().mean().backward()  # gradients for raw_step
+        at_save = _state(model, optimizer)
+        handle = acc.save_state(async_save=True)
+        update()  # at once, without wait_for_snapshot()
+        error = handle.exception(timeout=120)
+        optimizer.zero_grad()
+        if error is not None:
+            assert isinstance(error, CheckpointError), error
+            assert "of model" in str(error) or "optimizer" in str(error), error
+            assert "not committed" in str(error) and "wait_for_snapshot()" in str(error)
+            outcomes["failed"].append(update.__name__)
+            continue
+        acc.load_state(handle.path)  # training goes on from the checkpoint
+        loaded = _state(model, optimizer)
+        mixed = [k for k in at_save if not torch.equal(at_save[k], loaded[k])]
+        outcomes["mixed" if mixed else "committed"].append(f"{update.__name__}: {mixed[:3]}")
+    acc.end_training()
+    assert not outcomes["mixed"], outcomes
+
+
+def test_without_xxhash_nothing_is_deferred(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gate: Gate
+) -> None:
+    # No checksum, no safety net: everything is copied before save_state returns.
+    monkeypatch.setattr(snapshot, "MEMORY_DIGEST_AVAILABLE", False)
+    acc, model, optimizer, batches = _setup(
+        tmp_path, async_writer="thread", async_snapshot="overlapped"
+    )
+    _step(model, optimizer, batches[0])
+    at_save = _state(model, optimizer)
+    handle = acc.save_state(async_save=True)
+    with torch.no_grad():
+        model[0].weight.add_(1.0)  # at once: the copy is already done
+    assert handle.result(timeout=60).endswith("checkpoint_0")
+    assert gate.copied == 0 and not gate.entered.is_set()
+    acc.load_state()
+    _assert_equal(_state(model, optimizer), at_save)
+    acc.end_training()

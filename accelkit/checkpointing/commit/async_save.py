@@ -39,8 +39,10 @@ caller runs the next forward and backward; everything else is copied at once. Th
 prepared optimizers' ``step()`` (through ``AcceleratedOptimizer.before_step``, set while the copy
 runs and cleared by it), :meth:`AsyncSaver.wait` (hence the next save, ``load_state``,
 ``wait_for_checkpoints``, ``end_training``) and :meth:`AsyncSaver.wait_for_snapshot` (LocalSGD's
-averaging, ``free_memory``, users) wait for the copy first. The writer waits for it before
-hashing; a guarded tensor changed in place before its copy finished fails the save.
+averaging, ``free_memory``, users) wait for the copy first. The writer waits for it, and for
+its check, before hashing: a guarded tensor changed by any path (``.data`` and ``numpy()``
+writes included) before its copy fails the save, as its bytes no longer match the checksum
+taken in ``save_state``.
 
 A failure is never silent: the writer logs it when it happens, and it is raised to the caller
 once: by the handle (``result()`` raises it, ``exception()`` returns it) if the caller asks,

@@ -32,10 +32,19 @@ calls that release the GIL, straight into the same buffers), while the caller go
 next forward and backward. Everything else (small tensors, buffers that ``forward`` changes,
 registered objects, CUDA and sharded state) is copied as above. Whoever may change a guarded
 tensor waits for :meth:`DeferredCopy.wait` first (the fence, see
-:mod:`~accelkit.checkpointing.commit.async_save`); the writer waits too, in
-:meth:`FrozenSnapshot.wait_copies`, which fails the save if a deferred tensor's version counter
-moved before its copy finished (changed in place: the copy may mix old and new values). Writes
-through ``.data`` do not move version counters and are not detected.
+:mod:`~accelkit.checkpointing.commit.async_save`).
+
+A change the fence does not see (an in-place update, through ``.data``, ``numpy()`` or any other
+path, right after ``save_state``) must never reach a committed checkpoint, so the deferred
+tensors are checked by content, not by version counter (which ``.data`` writes do not move, and
+which moves only when an in-place operation *ends*, so that one still running while its tensor
+is copied escaped it). Before ``capture`` returns, the bytes of each deferred tensor are hashed
+in place (XXH3-64 per 16 MiB piece, :func:`~accelkit.checkpointing.storage.checksum.
+memory_digest`, split among the same threads as the copies): a read, about two thirds of the
+time of a copy (256 MiB: 30 ms against 45 ms on the 2-core VM). Once the background thread has
+copied everything (and released the fence) it hashes what it copied, and the writer, in
+:meth:`FrozenSnapshot.wait_copies`, fails the save if any piece differs: the copy is not the
+state at ``save_state``. Without ``xxhash`` nothing is deferred.
 
 Public API: :class:`HostSnapshot` (``capture``, ``clear``, ``nbytes``), :class:`FrozenSnapshot`
 (``wait_copies``, ``write``, ``write_sharded``, ``has_sharded``, ``nbytes``),
@@ -51,6 +60,7 @@ import os
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -63,6 +73,7 @@ from accelkit.checkpointing.objects.contents import Snapshot
 from accelkit.checkpointing.sharded import write_sharded
 from accelkit.checkpointing.storage import Storage, WrittenFile
 from accelkit.checkpointing.storage._pools import thread_pool
+from accelkit.checkpointing.storage.checksum import MEMORY_DIGEST_AVAILABLE, memory_digest
 
 __all__ = ["DeferredCopy", "FrozenSnapshot", "HostSnapshot"]
 
@@ -135,11 +146,11 @@ class FrozenSnapshot:
 
     def wait_copies(self) -> None:
         """Block until every copy of this snapshot has finished (device-to-host copies and
-        the background copy of an overlapped capture).
+        the background copy of an overlapped capture, and that copy's check).
 
         Raises:
-            CheckpointError: a deferred tensor was changed in place before it was copied (see
-                :meth:`DeferredCopy.check`); the snapshot must not be written.
+            CheckpointError: a deferred tensor was changed before it was copied, by any path
+                (see :meth:`DeferredCopy.check`); the snapshot must not be written.
         """
         for event in self.events:
             event.synchronize()
@@ -184,62 +195,81 @@ def _write_encoded(storage: Storage, folder: str, state: _EncodedState) -> dict[
 
 @dataclass
 class _Deferred:
-    """One tensor left to the background copy: its memmoves and its version at capture."""
+    """One tensor left to the background copy: its memmoves ``(dst, src, bytes)`` and, per
+    piece, the digest of the source bytes at capture."""
 
     name: str
-    source: torch.Tensor
-    version: int
+    source: torch.Tensor | None  # alive until copied
+    target: torch.Tensor  # the snapshot buffer: alive until checked
     pieces: list[tuple[int, int, int]]
+    digests: list[int] = field(default_factory=list)
+
+    def digest_sources(self, index: int) -> None:
+        """Hash the source bytes of piece ``index`` (at capture, before training goes on)."""
+        _, src, nbytes = self.pieces[index]
+        self.digests[index] = memory_digest(src, nbytes)
+
+    def matches(self) -> bool:
+        """Whether the copied bytes are the bytes hashed at capture."""
+        return all(
+            memory_digest(dst, nbytes) == digest
+            for (dst, _, nbytes), digest in zip(self.pieces, self.digests, strict=True)
+        )
 
 
 class DeferredCopy:
     """The background part of an overlapped capture: one thread copying the large guarded
-    tensors into their snapshot buffers while training goes on.
+    tensors into their snapshot buffers while training goes on, then checking the copies.
 
-    Each tensor's version counter (``tensor._version``, which every in-place operation on it
-    or on a view of it moves, ``.data`` writes excepted) is read at capture and again once its
-    copy has finished: a difference means it was changed in between, so the copy may mix old
-    and new values, and :meth:`check` fails the save.
+    Each tensor's bytes were hashed at capture (:attr:`_Deferred.digests`). Once every tensor
+    is copied, the fence is released (:meth:`wait` returns, the done callbacks run) and the
+    thread hashes the copies: a tensor whose copy differs was changed, by whatever path, after
+    ``save_state`` and before its copy, so the copy may mix old and new values, and
+    :meth:`check` fails the save. A tensor changed after its copy is not reported: its copy is
+    the state at ``save_state``.
     """
 
     def __init__(self, items: list[_Deferred]) -> None:
         self._items = items
+        self._copied = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[], None]] = []
         self.nbytes = sum(n for item in items for _, _, n in item.pieces)
         """Bytes copied in the background."""
         self.changed: list[str] = []
-        """The tensors changed in place before their copy finished."""
+        """The tensors whose copy differs from their bytes at capture."""
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="accelkit-snapshot-copy")
         self._thread.daemon = True
         self._thread.start()
 
     def done(self) -> bool:
-        """Whether every deferred tensor has been copied."""
-        return self._done.is_set()
+        """Whether every deferred tensor has been copied (the copies may still be checked)."""
+        return self._copied.is_set()
 
     def wait(self) -> None:
-        """Block until every deferred tensor has been copied (never raises: see
-        :meth:`check`)."""
-        self._done.wait()
+        """Block until every deferred tensor has been copied, so the live tensors may change
+        (never raises, and does not wait for the check: see :meth:`check`)."""
+        self._copied.wait()
 
     def add_done_callback(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` once the copies are done: at once if they are already, else in
         the copy thread, before :meth:`wait` returns."""
         with self._lock:
-            if not self._done.is_set():
+            if not self._copied.is_set():
                 self._callbacks.append(callback)
                 return
         callback()
 
     def check(self) -> None:
-        """Raise if the copies failed or a tensor changed in place before it was copied.
+        """Wait until the copies are checked; raise if they failed or a tensor was changed
+        before it was copied.
 
         Raises:
             CheckpointError: naming the tensors, and the fix.
         """
+        self._done.wait()
         if self.error is not None:
             raise CheckpointError(
                 f"The background copy of the checkpoint snapshot failed ({self.error!r}); "
@@ -250,24 +280,24 @@ class DeferredCopy:
                 f" and {len(self.changed) - 8} more" if len(self.changed) > 8 else ""
             )
             raise CheckpointError(
-                f"Overlapped snapshot: {names} changed in place after save_state() returned "
-                "and before its background copy finished, so the copy may mix old and new "
-                "values; the save is not committed (earlier checkpoints are untouched). Call "
+                f"Overlapped snapshot: {names} changed after save_state() returned and "
+                "before its background copy (its bytes no longer match the checksum taken at "
+                "save_state), so the copy may mix old and new values; the save is not "
+                "committed (earlier checkpoints are untouched). Call "
                 "accelerator.wait_for_snapshot() before changing parameters or optimizer state "
-                "outside the prepared optimizer's step(), or use "
-                "ProjectConfiguration(async_snapshot='blocking')."
+                "outside the prepared optimizer's step() (in place, through .data, copy_(), "
+                "an EMA swap...), or use ProjectConfiguration(async_snapshot='blocking')."
             )
 
     def _run(self) -> None:
+        items, self._items = self._items, []
         try:
-            for item in self._items:
+            for item in items:
                 _deferred_memmoves(item.pieces)
-                if item.source._version != item.version:
-                    self.changed.append(item.name)
+                item.source = None  # the live tensor is no longer needed
         except BaseException as exc:  # reported by check(), to the writer
             self.error = exc
         finally:
-            self._items = []  # the live tensors are no longer needed
             with self._lock:
                 callbacks, self._callbacks = self._callbacks, []
             for callback in callbacks:
@@ -275,6 +305,13 @@ class DeferredCopy:
                     callback()
                 except Exception:  # a fence not cleared costs one wait() per step
                     logger.exception("A callback of the snapshot's background copy failed.")
+            self._copied.set()  # the fence: training may change the live tensors now
+        try:
+            if self.error is None:
+                self.changed = [item.name for item in items if not item.matches()]
+        except BaseException as exc:
+            self.error = exc
+        finally:
             self._done.set()
 
 
@@ -355,7 +392,9 @@ class _Copier:
                 and nbytes >= _DEFER_MIN_BYTES
                 and src.untyped_storage().data_ptr() in self.defer
             ):
-                self.deferred.append(_Deferred(_tensor_name(key), src, src._version, pieces))
+                self.deferred.append(
+                    _Deferred(_tensor_name(key), src, buffer, pieces, [0] * len(pieces))
+                )
             else:
                 self.pieces.extend(pieces)
                 self.sources.append(src)  # alive until copied
@@ -366,19 +405,22 @@ class _Copier:
         return buffer
 
     def _copy_host(self) -> None:
-        """Run the host memmoves, split among up to :data:`_COPY_THREADS` threads (one copy
-        thread cannot use the memory bandwidth of a machine; 1 GB: 0.11 s -> 0.07 s with 2
-        threads on the 2-core VM measured)."""
-        pieces, self.pieces = self.pieces, []
-        threads = min(_COPY_THREADS, os.cpu_count() or 1, len(pieces))
+        """Run the host memmoves and hash the deferred tensors' bytes, split among up to
+        :data:`_COPY_THREADS` threads (one copy thread cannot use the memory bandwidth of a
+        machine; 1 GB: 0.11 s -> 0.07 s with 2 threads on the 2-core VM measured)."""
+        work: list[Callable[[], Any]] = [partial(ctypes.memmove, *p) for p in self.pieces]
+        for item in self.deferred:
+            work += [partial(item.digest_sources, i) for i in range(len(item.pieces))]
+        self.pieces = []
+        threads = min(_COPY_THREADS, os.cpu_count() or 1, len(work))
         if threads > 1:
             pool = thread_pool("copy", _COPY_THREADS - 1)
-            futures = [pool.submit(_memmoves, pieces[i::threads]) for i in range(1, threads)]
-            _memmoves(pieces[::threads])
+            futures = [pool.submit(_run_all, work[i::threads]) for i in range(1, threads)]
+            _run_all(work[::threads])
             for future in futures:
                 future.result()
         else:
-            _memmoves(pieces)
+            _run_all(work)
         self.sources = []
 
     def finish(self) -> list[Any]:
@@ -400,6 +442,11 @@ _COPY_THREADS = 4
 def _memmoves(pieces: list[tuple[int, int, int]]) -> None:
     for dst, src, n in pieces:
         ctypes.memmove(dst, src, n)
+
+
+def _run_all(work: list[Callable[[], Any]]) -> None:
+    for job in work:
+        job()
 
 
 def _copy_sharded(copier: _Copier, path: str, value: Any) -> Any:
@@ -517,7 +564,8 @@ class HostSnapshot:
         """Copy ``snapshot`` (live tensors and states) into the buffers.
 
         Must not be called while a :class:`FrozenSnapshot` from an earlier capture is still
-        being written, or its deferred copy is still running: its buffers are reused.
+        being written, or its deferred copy is still running or being checked: its buffers
+        are reused.
 
         Args:
             snapshot: this process's unsharded contents.
@@ -526,13 +574,14 @@ class HostSnapshot:
                 local shards are copied.
             defer: ``untyped_storage().data_ptr()`` of the guarded tensors (see the module
                 docstring): those of at least 64 KiB, contiguous and on the CPU, are copied by
-                a background thread after ``capture`` returns (:attr:`FrozenSnapshot.deferred`);
-                empty: everything is copied before it returns.
+                a background thread after ``capture`` returns (:attr:`FrozenSnapshot.deferred`),
+                their bytes hashed before it returns; empty (or without ``xxhash``): everything
+                is copied before it returns.
 
         Returns:
             The copy; call :meth:`FrozenSnapshot.write` (from any thread) to write it.
         """
-        copier = _Copier(self, defer)
+        copier = _Copier(self, defer if MEMORY_DIGEST_AVAILABLE else ())
         frozen = FrozenSnapshot()
         for stem, state_dict in snapshot.models:
             frozen.models.append(

@@ -10,19 +10,24 @@ Public functions:
 - :func:`format_checksum` / :func:`parse_checksum` -- the ``"algo:hex"`` text form.
 - :func:`checksum_bytes` -- the checksum of an in-memory buffer.
 - :data:`DEFAULT_ALGORITHM` -- what new files are hashed with.
+- :func:`memory_digest` -- a fast digest of raw memory, read in place (an overlapped snapshot's
+  check that what it copied is what was there at ``save_state``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from typing import Any, Protocol
 
 __all__ = [
     "DEFAULT_ALGORITHM",
+    "MEMORY_DIGEST_AVAILABLE",
     "SUPPORTED_ALGORITHMS",
     "Hasher",
     "checksum_bytes",
     "format_checksum",
+    "memory_digest",
     "new_hasher",
     "parse_checksum",
 ]
@@ -100,3 +105,26 @@ def checksum_bytes(data: bytes | bytearray | memoryview, algorithm: str = DEFAUL
     hasher = new_hasher(algorithm)
     hasher.update(data)
     return format_checksum(algorithm, hasher.hexdigest())
+
+
+MEMORY_DIGEST_AVAILABLE = _xxhash is not None
+"""Whether :func:`memory_digest` works (it needs the ``xxhash`` package, a dependency)."""
+
+
+def memory_digest(address: int, nbytes: int) -> int:
+    """Return the XXH3-64 digest of ``nbytes`` bytes of memory at ``address``, read in place.
+
+    The GIL is released while hashing, so several threads hash at once (near the memory's read
+    bandwidth: about two thirds of the time of copying the same bytes on the 2-core VM).
+
+    Args:
+        address: the first byte (e.g. ``tensor.data_ptr()``); the memory must stay alive.
+        nbytes: how many bytes, at least 1.
+
+    Raises:
+        RuntimeError: without the ``xxhash`` package (see :data:`MEMORY_DIGEST_AVAILABLE`).
+    """
+    if _xxhash is None:
+        raise RuntimeError("memory_digest needs the 'xxhash' package: pip install xxhash")
+    digest: int = _xxhash.xxh3_64_intdigest((ctypes.c_char * nbytes).from_address(address))
+    return digest
