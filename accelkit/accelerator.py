@@ -214,7 +214,6 @@ class Accelerator:
             self._trackers,
             continue_runs=self.project_configuration.continue_tracker_runs,
             checkpoint_events=self.project_configuration.checkpoint_events,
-            complete=self._checkpoints.complete_experiment,
             gradient_state=self.gradient_state,
         )
         self._checkpoints.listener = self._experiment
@@ -531,7 +530,7 @@ class Accelerator:
         ``ProjectConfiguration.replicate_deadline_seconds``, naming what is left behind), then
         finish every tracker and the preemption handling; call once at the end of the script."""
         try:
-            self._checkpointing.wait_for_checkpoints()  # the experiment records too
+            self._checkpointing.wait_for_checkpoints()
         finally:
             try:
                 self._checkpoints.close_replication()

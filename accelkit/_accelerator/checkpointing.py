@@ -228,17 +228,12 @@ class Checkpointing:
         return result
 
     def wait_for_checkpoints(self) -> None:
-        """Block until the asynchronous save in flight (if any) has committed, and the
-        experiment records of checkpoints saved while a tracker's run was opening are complete
-        (at most the trackers' ``timeout``; see :mod:`accelkit._accelerator.experiment`).
+        """Block until the asynchronous save in flight (if any) has committed.
 
         Raises:
             CheckpointError: a background save failed (raised once; it was not committed).
         """
         self.manager.wait()
-        wait = getattr(self.manager.listener, "wait", None)  # ExperimentLink.wait
-        if callable(wait):
-            wait()
 
     def wait_for_snapshot(self) -> None:
         """Block until the host copy of the last asynchronous save has finished, so that its

@@ -6,22 +6,20 @@
 - records, in every checkpoint's manifest (``experiment``), the run's last logging step, the
   checkpoint's own step on the trackers' axis (``saved_at_step``, where its events go: see
   :mod:`accelkit.trackers.events`; ``Accelerator.log`` goes through here to note where the
-  script's steps stand against the optimizer steps) and each tracker's run reference
-  (:meth:`GeneralTracker.run_reference <accelkit.trackers.base.GeneralTracker.run_reference>`),
-  so ``accelkit ckpt ls`` can name the runs and a resumed job can continue them. A save never
-  waits for a tracker's start-up (an MLflow server can take 10-20 s to open a run): a tracker
-  still opening its run is listed in ``experiment.pending``, and when its run opens a
-  background thread rewrites the committed manifest atomically with the reference
-  (:meth:`~accelkit.checkpointing.manager.CheckpointManager.complete_experiment`). The
-  guarantee: once a tracker's run has opened, every checkpoint saved before that names it
-  within one manifest write; ``wait_for_checkpoints()`` and ``end_training()`` wait for these
-  writes (at most the trackers' ``timeout``). A process killed while a run is still opening
-  leaves the checkpoint's ``pending`` entry: the resumed job opens a new run for that tracker
-  and says so (no points were delivered to the run that never opened);
-- on ``load_state``, hands those references back to the trackers (``continue_run`` before their
-  runs open) and sets the step counter past the checkpoint's step, on every process, whichever
-  of ``init_trackers`` and ``load_state`` came first (``ProjectConfiguration(
-  continue_tracker_runs=False)`` turns this off);
+  script's steps stand against the optimizer steps), its run key (``key``) and each tracker's
+  run reference, so ``accelkit ckpt ls`` can name the runs
+  and a resumed job can continue them. The runs are named when the checkpoint is: a save never
+  waits for a tracker's start-up (an MLflow server can take 10-20 s to open a run), and needs
+  not to, since each tracker named its run from the run key before opening it
+  (:meth:`GeneralTracker.name_run <accelkit.trackers.base.GeneralTracker.name_run>`). The
+  manifest is written once, complete, and every tier's copy says the same, so a job killed at
+  any moment after a save (before any backend answered) resumes into the same runs;
+- on ``load_state``, hands those references and the run key back to the trackers
+  (``continue_run`` before their runs open) and sets the step counter past the checkpoint's
+  step, on every process, whichever of ``init_trackers`` and ``load_state`` came first
+  (``ProjectConfiguration(continue_tracker_runs=False)`` turns this off). A checkpoint written
+  before run keys may list trackers whose run was still opening in ``experiment.pending``:
+  those trackers open new runs, with a warning;
 - queues a :class:`~accelkit.trackers.events.CheckpointEvent` for the trackers after each
   commit and each load (``ProjectConfiguration(checkpoint_events=False)`` turns this off).
   Only the hub's queues are touched here: the backends are called on their worker threads.
@@ -29,11 +27,8 @@
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from accelkit.checkpointing.formats.manifest import Manifest
@@ -45,11 +40,6 @@ from accelkit.training.optim import GradientState
 
 __all__ = ["ExperimentLink"]
 
-logger = logging.getLogger(__name__)
-
-#: What completes a checkpoint's record: ``CheckpointManager.complete_experiment``.
-Completer = Callable[[str, Mapping[str, Any]], bool]
-
 
 class ExperimentLink:
     """Connects a :class:`~accelkit.trackers.hub.TrackerHub` to a checkpoint manager.
@@ -58,9 +48,6 @@ class ExperimentLink:
         hub: the run's trackers.
         continue_runs: continue the trackers' runs from a loaded checkpoint.
         checkpoint_events: tell the trackers about saves and loads.
-        complete: rewrites a committed checkpoint's record when a pending run reference
-            arrives (``CheckpointManager.complete_experiment``); ``None``: saves wait for the
-            runs to open instead.
         gradient_state: the run's accumulation state, whose optimizer steps place a
             checkpoint on the trackers' axis (:meth:`saved_at_step`); ``None``: at the last
             logged step.
@@ -72,97 +59,28 @@ class ExperimentLink:
         *,
         continue_runs: bool,
         checkpoint_events: bool,
-        complete: Completer | None = None,
         gradient_state: GradientState | None = None,
     ) -> None:
         self.hub = hub
         self.continue_runs = continue_runs
         self.checkpoint_events = checkpoint_events
-        self.complete = complete
         self.gradient_state = gradient_state
         # (step, optimizer steps taken) at this job's last log() with a step of the script's.
         self._last_log: tuple[int, int] | None = None
-        self._completing: list[threading.Thread] = []
-        self._guard = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Everything but the threads completing records (they belong to this process)."""
-        state = self.__dict__.copy()
-        state.update(_completing=[], _guard=None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Restore a copy made by :meth:`__getstate__`."""
-        self.__dict__.update(state)
-        self._guard = threading.Lock()
 
     def checkpoint_record(self) -> Mapping[str, Any]:
-        """The manifest's ``experiment``: the last logging step, the trackers' runs, and
-        (``pending``) the trackers whose run is still opening; never waits for them when
-        ``complete`` is set."""
+        """The manifest's ``experiment``: the last logging step, the run key and the
+        trackers' runs (named without waiting for any backend)."""
         if not self.hub.requested_names:
             return {}
-        step = max(-1, self.hub.last_step)
-        saved_at = self.saved_at_step()
-        if self.complete is None:
-            runs = self.hub.references()
-            return {"step": step, "saved_at_step": saved_at, "runs": runs}
-        runs = self.hub.references(wait=False)
-        pending = sorted(set(self.hub.opening()) - set(runs))
-        record: dict[str, Any] = {"step": step, "saved_at_step": saved_at, "runs": runs}
-        if pending:
-            record["pending"] = pending
+        record: dict[str, Any] = {
+            "step": max(-1, self.hub.last_step),
+            "saved_at_step": self.saved_at_step(),
+            "runs": self.hub.references(),
+        }
+        if self.hub.run_key is not None:
+            record["key"] = self.hub.run_key
         return record
-
-    def _complete_later(self, path: str, pending: list[str]) -> None:
-        """Start the thread that waits for ``pending``'s runs and completes ``path``'s record."""
-        complete = self.complete
-        assert complete is not None
-
-        def run() -> None:
-            try:
-                found = self.hub.wait_opened(pending)
-                if found:
-                    complete(path, found)
-                missing = sorted(set(pending) - set(found))
-                if missing:
-                    logger.warning(
-                        "Checkpoint %s: the runs of %s did not open within %.0f s; its manifest "
-                        "keeps them pending, and a job resumed from it opens new runs for them.",
-                        path,
-                        missing,
-                        self.hub.timeout,
-                    )
-            except Exception:  # a storage error: the checkpoint itself is committed and whole
-                logger.warning(
-                    "Checkpoint %s: recording the runs of %s failed; a job resumed from it "
-                    "opens new runs for them.",
-                    path,
-                    pending,
-                    exc_info=True,
-                )
-
-        thread = threading.Thread(target=run, name="accelkit-experiment-record", daemon=True)
-        with self._guard:
-            self._completing = [t for t in self._completing if t.is_alive()] + [thread]
-        thread.start()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the records of checkpoints saved while a run was opening are complete.
-
-        Args:
-            timeout: the most seconds to wait in all (default: the trackers' ``timeout``).
-
-        Returns:
-            ``True`` if every record was completed (or given up) in time.
-        """
-        limit = self.hub.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        with self._guard:
-            threads = list(self._completing)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(thread.is_alive() for thread in threads)
 
     def log(
         self,
@@ -211,12 +129,8 @@ class ExperimentLink:
         return int(record.get("saved_at_step", record.get("step", self.hub.last_step)))
 
     def checkpoint_committed(self, report: CommitReport) -> None:
-        """Complete the record later if a run was still opening; queue a ``save`` event
-        (called by the thread that committed)."""
+        """Queue a ``save`` event (called by the thread that committed)."""
         manifest = report.manifest
-        pending = manifest.experiment.get("pending")
-        if pending and self.complete is not None:
-            self._complete_later(report.path, list(pending))
         if not self.checkpoint_events:
             return
         values = {
@@ -281,8 +195,10 @@ class ExperimentLink:
         resumed = False
         if self.continue_runs and record:
             runs = record.get("runs", {})
+            # ``pending``: a checkpoint written before run keys, whose job ended before these
+            # trackers' runs opened (today's checkpoints name every run when saved).
             lost = sorted(set(record.get("pending", [])) - set(runs))
-            resumed = self.hub.resume(runs, step)
+            resumed = self.hub.resume(runs, step, record.get("key"))
             if resumed and lost:
                 warnings.warn(
                     f"Checkpoint {report.path} was saved while the runs of {lost} were still "

@@ -24,14 +24,13 @@ raised into a save or a load.
 
 Public API: :class:`CheckpointManager` (``register``, ``register_save_pre_hook``,
 ``register_load_pre_hook``, ``save``, ``wait``, ``load``, ``list_checkpoints``, ``latest``,
-``checkpoints_root``, ``save_object``, ``complete_experiment``), :class:`IterationCounter` and
+``checkpoints_root``, ``save_object``), :class:`IterationCounter` and
 :class:`~accelkit.checkpointing.restore.sequence.LoadResult` (what ``load`` returns).
 """
 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import io
 import logging
 import os
@@ -67,7 +66,6 @@ from accelkit.checkpointing.commit.protocol import (
 from accelkit.checkpointing.config import ProjectConfiguration
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
-from accelkit.checkpointing.formats.manifest import read_manifest, write_manifest
 from accelkit.checkpointing.formats.safetensors_io import write_safetensors
 from accelkit.checkpointing.interop.accelerate_format import AccelerateReader
 from accelkit.checkpointing.listener import (
@@ -96,10 +94,6 @@ __all__ = [
 
 
 logger = logging.getLogger(__name__)
-
-# Retention's deletions and complete_experiment's manifest rewrites never overlap in this
-# process (a module lock, not an attribute: managers pickle with their Accelerator).
-_MANIFESTS = threading.Lock()
 
 
 class ProcessInfo(Protocol):
@@ -390,57 +384,13 @@ class CheckpointManager:
         if replicator is not None and limit is not None:
             budget = HoldBudget(limit, replicator.release, self._dropped)
         policy = self.config.retention_policy()
-        with _MANIFESTS:
-            apply_retention(self.storage(root), root, policy, committed, protect, budget)
+        apply_retention(self.storage(root), root, policy, committed, protect, budget)
 
     def _dropped(self, info: CheckpointInfo) -> None:
         """Tell the listener that the disk budget deleted a checkpoint not yet replicated."""
         listener = self._listener()
         if listener is not None and info.manifest is not None:
             listener.checkpoint_dropped(DropReport(info.path, info.manifest, info.size_bytes))
-
-    def complete_experiment(self, path: str, runs: Mapping[str, Mapping[str, Any] | None]) -> bool:
-        """Record run references that arrived after the checkpoint at ``path`` was committed.
-
-        A checkpoint saved while a tracker was still opening its run lists that tracker in its
-        manifest's ``experiment.pending`` (the save does not wait for a backend's start-up).
-        When the run opens, this rewrites the manifest atomically with the reference added to
-        ``experiment.runs`` and the tracker taken off ``pending``: a reader sees the old
-        manifest or the new one, and every other field (files, checksums) is unchanged. A
-        tracker whose run failed to open is given as ``None``: it is taken off ``pending``
-        with no reference (the resumed job opens a new run for it).
-
-        Args:
-            path: the committed checkpoint's folder or URL.
-            runs: tracker name -> its run reference (or ``None``), for names in ``pending``.
-
-        Returns:
-            ``True`` if the manifest was rewritten; ``False`` if there was nothing to do (no
-            manifest any more: retention deleted the checkpoint; or nothing pending for these
-            names).
-        """
-        storage = self.storage(path)
-        with _MANIFESTS:
-            manifest = read_manifest(storage, path)
-            if manifest is None:
-                return False
-            experiment = dict(manifest.experiment)
-            pending = list(experiment.get("pending", []))
-            resolved = [name for name in pending if name in runs]
-            if not resolved:
-                return False
-            known = dict(experiment.get("runs", {}))
-            for name in resolved:
-                reference = runs[name]
-                if reference is not None:
-                    known[name] = dict(reference)
-            left = [name for name in pending if name not in runs]
-            experiment.pop("pending", None)
-            experiment["runs"] = known
-            if left:
-                experiment["pending"] = left
-            write_manifest(storage, path, dataclasses.replace(manifest, experiment=experiment))
-            return True
 
     def _on_commit(
         self, listener: SafeListener | None, started: float, asynchronous: bool, automatic: bool

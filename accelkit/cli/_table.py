@@ -11,8 +11,9 @@ from accelkit._text import escape
 
 __all__ = ["format_age", "format_runs", "format_size", "one_entry", "render_table"]
 
-# The keys holding a run's id in the trackers' run references (MLflow and W&B, Comet).
-_RUN_ID_KEYS = ("run_id", "experiment_key")
+# The keys holding a run's id in the trackers' run references (MLflow and W&B, Comet; an
+# MLflow run named by its run key before it opened).
+_RUN_ID_KEYS = ("run_id", "experiment_key", "run_key")
 # What would split the RUNS cell into several entries or columns, after escaping.
 _SEPARATORS = re.compile(r"[\s,:]")
 
@@ -54,7 +55,8 @@ def format_runs(experiment: Mapping[str, Any] | None) -> str:
     """A manifest's ``experiment`` record as ``mlflow:1a2b3c4d,tensorboard`` (``"-"``: none).
 
     One entry per tracker, by name: ``name:<first 8 characters of the run id>`` for trackers
-    whose reference has an id (``run_id``, ``experiment_key``), the name alone for the others
+    whose reference has an id (``run_id``, ``experiment_key``, else ``run_key``), the name
+    alone for the others
     (folder-based ones). A manifest is untrusted: control characters are escaped as
     everywhere else (:func:`accelkit._text.escape`), and spaces, ``,`` and ``:`` are shown as
     ``?`` so that the cell stays one entry per tracker in one column.

@@ -133,6 +133,8 @@ class Worker:
     Attributes:
         started: ``start()`` returned (the backend's run is open).
         reference: what the tracker's ``run_reference()`` returned after its start.
+        planned: the reference of the run it is opening, known before its start (set by the
+            hub: the tracker's ``name_run()``, or the checkpoint's reference it continues).
         opened: set once the worker handled its start (successfully or not).
     """
 
@@ -148,6 +150,7 @@ class Worker:
         self.failed = False
         self.started = False
         self.reference: dict[str, Any] | None = None
+        self.planned: dict[str, Any] | None = None
         # Called on this worker's thread once start() returned (the hub moves its exit hook
         # behind the one the backend may have registered in start(): wandb does).
         self.on_started: Callable[[], None] | None = None
@@ -512,7 +515,7 @@ class Worker:
                 if (
                     run is not None
                     and resume is not None
-                    and run.get("reference") == resume.reference
+                    and _same_run(run.get("reference"), resume.reference)
                 ):
                     journal.drop_after(resume.step)  # the resumed run logs those again
                     journal.load()
@@ -529,7 +532,8 @@ class Worker:
         if self.journal is None or settings is None:
             return
         try:
-            self.journal.write_run({**settings.run, "reference": self.reference})
+            reference = self.reference if self.reference is not None else self.planned
+            self.journal.write_run({**settings.run, "reference": reference})
         except OSError as error:
             self._journal_broken(error)
 
@@ -611,8 +615,10 @@ class Worker:
                     self.call("store_init_configuration", tracker.store_init_configuration, config)
                 self._take_reference()
             return
-        if not self._try_start():
-            self._write_run()  # no reference yet: `accelkit track sync` starts a new run
+        # The run it opens, named before start() (a job killed meanwhile resumes this journal
+        # into that run; without a name, `accelkit track sync` starts a new run).
+        self._write_run()
+        self._try_start()
         if config is not None and self.journal is not None and not self.failed:
             with self._journal_lock:
                 if self.journal is not None:
@@ -876,3 +882,16 @@ def deliver(tracker: GeneralTracker, journal: Journal, on_sent: Callable[[Entry]
             sent += count
             for entry in group:
                 on_sent(entry)
+
+
+def _same_run(recorded: object, reference: Mapping[str, Any] | None) -> bool:
+    """Whether a journal's run (``run.json``) is the run a checkpoint's ``reference`` names:
+    equal, or holding every field of it (a run named before it opened, as MLflow's is by its
+    run key, gains fields once open)."""
+    if recorded == reference:
+        return True
+    return (
+        isinstance(recorded, Mapping)
+        and bool(reference)
+        and all(recorded.get(key) == value for key, value in (reference or {}).items())
+    )

@@ -6,9 +6,10 @@ A tracker class is constructed as Accelerate constructs it: ``cls(run_name, logg
 ``start()`` opens the backend's run (this is where the backend's SDK is imported, so importing
 accelkit never imports wandb, mlflow, comet_ml or tensorboard), ``store_init_configuration()``
 records the hyperparameters, ``log()`` records values at a step and ``finish()`` closes the run.
-Three optional methods connect a tracker to checkpoints: ``run_reference()`` (what a checkpoint
-records to continue the run), ``continue_run()`` (reopen that run on resume) and
-``on_checkpoint()`` (a checkpoint was saved or loaded).
+Four optional methods connect a tracker to checkpoints: ``name_run()`` (name the run from the
+run key before it opens), ``run_reference()`` (what a checkpoint records to continue the run),
+``continue_run()`` (reopen that run on resume) and ``on_checkpoint()`` (a checkpoint was saved
+or loaded).
 
 Custom trackers subclass `GeneralTracker`, set the class attributes ``name``,
 ``requires_logging_directory`` and ``main_process_only``, and implement ``log`` (and usually
@@ -174,6 +175,31 @@ class GeneralTracker:
         """Flush and close the backend's run. Called by ``Accelerator.end_training``."""
 
     # Experiment continuity: optional, for trackers whose runs a resumed job can continue.
+
+    def name_run(self, key: str) -> dict[str, Any] | None:
+        """Name the run this tracker is about to open, before it opens: what a checkpoint
+        saved while :meth:`start` is still running records for it.
+
+        Called once per run, before :meth:`continue_run` and :meth:`start`, on the thread that
+        opens the runs (not the tracker's worker), with the run key accelkit chose for the run:
+        32 letters and digits, new for a new run, the checkpoint's own when a job resumes from
+        one. It must not contact the backend: it decides, from ``key`` and the tracker's
+        configuration alone, which run :meth:`start` will open or find (W&B opens the run
+        whose id is ``key``, Comet the experiment whose key is ``key``, MLflow the run tagged
+        ``accelkit.run_key`` = ``key``), remembers that, and returns a reference
+        :meth:`continue_run` accepts for it. Every checkpoint then names the run from the first
+        save, and a job killed at any moment, even before :meth:`start` returned, resumes into
+        that same run.
+
+        Args:
+            key: the run key.
+
+        Returns:
+            The run's reference (JSON values), or ``None`` (the default): the run is named
+            only in checkpoints saved after :meth:`start` returned (:meth:`run_reference`),
+            and a job killed before that resumes into a new run.
+        """
+        return None
 
     def run_reference(self) -> dict[str, Any] | None:
         """What a checkpoint records so that a resumed job continues this tracker's run.

@@ -42,18 +42,21 @@ class CometMLTracker(GeneralTracker):
     ``log_metrics`` with the key as prefix, strings to ``log_other`` (with one warning per key:
     Comet keeps only their latest value); anything else is skipped with one warning per key.
 
-    Experiment continuity: a checkpoint records ``{"experiment_key", "project"}``. A job
-    resumed from it continues that experiment (``comet_ml.start(experiment_key=...)``), but
-    only when the checkpoint's project is the project this tracker logs to (``run_name``); the
-    workspace and server come from this job's settings, never from the checkpoint. An
-    ``experiment_key`` or ``mode`` in ``init_kwargs`` wins over the checkpoint. Online the
-    server is asked first: an experiment it does not find, or finds in another workspace or
-    project (a key is valid across them), is a warning and a new experiment; otherwise it is
-    continued with ``mode="get"``. Offline nothing can be asked, so the new archive carries
-    the same key with ``mode="get_or_create"``: ``comet upload`` appends it to the experiment,
-    or creates it with that key when it never reached the server (an offline job killed before
-    ``end()`` leaves no data, only an empty archive: Comet writes its archive at the end); a
-    vanished experiment is thus not detected offline. Comet cannot forget
+    Experiment continuity: a new experiment's key is accelkit's run key (:meth:`name_run`; an
+    ``experiment_key`` in ``init_kwargs`` wins), so every checkpoint records
+    ``{"experiment_key", "project"}`` from the first save, before ``comet_ml.start`` has
+    returned. A job resumed from it continues that experiment
+    (``comet_ml.start(experiment_key=..., mode="get_or_create")``), but only when the
+    checkpoint's project is the project this tracker logs to (``run_name``); the workspace and
+    server come from this job's settings, never from the checkpoint. An ``experiment_key`` or
+    ``mode`` in ``init_kwargs`` wins over the checkpoint. Online the server is asked first: an
+    experiment it finds in another workspace or project (a key is valid across them) is a
+    warning and a new experiment; one it does not find is created with that key (the job that
+    saved the checkpoint was killed before its experiment reached the server). Offline nothing
+    can be asked: ``comet upload`` appends the new archive to the experiment, or creates it
+    with that key when it never reached the server (an offline job killed before ``end()``
+    leaves no data, only an empty archive: Comet writes its archive at the end). Comet cannot
+    forget
     the points logged after the checkpoint, so the experiment records where it was resumed
     (``log_other("accelkit/resumed_at_step", <checkpoint's step>)``).
 
@@ -76,6 +79,7 @@ class CometMLTracker(GeneralTracker):
         super().__init__(run_name, logging_dir, **kwargs)
         self.experiment: Any = None
         self._resume: tuple[str, int] | None = None
+        self._key: str | None = None  # the key a new experiment gets (see name_run)
 
     @property
     @override
@@ -106,6 +110,8 @@ class CometMLTracker(GeneralTracker):
         resume, self._resume = self._resume, None
         if resume is not None and self._start_continued(comet_ml, config, kwargs, *resume):
             return
+        if resume is None and self._key is not None and not _own_choice(kwargs):
+            kwargs.update(experiment_key=self._key, mode="create")
         self.experiment = comet_ml.start(
             project_name=self.run_name, experiment_config=config, **kwargs
         )
@@ -115,7 +121,7 @@ class CometMLTracker(GeneralTracker):
     ) -> bool:
         """Continue experiment ``key``; ``False`` (and a warning) when it cannot be."""
         online = kwargs.get("online") is not False
-        try:
+        try:  # get_or_create: a key the server never saw is the checkpoint's, created now
             if online:
                 workspace = kwargs.get("workspace") or comet_ml.get_config().get_string(
                     None, "comet.workspace"
@@ -129,7 +135,7 @@ class CometMLTracker(GeneralTracker):
                 project_name=self.run_name,
                 experiment_config=config,
                 experiment_key=key,
-                mode="get" if online else "get_or_create",
+                mode="get_or_create",
                 **kwargs,
             )
         except Exception as error:
@@ -173,6 +179,23 @@ class CometMLTracker(GeneralTracker):
             self.experiment.end()
 
     @override
+    def name_run(self, key: str) -> dict[str, Any] | None:
+        """A new experiment's key is ``key`` (an ``experiment_key`` in ``init_kwargs`` wins);
+        ``None`` when ``init_kwargs`` has a ``mode`` of its own.
+
+        Args:
+            key: the run key (32 letters and digits: a valid Comet experiment key).
+        """
+        self._key = None
+        if "mode" in self.init_kwargs:
+            return None
+        chosen = self.init_kwargs.get("experiment_key") or key
+        if not isinstance(chosen, str) or not _EXPERIMENT_KEY.fullmatch(chosen):
+            return None
+        self._key = key
+        return {"experiment_key": chosen, "project": self.run_name}
+
+    @override
     def run_reference(self) -> dict[str, Any] | None:
         """``{"experiment_key", "project"}`` of the experiment."""
         if self.experiment is None:
@@ -188,7 +211,7 @@ class CometMLTracker(GeneralTracker):
             step: the checkpoint's last logging step, recorded as ``accelkit/resumed_at_step``.
         """
         self._resume = None
-        if reference is None or any(key in self.init_kwargs for key in _OWN_EXPERIMENT_CHOICE):
+        if reference is None or _own_choice(self.init_kwargs):
             return
         key = continuable_id(
             "comet_ml",
@@ -202,6 +225,7 @@ class CometMLTracker(GeneralTracker):
             new="experiment",
         )
         if key is None:
+            self._key = None  # refused: a new experiment, with a key of Comet's own
             return
         self._resume = (key, int(step))
 
@@ -229,11 +253,13 @@ def _experiment_elsewhere(api: Any, key: str, workspace: str | None, project: st
         project: the project this run logs to.
 
     Returns:
-        The reason, or ``None`` when the experiment is in this workspace and project.
+        The reason, or ``None`` when the experiment is in this workspace and project, or is
+        not on the server (it is created there with this key: the checkpoint named it before
+        its job's experiment reached the server).
     """
     found = api.get_experiment_by_key(key)
     if found is None:
-        return f"Comet experiment {key!r} no longer exists (or this API key cannot see it)"
+        return None
     workspace = workspace or api.get_default_workspace()
     if found.workspace != workspace or (found.project_name or "").lower() != project.lower():
         return (
@@ -241,6 +267,11 @@ def _experiment_elsewhere(api: Any, key: str, workspace: str | None, project: st
             f"this run's {workspace}/{project}"
         )
     return None
+
+
+def _own_choice(kwargs: dict[str, Any]) -> bool:
+    """Whether ``init_kwargs`` already say which experiment to open."""
+    return any(key in kwargs for key in _OWN_EXPERIMENT_CHOICE)
 
 
 def _warn(what: str) -> None:

@@ -40,10 +40,17 @@ sets the step counter past the checkpoint's last logged step. That works whichev
 only builds the trackers and their runs are opened at their first use: the first ``log``,
 ``flush``, ``get``, ``trackers``, a checkpoint save, or ``finish``. A start failure is then
 reported at that use, like a failure in ``log``. :meth:`TrackerHub.references` gives the
-references for a new checkpoint (with ``wait=False``, what a save uses, only those of the runs
-already open: :meth:`TrackerHub.opening` names the others and :meth:`TrackerHub.wait_opened`
-waits for them off the training thread) and :meth:`TrackerHub.event` queues a checkpoint event
-(:mod:`accelkit.trackers.events`) for every tracker's worker.
+references for a new checkpoint (see "Run keys") and :meth:`TrackerHub.event` queues a
+checkpoint event (:mod:`accelkit.trackers.events`) for every tracker's worker.
+
+Run keys: each run has a key chosen by the hub (:attr:`TrackerHub.run_key`: new at ``init``, the
+checkpoint's own when a job resumes from one), handed to each tracker's ``name_run`` before its
+run opens. The tracker maps the key to its backend's run (W&B's run id, Comet's experiment key,
+an MLflow run tag) and returns that run's reference at once, so a checkpoint names every run
+from the first save without waiting for any backend's start-up, and a job killed at any moment
+resumes into the same runs. A tracker that records its runs (``run_reference``) but cannot
+name one before it opens (no ``name_run``) is waited for at a save instead, at most
+``timeout`` seconds.
 
 Journal: with a logging directory, each tracker's worker keeps a journal of what it sends
 (:mod:`accelkit.trackers.journal`): a backend that raises is retried with backoff and caught
@@ -65,6 +72,7 @@ import functools
 import os
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -85,7 +93,7 @@ from accelkit.trackers.failures import FailurePolicy, TrackerError, TrackerFailu
 from accelkit.trackers.registry import constructor_arguments, resolve_log_with
 from accelkit.trackers.values import snapshot
 
-__all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning"]
+__all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning", "new_run_key"]
 
 _WAKE_AT = 256
 _MAX_EARLY_EVENTS = 16
@@ -130,7 +138,6 @@ class TrackerHub:
         self.requested_names = [spec.name for spec in specs]
         self._specs = [s for s in specs if is_main_process or not s.main_process_only]
         self._workers: list[Worker] = []
-        self._retired: list[Worker] = []  # the finished run's workers (see wait_opened)
         self._live: list[Worker] = []
         self._lock = threading.Lock()
         self._atexit_registered = False
@@ -142,6 +149,10 @@ class TrackerHub:
         self._unstarted: list[Worker] = []  # constructed, start() not queued yet (deferred)
         self._config: Mapping[str, Any] | None = None  # stored again when a run is reopened
         self._resume: tuple[Mapping[str, Any], int] | None = None  # a loaded checkpoint's runs
+        self._resume_key: str | None = None  # and its run key
+        self.run_key: str | None = None
+        """The key of this run (see "Run keys" in the module docstring); ``None`` before
+        ``init``."""
         self._early_events: list[CheckpointEvent] = []  # events from before the runs opened
 
     @classmethod
@@ -208,7 +219,7 @@ class TrackerHub:
         the module docstring).
         """
         state = self.__dict__.copy()
-        for key in ("_workers", "_retired", "_live", "_specs", "_unstarted", "_early_events"):
+        for key in ("_workers", "_live", "_specs", "_unstarted", "_early_events"):
             state[key] = []
         state.update(_lock=None, _exit_lock=None, _atexit_registered=False, _config=None)
         state["_detached"] = True
@@ -286,6 +297,7 @@ class TrackerHub:
             )
         init_kwargs = dict(init_kwargs or {})
         self._next_step = 0 if self._resume is None else self._resume[1] + 1
+        self.run_key = self._resume_key or new_run_key()
         self._logged = False
         self._policy.begin_run({spec.name for spec in self._specs})
         unknown = sorted(set(init_kwargs) - {spec.name for spec in self._specs})
@@ -377,6 +389,7 @@ class TrackerHub:
             opened = []
             config = self._config
             for worker in workers:
+                named = self._name_run(worker)
                 resume: Resume | None = None
                 if self._resume is not None:
                     runs, step = self._resume
@@ -384,6 +397,8 @@ class TrackerHub:
                     resume = Resume(
                         dict(reference) if isinstance(reference, Mapping) else None, step
                     )
+                # The run it will open: the checkpoint's, if it continues one, else the key's.
+                worker.planned = (resume.reference if resume else None) or named
                 start = functools.partial(Start, config=config, resume=resume)
                 opened.append((worker, worker.signal(start)))
                 worker.items.extend(Checkpoint(event) for event in self._early_events)
@@ -393,6 +408,19 @@ class TrackerHub:
         if wait:
             for worker, done in opened:
                 self._wait_started(worker, done)
+
+    def _name_run(self, worker: Worker) -> dict[str, Any] | None:
+        """The tracker's ``name_run(run_key)``: the reference of the run it is about to open."""
+        if self.run_key is None:
+            return None
+        try:
+            named = worker.tracker.name_run(self.run_key)
+        except Exception as error:  # its run is then named once it opens
+            self._policy.degraded(
+                worker.name, f"name_run() failed ({type(error).__name__}: {error})"
+            )
+            return None
+        return None if named is None else dict(named)
 
     def _wait_started(self, worker: Worker, done: threading.Event) -> None:
         if not done.wait(self.timeout):
@@ -532,8 +560,7 @@ class TrackerHub:
         """
         self._open_runs(wait=False)  # a run with only its configuration is still a run
         workers, self._workers, self._live = self._workers, [], []
-        self._retired = workers
-        self._resume = None
+        self._resume = self._resume_key = None
         with self._exit_lock:
             if self._atexit_registered:
                 atexit.unregister(self._drain_at_exit)
@@ -589,74 +616,44 @@ class TrackerHub:
         """The step of the last ``log()`` call of this run (``-1`` before the first)."""
         return self._next_step - 1
 
-    def references(self, wait: bool = True) -> dict[str, dict[str, Any]]:
-        """Tracker name -> what its ``run_reference()`` returned, for a checkpoint's manifest.
+    def references(self) -> dict[str, dict[str, Any]]:
+        """Tracker name -> the reference of its run, for a checkpoint's manifest.
 
-        Opens the runs not opened yet (a checkpoint saved before the first ``log()``); failed
-        trackers and those that record nothing are left out.
-
-        Args:
-            wait: wait for the runs still opening, at most ``timeout`` seconds. ``False``:
-                return at once with the runs open so far (those still opening are named by
-                :meth:`opening`); what a checkpoint save does, so that it never waits for a
-                backend's start-up.
+        A run still opening is named by what its tracker's ``name_run`` returned for the run
+        key (or by the checkpoint's reference it is continuing), an open run by its
+        ``run_reference()``: no wait for a backend. Only a tracker that records its runs but
+        cannot name one before it opens (a ``run_reference`` without a ``name_run``: custom
+        trackers written before run keys) is waited for, at most ``timeout`` seconds, so
+        that its run is not left out. Opens the runs not opened yet (a checkpoint saved before
+        the first ``log()``); failed trackers and those that name nothing are left out.
         """
-        self._open_runs(wait=wait)
-        if wait:
-            self._wait_opened()
-        return {
-            worker.name: worker.reference
-            for worker in self._live
-            if worker.opened.is_set() and worker.reference is not None and not worker.failed
-        }
-
-    def opening(self) -> list[str]:
-        """The names of the live trackers whose run is still opening (``start`` queued or
-        running, not returned yet)."""
-        return [worker.name for worker in self._live if not worker.opened.is_set()]
-
-    def wait_opened(self, names: list[str], timeout: float | None = None) -> dict[str, Any]:
-        """Wait until the runs of ``names`` have opened (or failed); return their references.
-
-        Safe to call from any thread (experiment continuity waits here, off the training
-        thread, to complete a checkpoint saved while a run was opening).
-
-        Args:
-            names: tracker names.
-            timeout: the most seconds to wait in all (default: the hub's ``timeout``).
-
-        Returns:
-            Tracker name -> its run reference, or ``None`` for a tracker whose run failed to
-            open or that records none; names still opening when the time ran out are left out.
-        """
-        limit = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + limit
-        everyone = list(self._workers) or list(self._retired)  # finish() may have begun
-        workers = [worker for worker in everyone if worker.name in names]
-        found: dict[str, Any] = {}
-        for worker in workers:
-            if not worker.opened.wait(max(0.0, deadline - time.monotonic())):
-                continue
-            reference = None if worker.failed else worker.reference
-            found[worker.name] = None if reference is None else dict(reference)
-        for name in names:  # a tracker that was dropped (failed) before it opened
-            if name not in found and not any(w.name == name for w in workers):
-                found[name] = None
+        self._open_runs(wait=False)
+        deadline = time.monotonic() + self.timeout
+        for worker in self._live:
+            if worker.planned is None and _records_runs(worker.tracker):
+                worker.opened.wait(max(0.0, deadline - time.monotonic()))
+        found: dict[str, dict[str, Any]] = {}
+        for worker in self._live:
+            reference = worker.reference if worker.reference is not None else worker.planned
+            if reference is not None and not worker.failed:
+                found[worker.name] = dict(reference)
         return found
 
-    def resume(self, runs: Mapping[str, Any], step: int) -> bool:
+    def resume(self, runs: Mapping[str, Any], step: int, key: str | None = None) -> bool:
         """Continue the runs a loaded checkpoint names, after its last logged ``step``.
 
         Sets the step counter to ``step + 1`` (so ``log()`` without a step continues the
-        numbering). Trackers whose runs are not open yet (``init`` has not been called, or
-        nothing used them since) get ``continue_run(reference, step)`` before their
-        ``start()``. Trackers already logging are left as they are: a checkpoint loaded in the
-        middle of a run (to evaluate the best one, or to roll back) must not rewrite the
-        curves logged so far.
+        numbering) and the run key to the checkpoint's. Trackers whose runs are not open yet
+        (``init`` has not been called, or nothing used them since) get
+        ``continue_run(reference, step)`` before their ``start()``. Trackers already logging
+        are left as they are: a checkpoint loaded in the middle of a run (to evaluate the
+        best one, or to roll back) must not rewrite the curves logged so far.
 
         Args:
             runs: tracker name -> the reference the checkpoint recorded for it.
             step: the checkpoint's last logging step (``-1``: nothing was logged before it).
+            key: the checkpoint's run key (``None``: a checkpoint from before run keys; the
+                run keeps its own).
 
         Returns:
             ``True`` if the runs will be continued; ``False`` if this run had logged already
@@ -666,6 +663,10 @@ class TrackerHub:
             return False
         self._resume = (dict(runs), int(step))
         self._next_step = int(step) + 1
+        if key is not None:
+            self._resume_key = key
+            if self._workers == self._unstarted:  # no run named yet (or no init yet)
+                self.run_key = key
         return True
 
     def event(self, event: CheckpointEvent) -> None:
@@ -682,3 +683,14 @@ class TrackerHub:
                 self._early_events.append(event)
         for worker in live:
             worker.items.append(Checkpoint(event))
+
+
+def new_run_key() -> str:
+    """A new run key: 32 lowercase hexadecimal digits (random), a valid W&B run id and Comet
+    experiment key as it is."""
+    return uuid.uuid4().hex
+
+
+def _records_runs(tracker: GeneralTracker) -> bool:
+    """Whether ``tracker`` records its runs in checkpoints (its own ``run_reference``)."""
+    return type(tracker).run_reference is not GeneralTracker.run_reference

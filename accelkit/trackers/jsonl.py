@@ -146,6 +146,15 @@ class JSONLTracker(GeneralTracker):
         self._file = open_append(self.path, _ROLE)
 
     @override
+    def name_run(self, key: str) -> dict[str, Any] | None:
+        """The run is this tracker's file, known before it opens: :meth:`run_reference`.
+
+        Args:
+            key: the run key (not needed: the folder names the run).
+        """
+        return self.run_reference()
+
+    @override
     def run_reference(self) -> dict[str, Any] | None:
         """``{"path": <absolute path of metrics.jsonl>}``, for display only."""
         return {"path": os.path.abspath(self.path)}

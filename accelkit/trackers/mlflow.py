@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKPOINT_TAG_PREFIX",
+    "RUN_KEY_TAG",
     "LATEST_CHECKPOINT_TAG",
     "LOADED_CHECKPOINT_TAG",
     "RESUMED_AT_MS_TAG",
@@ -32,6 +33,7 @@ __all__ = [
 ]
 
 RESUMED_AT_STEP_TAG = "accelkit.resumed_at_step"
+RUN_KEY_TAG = "accelkit.run_key"
 RESUMED_AT_MS_TAG = "accelkit.resumed_at_ms"
 CHECKPOINT_TAG_PREFIX = "accelkit.checkpoint."
 LATEST_CHECKPOINT_TAG = CHECKPOINT_TAG_PREFIX + "latest"
@@ -40,6 +42,8 @@ LOADED_CHECKPOINT_TAG = CHECKPOINT_TAG_PREFIX + "loaded"
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
 _RUN_ID = re.compile(r"[0-9a-fA-F]{8,64}")
 _EXPERIMENT_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
+# A run key (letters and digits only: it goes into a search filter as it is).
+_RUN_KEY = re.compile(r"[0-9A-Za-z]{1,64}")
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_PARAM_LENGTH = 6000
@@ -51,12 +55,23 @@ _MAX_URI_LENGTH = 2000
 
 @dataclass(frozen=True)
 class _Continuation:
-    """A checkpoint's run reference, checked for shape (not yet against the store)."""
+    """A checkpoint's run reference, checked for shape (not yet against the store): a run id
+    and its experiment id, or (a checkpoint saved before the run opened) a run key and its
+    experiment's name."""
 
-    run_id: str
-    experiment_id: str
-    tracking_uri: str
+    run_id: str | None
+    experiment_id: str | None
+    tracking_uri: str | None
     step: int
+    run_key: str | None = None
+    experiment_name: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The run, in words."""
+        if self.run_id is not None:
+            return repr(self.run_id)
+        return f"tagged {RUN_KEY_TAG}={self.run_key!r}"
 
 
 class MLflowTracker(GeneralTracker):
@@ -73,20 +88,25 @@ class MLflowTracker(GeneralTracker):
     As in the reference, ``MLFLOW_EXPERIMENT_NAME``, ``MLFLOW_RUN_ID``, ``MLFLOW_TAGS`` (a JSON
     object) and ``MLFLOW_NESTED_RUN`` take priority over the matching arguments.
 
-    Checkpoints. Each checkpoint records ``{"run_id", "experiment_id", "tracking_uri"}`` (the
-    URI with any user name and password removed; it is only compared, never used to connect).
-    A job resuming from that checkpoint reopens the same run (status set back to ``RUNNING``)
-    when this tracker logs to the same tracking URI and experiment now and the run still
-    exists there; otherwise (another URI or experiment, a deleted or unknown run, a malformed
-    id) it warns and creates a new run. MLflow cannot delete metric points, so the points the
-    killed job logged after the checkpoint stay: the run then holds two values for those
-    steps. The resume point is recorded in the run's tags ``accelkit.resumed_at_step`` (the
-    checkpoint's last logged step) and ``accelkit.resumed_at_ms`` (when the run was reopened,
-    in ms since the epoch), comma-separated lists when a run is resumed several times: a point
-    at a step past ``resumed_at_step`` whose timestamp is at or after ``resumed_at_ms`` belongs
-    to the resumed timeline, an earlier one to the abandoned one. The configuration stored
-    again by the resumed job keeps MLflow's params (they cannot change): those with the same
-    value are skipped, changed ones are skipped with one warning.
+    Checkpoints. A new run is tagged ``accelkit.run_key`` with accelkit's run key
+    (:meth:`name_run`), so a checkpoint saved before the server has answered names the run by
+    ``{"run_key", "experiment_name", "tracking_uri"}``; once the run is open, checkpoints record
+    ``{"run_id", "experiment_id", "tracking_uri", "run_key"}`` (the URI with any user name and
+    password removed; it is only compared, never used to connect). A job resuming from that
+    checkpoint reopens the same run (status set back to ``RUNNING``), found by its id or by its
+    run key in this tracker's experiment (created with that tag if the saving job was killed
+    before it reached the server), when this tracker logs to the same tracking URI and
+    experiment now and the run still exists there; otherwise (another URI or experiment, a
+    deleted or unknown run, a malformed id) it warns and creates a new run. MLflow cannot delete
+    metric points, so the points the killed job logged after the checkpoint stay: the run then
+    holds two values for those steps. The resume point is recorded in the run's tags
+    ``accelkit.resumed_at_step`` (the checkpoint's last logged step) and
+    ``accelkit.resumed_at_ms`` (when the run was reopened, in ms since the epoch),
+    comma-separated lists when a run is resumed several times: a point at a step past
+    ``resumed_at_step`` whose timestamp is at or after ``resumed_at_ms`` belongs to the resumed
+    timeline, an earlier one to the abandoned one. The configuration stored again by the resumed
+    job keeps MLflow's params (they cannot change): those with the same value are skipped,
+    changed ones are skipped with one warning.
 
     Checkpoint events (:mod:`accelkit.trackers.events`) are metrics at the event's step
     (``checkpoint/save_seconds``, ...) and tags holding the checkpoint's path:
@@ -147,6 +167,7 @@ class MLflowTracker(GeneralTracker):
         self.client: Any = None
         self.run: Any = None
         self._continuation: _Continuation | None = None
+        self._run_key: str | None = None  # a new run is tagged with it (see name_run)
         self._tag_warned = False
 
     @property
@@ -186,7 +207,7 @@ class MLflowTracker(GeneralTracker):
                 self._mark_resumed(self.run, continuation.step)
             elif continuation is not None:
                 warnings.warn(
-                    f"Tracker 'mlflow': the checkpoint's run {continuation.run_id!r} is not "
+                    f"Tracker 'mlflow': the checkpoint's run {continuation.label} is not "
                     f"continued: run_id={self.run_id!r} (or MLFLOW_RUN_ID) was given and takes "
                     "priority; logging to that run.",
                     UserWarning,
@@ -205,6 +226,13 @@ class MLflowTracker(GeneralTracker):
             if self.run is not None:
                 self.run_id = self.run.info.run_id
                 return
+        self.run = self._create_run(experiment_id)
+        self.run_id = self.run.info.run_id
+        if continuation is not None and self._run_key is not None:  # named, never created
+            self._mark_resumed(self.run, continuation.step)
+
+    def _create_run(self, experiment_id: str) -> Any:
+        """A new run in ``experiment_id``, tagged with the run key (if any)."""
         tags = {str(k): str(v) for k, v in self.tags.items()}
         if self.description:
             tags["mlflow.note.content"] = self.description
@@ -214,23 +242,48 @@ class MLflowTracker(GeneralTracker):
             parent = mlflow.active_run()
             if parent is not None:
                 tags.setdefault("mlflow.parentRunId", parent.info.run_id)
-        self.run = self.client.create_run(experiment_id, run_name=self.mlflow_run_name, tags=tags)
-        self.run_id = self.run.info.run_id
+        if self._run_key is not None:
+            tags[RUN_KEY_TAG] = self._run_key
+        return self.client.create_run(experiment_id, run_name=self.mlflow_run_name, tags=tags)
+
+    @override
+    def name_run(self, key: str) -> dict[str, Any] | None:
+        """Tag a new run with ``key`` (``accelkit.run_key``): the run is then found by it.
+
+        ``None`` when a ``run_id`` (or ``MLFLOW_RUN_ID``) was given: that run is logged to.
+
+        Args:
+            key: the run key.
+        """
+        self._run_key = None
+        if self.run_id is not None or not _RUN_KEY.fullmatch(key):
+            return None
+        self._run_key = key
+        reference: dict[str, Any] = {"run_key": key, "experiment_name": self.experiment_name}
+        uri, _ = self._resolve_uri()  # None: MLflow's default, known once the client exists
+        if uri is not None:
+            reference["tracking_uri"] = _display_uri(uri)
+        return reference
 
     @override
     def run_reference(self) -> dict[str, Any] | None:
-        """``{"run_id", "experiment_id", "tracking_uri"}`` of the open run (``None`` before).
+        """``{"run_id", "experiment_id", "tracking_uri"}`` of the open run (``None`` before),
+        with the ``run_key`` and ``experiment_name`` :meth:`name_run` recorded before it opened.
 
         The tracking URI is recorded without user name and password, for display and for
         :meth:`continue_run` to compare with the URI it logs to then.
         """
         if self.client is None or self.run is None:
             return None
-        return {
+        reference = {
             "run_id": self.run.info.run_id,
             "experiment_id": str(self.run.info.experiment_id),
             "tracking_uri": _display_uri(str(self.client.tracking_uri)),
         }
+        key = self.run.data.tags.get(RUN_KEY_TAG)
+        if isinstance(key, str) and _RUN_KEY.fullmatch(key):  # as name_run named it
+            reference.update(run_key=key, experiment_name=self.experiment_name)
+        return reference
 
     @override
     def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
@@ -246,20 +299,8 @@ class MLflowTracker(GeneralTracker):
         self._continuation = None
         if reference is None:
             return
-        run_id = reference.get("run_id")
-        experiment_id = reference.get("experiment_id")
-        tracking_uri = reference.get("tracking_uri")
-        problem = None
-        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-            problem = f"run_id {short(run_id)} is not an MLflow run id (8 to 64 hex digits)"
-        elif not isinstance(experiment_id, str) or not _EXPERIMENT_ID.fullmatch(experiment_id):
-            problem = (
-                f"experiment_id {short(experiment_id)} is not an MLflow experiment id "
-                "(1 to 64 letters, digits, '_' or '-')"
-            )
-        elif not isinstance(tracking_uri, str) or len(tracking_uri) > _MAX_URI_LENGTH:
-            problem = f"tracking_uri {short(tracking_uri)} is not a tracking URI"
-        if problem is not None:
+        problem, continuation = _parse_reference(reference, int(step))
+        if continuation is None:
             warnings.warn(
                 f"Tracker 'mlflow': the checkpoint's run reference is malformed ({problem}); "
                 "it is ignored and a new run is started. Was the checkpoint's accelkit.json "
@@ -267,23 +308,44 @@ class MLflowTracker(GeneralTracker):
                 UserWarning,
                 stacklevel=2,
             )
+            self._run_key = None  # a new run of its own: the key stays the checkpoint's run's
             return
-        assert isinstance(run_id, str) and isinstance(experiment_id, str)
-        assert isinstance(tracking_uri, str)
-        self._continuation = _Continuation(run_id, experiment_id, tracking_uri, int(step))
+        self._continuation = continuation
 
     def _reopen(self, continuation: _Continuation, experiment_id: str) -> Any:
-        """The checkpoint's run, reopened, or ``None`` (with a warning) if it may not be."""
+        """The checkpoint's run, reopened, or ``None`` if it may not be (a warning) or was
+        named by its key and never created (no warning: :meth:`start` creates it)."""
+        run = self._find(continuation, experiment_id)
+        if run is None:
+            return None
+        if run.info.status != "RUNNING":
+            self.client.update_run(run.info.run_id, status="RUNNING")
+        self._mark_resumed(run, continuation.step)
+        return self.client.get_run(run.info.run_id)
+
+    def _find(self, continuation: _Continuation, experiment_id: str) -> Any:
+        """The checkpoint's run where this tracker logs now, or ``None`` (see :meth:`_reopen`;
+        the run key is forgotten after a warning: the new run is not the checkpoint's)."""
         from mlflow.exceptions import MlflowException
 
         here = _display_uri(str(self.client.tracking_uri))
-        if continuation.tracking_uri != here:
+        if continuation.tracking_uri is not None and continuation.tracking_uri != here:
             self._warn_new_run(
                 continuation,
                 f"it was logged to {continuation.tracking_uri!r} and this tracker logs to "
                 f"{here!r}; pass tracking_uri= (or MLFLOW_TRACKING_URI) to continue it there",
             )
             return None
+        if continuation.run_id is None:
+            if continuation.experiment_name != self.experiment_name:
+                self._warn_new_run(
+                    continuation,
+                    f"it belongs to experiment {continuation.experiment_name!r} and this "
+                    f"tracker logs to experiment {self.experiment_name!r}",
+                )
+                return None
+            self._run_key = continuation.run_key
+            return self._by_key(experiment_id, str(continuation.run_key))
         try:
             run = self.client.get_run(continuation.run_id)
         except MlflowException as error:
@@ -304,10 +366,21 @@ class MLflowTracker(GeneralTracker):
                 f"to experiment {self.experiment_name!r} (id {experiment_id!r})",
             )
             return None
-        if run.info.status != "RUNNING":
-            self.client.update_run(run.info.run_id, status="RUNNING")
-        self._mark_resumed(run, continuation.step)
-        return self.client.get_run(run.info.run_id)
+        return run
+
+    def _by_key(self, experiment_id: str, key: str) -> Any:
+        """The active run of ``experiment_id`` tagged with run key ``key``, or ``None``."""
+        runs = self.client.search_runs(
+            [experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'", max_results=2
+        )
+        if len(runs) > 1:
+            warnings.warn(
+                f"Tracker 'mlflow': experiment {self.experiment_name!r} has several runs tagged "
+                f"{RUN_KEY_TAG}={key!r}; continuing {runs[0].info.run_id!r}.",
+                UserWarning,
+                stacklevel=4,
+            )
+        return runs[0] if runs else None
 
     def _mark_resumed(self, run: Any, step: int) -> None:
         """Append the resume point to the run's ``accelkit.resumed_at_*`` tags."""
@@ -324,8 +397,9 @@ class MLflowTracker(GeneralTracker):
         )
 
     def _warn_new_run(self, continuation: _Continuation, reason: str) -> None:
+        self._run_key = None  # the new run is not the checkpoint's: it does not take its key
         warnings.warn(
-            f"Tracker 'mlflow': the checkpoint's run {continuation.run_id!r} is not continued: "
+            f"Tracker 'mlflow': the checkpoint's run {continuation.label} is not continued: "
             f"{reason}. Logging to a new run of experiment {self.experiment_name!r}.",
             UserWarning,
             stacklevel=3,
@@ -515,6 +589,38 @@ class MLflowTracker(GeneralTracker):
     def finish(self) -> None:
         if self.client is not None and self.run_id is not None:
             self.client.set_terminated(self.run_id)
+
+
+def _parse_reference(
+    reference: dict[str, Any], step: int
+) -> tuple[str | None, _Continuation | None]:
+    """Check a checkpoint's reference for shape: ``(None, continuation)``, or ``(problem,
+    None)``."""
+    run_id = reference.get("run_id")
+    experiment_id = reference.get("experiment_id")
+    tracking_uri = reference.get("tracking_uri")
+    run_key = reference.get("run_key")
+    if run_key is not None and not (isinstance(run_key, str) and _RUN_KEY.fullmatch(run_key)):
+        return f"run_key {short(run_key)} is not a run key (1 to 64 letters and digits)", None
+    if tracking_uri is not None and (
+        not isinstance(tracking_uri, str) or len(tracking_uri) > _MAX_URI_LENGTH
+    ):
+        return f"tracking_uri {short(tracking_uri)} is not a tracking URI", None
+    if run_id is None and run_key is not None:  # named before the run opened
+        name = reference.get("experiment_name")
+        if not isinstance(name, str) or not 0 < len(name) <= _MAX_KEY_LENGTH:
+            return f"experiment_name {short(name)} is not an experiment name", None
+        return None, _Continuation(None, None, tracking_uri, step, run_key, name)
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        return f"run_id {short(run_id)} is not an MLflow run id (8 to 64 hex digits)", None
+    if not isinstance(experiment_id, str) or not _EXPERIMENT_ID.fullmatch(experiment_id):
+        return (
+            f"experiment_id {short(experiment_id)} is not an MLflow experiment id "
+            "(1 to 64 letters, digits, '_' or '-')"
+        ), None
+    if tracking_uri is None:
+        return "tracking_uri None is not a tracking URI", None
+    return None, _Continuation(run_id, experiment_id, tracking_uri, step, run_key)
 
 
 def _display_uri(uri: str) -> str:

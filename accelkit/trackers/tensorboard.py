@@ -99,6 +99,15 @@ class TensorBoardTracker(GeneralTracker):
         self.writer = SummaryWriter(log_dir=self.log_dir, **kwargs)
 
     @override
+    def name_run(self, key: str) -> dict[str, Any] | None:
+        """The run is this tracker's run folder, known before it opens: :meth:`run_reference`.
+
+        Args:
+            key: the run key (not needed: the folder names the run).
+        """
+        return self.run_reference()
+
+    @override
     def run_reference(self) -> dict[str, Any] | None:
         """``{"log_dir": <absolute path of the run folder>}``, for display only."""
         return {"log_dir": os.path.abspath(self.log_dir)}

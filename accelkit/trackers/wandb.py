@@ -47,8 +47,10 @@ class WandBTracker(GeneralTracker):
     strings, arrays and its media objects itself; any other value is logged as its text with one
     warning per key.
 
-    Experiment continuity: a checkpoint records ``{"run_id", "project", "entity"}`` of the run
-    (the entity is for display only). A job resumed from it opens the same run
+    Experiment continuity: the run's id is accelkit's run key (:meth:`name_run`; an ``id`` in
+    ``init_kwargs`` wins), so every checkpoint records ``{"run_id", "project"}`` of the run
+    from the first save, before ``wandb.init`` has returned (and the ``entity``, for display
+    only, once the run is open). A job resumed from it opens the same run
     (``wandb.init(id=..., resume="allow")``, offline too: the offline folders then share the
     run id and ``wandb sync`` appends to one run), but only when the checkpoint's project is
     the project this tracker logs to (``run_name``, else ``WANDB_PROJECT``); the entity comes
@@ -86,6 +88,7 @@ class WandBTracker(GeneralTracker):
         super().__init__(run_name, logging_dir, **kwargs)
         self.run: Any = None
         self._resume: tuple[str, int] | None = None
+        self._key: str | None = None  # the run id a new run gets (see name_run)
         # Checkpoint numbers waiting for the run to reach their step (see on_checkpoint).
         self._pending: dict[str, Any] = {}
 
@@ -108,7 +111,9 @@ class WandBTracker(GeneralTracker):
         if kwargs.get("dir") is not None:
             os.makedirs(kwargs["dir"], exist_ok=True)
         resume, self._resume = self._resume, None
-        if resume is None:
+        if resume is None and self._key is not None and not _own_run_choice(kwargs):
+            self.run = wandb.init(project=self.run_name, id=self._key, **kwargs)
+        elif resume is None:
             self.run = wandb.init(project=self.run_name, **kwargs)
         else:
             self.run = self._init_continued(wandb, kwargs, *resume)
@@ -199,6 +204,28 @@ class WandBTracker(GeneralTracker):
             self.run.finish()
 
     @override
+    def name_run(self, key: str) -> dict[str, Any] | None:
+        """A new run's id is ``key`` (an ``id`` in ``init_kwargs`` wins); ``None`` when the
+        run cannot be named before it opens (W&B disabled, or ``resume_from`` or ``fork_from``
+        in ``init_kwargs``).
+
+        Args:
+            key: the run key.
+        """
+        self._key = None
+        mode = self.init_kwargs.get("mode") or os.environ.get("WANDB_MODE")
+        if mode == "disabled" or any(
+            name in self.init_kwargs for name in ("resume_from", "fork_from")
+        ):
+            return None
+        run_id = self.init_kwargs.get("id") or key
+        if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+            return None
+        self._key = key
+        # No entity: W&B resolves the default one when the run opens (it is display only).
+        return {"run_id": run_id, "project": _project(self.run_name)}
+
+    @override
     def run_reference(self) -> dict[str, Any] | None:
         """``{"run_id", "project", "entity"}`` of the run (``None`` when W&B is disabled)."""
         if self.run is None or self.run.disabled:
@@ -214,7 +241,7 @@ class WandBTracker(GeneralTracker):
             step: the checkpoint's last logging step, recorded as ``accelkit/resumed_at_step``.
         """
         self._resume = None
-        if reference is None or any(key in self.init_kwargs for key in _OWN_RUN_CHOICE):
+        if reference is None or _own_run_choice(self.init_kwargs):
             return
         project = reference.get("project")
         run_id = continuable_id(
@@ -229,6 +256,7 @@ class WandBTracker(GeneralTracker):
             new="run",
         )
         if run_id is None:
+            self._key = None  # refused: a new run, with an id of W&B's own
             return
         self._resume = (run_id, int(step))
 
@@ -247,6 +275,11 @@ class WandBTracker(GeneralTracker):
             self.run.log(values, commit=False)
         key = _PATH_KEYS[event.kind]
         self.run.summary[key] = event.path
+
+
+def _own_run_choice(kwargs: dict[str, Any]) -> bool:
+    """Whether ``init_kwargs`` already say which run to open."""
+    return any(key in kwargs for key in _OWN_RUN_CHOICE)
 
 
 def _project(name: str) -> str:

@@ -1,8 +1,8 @@
-"""A committed checkpoint listed while its manifest is rewritten atomically (a tracker's run
-reference arriving after the save: ``CheckpointManager.complete_experiment``) is committed in
-every listing: the atomic write's temporary file, renamed away between the scan and its stat,
-is not listed instead of failing the listing (which made the folder look empty, "incomplete",
-and ``load_state()`` refuse it; seen in CI)."""
+"""A committed checkpoint listed while its manifest is rewritten atomically (as a tracker's run
+reference arriving after the save once did) is committed in every listing: the atomic write's
+temporary file, renamed away between the scan and its stat, is not listed instead of failing
+the listing (which made the folder look empty, "incomplete", and ``load_state()`` refuse it;
+seen in CI)."""
 
 from __future__ import annotations
 

@@ -86,8 +86,10 @@ def test_ls_shows_the_runs_and_json_has_the_experiment_record(
 ) -> None:
     listed = {item["name"]: item for item in json.loads(_ls(capsys, project, "--json"))}
     runs = {"ids": {"run_id": RUN_ID, "project": "p"}, "folder": {"log_dir": str(tmp_path / "tb")}}
-    assert listed["checkpoint_0"]["experiment"] == {"step": 0, "saved_at_step": 0, "runs": runs}
-    assert listed["checkpoint_1"]["experiment"] == {"step": 3, "saved_at_step": 3, "runs": runs}
+    key = listed["checkpoint_0"]["experiment"]["key"]  # the run key: one per run
+    first, second = listed["checkpoint_0"]["experiment"], listed["checkpoint_1"]["experiment"]
+    assert first == {"step": 0, "saved_at_step": 0, "key": key, "runs": runs}
+    assert second == {"step": 3, "saved_at_step": 3, "key": key, "runs": runs}
     assert listed["checkpoint_2"]["experiment"] == {}  # saved without trackers
     assert listed["checkpoint_3"]["experiment"] is None  # no manifest
     for name in ("checkpoint_0", "checkpoint_1", "checkpoint_2"):

@@ -113,8 +113,8 @@ class RecordingTracker(GeneralTracker):
 class SlowStartTracker(GeneralTracker):
     """A tracker whose ``start()`` is slow, as an MLflow server's is under load (10-20 s):
     it waits for ``gate`` (at most ``limit`` seconds) before opening its run. Its runs are
-    files ``<folder>/<run_id>.txt`` of ``step value`` lines; it continues the run a checkpoint
-    names (``run_reference`` / ``continue_run``)."""
+    files ``<folder>/<run_id>.txt`` of ``step value`` lines, the run id being accelkit's run
+    key (``name_run``); it continues the run a checkpoint names (``continue_run``)."""
 
     name = "slow_start"
     requires_logging_directory = False
@@ -127,6 +127,7 @@ class SlowStartTracker(GeneralTracker):
         self.gate = gate
         self.limit = limit
         self.run_id: str | None = None
+        self.key: str | None = None
         self.continued: dict[str, Any] | None = None
         self.started = threading.Event()
 
@@ -140,12 +141,17 @@ class SlowStartTracker(GeneralTracker):
         self.continued = reference
 
     @override
+    def name_run(self, key: str) -> dict[str, Any] | None:
+        self.key = key  # the run this tracker opens: named before it opens
+        return {"run_id": key}
+
+    @override
     def start(self) -> None:
         import uuid
 
         if self.gate is not None:
             self.gate.wait(self.limit)
-        self.run_id = (self.continued or {}).get("run_id") or uuid.uuid4().hex
+        self.run_id = (self.continued or {}).get("run_id") or self.key or uuid.uuid4().hex
         os.makedirs(self.folder, exist_ok=True)
         self.started.set()
 

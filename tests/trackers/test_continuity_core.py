@@ -96,9 +96,13 @@ def _first_job(tmp_path: Path) -> RunTracker:
 
 def test_a_checkpoint_names_its_runs_and_the_last_logged_step(tmp_path: Path) -> None:
     _first_job(tmp_path)
-    assert _manifest(tmp_path)["experiment"] == {
+    record = _manifest(tmp_path)["experiment"]
+    # RunTracker has no name_run (a custom tracker written before run keys): the save waited
+    # for its run to open, so that the checkpoint names it.
+    assert record == {
         "step": 4,
         "saved_at_step": 4,  # no optimizer: at the last logged step
+        "key": record["key"],
         "runs": {"runs": {"run": "first"}},
     }
     parsed = Manifest.from_json(json.dumps(_manifest(tmp_path)))
@@ -268,6 +272,10 @@ def test_a_save_makes_no_backend_call_on_the_training_thread(tmp_path: Path) -> 
         ({"step": 3, "saved_at_step": -2, "runs": {}}, "experiment.saved_at_step"),
         ({"step": 3, "runs": ["wandb"]}, "experiment.runs"),
         ({"step": 3, "runs": {"wandb": "abc"}}, "experiment.runs"),
+        ({"step": 3, "runs": {}, "key": "../x"}, "experiment.key"),
+        ({"step": 3, "runs": {}, "key": "a" * 65}, "experiment.key"),
+        ({"step": 3, "runs": {}, "key": 7}, "experiment.key"),
+        ({"step": 3, "runs": {}, "pending": "wandb"}, "experiment.pending"),
     ],
 )
 def test_a_malformed_experiment_record_is_a_corrupt_manifest(

@@ -124,6 +124,7 @@ def _assert_continued(project: Path) -> None:
     assert manifest["experiment"] == {
         "step": 100,
         "saved_at_step": 100,  # logged at step 100 after 101 optimizer steps: 0-based
+        "key": manifest["experiment"]["key"],
         "runs": {
             "jsonl": {"path": str(run / "metrics.jsonl")},
             "tensorboard": {"log_dir": str(run)},

@@ -72,15 +72,16 @@ def test_a_killed_job_resumes_the_same_run(
     (first,) = _runs(uri, experiment)
     run_id = first.info.run_id
 
-    # The manifest names the run.
+    # The manifest names the run: by its id once open, by its run key (the run's tag) while
+    # it was still opening when the checkpoint was saved.
     checkpoint = project / "checkpoints" / "checkpoint_0"
     record = json.loads((checkpoint / "accelkit.json").read_text())["experiment"]
     assert record["step"] == 100
-    assert record["runs"]["mlflow"] == {
-        "run_id": run_id,
-        "experiment_id": first.info.experiment_id,
-        "tracking_uri": uri,
-    }
+    key = record["key"]
+    named = {"run_key": key, "experiment_name": experiment, "tracking_uri": uri}
+    opened = {**named, "run_id": run_id, "experiment_id": first.info.experiment_id}
+    assert record["runs"]["mlflow"] in (named, opened)
+    assert first.data.tags["accelkit.run_key"] == key
 
     resumed = _job(project, experiment, uri, "--resume", "--attempt", "1", "--order", order)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -125,6 +126,7 @@ def _save_one_run(project: Path, uri: str, experiment: str) -> tuple[str, Path]:
     accelerator.init_trackers(experiment, init_kwargs={"mlflow": {"tracking_uri": uri}})
     for step in range(5):
         accelerator.log({"loss": float(step)}, step=step)
+    accelerator.get_tracker("mlflow")  # the run is open: the checkpoint records its id
     accelerator.save_state()
     accelerator.end_training()
     checkpoint = project / "checkpoints" / "checkpoint_0"
@@ -346,3 +348,51 @@ def test_an_explicit_run_id_takes_priority_over_the_checkpoint(mlflow_db: str) -
     client = MlflowClient(mlflow_db)
     assert client.get_run(other.run_id).data.tags[RESUMED_AT_STEP_TAG] == "8"
     assert RESUMED_AT_STEP_TAG not in client.get_run(chosen.run_id).data.tags
+
+
+def test_a_run_named_by_its_key_is_found_created_or_refused(mlflow_db: str) -> None:
+    """A checkpoint saved before the MLflow run opened names it by its run key (``name_run``).
+    A resumed tracker finds the run tagged with the key (no second run), creates it with the
+    tag when the killed job never reached the store, and follows no key into another
+    experiment or store. A malformed key is refused like a malformed run id."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_db)
+    key = uuid.uuid4().hex
+    first = _tracker(mlflow_db, "keyed")
+    named = first.name_run(key)
+    assert named == {"run_key": key, "experiment_name": "keyed", "tracking_uri": mlflow_db}
+    first.start()  # the run the key names, tagged with it
+    assert first.run_reference() == {
+        **named, "run_id": first.run_id, "experiment_id": first.run.info.experiment_id}  # fmt: skip
+    first.finish()
+
+    found = _tracker(mlflow_db, "keyed")
+    found.name_run(key)
+    found.continue_run(named, 7)
+    found.start()
+    assert found.run_id == first.run_id
+    assert client.get_run(first.run_id).data.tags[RESUMED_AT_STEP_TAG] == "7"
+
+    never = uuid.uuid4().hex  # named, then killed before create_run reached the store
+    created = _tracker(mlflow_db, "keyed")
+    created.name_run(never)
+    created.continue_run({**named, "run_key": never}, 3)
+    created.start()
+    run = client.get_run(str(created.run_id))
+    assert run.data.tags["accelkit.run_key"] == never and run.data.tags[RESUMED_AT_STEP_TAG] == "3"
+    experiment = client.get_experiment_by_name("keyed")
+    assert experiment is not None and len(client.search_runs([experiment.experiment_id])) == 2
+
+    for change, message in [
+        ({"experiment_name": "other"}, "belongs to experiment 'other'"),
+        ({"tracking_uri": "sqlite:////elsewhere.db"}, "it was logged to"),
+        ({"run_key": "x' OR '1'='1"}, "is not a run key"),
+    ]:
+        elsewhere = _tracker(mlflow_db, "keyed")
+        elsewhere.name_run(key)
+        with pytest.warns(UserWarning, match=message):
+            elsewhere.continue_run({**named, **change}, 9)
+            elsewhere.start()
+        assert elsewhere.run_id != first.run_id
+        assert "accelkit.run_key" not in elsewhere.run.data.tags  # not the checkpoint's run

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -95,13 +96,13 @@ class Manifest:
         metrics: numbers given at save time (used by ``keep_best`` retention).
         experiment: the tracker runs the checkpoint belongs to: ``{"step": <the last logged
             step, -1 if none>, "saved_at_step": <the checkpoint's own step on the trackers'
-            axis, where its events are logged>, "runs": {<tracker name>: <its run
-            reference>}}`` (``saved_at_step`` is absent from older manifests); empty when
-            the run had no trackers (see :mod:`accelkit.trackers.events`). A tracker whose
-            run was still opening when the checkpoint was saved is listed in ``"pending"``
-            instead, until :meth:`CheckpointManager.complete_experiment
-            <accelkit.checkpointing.manager.CheckpointManager.complete_experiment>` rewrites
-            the manifest with its reference.
+            axis, where its events are logged>, "key": <the run key>, "runs": {<tracker
+            name>: <its run reference>}}``; empty when the run had no trackers (see
+            :mod:`accelkit._accelerator.experiment` and :mod:`accelkit.trackers.events`).
+            Written once, with the commit: every run is named when the checkpoint is saved.
+            A checkpoint written before run keys may have no ``"key"`` and list trackers
+            whose run was still opening in ``"pending"`` (read, never written);
+            ``saved_at_step`` is absent from older manifests.
         accelkit_version / torch_version: versions that wrote it.
         format_version: the manifest format (:data:`FORMAT_VERSION`).
         process_index: the process that wrote this folder alone, for a per-process checkpoint
@@ -295,6 +296,8 @@ class Manifest:
 
 
 _MAX_STEP = 2**62
+# A run key (``accelkit.trackers.hub.new_run_key``: 32 hexadecimal digits).
+_RUN_KEY = re.compile(r"[A-Za-z0-9]{1,64}")
 
 
 def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -305,10 +308,10 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
     step, runs = data.get("step", -1), data.get("runs", {})
     saved_at = data.get("saved_at_step", step)
     # A logging step every backend can store (TensorBoard and MLflow: int64).
-    for key, value in (("step", step), ("saved_at_step", saved_at)):
+    for label, value in (("step", step), ("saved_at_step", saved_at)):
         if isinstance(value, bool) or not isinstance(value, int) or not -1 <= value < _MAX_STEP:
             raise ManifestError(
-                f"{source}: experiment.{key} must be an integer from -1 to {_MAX_STEP - 1}, got "
+                f"{source}: experiment.{label} must be an integer from -1 to {_MAX_STEP - 1}, got "
                 f"{str(value)[:40]}. The manifest was damaged or edited: load another checkpoint."
             )
     if not isinstance(runs, dict) or not all(
@@ -318,15 +321,25 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
             f"{source}: experiment.runs must map tracker names to objects, got "
             f"{str(runs)[:200]!r}. The manifest was damaged or edited: load another checkpoint."
         )
+    key = data.get("key")
+    if key is not None and not (isinstance(key, str) and _RUN_KEY.fullmatch(key)):
+        raise ManifestError(
+            f"{source}: experiment.key must be a run key (1 to 64 letters and digits), got "
+            f"{str(key)[:80]!r}. The manifest was damaged or edited: load another checkpoint."
+        )
     pending = data.get("pending", [])
     if not isinstance(pending, list) or not all(isinstance(name, str) for name in pending):
         raise ManifestError(
             f"{source}: experiment.pending must be a list of tracker names, got "
             f"{str(pending)[:200]!r}. The manifest was damaged or edited: load another checkpoint."
         )
-    record = {"step": step, "runs": runs, **({"pending": pending} if pending else {})}
+    record: dict[str, Any] = {"step": step, "runs": runs}
     if "saved_at_step" in data:
         record["saved_at_step"] = saved_at
+    if key is not None:
+        record["key"] = key
+    if pending:  # a checkpoint written before run keys
+        record["pending"] = pending
     return record
 
 
