@@ -377,14 +377,13 @@ class Worker:
 
     def _drain(self) -> None:
         """At the end of the run, keep trying to deliver (and to start a backend whose
-        ``start()`` is being retried), with the backoff, for at most
-        ``ACCELKIT_TRACKER_DRAIN_S`` seconds (10 by default) and half the tracker timeout;
+        ``start()`` is being retried), with the backoff, for at most the policy's ``drain``
+        seconds (``ACCELKIT_TRACKER_DRAIN_S``, 10 by default, and half the tracker timeout);
         what is left stays journaled."""
         if not (self._pending or self._on_disk or self._start_waiting):
             return
-        limit = float(os.environ.get("ACCELKIT_TRACKER_DRAIN_S", "10"))
-        # Within the hub's wait for finish (its timeout), so the run ends without a warning.
-        deadline = time.monotonic() + min(limit, self.policy.timeout / 2)
+        # Within the hub's wait for finish, so the run ends without a warning.
+        deadline = time.monotonic() + self.policy.drain
         if self._start_waiting:
             self._try_start()
         self._deliver(force=True)
@@ -577,7 +576,9 @@ class Worker:
                         closing.close()
                     except OSError:
                         pass
-            if not self.failed and self.started:
+            # A backend that still does not answer is not asked to finish its run (its client
+            # would retry past the end of the job): `accelkit track sync` finishes it.
+            if not self.failed and self.started and self._outage is None:
                 self.call("finish", self.tracker.finish)
             item.done.set()
             return True
@@ -594,6 +595,11 @@ class Worker:
         other error fails the tracker (reported once).
         """
         tracker = self.tracker
+        if self.journal_settings is not None:
+            # Before any backend call: what is logged while one hangs (a client retrying a
+            # server that is down) is journaled by the hub, in the run named here.
+            self._open_journal(resume)
+            self._write_run()
         if resume is not None and not self.call(
             "continue_run", tracker.continue_run, resume.reference, resume.step
         ):
@@ -607,7 +613,6 @@ class Worker:
                 self.call("store_init_configuration", tracker.store_init_configuration, config)
             self._take_reference()
             return
-        self._open_journal(resume)  # before start(): values are journaled while it is retried
         if self.journal is None:  # it could not be used (reported): no retrying without it
             if self.call("start", tracker.start) and not self.failed:
                 self.started = True
@@ -615,9 +620,6 @@ class Worker:
                     self.call("store_init_configuration", tracker.store_init_configuration, config)
                 self._take_reference()
             return
-        # The run it opens, named before start() (a job killed meanwhile resumes this journal
-        # into that run; without a name, `accelkit track sync` starts a new run).
-        self._write_run()
         self._try_start()
         if config is not None and self.journal is not None and not self.failed:
             with self._journal_lock:

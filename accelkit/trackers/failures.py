@@ -25,6 +25,8 @@ _POLICIES = ("warn", "raise")
 # A tracker with this many values waiting while one backend call has run longer than the
 # timeout is hung: it is reported and skipped rather than let its queue grow without bound.
 _MAX_PENDING = 50_000
+# Seconds the end of a run keeps trying a journaled tracker whose backend does not answer.
+_DRAIN_S = 10.0
 
 logger = logging.getLogger("accelkit.trackers")
 
@@ -127,6 +129,10 @@ class FailurePolicy:
         max_pending: how many values may wait for a tracker whose backend call has run past
             ``timeout`` before it is skipped; default ``ACCELKIT_TRACKER_MAX_PENDING`` or
             50 000.
+        drain: the most seconds the end of a run gives a journaled tracker whose backend does
+            not answer (delivery retried, or one backend call that has not returned: a client's
+            own retries); what it has not sent stays in its journal. Default
+            ``ACCELKIT_TRACKER_DRAIN_S`` or 10, at most half of ``timeout``.
         on_skip: called (without arguments, on the thread that found the failure) once a
             failure is recorded.
 
@@ -144,6 +150,7 @@ class FailurePolicy:
         *,
         timeout: float = 60.0,
         max_pending: int | None = None,
+        drain: float | None = None,
         on_skip: Callable[[], None] | None = None,
     ) -> None:
         if on_error not in _POLICIES:
@@ -155,6 +162,9 @@ class FailurePolicy:
         if max_pending is None:
             max_pending = int(os.environ.get("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
         self.max_pending = max_pending
+        if drain is None:
+            drain = float(os.environ.get("ACCELKIT_TRACKER_DRAIN_S", _DRAIN_S))
+        self.drain = min(drain, timeout / 2)
         self.on_skip = on_skip
         self._lock = threading.Lock()
         self._failures: list[TrackerFailure] = []
@@ -171,7 +181,7 @@ class FailurePolicy:
         return (
             FailurePolicy,
             (self.on_error,),
-            {"timeout": self.timeout, "max_pending": self.max_pending},
+            {"timeout": self.timeout, "max_pending": self.max_pending, "drain": self.drain},
         )
 
     @property
@@ -234,11 +244,18 @@ class FailurePolicy:
         return TrackerFailure(name, "log", error)
 
     def late(
-        self, name: str, what: str, limit: float, busy: str | None, journal: str | None = None
+        self,
+        name: str,
+        what: str,
+        limit: float,
+        busy: str | None,
+        journal: str | None = None,
+        setting: str = "ACCELKIT_TRACKER_TIMEOUT",
     ) -> None:
         """Warn that a tracker did not ``what`` (flush, finish) within ``limit`` seconds; it is
         not waited for any longer, but not skipped either. ``journal``: the folder of the
-        journal its waiting values were written to (then nothing is lost)."""
+        journal its waiting values were written to (then nothing is lost); ``setting``: the
+        environment variable that sets ``limit``."""
         if journal:
             logdir = os.path.dirname(os.path.dirname(journal))
             fate = (
@@ -251,7 +268,7 @@ class FailurePolicy:
             f"Tracker {name!r} did not {what} within {limit:g} s ("
             + (f"busy in {busy}()" if busy else "values still queued")
             + f"); not waiting for it any longer. {fate} "
-            "If the backend is just slow, raise ACCELKIT_TRACKER_TIMEOUT (seconds).",
+            f"If the backend is just slow, raise {setting} (seconds).",
             TrackerWarning,
         )
 

@@ -78,6 +78,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from accelkit.trackers._worker import (
+    POLL_S,
     Checkpoint,
     JournalSettings,
     Log,
@@ -423,8 +424,16 @@ class TrackerHub:
         return None if named is None else dict(named)
 
     def _wait_started(self, worker: Worker, done: threading.Event) -> None:
-        if not done.wait(self.timeout):
+        if done.wait(self.timeout):
+            return
+        journal = worker.journal
+        if journal is None:  # nowhere to keep its values while it hangs: skipped
             worker.timed_out()
+            return
+        # Its values go to its journal meanwhile (sent once start() returns, or by
+        # `accelkit track sync`): not skipped.
+        worker.adopt()
+        self._policy.late(worker.name, "open its run", self.timeout, worker.busy, journal.folder)
 
     def _wait_opened(self) -> None:
         """Wait (at most ``timeout`` seconds in all) for runs whose opening is queued."""
@@ -530,19 +539,37 @@ class TrackerHub:
             for worker in workers
             if worker.thread.is_alive() and not (worker.failed and worker.busy)
         ]
-        deadline = time.monotonic() + limit
+        began = time.monotonic()
+        deadline = began + limit
+        # At the end of the run, a journaled tracker whose backend does not answer (a start()
+        # or a delivery call that has not returned: a client retrying a server that is down)
+        # is waited for the drain time only: what it holds is journaled below.
+        drain = began + self._policy.drain if kind is Stop else deadline
+        hung = max(self._policy.drain, _HUNG_CALL_S)
         done = True
         for worker, event in events:
-            if not event.wait(max(0.0, deadline - time.monotonic())):
-                done = False
-                if not worker.opened.is_set():  # still opening its run: hung like in init
-                    worker.timed_out()
-                    continue
-                # Hung in a backend call: what waits behind it goes to its journal now (from
-                # this thread), so that the end of the process loses none of it.
-                worker.adopt()
-                journal = worker.journal  # None if it could not be written (reported)
-                kept = journal.folder if journal is not None else None
+            late = _wait_stop(worker, event, deadline, drain, hung)
+            if not late:
+                continue
+            done = False
+            if worker.journal is None and not worker.opened.is_set():
+                worker.timed_out()  # hung while opening its run, with nowhere to keep values
+                continue
+            # Hung in a backend call: what waits behind it goes to its journal now (from
+            # this thread), so that the end of the process loses none of it.
+            worker.adopt()
+            journal = worker.journal  # None if it could not be written (reported)
+            kept = journal.folder if journal is not None else None
+            if late == "drain":
+                self._policy.late(
+                    worker.name,
+                    what,
+                    self._policy.drain,
+                    worker.busy,
+                    kept,
+                    setting="ACCELKIT_TRACKER_DRAIN_S",
+                )
+            else:
                 self._policy.late(worker.name, what, limit, worker.busy, kept)
         return done
 
@@ -683,6 +710,35 @@ class TrackerHub:
                 self._early_events.append(event)
         for worker in live:
             worker.items.append(Checkpoint(event))
+
+
+# The least time one backend call must have run, at the end of the run's drain time, to be
+# taken for a client retrying a server that does not answer rather than a slow answer (the
+# drain time itself when it is longer).
+_HUNG_CALL_S = 2.0
+
+
+def _wait_stop(
+    worker: Worker, event: threading.Event, deadline: float, drain: float, hung: float
+) -> str:
+    """Wait for ``event``: ``""`` once it is set, else the limit that ran out: ``"deadline"``,
+    or ``"drain"`` for a journaled worker that, past ``drain``, has been in one backend call
+    for ``hung`` seconds or more (a call that answers sooner, or the tracker's own
+    ``finish()``, is waited for until ``deadline``)."""
+    check = min(deadline, drain)
+    while not event.wait(max(0.0, check - time.monotonic())):
+        now = time.monotonic()
+        if now >= deadline:
+            return "deadline"
+        busy = worker.busy
+        if (
+            worker.journal is not None
+            and busy not in (None, "finish")
+            and now - worker.busy_since >= hung
+        ):
+            return "drain"
+        check = min(deadline, now + POLL_S)  # answering, idle or finishing: look again shortly
+    return ""
 
 
 def new_run_key() -> str:

@@ -275,7 +275,8 @@ def test_log_rejects_a_non_mapping(tmp_path: Path) -> None:
 
 
 class _HangsIn(GeneralTracker):
-    """A custom tracker whose ``start`` or ``store_init_configuration`` never returns."""
+    """A custom tracker whose ``start``, ``store_init_configuration`` or ``log`` (of step 3)
+    never returns."""
 
     requires_logging_directory = False
 
@@ -303,15 +304,18 @@ class _HangsIn(GeneralTracker):
 
     @override
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        if self.method == "log" and step == 3:
+            self.gate.wait()
         self.logged.append((step, values))
 
 
 @pytest.mark.parametrize("lazily", [False, True], ids=["in_init", "at_first_use"])
 @pytest.mark.parametrize("method", ["start", "store_init_configuration"])
-def test_a_hung_start_is_bounded_reported_and_skipped(
+def test_a_hung_start_without_a_journal_is_bounded_reported_and_skipped(
     method: str, lazily: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ACCELKIT_TRACKER_TIMEOUT", "0.5")
+    monkeypatch.setenv("ACCELKIT_TRACKER_JOURNAL", "0")  # nowhere to keep its values
     gate = threading.Event()
     hung = _HangsIn("hung", method, gate)
     try:
@@ -337,6 +341,84 @@ def test_a_hung_start_is_bounded_reported_and_skipped(
     # Released late, the hung tracker stays skipped: it never receives values.
     time.sleep(0.2)
     assert hung.logged == []
+
+
+@pytest.mark.parametrize("lazily", [False, True], ids=["in_init", "at_first_use"])
+@pytest.mark.parametrize("method", ["start", "store_init_configuration"])
+def test_a_hung_start_with_a_journal_keeps_every_value(
+    method: str, lazily: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#37 item 1: a backend whose start-up never returns (a client retrying a server that is
+    down) is not skipped: the run ends after a bounded wait, what was logged is in its
+    journal, named with the command that sends it, and sent once start() returns."""
+    monkeypatch.setenv("ACCELKIT_TRACKER_TIMEOUT", "0.5")
+    gate = threading.Event()
+    hung = _HangsIn("hung", method, gate)
+    try:
+        config = ProjectConfiguration(project_dir=str(tmp_path), continue_tracker_runs=lazily)
+        accelerator = Accelerator(log_with=[hung, "jsonl"], project_config=config)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            started = time.monotonic()
+            accelerator.init_trackers("run", config={"lr": 0.1})
+            for step in range(5):
+                accelerator.log({"x": step}, step=step)
+            accelerator.end_training()
+            waited = time.monotonic() - started
+        reports = _tracker_warnings(caught)
+        assert reports and all("'hung' did not" in r for r in reports), reports
+        assert not any("failed" in r or "skipped" in r for r in reports), reports
+        journal = tmp_path / "accelkit-journal" / "hung"
+        assert f"kept in its journal {journal}" in reports[-1]
+        assert f"accelkit track sync {tmp_path} --tracker hung" in reports[-1]
+        assert waited < 30  # bounded (generous: the machine is shared)
+        assert [r["values"] for r in read_jsonl(str(tmp_path / "run"))] == [
+            {"x": step} for step in range(5)
+        ]
+        assert hung.logged == []
+    finally:
+        gate.set()
+    # Released late (the backend answers at last), it sends what its journal holds, once.
+    deadline = time.monotonic() + 10
+    while len(hung.logged) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert hung.logged == [(step, {"x": step}) for step in range(5)]
+
+
+def test_the_end_of_a_run_waits_the_drain_time_for_a_call_that_does_not_return(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend call that hangs in the middle of the run (a client retrying a server that
+    went away) holds the end of the run for ``ACCELKIT_TRACKER_DRAIN_S``, not the tracker
+    timeout (60 s here); the values behind it are journaled and sent, once, when it returns."""
+    monkeypatch.setenv("ACCELKIT_TRACKER_DRAIN_S", "0.5")
+    gate = threading.Event()
+    hung = _HangsIn("hung", "log", gate)
+    try:
+        accelerator = Accelerator(log_with=[hung], project_dir=str(tmp_path))
+        accelerator.init_trackers("run")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(10):
+                accelerator.log({"x": step}, step=step)
+            started = time.monotonic()
+            accelerator.end_training()
+            waited = time.monotonic() - started
+        reports = _tracker_warnings(caught)
+        assert len(reports) == 1, reports
+        assert "'hung' did not finish within 0.5 s (busy in log())" in reports[0]
+        assert "ACCELKIT_TRACKER_DRAIN_S" in reports[0]
+        assert f"accelkit track sync {tmp_path} --tracker hung" in reports[0]
+        assert waited < 20, waited  # the drain time and a hung call's 2 s, not 60 s
+        assert hung.logged == [(step, {"x": step}) for step in range(3)]
+    finally:
+        gate.set()
+    deadline = time.monotonic() + 10
+    while len(hung.logged) < 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert hung.logged == [(step, {"x": step}) for step in range(10)]
 
 
 def test_a_hung_start_raises_with_the_raise_policy(monkeypatch: pytest.MonkeyPatch) -> None:
