@@ -17,7 +17,6 @@ sent in order, with their original steps, once it answers again.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
 import warnings
@@ -26,7 +25,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.failures import FailurePolicy, TrackerFailure, classify
+from accelkit.trackers.failures import FailurePolicy, TrackerFailure, classify, env_number
 from accelkit.trackers.journal import Entry, Journal, JournalWarning
 from accelkit.trackers.values import resolve
 
@@ -54,7 +53,7 @@ _SEND_BATCH = 200
 
 
 def _max_retry_s() -> float:
-    return float(os.environ.get("ACCELKIT_TRACKER_RETRY_MAX_S", "30"))
+    return env_number("ACCELKIT_TRACKER_RETRY_MAX_S", 30.0)
 
 
 class JournalSettings(NamedTuple):

@@ -36,6 +36,27 @@ _FATAL_CODES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "RESOURCE_DOES
 _FATAL_STATUS = frozenset({401, 403, 404})
 
 
+def env_number(name: str, default: float) -> float:
+    """The non-negative number in environment variable ``name`` (``default`` when unset).
+
+    Raises:
+        ValueError: the variable holds something else; the message names it and the fix.
+    """
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(
+            f"{name}={text!r}: expected a non-negative number of seconds or values (default "
+            f"{default:g}). Set it to a number, or unset it."
+        )
+    return value
+
+
 def classify(error: BaseException) -> str:
     """What retrying can do about a backend's error, from its type and codes (never its text).
 
@@ -160,10 +181,10 @@ class FailurePolicy:
         self.on_error = on_error
         self.timeout = timeout
         if max_pending is None:
-            max_pending = int(os.environ.get("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
+            max_pending = int(env_number("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
         self.max_pending = max_pending
         if drain is None:
-            drain = float(os.environ.get("ACCELKIT_TRACKER_DRAIN_S", _DRAIN_S))
+            drain = env_number("ACCELKIT_TRACKER_DRAIN_S", _DRAIN_S)
         self.drain = min(drain, timeout / 2)
         self.on_skip = on_skip
         self._lock = threading.Lock()

@@ -90,7 +90,13 @@ from accelkit.trackers._worker import (
 )
 from accelkit.trackers.base import GeneralTracker, NullTracker
 from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.failures import FailurePolicy, TrackerError, TrackerFailure, TrackerWarning
+from accelkit.trackers.failures import (
+    FailurePolicy,
+    TrackerError,
+    TrackerFailure,
+    TrackerWarning,
+    env_number,
+)
 from accelkit.trackers.registry import constructor_arguments, resolve_log_with
 from accelkit.trackers.values import snapshot
 
@@ -199,7 +205,7 @@ class TrackerHub:
                 remote, directory = directory, None
         specs = resolve_log_with(log_with, directory, remote_logging_dir=remote)
         if timeout is None:
-            timeout = float(os.environ.get("ACCELKIT_TRACKER_TIMEOUT", "60"))
+            timeout = env_number("ACCELKIT_TRACKER_TIMEOUT", 60.0)
         return cls(
             specs,
             logging_dir=directory,

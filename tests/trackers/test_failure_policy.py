@@ -262,3 +262,23 @@ def test_an_overflow_found_in_log_points_at_the_users_log_line(
     finally:
         gate.set()
         hub.finish()
+
+
+@pytest.mark.parametrize("name", ["ACCELKIT_TRACKER_DRAIN_S", "ACCELKIT_TRACKER_TIMEOUT"])
+@pytest.mark.parametrize("text", ["ten", "-1", "nan"])
+def test_a_bad_tracker_setting_is_named_with_its_fix(
+    name: str, text: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(name, text)
+    with pytest.raises(ValueError, match=rf"{name}='{text}': expected a non-negative number"):
+        accelerator = Accelerator(log_with="jsonl", project_dir=str(tmp_path))
+        accelerator.init_trackers("run")
+    assert not (tmp_path / "run").exists()  # nothing written before the refusal
+
+
+def test_the_drain_time_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELKIT_TRACKER_DRAIN_S", "3")
+    assert FailurePolicy(timeout=60).drain == 3
+    assert FailurePolicy(timeout=4).drain == 2  # at most half the timeout
+    monkeypatch.delenv("ACCELKIT_TRACKER_DRAIN_S")
+    assert FailurePolicy(timeout=60).drain == 10
