@@ -43,7 +43,8 @@ _PICKLE = (
 _INTERNAL = "an implementation detail of the reference, not part of accelkit's API"
 
 # name -> why it is refused. Every entry is importable from accelkit.utils (and from accelkit
-# where the reference exports it at the top level).
+# where the reference exports it at the top level; accelerate.utils.modeling's from
+# accelkit.utils.modeling).
 OUT_OF_SCOPE: dict[str, str] = {
     # DeepSpeed
     "DeepSpeedPlugin": _DEEPSPEED,
@@ -119,6 +120,18 @@ OUT_OF_SCOPE: dict[str, str] = {
     "retie_parameters": _BIG_MODEL,
     "save_offload_index": _BIG_MODEL,
     "set_module_tensor_to_device": _BIG_MODEL,
+    # ... and the rest of accelerate.utils.modeling (importable from accelkit.utils.modeling)
+    "check_device_same": _BIG_MODEL,
+    "clean_device_map": _BIG_MODEL,
+    "compute_module_total_buffer_size": _BIG_MODEL,
+    "fallback_allocate": _BIG_MODEL,
+    "get_accelerator_free_memory": _BIG_MODEL,
+    "get_module_leaves": _BIG_MODEL,
+    "get_module_size_with_ties": _BIG_MODEL,
+    "get_non_persistent_buffers": _BIG_MODEL,
+    "get_state_dict_from_offload": _BIG_MODEL,
+    "get_state_dict_offloaded_model": _BIG_MODEL,
+    "normalize_device": _BIG_MODEL,
     # Tensor / context / pipeline parallelism
     "ParallelismConfig": _PARALLELISM,
     "TorchContextParallelConfig": _PARALLELISM,
