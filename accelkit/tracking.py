@@ -65,7 +65,10 @@ __all__ = [
 LOGGER_TYPE_TO_CLASS = TRACKER_CLASSES
 """Tracker name -> class, as Accelerate's table of the same name: built-ins, the stand-ins for
 Accelerate's trackers accelkit does not build in, and registered classes (a live view of the
-registry that :func:`register_tracker_class` fills)."""
+registry that :func:`register_tracker_class` fills). It behaves as Accelerate's dict:
+``copy()`` gives a plain dict, and ``clear()``, ``update()``, item assignment and ``del`` change
+what ``log_with=<name>`` and ``"all"`` find (see
+:class:`~accelkit.trackers.registry.TrackerClassTable`)."""
 
 
 def _as_logger_type(name: str) -> LoggerType | str:

@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import socket
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from accelkit.runtime.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
+from accelkit.runtime.environment import (
+    ACCELERATE_ENV_MIXED_PRECISION,
+    ENV_MIXED_PRECISION,
+    ENV_USE_CPU,
+    parse_mixed_precision,
+)
 
 __all__ = ["notebook_launcher"]
+
+_logger = logging.getLogger(__name__)
 
 #: Accelerate's default port when several nodes must agree on one.
 DEFAULT_PORT = "29500"
@@ -74,6 +83,46 @@ def _patched_environ(values: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
+def _child_failed(entrypoint: _Entrypoint, error: Exception) -> Exception:
+    """torch's ``ChildFailedError`` for ``error`` raised by rank 0 in this process, with the
+    message and traceback the agent reports for a worker (from the error file torch's
+    ``ErrorHandler`` writes; called while ``error`` is being handled)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+
+    with tempfile.TemporaryDirectory() as folder:
+        error_file = os.path.join(folder, "error.json")
+        with _patched_environ({"TORCHELASTIC_ERROR_FILE": error_file}):
+            ErrorHandler().record_exception(error)
+        failure = ProcessFailure(local_rank=0, pid=os.getpid(), exitcode=1, error_file=error_file)
+    name = _callable_name(entrypoint.function, "__qualname__")  # as the agent names it
+    return ChildFailedError(name=name, failures={0: failure})
+
+
+def _run_here(entrypoint: _Entrypoint, args: Sequence[Any], max_restarts: int) -> None:
+    """Run rank 0 of a one-process run in this process, as the reference does, keeping the
+    agent's contract: a failure is retried ``max_restarts`` times
+    (``TORCHELASTIC_RESTART_COUNT`` counts them), then raised as ``ChildFailedError`` whose
+    ``__cause__`` is the function's exception."""
+    for attempt in range(max_restarts + 1):
+        try:
+            with _patched_environ({"TORCHELASTIC_RESTART_COUNT": str(attempt)}):
+                entrypoint(*args)
+            return
+        except Exception as error:
+            if attempt < max_restarts:
+                _logger.warning(
+                    "notebook_launcher: %s failed (%s: %s); restarting it (%d of %d restarts).",
+                    _callable_name(entrypoint.function, "__qualname__"),
+                    type(error).__name__,
+                    error,
+                    attempt + 1,
+                    max_restarts,
+                )
+                continue
+            raise _child_failed(entrypoint, error) from error
+
+
 def _check(
     num_processes: int, node_rank: int, num_nodes: int, rdzv_backend: str, max_restarts: int
 ) -> None:
@@ -114,9 +163,13 @@ def notebook_launcher(
 ) -> None:
     """Run ``function(*args)`` on ``num_processes`` processes per node (Accelerate's signature).
 
-    One process on one node runs ``function`` in this process. Otherwise torch's elastic agent
-    starts the workers (each with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``... set, so an
-    ``Accelerator`` made inside ``function`` joins the run), watches them and restarts them.
+    One process on one node runs ``function`` in this process, as in Accelerate, but with the
+    agent's contract (Accelerate raises the function's own exception there, and does not
+    restart): a failure is retried ``max_restarts`` times, then raised as ``ChildFailedError``
+    carrying the exception's message and traceback (the exception is its ``__cause__``).
+    Otherwise torch's elastic agent starts the workers (each with ``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``... set, so an ``Accelerator`` made inside ``function`` joins the run),
+    watches them and restarts them.
 
     Args:
         function: the training function (define CUDA objects inside it, not before).
@@ -145,7 +198,8 @@ def notebook_launcher(
             unknown ``rdzv_backend`` or precision.
         RuntimeError: when CUDA was initialised here before forking workers.
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: when a worker still
-            fails after ``max_restarts`` restarts (with its exception and traceback).
+            fails after ``max_restarts`` restarts (with its exception and traceback), on one
+            process as on several.
     """
     import torch
 
@@ -155,12 +209,14 @@ def notebook_launcher(
     _check(num_processes, node_rank, num_nodes, rdzv_backend, max_restarts)
     port = str(use_port or (DEFAULT_PORT if num_nodes > 1 else _free_port()))
     env = {"MASTER_ADDR": master_addr, "MASTER_PORT": port, ENV_MIXED_PRECISION: precision}
+    # The reference's workers see ACCELERATE_MIXED_PRECISION; code in `function` may read it.
+    env[ACCELERATE_ENV_MIXED_PRECISION] = precision
     if cpu or not torch.cuda.is_available():
         env[ENV_USE_CPU] = "1"
     if num_processes == 1 and num_nodes == 1:
         single = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
         with _patched_environ({**env, **single}):
-            _Entrypoint(function)(*args)
+            _run_here(_Entrypoint(function), args, max_restarts)
         return
     if start_method == "fork" and torch.cuda.is_available() and torch.cuda.is_initialized():
         raise RuntimeError(

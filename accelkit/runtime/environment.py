@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterator
 
 __all__ = [
+    "ACCELERATE_ENV_MIXED_PRECISION",
     "ENV_MIXED_PRECISION",
     "ENV_USE_CPU",
     "PrecisionType",
@@ -26,7 +27,12 @@ __all__ = [
 # is read too so that settings written for the reference tool keep working.
 ENV_USE_CPU = "ACCELKIT_USE_CPU"
 ENV_MIXED_PRECISION = "ACCELKIT_MIXED_PRECISION"
-_LEGACY_ENV = {ENV_USE_CPU: "ACCELERATE_USE_CPU", ENV_MIXED_PRECISION: "ACCELERATE_MIXED_PRECISION"}
+#: The reference's spelling of :data:`ENV_MIXED_PRECISION`, which its workers' code may read.
+ACCELERATE_ENV_MIXED_PRECISION = "ACCELERATE_MIXED_PRECISION"
+_LEGACY_ENV = {
+    ENV_USE_CPU: "ACCELERATE_USE_CPU",
+    ENV_MIXED_PRECISION: ACCELERATE_ENV_MIXED_PRECISION,
+}
 
 
 class PrecisionType(str, enum.Enum):

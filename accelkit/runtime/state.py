@@ -20,6 +20,7 @@ import contextlib
 import enum
 import functools
 import os
+import types
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
@@ -48,6 +49,8 @@ __all__ = [
     "destroy_process_group",
     "env_flag",
     "env_value",
+    "get_distributed_backend",
+    "get_torch_accelerator_backend",
     "parse_mixed_precision",
 ]
 
@@ -121,6 +124,49 @@ def _arrange_exit(destroy: bool) -> None:
         _exit["hooked"] = True
 
 
+# The collective backend of each device type accelkit drives: NCCL on CUDA (RCCL under ROCm,
+# which torch also names "nccl"). The CPU has no entry, as in the reference: a CPU run uses gloo.
+_DISTRIBUTED_BACKENDS = {"cuda": "nccl"}
+
+
+def get_torch_accelerator_backend(
+    check_available: bool = True,
+) -> tuple[str | None, types.ModuleType | None]:
+    """The accelerator this process would run on and torch's module for it, as Accelerate's.
+
+    accelkit drives the CPU and CUDA, so the answer is ``("cuda", torch.cuda)`` or
+    ``(None, None)``; the devices accelkit does not drive (MPS, XPU, NPU, HPU, ...) give
+    ``(None, None)``, as on a machine without them, and a run there uses the CPU.
+
+    Args:
+        check_available: with False, answer from how torch was built, without probing for a
+            device (e.g. before forking workers): a CUDA build gives ``("cuda", torch.cuda)``
+            even on a machine without a GPU.
+
+    Returns:
+        ``(device_type, device_module)``, or ``(None, None)`` when there is no accelerator.
+
+    Example:
+        >>> device_type, device_module = get_torch_accelerator_backend()
+        >>> device = torch.device(device_type or "cpu")
+    """
+    cuda = torch.cuda.is_available() if check_available else torch.backends.cuda.is_built()
+    return ("cuda", torch.cuda) if cuda else (None, None)
+
+
+def get_distributed_backend(device_type: str | None) -> str | None:
+    """The default ``torch.distributed`` backend of ``device_type``, as Accelerate's.
+
+    ``"nccl"`` for ``"cuda"``; None for the CPU (a CPU run uses gloo), for None and for the
+    devices accelkit does not drive.
+
+    Example:
+        >>> get_distributed_backend("cuda")
+        'nccl'
+    """
+    return _DISTRIBUTED_BACKENDS.get(device_type) if device_type is not None else None
+
+
 class PartialState:
     """The state of this process in the run: rank, world size, device and process group.
 
@@ -167,7 +213,7 @@ class PartialState:
             self.device = torch.device("cpu", 0)
         else:
             self.device = torch.device("cpu")
-        self.backend = backend or ("nccl" if use_cuda else "gloo")
+        self.backend = backend or get_distributed_backend(self.device.type) or "gloo"
         if self.num_processes > 1:
             if dist.is_initialized():
                 self.backend = str(dist.get_backend())
@@ -247,7 +293,8 @@ class PartialState:
     @property
     def default_device(self) -> torch.device:
         """The device a process of this run would use: CUDA when available, else the CPU."""
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        device_type, _ = get_torch_accelerator_backend()
+        return torch.device(device_type or "cpu")
 
     # ---------------------------------------------------------------- identity
 

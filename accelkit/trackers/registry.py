@@ -131,6 +131,10 @@ _BUILTINS: dict[str, _Builtin] = {
 }
 
 _registered: dict[str, type[GeneralTracker]] = {}
+# Shipped names (built-ins and the stand-ins of _NOT_BUILT_IN_CLASSES) deleted from
+# TRACKER_CLASSES: gone from the table, from log_with and from "all" until assigned again. Not a
+# second table: TRACKER_CLASSES is _BUILTINS and the stand-ins, less these, plus _registered.
+_removed: set[str] = set()
 
 
 def register_tracker(cls: T, *, overwrite: bool = False) -> T:
@@ -163,7 +167,7 @@ def register_tracker(cls: T, *, overwrite: bool = False) -> T:
         )
     if name == LoggerType.ALL.value:
         raise ValueError('"all" is reserved for every available tracker; choose another name.')
-    taken = name in _registered or name in _BUILTINS
+    taken = name in _registered or (name in _BUILTINS and name not in _removed)
     if taken and not overwrite and _registered.get(name) is not cls:
         raise ValueError(
             f"A tracker named {name!r} is already registered ({_describe(name)}). Pick another "
@@ -220,7 +224,7 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint) -> type[GeneralTracker]
 
 def available_trackers() -> list[str]:
     """Every tracker name accelkit knows: built-ins, registered ones and entry points."""
-    return sorted({*_BUILTINS, *_registered, *_entry_points()})
+    return sorted({*(_BUILTINS.keys() - _removed), *_registered, *_entry_points()})
 
 
 def _missing_packages(packages: tuple[str, ...]) -> list[str]:
@@ -296,6 +300,12 @@ def get_tracker_class(name: str | LoggerType) -> type[GeneralTracker]:
                 f"Install it: pip install {' '.join(missing)}"
             )
         return _registered[key]
+    if key in _removed:
+        raise ValueError(
+            f"Unknown tracker {key!r}: it was deleted from accelkit.tracking."
+            f"LOGGER_TYPE_TO_CLASS. Put it back (LOGGER_TYPE_TO_CLASS[{key!r}] = <its class>) "
+            "or register a tracker under that name."
+        )
     if key in _BUILTINS:
         spec = _BUILTINS[key]
         missing = _missing_packages(spec.packages)
@@ -304,8 +314,7 @@ def get_tracker_class(name: str | LoggerType) -> type[GeneralTracker]:
                 f"Tracker {key!r} needs the package {', '.join(missing)}, which is not "
                 f"installed. Install it: pip install 'accelkit[{key}]'"
             )
-        cls: type[GeneralTracker] = getattr(importlib.import_module(spec.module), spec.attr)
-        return cls
+        return _shipped_class(key)
     entry_points = _entry_points()
     if key in entry_points:
         return _load_entry_point(entry_points[key])
@@ -410,27 +419,34 @@ class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
     test should not do. Reading a built-in's class imports its accelkit module, never the
     backend's SDK.
 
-    Setting ``table[name] = cls`` registers ``cls`` (replacing any tracker of that name), as
-    assigning into Accelerate's dict does; deleting removes a registration (a shadowed
-    built-in comes back). Built-ins cannot be deleted.
+    It behaves as Accelerate's dict, so that code (and Accelerate's tests) that saves and
+    restores it keeps the registry as it was::
+
+        saved = LOGGER_TYPE_TO_CLASS.copy()  # a plain dict
+        LOGGER_TYPE_TO_CLASS.clear()
+        ...
+        LOGGER_TYPE_TO_CLASS.update(saved)
+
+    Setting ``table[name] = cls`` registers ``cls`` (replacing any tracker of that name, and
+    bringing back a deleted one), as assigning into Accelerate's dict makes ``log_with=name``
+    build ``cls``; assigning a name its shipped class (``table["tensorboard"] =
+    TensorBoardTracker``) restores the built-in. ``del table[name]`` removes the name entirely
+    (a registration and the built-in it shadows): ``log_with=name`` and ``"all"`` no longer
+    find it until it is assigned again. (:func:`unregister_tracker` removes a registration
+    only, and a shadowed built-in comes back.)
     """
 
     def _names(self) -> list[str]:
-        return list(dict.fromkeys([*_BUILTINS, *_NOT_BUILT_IN_CLASSES, *_registered]))
+        shipped = [n for n in [*_BUILTINS, *_NOT_BUILT_IN_CLASSES] if n not in _removed]
+        return list(dict.fromkeys([*shipped, *_registered]))
 
     def __getitem__(self, name: str) -> type[GeneralTracker]:
         key = str(name)
         if key in _registered:
             return _registered[key]
-        if key in _BUILTINS:
-            spec = _BUILTINS[key]
-            cls: type[GeneralTracker] = getattr(importlib.import_module(spec.module), spec.attr)
-            return cls
-        if key in _NOT_BUILT_IN_CLASSES:
-            module = importlib.import_module("accelkit.trackers.not_built_in")
-            stand_in: type[GeneralTracker] = getattr(module, _NOT_BUILT_IN_CLASSES[key])
-            return stand_in
-        raise KeyError(key)
+        if key in _removed:
+            raise KeyError(key)
+        return _shipped_class(key)
 
     def __contains__(self, name: object) -> bool:
         # Without this, Mapping's __contains__ would import a built-in's module to answer.
@@ -451,21 +467,45 @@ class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
                 f"{getattr(cls, 'name', None)!r}. Set `name = {name!r}` on the class, or use "
                 "accelkit.tracking.register_tracker_class(cls)."
             )
-        register_tracker(cls, overwrite=True)
+        try:
+            shipped = _shipped_class(name)
+        except KeyError:
+            shipped = None
+        if cls is shipped:
+            _registered.pop(name, None)  # the built-in (or stand-in) itself, as shipped
+        else:
+            register_tracker(cls, overwrite=True)
+        _removed.discard(name)
 
     def __delitem__(self, name: str) -> None:
-        if name in _registered:
-            unregister_tracker(name)
-            return
-        if name in self:
-            raise ValueError(
-                f"{name!r} is a built-in tracker and cannot be removed. To replace it, register "
-                f"a GeneralTracker subclass with name = {name!r}."
-            )
-        raise KeyError(name)
+        if name not in self:
+            raise KeyError(name)
+        _registered.pop(name, None)
+        if name in _BUILTINS or name in _NOT_BUILT_IN_CLASSES:
+            _removed.add(name)
+
+    def copy(self) -> dict[str, type[GeneralTracker]]:
+        """A plain ``dict`` of the table as it is now (as ``dict.copy`` gives in Accelerate)."""
+        return dict(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self._names()})"
+
+
+def _shipped_class(key: str) -> type[GeneralTracker]:
+    """The class accelkit ships under ``key`` (a built-in, or a stand-in); KeyError if none.
+
+    Imports the tracker's accelkit module, never the backend's SDK.
+    """
+    if key in _BUILTINS:
+        spec = _BUILTINS[key]
+        cls: type[GeneralTracker] = getattr(importlib.import_module(spec.module), spec.attr)
+        return cls
+    if key in _NOT_BUILT_IN_CLASSES:
+        module = importlib.import_module("accelkit.trackers.not_built_in")
+        stand_in: type[GeneralTracker] = getattr(module, _NOT_BUILT_IN_CLASSES[key])
+        return stand_in
+    raise KeyError(key)
 
 
 TRACKER_CLASSES = TrackerClassTable()

@@ -50,6 +50,8 @@ _PUBLIC = {
     "has_compiled_regions": "accelkit.training.dynamo",
     "CannotPadNestedTensorWarning": "accelkit.runtime.ops",
     "DistributedType": "accelkit.runtime.state",
+    "get_distributed_backend": "accelkit.runtime.state",
+    "get_torch_accelerator_backend": "accelkit.runtime.state",
     "PrecisionType": "accelkit.runtime.state",
     "FullyShardedDataParallelPlugin": "accelkit.fsdp.runtime",
     "ProjectConfiguration": "accelkit.checkpointing",
@@ -207,7 +209,12 @@ if TYPE_CHECKING:  # the names of _PUBLIC, for type checkers (__all__ is built f
         synchronize_rng_state,
         synchronize_rng_states,
     )
-    from accelkit.runtime.state import DistributedType, PrecisionType
+    from accelkit.runtime.state import (
+        DistributedType,
+        PrecisionType,
+        get_distributed_backend,
+        get_torch_accelerator_backend,
+    )
     from accelkit.trackers import GeneralTracker, LoggerType, register_tracker
     from accelkit.training.dynamo import DynamoBackend, TorchDynamoPlugin
     from accelkit.training.kwargs_handlers import (

@@ -318,3 +318,34 @@ def test_notebook_launcher_stops_the_others_when_a_worker_fails() -> None:
         )
     # The sleeping rank was stopped, not waited for.
     assert time.monotonic() - started < 60
+
+
+def _fails_until_third_attempt(attempts: list[str]) -> None:
+    attempts.append(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if len(attempts) < 3:
+        raise RuntimeError(f"attempt {len(attempts)} fails")
+    assert os.environ["ACCELKIT_MIXED_PRECISION"] == "bf16"
+    assert os.environ["ACCELERATE_MIXED_PRECISION"] == "bf16"  # the reference's spelling too
+
+
+def test_notebook_launcher_on_one_process_restarts_and_raises_as_the_agent_does() -> None:
+    """One process runs in this process, but fails, restarts and reports as on several."""
+    import time
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    attempts: list[str] = []
+    notebook_launcher(_fails_until_third_attempt, (attempts,), 1, "bf16", max_restarts=2, cpu=True)
+    assert attempts == ["0", "1", "2"]
+
+    attempts.clear()
+    started = time.monotonic()
+    with pytest.raises(ChildFailedError, match="RuntimeError: attempt 2 fails") as caught:
+        notebook_launcher(
+            _fails_until_third_attempt, (attempts,), 1, max_restarts=1, monitor_interval=0.01
+        )
+    assert time.monotonic() - started < 5  # at once, as the agent on several processes
+    assert attempts == ["0", "1"]
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert "_fails_until_third_attempt FAILED" in str(caught.value)
+    assert "TORCHELASTIC_RESTART_COUNT" not in os.environ

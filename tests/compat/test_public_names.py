@@ -3,7 +3,9 @@
 The lists are generated from the installed ``accelerate`` (``accelerate/__init__.py``,
 ``accelerate.utils``, the ``Accelerator`` class and the state classes), so a new Accelerate
 release shows its new names here as failures: port them, or declare them out of scope with the
-reason (a refusing stand-in in ``accelkit/out_of_scope.py``, or ``NOT_PROVIDED`` below).
+reason (a refusing stand-in in ``accelkit/out_of_scope.py``, or ``NOT_PROVIDED`` below). A name
+a new release drops goes into ``REMOVED`` with that release, so the out-of-scope lists keep
+serving scripts written for the older one without hiding a name that is still exported.
 Signatures are compared with :func:`incompatibilities` (positional order, names,
 ``*args``/``**kwargs``, nothing extra required). Differences owned by other areas, or kept on
 purpose, are strict xfails with their reason in ``KNOWN_DIFFERENCES``.
@@ -17,6 +19,7 @@ import types
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 import accelkit
 import accelkit.state
@@ -28,6 +31,7 @@ from tests.compat._signatures import incompatibilities
 accelerate = pytest.importorskip("accelerate", reason="accelerate (a dev dependency) is missing")
 reference_state = pytest.importorskip("accelerate.state")
 reference_utils = pytest.importorskip("accelerate.utils")
+reference_modeling = pytest.importorskip("accelerate.utils.modeling")
 
 # Out of scope, part 1: names accelkit provides as refusing stand-ins (importable; using one
 # raises OutOfScopeError with the reason). The commented table lives in accelkit/out_of_scope.py.
@@ -58,6 +62,18 @@ NOT_PROVIDED: dict[str, str] = {
     "maybe_context_parallel": _PARALLELISM,
 }
 OUT_OF_SCOPE = {**REFUSED, **NOT_PROVIDED}
+
+# Out-of-scope names a newer Accelerate no longer has: name -> (where the older one exported
+# it, the first release without it). They stay out of scope (the stand-ins still import and
+# refuse, for scripts written for the older release); the installed reference must have the name
+# before that release and must not from it on.
+REMOVED: dict[str, tuple[str, str]] = {
+    "FP8RecipeKwargs": ("accelerate.utils", "1.16.0"),
+    "MSAMPRecipeKwargs": ("accelerate.utils", "1.16.0"),
+    "prepare_pippy": ("accelerate", "1.16.0"),
+    "MITA_PROFILING_AVAILABLE_PYTORCH_VERSION": ("accelerate.utils", "1.16.0"),
+    "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION": ("accelerate.utils", "1.16.0"),
+}
 
 # (where, name) -> why it differs today; each is a strict xfail, so fixing it flips the test.
 KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {}
@@ -163,18 +179,31 @@ def test_class_member_exists_and_binds_the_same_way(
 
 @pytest.mark.parametrize("name", sorted(OUT_OF_SCOPE))
 def test_out_of_scope_names_still_exist_in_the_reference(name: str) -> None:
-    """A name dropped by the reference leaves this list, so it never hides a new one."""
-    found = any(hasattr(module, name) for module in _THEIRS.values()) or any(
+    """A name dropped by the reference leaves this list, or goes into ``REMOVED`` with the
+    release that dropped it, so it never hides a new one."""
+    modules = [*_THEIRS.values(), reference_modeling]  # accelkit.utils.modeling refuses its own
+    found = any(hasattr(module, name) for module in modules) or any(
         hasattr(theirs, name) for theirs, _ in _CLASS_PAIRS.values()
     )
-    assert found, f"{name} is no longer in accelerate: remove it from OUT_OF_SCOPE"
+    if name not in REMOVED:
+        assert found, (
+            f"{name} is not in accelerate {accelerate.__version__}: remove it from OUT_OF_SCOPE, "
+            "or add it to REMOVED with the first release without it"
+        )
+        return
+    where, removed_in = REMOVED[name]
+    if Version(accelerate.__version__) < Version(removed_in):
+        assert hasattr(_THEIRS[where], name), f"{where}.{name} is missing before {removed_in}"
+    else:
+        assert not found, f"{name} is back in accelerate {accelerate.__version__}: unlist it"
 
 
 def _refused_cases() -> list[Any]:
+    exported = {(where, name) for where, module in _THEIRS.items() for name in _public(module)}
+    exported |= {(where, name) for name, (where, _) in REMOVED.items()}  # for older scripts
     return [
         pytest.param(where, name, id=f"{where}.{name}")
-        for where, module in _THEIRS.items()
-        for name in _public(module)
+        for where, name in sorted(exported)
         if name in REFUSED
     ]
 

@@ -27,6 +27,36 @@ def test_device_probes_say_no_for_devices_accelkit_does_not_drive() -> None:
     assert utils.is_bf16_available() and utils.is_fp16_available()
 
 
+def test_accelerator_and_distributed_backend_are_the_ones_accelkit_runs_on() -> None:
+    """The pair a script reads (``device_type, device_module = get_torch_accelerator_backend()``)
+    names the device PartialState picks, and the backend the one its process group gets; on a
+    CPU or CUDA machine both are the reference's answers."""
+    from accelkit.runtime.state import PartialState
+
+    device_type, device_module = utils.get_torch_accelerator_backend()
+    state = PartialState()
+    assert torch.device(device_type or "cpu") == state.default_device
+    assert state.device.type == (device_type or "cpu")
+    assert device_module is (torch.cuda if torch.cuda.is_available() else None)
+    built = utils.get_torch_accelerator_backend(check_available=False)
+    assert built == (("cuda", torch.cuda) if torch.backends.cuda.is_built() else (None, None))
+    assert (utils.get_distributed_backend(state.device.type) or "gloo") == state.backend
+    # devices accelkit does not drive: no backend, as their is_*_available probes say no
+    assert utils.get_distributed_backend("xpu") is None
+    assert utils.get_distributed_backend("npu") is None
+
+    reference = pytest.importorskip("accelerate.utils")
+    if not hasattr(reference, "get_distributed_backend"):
+        pytest.skip("accelerate before 1.16 has no get_distributed_backend")
+    if torch.backends.mps.is_available():
+        pytest.skip("the reference answers mps here; accelkit runs on the CPU")
+    assert (device_type, device_module) == reference.get_torch_accelerator_backend()
+    assert built == reference.get_torch_accelerator_backend(check_available=False)
+    for device in ("cuda", "cpu", None):
+        ours = utils.get_distributed_backend(device)
+        assert ours == reference.get_distributed_backend(device), device
+
+
 def test_package_probes_look_packages_up_without_importing_them() -> None:
     assert utils.is_pytest_available() is True
     assert utils.is_torch_version(">=", "2.0") and not utils.is_torch_version("<", "1.0")

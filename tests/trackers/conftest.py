@@ -61,10 +61,12 @@ def offline_trackers(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def clean_registry() -> Iterator[None]:
     """Registrations made by a test do not leak into the next one."""
-    saved = dict(registry._registered)
+    saved, removed = dict(registry._registered), set(registry._removed)
     yield
     registry._registered.clear()
     registry._registered.update(saved)
+    registry._removed.clear()
+    registry._removed.update(removed)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 import accelkit.tracking
 from accelkit import Accelerator
-from accelkit.trackers import TrackerHub, register_tracker
+from accelkit.trackers import TrackerHub, register_tracker, registered_trackers
 from accelkit.trackers.jsonl import read_jsonl
 from accelkit.trackers.registry import NOT_BUILT_IN, TrackerNotBuiltInError
 
@@ -329,7 +329,51 @@ def test_logger_type_to_class_lists_accelerates_names_and_registered_classes() -
     assert accelkit.tracking.filter_trackers("accelerate_style") == ["accelerate_style"]
     with pytest.raises(ValueError, match=r"`name` is 'accelerate_style'.*name = 'other'"):
         table["other"] = AccelerateStyleTracker
-    with pytest.raises(ValueError, match="'tensorboard' is a built-in tracker"):
-        del table["tensorboard"]
     with pytest.raises(KeyError):
         table["no_such_tracker"]
+    with pytest.raises(KeyError):
+        del table["no_such_tracker"]
+
+
+def test_logger_type_to_class_saved_cleared_and_restored_as_accelerates_tests_do(
+    tmp_path: Path,
+) -> None:
+    """Accelerate's tests keep its dict around each test: copy(), clear(), update(saved)."""
+    table = accelkit.tracking.LOGGER_TYPE_TO_CLASS
+    accelkit.tracking.register_tracker_class(AccelerateStyleTracker)
+    before = dict(table)
+    saved = table.copy()
+    assert type(saved) is dict and saved == before
+    assert saved["jsonl"] is accelkit.tracking.JSONLTracker
+
+    table.clear()
+    assert len(table) == 0 and "jsonl" not in table and table.copy() == {}
+    with pytest.raises(ValueError, match=r"'jsonl'.*deleted from .*LOGGER_TYPE_TO_CLASS"):
+        Accelerator(log_with="jsonl", project_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="'accelerate_style'"):
+        accelkit.tracking.filter_trackers("accelerate_style")
+    assert accelkit.tracking.get_available_trackers() == []  # "all" finds nothing
+
+    # What a test does meanwhile: register by item assignment, build it by name, delete it.
+    table["accelerate_style"] = AccelerateStyleTracker
+    accelerator = Accelerator(log_with="accelerate_style", project_dir=str(tmp_path))
+    accelerator.init_trackers("run")
+    assert [type(t) for t in accelerator.trackers] == [AccelerateStyleTracker]
+    accelerator.end_training()
+    del table["accelerate_style"]
+    assert "accelerate_style" not in table
+
+    table.update(saved)
+    assert dict(table) == before and list(table) == list(before)
+    assert accelkit.tracking.filter_trackers("jsonl", str(tmp_path)) == ["jsonl"]
+    assert accelkit.tracking.filter_trackers("accelerate_style") == ["accelerate_style"]
+    # the built-ins came back as built-ins, not as registrations of their classes
+    assert "jsonl" not in registered_trackers()
+
+    # Deleting a built-in removes it (from log_with and "all"); assigning brings it back.
+    del table["jsonl"]
+    assert "jsonl" not in table
+    assert "jsonl" not in accelkit.tracking.get_available_trackers()
+    table["jsonl"] = accelkit.tracking.JSONLTracker
+    assert table["jsonl"] is accelkit.tracking.JSONLTracker
+    assert "jsonl" in accelkit.tracking.get_available_trackers()

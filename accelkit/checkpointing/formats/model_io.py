@@ -437,6 +437,26 @@ def _convert_floats(model: torch.nn.Module, dtype: torch.dtype, keep_fp32: list[
                     tensor.data = tensor.data.to(target)
 
 
+def _sole_index(storage: Storage, folder: str) -> str:
+    """The folder's one ``*.index.json`` (any stem, as the reference accepts), or an error."""
+    indexes = [
+        entry.name
+        for entry in storage.listdir(folder)
+        if not entry.is_dir and entry.name.endswith(".index.json")
+    ]
+    if len(indexes) == 1:
+        return indexes[0]
+    if not indexes:
+        raise FileNotFoundError(
+            f"No model.safetensors(.index.json), pytorch_model.bin(.index.json) or other "
+            f"*.index.json in {folder!r}; pass the weights file or index itself."
+        )
+    raise ValueError(
+        f"{folder!r} holds several indexes ({', '.join(indexes)}); pass the one to load, "
+        f"e.g. load_checkpoint_in_model(model, {join(folder, indexes[0])!r})."
+    )
+
+
 def load_checkpoint_in_model(
     model: torch.nn.Module,
     checkpoint: str,
@@ -460,8 +480,11 @@ def load_checkpoint_in_model(
 
     Args:
         model: the model to fill.
-        checkpoint: a ``.safetensors`` file, a folder holding ``model.safetensors`` or an
-            index, or an index file; local or fsspec URL.
+        checkpoint: a ``.safetensors`` (or ``.bin``) file, an index file (``.json``), or a
+            folder holding ``model.safetensors``, ``pytorch_model.bin``, their index, or one
+            other ``*.index.json``; local or fsspec URL. Where a folder holds both
+            ``model.safetensors`` and ``pytorch_model.bin``, the safetensors file is read (the
+            reference reads the pickle).
         device_map: ``None`` (keep each parameter's device), a device, or a mapping of module
             name prefixes to devices (``{"": "cuda:0"}``); modules are moved there first.
         offload_folder: offloading to disk is out of scope; must be ``None``.
@@ -483,8 +506,9 @@ def load_checkpoint_in_model(
             folder, or damaged files.
         CheckpointMismatchError: for keys or shapes that do not match (with ``strict``), or a
             stored tensor whose kind (float, int, bool) differs from the model's.
-        ValueError: for an out-of-scope option (offloading, 8-bit, broadcasting) or a bad
-            ``dtype``.
+        ValueError: for an out-of-scope option (offloading, 8-bit, broadcasting), a bad
+            ``dtype``, or a folder holding several indexes and no known weights name.
+        FileNotFoundError: ``checkpoint`` does not exist, or is a folder without weights.
     """
     _refuse_out_of_scope(
         offload_folder=(offload_folder, None),
@@ -510,17 +534,14 @@ def load_checkpoint_in_model(
                 name = candidate
                 break
         if name is None:
-            raise FileNotFoundError(
-                f"No model.safetensors(.index.json) or pytorch_model.bin(.index.json) in "
-                f"{checkpoint!r}; pass the weights file or index itself."
-            )
+            name = _sole_index(storage, checkpoint)
     else:
         if not storage.exists(checkpoint):
             raise FileNotFoundError(f"No checkpoint at {checkpoint!r}.")
         folder, _, name = checkpoint.rstrip("/").rpartition("/")
         folder = folder or "."
         storage = confine(storage, folder)
-    if name.endswith(".index.json"):
+    if name.endswith(".json"):  # the reference reads any .json file given as an index
         tensors = _read_index(storage, folder, name, {}, zero_copy=True)
     else:
         url = join(folder, name)
