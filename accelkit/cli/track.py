@@ -2,7 +2,8 @@
 
 ``accelkit track status LOGGING_DIR`` shows, per tracker journal, the entries journaled,
 delivered and pending; ``accelkit track sync LOGGING_DIR [--tracker NAME]`` sends the pending
-ones to the run they belong to (see :mod:`accelkit.trackers.sync`). Both take ``--json``.
+ones to the run they belong to (see :mod:`accelkit.trackers.sync`; ``--allow-outside`` lets a
+journal's ``run.json`` name local paths outside LOGGING_DIR). Both take ``--json``.
 Exit codes: 0 done (nothing pending), 1 something could not be sent or read, 2 bad usage.
 """
 
@@ -51,6 +52,14 @@ def register(subparsers: Any) -> None:
     sync.add_argument("logging_dir", metavar="LOGGING_DIR", help="the run's logging directory")
     sync.add_argument("--tracker", metavar="NAME", help="only this tracker's journals")
     sync.add_argument("--json", action="store_true", help="one JSON object per journal")
+    sync.add_argument(
+        "--allow-outside",
+        action="store_true",
+        help=(
+            "let run.json name local paths outside LOGGING_DIR (a run folder, a W&B dir, an "
+            "MLflow file store): only for a journal you wrote yourself"
+        ),
+    )
     sync.set_defaults(func=_run_sync)
     track.set_defaults(func=lambda args: _usage(track))
 
@@ -111,7 +120,7 @@ def _run_sync(args: argparse.Namespace) -> int:
 
     if not _check_dir(args.logging_dir):
         return 2
-    results = sync(args.logging_dir, args.tracker)
+    results = sync(args.logging_dir, args.tracker, allow_outside=args.allow_outside)
     failed = False
     for result in results:
         failed = failed or bool(result.error) or result.pending > 0

@@ -9,6 +9,11 @@ with ``fstat`` once open, created with ``O_EXCL``, or replaced by a rename (whic
 link, never follows it). Anything but a regular file is refused with a
 :class:`TrackerFileError` naming the path, what is there, and the fix.
 
+What is read back is untrusted too: :func:`read_lines` reads a file line by line in bounded
+pieces (a line longer than the reader's limit is never held whole: a 2 GiB file without a
+newline costs a megabyte, not 4 GB), and :func:`inside` says whether a path read from such a
+file stays in the logging directory.
+
 The logging directory itself is the user's choice and may be a link; the run folders under it
 (``run_name``) and the files in them are accelkit's and are never followed.
 """
@@ -16,8 +21,10 @@ The logging directory itself is the user's choice and may be a link; the run fol
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
+from collections.abc import Callable, Iterator
 from typing import IO
 
 from accelkit.errors import AccelkitError
@@ -27,9 +34,11 @@ __all__ = [
     "TrackerFileError",
     "check_regular",
     "create_exclusive",
+    "inside",
     "make_run_folder",
     "open_append",
     "open_regular",
+    "read_lines",
     "same_path",
     "write_text",
 ]
@@ -39,16 +48,22 @@ __all__ = [
 _NOT_A_FILE_ERRNOS = {errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EISDIR, errno.EMLINK}
 # No system opens a longer path; realpath's cost grows with the square of a path's parts.
 _MAX_PATH = 4096
+# How much of an over-long line is read at a time (then handed to ``spill``, never kept).
+_CHUNK = 2**20
+_SEEK_DATA: int | None = getattr(os, "SEEK_DATA", None)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class TrackerFileError(AccelkitError, OSError):
-    """Something other than a regular file (or a real folder) is where a tracker writes.
+    """Something other than a regular file (or a real folder) is where a tracker writes, or a
+    path read from an untrusted file (a journal's ``run.json``) leads outside the logging
+    directory.
 
-    Raised by the jsonl and TensorBoard trackers (``start``, ``store_init_configuration``) and
-    by ``read_jsonl``; the hub reports it once and skips the tracker, like any other failure.
+    Raised by the jsonl and TensorBoard trackers (``start``, ``store_init_configuration``), by
+    ``read_jsonl`` and by ``accelkit track sync``; the hub reports it once and skips the
+    tracker, like any other failure.
     """
 
 
@@ -103,6 +118,89 @@ def same_path(recorded: object, path: str) -> bool:
     if not isinstance(recorded, str) or "\x00" in recorded or len(recorded) > _MAX_PATH:
         return False
     return os.path.normcase(os.path.realpath(recorded)) == os.path.normcase(os.path.realpath(path))
+
+
+def inside(root: str, path: object) -> bool:
+    """Whether ``path`` (untrusted: read from a file) names ``root`` or a place under it.
+
+    A relative ``path`` is taken from the current folder, as a backend opening it would. Links
+    are resolved (one under ``root`` leading out is outside); a non-string, a string holding a
+    NUL or one longer than any path is not inside.
+
+    Args:
+        root: the folder (the user's logging directory; may itself be a link).
+        path: the path to check.
+    """
+    if not isinstance(path, str) or "\x00" in path or len(path) > _MAX_PATH:
+        return False
+    top = os.path.normcase(os.path.realpath(root))
+    where = os.path.normcase(os.path.realpath(path))
+    return where == top or where.startswith(top.rstrip(os.sep) + os.sep)
+
+
+def read_lines(
+    file: io.BufferedReader, limit: int, spill: Callable[[bytes], None] | None = None
+) -> Iterator[tuple[bytes | None, bool]]:
+    """Each line of ``file`` (opened in binary) and whether it ends with a newline.
+
+    The one reader of line files that may be damaged or hostile (journal segments, jsonl
+    rows). Memory stays bounded by ``limit`` whatever the file holds: a line longer than
+    ``limit`` bytes is never held whole; its bytes go to ``spill`` (if given) a megabyte at a
+    time and ``None`` is yielded in its place. Without ``spill``, the holes of a sparse file
+    in such a line are skipped, not read (a 2 GiB hole costs no time either).
+
+    Args:
+        file: the file (a regular file: buffered and seekable).
+        limit: the longest line returned (longer ones are damaged lines).
+        spill: receives an over-long line's bytes, piece by piece (``None``: dropped).
+    """
+    while True:
+        line = file.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line, line.endswith(b"\n")
+            continue
+        if spill is not None:
+            spill(line)
+        del line
+        complete = False
+        while not complete:
+            if spill is None and not _skip_hole(file):
+                break
+            # One system call per megabyte (``readline`` would make one per 8 KiB buffer);
+            # what follows the line's newline is given back by seeking.
+            piece = file.read1(_CHUNK)
+            if not piece:
+                break
+            end = piece.find(b"\n")
+            if end >= 0:
+                if end + 1 < len(piece):
+                    file.seek(end + 1 - len(piece), os.SEEK_CUR)
+                piece = piece[: end + 1]
+                complete = True
+            if spill is not None:
+                spill(piece)
+        yield None, complete
+
+
+def _skip_hole(file: io.BufferedReader) -> bool:
+    """Move past a hole of a sparse file (zeros never stored: no newline in them) at the
+    current position; ``False`` (at the end of the file) when only a hole is left. Where the
+    system cannot tell (no ``SEEK_DATA``), nothing moves."""
+    if _SEEK_DATA is None:
+        return True
+    position = file.tell()
+    try:
+        data = os.lseek(file.fileno(), position, _SEEK_DATA)
+    except OSError as error:
+        if error.errno != errno.ENXIO:
+            return True
+        file.seek(0, os.SEEK_END)  # ENXIO: only a hole after ``position``, up to the end
+        return False
+    if data > position:
+        file.seek(data)
+    return True
 
 
 def check_regular(path: str, role: str) -> bool:

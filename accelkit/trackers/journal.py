@@ -24,8 +24,9 @@ On disk (all plain text, written by :class:`Journal` only):
 =================== ==========================================================================
 
 Every file of a journal is untrusted input when it is read back (a resumed job, ``track sync``):
-opened without following links nor blocking on pipes (:mod:`accelkit.trackers._files`), each
-line parsed alone; a line that is not an entry is reported with its file and line number and
+opened without following links nor blocking on pipes (:mod:`accelkit.trackers._files`), read
+in bounded pieces (a line longer than 16 MiB is never held whole), each line parsed alone; a
+line that is not an entry (or longer than that) is reported with its file and line number and
 skipped, a link, a pipe or a device is reported and left alone. None of this ever raises into
 training: a journal that cannot be used is reported once and the tracker goes on without it.
 
@@ -52,6 +53,7 @@ from accelkit.trackers._files import (
     check_regular,
     make_run_folder,
     open_regular,
+    read_lines,
 )
 from accelkit.trackers._reference import short
 from accelkit.trackers.values import PLAIN_TYPES, to_plain
@@ -509,8 +511,8 @@ class Journal:
             return
         last = -1
         with open(descriptor, "rb") as file:
-            for number, line in enumerate(file, 1):
-                if len(line) > _MAX_LINE or not line.endswith(b"\n"):
+            for number, (line, complete) in enumerate(read_lines(file, _MAX_LINE), 1):
+                if line is None or not complete:
                     self._problem(f"{path} line {number}: cut short or too long; skipped")
                     continue
                 entry = _parse(line)

@@ -22,7 +22,6 @@ import stat
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
 from typing import IO, Any, Literal
 
 from typing_extensions import override
@@ -35,6 +34,7 @@ from accelkit.trackers._files import (
     make_run_folder,
     open_append,
     open_regular,
+    read_lines,
     same_path,
     write_text,
 )
@@ -49,7 +49,6 @@ _TEMP_PREFIX = ".metrics.jsonl."
 _TEMP_SUFFIX = ".tmp"
 _REJECTED = ".rejected-"  # metrics.jsonl.rejected-<time>: the lines a repair moved aside
 _MAX_ROW_BYTES = 64 * 2**20  # a longer line is not a row (read in pieces, never whole)
-_CHUNK = 2**20
 _ROLE = "the jsonl tracker writes its rows"
 
 
@@ -253,30 +252,6 @@ def _row_step(record: dict[str, Any]) -> int | None:
     return int(step)
 
 
-def _lines(file: IO[bytes], spill: Callable[[bytes], None]) -> Iterator[tuple[bytes | None, bool]]:
-    """Each line of ``file`` and whether it ends with a newline.
-
-    A line longer than ``_MAX_ROW_BYTES`` is never held whole: its bytes go to ``spill`` piece
-    by piece and ``None`` is yielded in its place.
-    """
-    while True:
-        line = file.readline(_MAX_ROW_BYTES + 1)
-        if not line:
-            return
-        if len(line) <= _MAX_ROW_BYTES or line.endswith(b"\n"):
-            yield line, line.endswith(b"\n")
-            continue
-        spill(line)
-        complete = False
-        while not complete:
-            piece = file.readline(_CHUNK)
-            if not piece:
-                break
-            spill(piece)
-            complete = piece.endswith(b"\n")
-        yield None, complete
-
-
 def _is_torn(path: str) -> bool:
     descriptor = open_regular(path, os.O_RDONLY, _ROLE)
     try:
@@ -340,7 +315,9 @@ def _rewrite(path: str, keep_until: int | None) -> None:
         )
         try:
             with open(descriptor, "wb") as out:
-                for number, (line, complete) in enumerate(_lines(source, side.write), start=1):
+                for number, (line, complete) in enumerate(
+                    read_lines(source, _MAX_ROW_BYTES, side.write), start=1
+                ):
                     if line is not None and not line.strip():
                         continue
                     record = None if line is None else _parse_row(line)
@@ -434,7 +411,7 @@ def read_jsonl(
     records: list[dict[str, Any]] = []
     bad: list[int] = []
     with open(descriptor, "rb") as file:
-        for number, (line, _) in enumerate(_lines(file, _discard), start=1):
+        for number, (line, _) in enumerate(read_lines(file, _MAX_ROW_BYTES), start=1):
             if line is not None and not line.strip():
                 continue
             record = None if line is None else _parse_row(line)
@@ -464,7 +441,3 @@ def read_jsonl(
     if metrics_only:
         return [record for record in records if "event" not in record]
     return records
-
-
-def _discard(data: bytes) -> None:
-    """Where ``read_jsonl`` sends the pieces of an over-long line."""
