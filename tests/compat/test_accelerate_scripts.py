@@ -18,6 +18,7 @@ failures once fixed.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,28 @@ _FAULT_TOLERANT_RACE = (
     "queue.get() leaves the queue's lock held; the next attempt's workers wait on it and on "
     "each other)"
 )
+# Accelerate's test_sync compares the grads of a model stepped on the gathered batch with those
+# DDP averaged over the per-process halves: the same float32 sums in another order, checked
+# with allclose's default tolerance (rtol 1e-5), which rounding alone can exceed (seen once in
+# CI: 0.006656169891357422 against 0.006656289100646973, 1.8e-5 apart; Accelerate 1.16's own
+# check_model_parameters takes a loosened rtol for this reason). Such a failure is an xfail
+# only when every value it prints agrees to _SYNC_RTOL; grads that were not synchronized differ
+# in their leading digits and still fail.
+_SYNC_NOT_IN_SYNC = re.compile(
+    r"Gradients not in sync when they should be.*?\n.*?grad \(([-0-9.e]+)\) != .*? grad "
+    r"\(([-0-9.e]+)\)"
+)
+_SYNC_RTOL = 1e-4
+
+
+def _rounding_only(output: str) -> bool:
+    """Whether ``output`` fails test_sync's in-sync check only by float32 rounding."""
+    pairs = _SYNC_NOT_IN_SYNC.findall(output)
+    return bool(pairs) and all(
+        abs(float(a) - float(b)) <= _SYNC_RTOL * max(abs(float(a)), abs(float(b))) for a, b in pairs
+    )
+
+
 # The parts of test_notebook.py on 2 processes, each a launch of its own (see above).
 FAULT_TOLERANT, REST = "fault_tolerant", "rest"
 _NOTEBOOK_DRIVER = """
@@ -177,8 +200,22 @@ def test_reference_script_runs_to_the_end(
         pytest.fail(
             f"{script} on {processes} process(es) timed out ({timeout} s):\n{output[-6000:]}"
         )
+    if returncode != 0 and script == "test_sync.py" and _rounding_only(output):
+        pytest.xfail(f"test_sync's allclose failed by float32 rounding only:\n{output[-1500:]}")
     assert returncode == 0, f"{script} on {processes} process(es) failed:\n{output[-6000:]}"
     assert last in stdout, f"{script} stopped early:\n{output[-6000:]}"
+
+
+def test_only_rounding_differences_in_test_sync_count_as_rounding() -> None:
+    failed = "[rank0]: AssertionError: Gradients not in sync when they should be:\n"
+    rounding = (
+        failed + "[rank0]: Model grad (0.006656169891357422) != DDP grad (0.006656289100646973)"
+    )
+    assert _rounding_only(rounding)
+    unsynced = failed + "[rank0]: Model grad (0.006656169891357422) != DDP grad (0.0031)"
+    assert not _rounding_only(unsynced)
+    assert not _rounding_only(rounding + "\n" + unsynced)  # every value must agree
+    assert not _rounding_only("Gradients in sync when they should not be: ...")
 
 
 def test_porting_renames_imports_only(tmp_path: Path) -> None:
