@@ -46,6 +46,10 @@ __all__ = [
     "TensorInfo",
     "read_safetensors_header",
     "safetensors_files",
+    "key_text",
+    "name_state_tensors",
+    "named_path",
+    "parameter_names",
     "state_tensor_names",
 ]
 
@@ -136,7 +140,9 @@ _STATE_FORMAT = "accelkit-state"  # the format tag of state_io's structure files
 _TENSOR_TAGS = ("__tensor__", "__ndarray__")
 
 
-def _key_text(key: Any) -> str:
+def key_text(key: Any) -> str:
+    """A key of a saved mapping as one path component (a string as is, anything else as
+    compact JSON)."""
     if isinstance(key, str):
         return key
     if isinstance(key, (int, float, bool)) or key is None:
@@ -160,7 +166,7 @@ def _walk(node: Any, path: tuple[str, ...], found: dict[str, list[tuple[str, ...
         if tag == "__dict__" and isinstance(value, list):
             for pair in value:
                 if isinstance(pair, list) and len(pair) == 2:
-                    _walk(pair[1], (*path, _key_text(pair[0])), found)
+                    _walk(pair[1], (*path, key_text(pair[0])), found)
             return
         if tag in ("__tuple__", "__set__"):
             _walk(value, path, found)
@@ -169,7 +175,7 @@ def _walk(node: Any, path: tuple[str, ...], found: dict[str, list[tuple[str, ...
         _walk(value, (*path, key), found)
 
 
-def _parameter_names(state: Any) -> dict[str, str]:
+def parameter_names(state: Any) -> dict[str, str]:
     """Optimizer parameter id -> name, where the param groups carry ``param_names``.
 
     torch stores ``param_names`` beside ``params`` when the optimizer was built from
@@ -185,7 +191,7 @@ def _parameter_names(state: Any) -> dict[str, str]:
         if isinstance(ids, list) and isinstance(labels, list) and len(ids) == len(labels):
             for pid, label in zip(ids, labels, strict=True):
                 if isinstance(label, str) and isinstance(pid, (int, str)):
-                    names[_key_text(pid)] = label
+                    names[key_text(pid)] = label
     return names
 
 
@@ -228,17 +234,26 @@ def state_tensor_names(storage: Storage, tensors_url: str) -> dict[str, str]:
     document = load_json(storage.read_bytes(structure_url), structure_url)
     if not isinstance(document, dict) or document.get("format") != _STATE_FORMAT:
         return {}
-    state = document.get("state")
+    stem = tensors_url.rsplit("/", 1)[-1][: -len(SAFETENSORS_SUFFIX)]
+    return name_state_tensors(document.get("state"), stem)
+
+
+def name_state_tensors(state: Any, stem: str) -> dict[str, str]:
+    """Tensor key -> its place in ``state`` (the ``"state"`` tree of a structure file), as
+    :func:`state_tensor_names` names it: ``<stem>/<path>``, an optimizer's parameter ids
+    replaced by their names where the param groups carry them."""
     found: dict[str, list[tuple[str, ...]]] = {}
     _walk(state, (), found)
-    names = _parameter_names(state)
-    stem = tensors_url.rsplit("/", 1)[-1][: -len(SAFETENSORS_SUFFIX)]
-    result = {}
-    for key, paths in found.items():
-        shown = []
-        for path in paths:
-            if len(path) >= 2 and path[0] == "state" and path[1] in names:
-                path = (path[0], names[path[1]], *path[2:])
-            shown.append("/".join((stem, *path)))
-        result[key] = ", ".join(shown)
-    return result
+    names = parameter_names(state)
+    return {
+        key: ", ".join("/".join((stem, *named_path(path, names))) for path in paths)
+        for key, paths in found.items()
+    }
+
+
+def named_path(path: tuple[str, ...], names: dict[str, str]) -> tuple[str, ...]:
+    """``path`` in an optimizer's state with the parameter id (``state/3/...``) replaced by
+    the parameter's name from ``names`` (:func:`parameter_names`), where it has one."""
+    if len(path) >= 2 and path[0] == "state" and path[1] in names:
+        return (path[0], names[path[1]], *path[2:])
+    return path

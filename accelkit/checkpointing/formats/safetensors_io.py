@@ -15,6 +15,8 @@ Public API:
   streamed once; with ``expected`` (a manifest :class:`~accelkit.checkpointing.formats.manifest.
   FileEntry`) the size and checksum are verified in the same pass. Hostile headers (huge
   lengths, offsets past the end, overlapping tensors) are refused before any allocation.
+- :class:`SafetensorsStream` -- the same read, one tensor at a time (what ``read_safetensors``
+  uses; ``accelkit ckpt diff`` holds one tensor per side in memory with it).
 - :func:`check_expected`, :func:`read_verified_bytes` -- re-exported from
   :mod:`~accelkit.checkpointing.storage.verified`, the one verified-read primitive.
 - :func:`supports_dtype`, :func:`parse_size` (``"10GB"``/``"500MB"``/int -> bytes).
@@ -29,7 +31,7 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -50,6 +52,7 @@ from accelkit.checkpointing.storage.verified import (
 )
 
 __all__ = [
+    "SafetensorsStream",
     "check_expected",
     "dtype_code",
     "parse_size",
@@ -235,13 +238,78 @@ def _read_exact(f: VerifiedReader, n: int, url: str) -> torch.Tensor:
     return buf
 
 
+class SafetensorsStream:
+    """One safetensors file read tensor by tensor, in data order, verified as it is read.
+
+    Opening reads and checks the header (:attr:`header`); iterating yields ``(info, tensor)``
+    one tensor at a time, so a caller that drops each tensor before the next holds one tensor
+    in memory, not the file. Once the last tensor is read, the trailing bytes are read too and
+    the whole file is checked against ``expected`` (size and checksum, in the same pass). Use
+    it as a context manager; leaving early closes the file without checking it.
+
+    Args:
+        storage: its storage.
+        url: the file.
+        expected: a manifest entry (``size``, ``checksum``) to verify against, or ``None``.
+
+    Raises:
+        CorruptCheckpointError: naming the file, for a bad header, truncation, or a size or
+            checksum that disagrees with ``expected`` (raised by the iteration).
+    """
+
+    def __init__(self, storage: Storage, url: str, expected: Any = None) -> None:
+        self.url = url
+        self._file = open_verified(storage, url, expected)
+        try:
+            # The file's real size bounds what a header may claim, so a hostile header (or a
+            # manifest lying about the size) never makes us allocate more than the file holds.
+            file_size = _open_size(self._file.raw, storage, url)
+            if expected is not None and file_size != expected.size:
+                check_expected(url, expected, file_size, "")
+            head = _read_exact(self._file, 8, url)
+            (length,) = struct.unpack("<Q", head.numpy().tobytes())
+            if length > min(_MAX_HEADER, file_size - 8):
+                raise _corrupt(url, f"header length {length} is larger than the file allows")
+            raw = _read_exact(self._file, length, url).numpy().tobytes()
+            self.header: SafetensorsHeader = parse_header(url, raw, file_size)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def __iter__(self) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
+        f, url = self._file, self.url
+        position = 0
+        for info in sorted(self.header.tensors, key=lambda i: i.data_offsets[0]):
+            start, end = info.data_offsets
+            dtype = _torch_dtype(url, info)
+            if start > position:
+                _read_exact(f, start - position, url)
+            if end == start:
+                yield info, torch.empty(info.shape, dtype=dtype)
+            else:
+                yield info, _read_exact(f, end - start, url).view(dtype).reshape(info.shape)
+            position = end
+        # The trailing bytes count for size and checksum.
+        f.verify()
+
+    def close(self) -> None:
+        """Close the file (nothing is checked)."""
+        self._file.close()
+
+    def __enter__(self) -> SafetensorsStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def read_safetensors(
     storage: Storage,
     url: str,
     expected: Any = None,
     zero_copy: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read every tensor of ``url`` in one sequential pass.
+    """Read every tensor of ``url`` in one sequential pass (a :class:`SafetensorsStream`).
 
     Args:
         storage: its storage.
@@ -258,38 +326,13 @@ def read_safetensors(
         CorruptCheckpointError: naming the file, for a bad header, truncation, or a size or
             checksum that disagrees with ``expected``.
     """
-    tensors: dict[str, torch.Tensor] = {}
-    f = open_verified(storage, url, expected)
     if zero_copy and storage.local_path(url) is not None:
+        f = open_verified(storage, url, expected)
         with f.raw:  # verified on the map, not by a second read
             return _read_mapped(f.raw.fileno(), url, expected)
-    with f:
-        # The file's real size bounds what a header may claim, so a hostile header (or a
-        # manifest lying about the size) never makes us allocate more than the file holds.
-        file_size = _open_size(f.raw, storage, url)
-        if expected is not None and file_size != expected.size:
-            check_expected(url, expected, file_size, "")
-        head = _read_exact(f, 8, url)
-        (length,) = struct.unpack("<Q", head.numpy().tobytes())
-        if length > min(_MAX_HEADER, file_size - 8):
-            raise _corrupt(url, f"header length {length} is larger than the file allows")
-        raw = _read_exact(f, length, url).numpy().tobytes()
-        header = parse_header(url, raw, file_size)
-        position = 0
-        for info in sorted(header.tensors, key=lambda i: i.data_offsets[0]):
-            start, end = info.data_offsets
-            dtype = _torch_dtype(url, info)
-            if start > position:
-                _read_exact(f, start - position, url)
-            if end == start:
-                tensors[info.name] = torch.empty(info.shape, dtype=dtype)
-            else:
-                buf = _read_exact(f, end - start, url)
-                tensors[info.name] = buf.view(dtype).reshape(info.shape)
-            position = end
-        # Leaving the block reads the trailing bytes (they count for size and checksum) and
-        # checks the file against ``expected``.
-    return tensors, header.metadata
+    with SafetensorsStream(storage, url, expected) as stream:
+        tensors = {info.name: tensor for info, tensor in stream}
+    return tensors, stream.header.metadata
 
 
 def _check_mapped(view: memoryview, size: int, url: str, expected: Any) -> SafetensorsHeader:
