@@ -15,6 +15,8 @@ Public API:
   streamed once; with ``expected`` (a manifest :class:`~accelkit.checkpointing.formats.manifest.
   FileEntry`) the size and checksum are verified in the same pass. Hostile headers (huge
   lengths, offsets past the end, overlapping tensors) are refused before any allocation.
+- :class:`SafetensorsStream` -- the same read, one tensor at a time (an export never holds
+  the whole file); :func:`safetensors_layout` -- the header and offsets of a file to write.
 - :func:`check_expected`, :func:`read_verified_bytes` -- re-exported from
   :mod:`~accelkit.checkpointing.storage.verified`, the one verified-read primitive.
 - :func:`supports_dtype`, :func:`parse_size` (``"10GB"``/``"500MB"``/int -> bytes).
@@ -29,7 +31,7 @@ import mmap
 import os
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -50,12 +52,15 @@ from accelkit.checkpointing.storage.verified import (
 )
 
 __all__ = [
+    "SafetensorsStream",
     "check_expected",
     "dtype_code",
     "parse_size",
     "read_safetensors",
     "read_verified_bytes",
+    "safetensors_layout",
     "supports_dtype",
+    "tensor_dtype",
     "write_safetensors",
 ]
 
@@ -154,17 +159,19 @@ def _dtype_code(name: str, tensor: torch.Tensor) -> str:
     return code
 
 
-def write_safetensors(
-    storage: Storage,
-    url: str,
-    tensors: Mapping[str, torch.Tensor],
-    metadata: Mapping[str, str] | None = None,
-) -> WrittenFile:
-    """Stream ``tensors`` to a safetensors file at ``url``.
+def safetensors_layout(
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> tuple[bytes, dict[str, int]]:
+    """The bytes before the data of a safetensors file holding ``tensors``, and where each
+    tensor's data starts in the file.
 
-    Tensors are laid out largest element size first, so every tensor is aligned. Each one is
-    written from its own memory (a non-contiguous one is copied first; a device tensor goes
-    through host memory in 64 MB chunks).
+    Tensors are laid out largest element size first (then by name), so every tensor is
+    aligned. Only names, dtypes and shapes are used: ``tensors`` may be on the ``meta``
+    device (an export plans its files before reading a byte).
+
+    Returns:
+        ``(prefix, starts)``: the 8-byte length and the padded JSON header, and each name's
+        absolute offset in the file, in data order.
 
     Raises:
         TypeError: for a dtype safetensors cannot hold, naming the tensor.
@@ -174,6 +181,7 @@ def write_safetensors(
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     offset = 0
+    starts: dict[str, int] = {}
     for name in order:
         t = tensors[name]
         end = offset + _nbytes(t)
@@ -182,12 +190,33 @@ def write_safetensors(
             "shape": list(t.shape),
             "data_offsets": [offset, end],
         }
+        starts[name] = offset
         offset = end
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
+    prefix = struct.pack("<Q", len(raw)) + raw
+    return prefix, {name: len(prefix) + start for name, start in starts.items()}
+
+
+def write_safetensors(
+    storage: Storage,
+    url: str,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+) -> WrittenFile:
+    """Stream ``tensors`` to a safetensors file at ``url``.
+
+    Laid out by :func:`safetensors_layout`. Each tensor is written from its own memory (a
+    non-contiguous one is copied first; a device tensor goes through host memory in 64 MB
+    chunks).
+
+    Raises:
+        TypeError: for a dtype safetensors cannot hold, naming the tensor.
+    """
+    prefix, starts = safetensors_layout(tensors, metadata)
     with storage.open_write(url) as writer:
-        writer.write(struct.pack("<Q", len(raw)) + raw)
-        for name in order:
+        writer.write(prefix)
+        for name in starts:
             _write_tensor(writer, tensors[name])
     assert writer.result is not None
     return writer.result
@@ -203,7 +232,12 @@ def _corrupt(url: str, why: str) -> CorruptCheckpointError:
     )
 
 
-def _torch_dtype(url: str, info: TensorInfo) -> torch.dtype:
+def tensor_dtype(url: str, info: TensorInfo) -> torch.dtype:
+    """The torch dtype of a tensor of file ``url`` as its header describes it.
+
+    Raises:
+        CorruptCheckpointError: a dtype this torch does not have, naming the file and tensor.
+    """
     dtype = _CODES.get(info.dtype)
     if dtype is None:
         raise CorruptCheckpointError(
@@ -235,13 +269,77 @@ def _read_exact(f: VerifiedReader, n: int, url: str) -> torch.Tensor:
     return buf
 
 
+class SafetensorsStream:
+    """One safetensors file read in one sequential pass, a tensor at a time.
+
+    Opening it reads and checks the header (:attr:`header`); :meth:`tensors` then yields each
+    tensor in data order, in fresh memory, and once the last one is read checks the whole file
+    (trailing bytes included) against ``expected``: size and checksum. A consumer holds one
+    tensor at a time if it wants; it must exhaust :meth:`tensors` to get the check.
+
+    Args:
+        storage: its storage.
+        url: the file.
+        expected: a manifest entry (``size``, ``checksum``) to verify against, or ``None``.
+
+    Raises:
+        CorruptCheckpointError: naming the file, for a bad header, truncation, or a size or
+            checksum that disagrees with ``expected``.
+    """
+
+    def __init__(self, storage: Storage, url: str, expected: Any = None) -> None:
+        self.url = url
+        self._file = open_verified(storage, url, expected)
+        try:
+            # The file's real size bounds what a header may claim, so a hostile header (or a
+            # manifest lying about the size) never makes us allocate more than the file holds.
+            file_size = _open_size(self._file.raw, storage, url)
+            if expected is not None and file_size != expected.size:
+                check_expected(url, expected, file_size, "")
+            head = _read_exact(self._file, 8, url)
+            (length,) = struct.unpack("<Q", head.numpy().tobytes())
+            if length > min(_MAX_HEADER, file_size - 8):
+                raise _corrupt(url, f"header length {length} is larger than the file allows")
+            raw = _read_exact(self._file, length, url).numpy().tobytes()
+            self.header: SafetensorsHeader = parse_header(url, raw, file_size)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def tensors(self) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
+        """Each tensor with its header entry, in data order (CPU tensors); then the check."""
+        f, url = self._file, self.url
+        position = 0
+        for info in sorted(self.header.tensors, key=lambda i: i.data_offsets[0]):
+            start, end = info.data_offsets
+            dtype = tensor_dtype(url, info)
+            if start > position:
+                _read_exact(f, start - position, url)
+            if end == start:
+                yield info, torch.empty(info.shape, dtype=dtype)
+            else:
+                yield info, _read_exact(f, end - start, url).view(dtype).reshape(info.shape)
+            position = end
+        f.verify()
+
+    def close(self) -> None:
+        """Close the file (nothing is checked)."""
+        self._file.close()
+
+    def __enter__(self) -> SafetensorsStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def read_safetensors(
     storage: Storage,
     url: str,
     expected: Any = None,
     zero_copy: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Read every tensor of ``url`` in one sequential pass.
+    """Read every tensor of ``url`` in one sequential pass (a :class:`SafetensorsStream`).
 
     Args:
         storage: its storage.
@@ -258,38 +356,13 @@ def read_safetensors(
         CorruptCheckpointError: naming the file, for a bad header, truncation, or a size or
             checksum that disagrees with ``expected``.
     """
-    tensors: dict[str, torch.Tensor] = {}
-    f = open_verified(storage, url, expected)
     if zero_copy and storage.local_path(url) is not None:
+        f = open_verified(storage, url, expected)
         with f.raw:  # verified on the map, not by a second read
             return _read_mapped(f.raw.fileno(), url, expected)
-    with f:
-        # The file's real size bounds what a header may claim, so a hostile header (or a
-        # manifest lying about the size) never makes us allocate more than the file holds.
-        file_size = _open_size(f.raw, storage, url)
-        if expected is not None and file_size != expected.size:
-            check_expected(url, expected, file_size, "")
-        head = _read_exact(f, 8, url)
-        (length,) = struct.unpack("<Q", head.numpy().tobytes())
-        if length > min(_MAX_HEADER, file_size - 8):
-            raise _corrupt(url, f"header length {length} is larger than the file allows")
-        raw = _read_exact(f, length, url).numpy().tobytes()
-        header = parse_header(url, raw, file_size)
-        position = 0
-        for info in sorted(header.tensors, key=lambda i: i.data_offsets[0]):
-            start, end = info.data_offsets
-            dtype = _torch_dtype(url, info)
-            if start > position:
-                _read_exact(f, start - position, url)
-            if end == start:
-                tensors[info.name] = torch.empty(info.shape, dtype=dtype)
-            else:
-                buf = _read_exact(f, end - start, url)
-                tensors[info.name] = buf.view(dtype).reshape(info.shape)
-            position = end
-        # Leaving the block reads the trailing bytes (they count for size and checksum) and
-        # checks the file against ``expected``.
-    return tensors, header.metadata
+    with SafetensorsStream(storage, url, expected) as stream:
+        tensors = {info.name: tensor for info, tensor in stream.tensors()}
+    return tensors, stream.header.metadata
 
 
 def _check_mapped(view: memoryview, size: int, url: str, expected: Any) -> SafetensorsHeader:
@@ -316,7 +389,7 @@ def _read_mapped(
     view = memoryview(mapped)
     try:
         header = _check_mapped(view, size, url, expected)
-        dtypes = {info.name: _torch_dtype(url, info) for info in header.tensors}
+        dtypes = {info.name: tensor_dtype(url, info) for info in header.tensors}
     except BaseException:
         view.release()
         mapped.close()
