@@ -57,6 +57,7 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.catalog.retention` -- pure policy: which checkpoints to delete.
 - :mod:`~accelkit.checkpointing.catalog.listing` -- list checkpoints and tell their state.
 - :mod:`~accelkit.checkpointing.catalog.inspect` -- safetensors headers without loading tensors.
+- :mod:`~accelkit.checkpointing.catalog.diff` -- two checkpoints compared tensor by tensor (`ckpt diff`).
 
 **Restore** -- the load sequence:
 
@@ -89,7 +90,7 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.replication.replicator` -- the background thread, its bounded
   queue and the remote retention.
 
-**Interop** -- Hugging Face accelerate's checkpoint folders:
+**Interop** -- Hugging Face accelerate's checkpoint folders, and Hugging Face's model files:
 
 - :mod:`~accelkit.checkpointing.interop` -- the layer's face (no names of its own).
 - :mod:`~accelkit.checkpointing.interop.accelerate_pickle` -- accelerate's pickles, read as
@@ -98,6 +99,8 @@ Layers, bottom up; each imports only from the layers below it (and from
   (each value checked for its shape); the load sequence's reader for them.
 - :mod:`~accelkit.checkpointing.interop.accelerate_import` -- convert such a folder into a
   committed accelkit checkpoint (``accelkit ckpt import``).
+- :mod:`~accelkit.checkpointing.interop.hf_export` -- a checkpoint's model written as Hugging
+  Face safetensors files, streamed and verified (``accelkit ckpt export``).
 
 **The top** -- what the rest of accelkit talks to:
 

@@ -54,7 +54,7 @@ from accelkit.checkpointing.formats.layout import (
 from accelkit.checkpointing.formats.manifest import malformed, verify_files
 from accelkit.checkpointing.storage import Storage, get_storage, join
 from accelkit.checkpointing.storage.confined import confine
-from accelkit.cli import ckpt_diff, ckpt_import, ckpt_sync
+from accelkit.cli import ckpt_diff, ckpt_export, ckpt_import, ckpt_sync
 from accelkit.cli._ckpt_common import (
     Fail,
     accelerate_note,
@@ -98,7 +98,7 @@ def register(subparsers: Any) -> None:
         "ckpt",
         # `accelkit --help` is where users look for a command: every action is named here.
         help="checkpoints (local or fsspec URL): ls, prune, verify, inspect, import "
-        "(from accelerate), sync (to a remote tier), diff",
+        "(from accelerate), sync (to a remote tier), diff, export (to Hugging Face files)",
         description="Manage the checkpoints of a run without writing Python.",
         epilog=_EPILOG,
         formatter_class=fmt,
@@ -223,6 +223,7 @@ def register(subparsers: Any) -> None:
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(func=command("inspect", _run_inspect))
     ckpt_import.register(actions)
+    ckpt_export.register(actions)
     ckpt_sync.register(actions)
     ckpt_diff.register(actions)
 

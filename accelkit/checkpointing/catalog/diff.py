@@ -312,7 +312,7 @@ class _Side:
         """Every tensor of ``files``, one at a time, each file verified once read whole."""
         for name in files:
             with SafetensorsStream(self.storage, self.url(name), self.entries[name]) as stream:
-                yield from stream
+                yield from stream.tensors()
             self.bytes_read += self.entries[name].size
 
     def structure(self, stem: str) -> Any:

@@ -8,6 +8,8 @@ Public API:
   under several names (tied weights) are stored once and recorded as aliases.
 - :func:`read_model_files(storage, folder, stem, expected) <read_model_files>` -- the state
   dict back, verified against manifest entries when given.
+- :func:`read_index`, :func:`check_weight_map`, :func:`parse_aliases`, :func:`plan_shards`
+  -- the parts those two share with an export (:mod:`~accelkit.checkpointing.interop.hf_export`).
 - :func:`check_model_keys(model, tensors, source) <check_model_keys>` -- list missing,
   unexpected and mis-shaped keys in one error.
 - :func:`save_model(model, save_directory, max_shard_size="10GB", safe_serialization=True)
@@ -20,7 +22,8 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,9 +47,15 @@ from accelkit.checkpointing.storage.confined import confine
 from accelkit.checkpointing.storage.verified import read_verified_bytes
 
 __all__ = [
+    "ALIASES_KEY",
+    "ModelIndex",
     "check_model_keys",
+    "check_weight_map",
     "load_checkpoint_in_model",
     "model_file_names",
+    "parse_aliases",
+    "plan_shards",
+    "read_index",
     "read_model_files",
     "save_model",
     "write_model_files",
@@ -97,7 +106,9 @@ def _dedupe(
     return kept, aliases
 
 
-def _shard(tensors: Mapping[str, torch.Tensor], limit: int) -> list[list[str]]:
+def plan_shards(tensors: Mapping[str, torch.Tensor], limit: int) -> list[list[str]]:
+    """Split the names of ``tensors``, in order, into shards of at most ``limit`` bytes each (a
+    larger tensor gets a shard of its own). Only sizes are used: meta tensors will do."""
     shards: list[list[str]] = [[]]
     size = 0
     for name, tensor in tensors.items():
@@ -161,7 +172,7 @@ def write_model_files(
     """
     limit = parse_size(max_shard_size)
     kept, aliases = _dedupe(state_dict)
-    shards = _shard(kept, limit)
+    shards = plan_shards(kept, limit)
     suffix = ".safetensors" if safe_serialization else ".bin"
     names = model_file_names(stem, len(shards), suffix)
     metadata = {"format": "pt"}
@@ -192,7 +203,12 @@ def write_model_files(
     return written
 
 
-def _parse_aliases(value: Any, url: str) -> dict[str, str]:
+def parse_aliases(value: Any, url: str) -> dict[str, str]:
+    """The ``accelkit_aliases`` metadata (alias -> stored name) of a file or an index, checked.
+
+    Raises:
+        CorruptCheckpointError: naming ``url``, when it is not a string map.
+    """
     if isinstance(value, str):
         value = load_json(value, f"{url} ({ALIASES_KEY} metadata)", max_depth=1)
     if not isinstance(value, dict) or not all(
@@ -241,17 +257,37 @@ def read_model_files(
         return _read_index(storage, folder, index, expected, zero_copy)
     tensors, meta = read_safetensors(storage, join(folder, single), expected.get(single), zero_copy)
     url = join(folder, single)
-    _resolve_aliases(tensors, _parse_aliases(meta.get(ALIASES_KEY, "{}"), url), url)
+    _resolve_aliases(tensors, parse_aliases(meta.get(ALIASES_KEY, "{}"), url), url)
     return tensors
 
 
-def _read_index(
-    storage: Storage,
-    folder: str,
-    index_name: str,
-    expected: Mapping[str, Any],
-    zero_copy: bool = False,
-) -> dict[str, torch.Tensor]:
+@dataclass(frozen=True)
+class ModelIndex:
+    """A ``*.safetensors.index.json``, checked: where each tensor is, and the aliases.
+
+    Attributes:
+        url: the index.
+        files: its shard files, relative to its folder, in the order first named.
+        weight_map: tensor name -> shard file.
+        aliases: tied names -> the stored name (accelkit's own metadata; empty otherwise).
+    """
+
+    url: str
+    files: list[str]
+    weight_map: dict[str, str]
+    aliases: dict[str, str]
+
+
+def read_index(
+    storage: Storage, folder: str, index_name: str, expected: Mapping[str, Any]
+) -> ModelIndex:
+    """Read and check the index ``folder/index_name`` (verified against its manifest entry in
+    ``expected``, if any): every shard a relative path inside ``folder``, reached through no
+    symbolic link, and present.
+
+    Raises:
+        CorruptCheckpointError: naming the index and the bad field or shard.
+    """
     url = join(folder, index_name)
     raw = read_verified_bytes(storage, url, expected.get(index_name))
     index = load_json(raw, url)
@@ -261,7 +297,7 @@ def _read_index(
     meta = index.get("metadata") or {}
     if not isinstance(meta, dict):
         raise _corrupt(url, "the index's metadata is not an object")
-    aliases = _parse_aliases(meta.get(ALIASES_KEY) or {}, url)
+    aliases = parse_aliases(meta.get(ALIASES_KEY) or {}, url)
     files: list[str] = []
     for file_name in weight_map.values():
         try:
@@ -275,20 +311,44 @@ def _read_index(
             )
         if file_name not in files:
             files.append(file_name)
-    tensors: dict[str, torch.Tensor] = {}
     for file_name in files:
-        shard_url = join(folder, file_name)
-        if not storage.exists(shard_url):
+        if not storage.exists(join(folder, file_name)):
             raise CorruptCheckpointError(
                 f"Shard {file_name} listed in {url} is missing. Restore it (all shards of one "
                 "save belong together), or load another checkpoint."
             )
+    return ModelIndex(url, files, dict(weight_map), aliases)
+
+
+def check_weight_map(index: ModelIndex, names: Iterable[str]) -> None:
+    """Refuse an index whose ``weight_map`` names a tensor its shards (``names``) lack.
+
+    Raises:
+        CorruptCheckpointError: naming the index and up to five missing tensors.
+    """
+    stored = set(names)
+    missing = [n for n in index.weight_map if n not in stored]
+    if missing:
+        raise _corrupt(
+            index.url, f"tensors {missing[:5]} are in the weight_map but not in their shard"
+        )
+
+
+def _read_index(
+    storage: Storage,
+    folder: str,
+    index_name: str,
+    expected: Mapping[str, Any],
+    zero_copy: bool = False,
+) -> dict[str, torch.Tensor]:
+    index = read_index(storage, folder, index_name, expected)
+    tensors: dict[str, torch.Tensor] = {}
+    for file_name in index.files:
+        shard_url = join(folder, file_name)
         part, _ = _read_weights_file(storage, shard_url, expected.get(file_name), zero_copy)
         tensors.update(part)
-    missing = [n for n in weight_map if n not in tensors]
-    if missing:
-        raise _corrupt(url, f"tensors {missing[:5]} are in the weight_map but not in their shard")
-    _resolve_aliases(tensors, aliases, url)
+    check_weight_map(index, tensors)
+    _resolve_aliases(tensors, index.aliases, index.url)
     return tensors
 
 
@@ -546,7 +606,7 @@ def load_checkpoint_in_model(
     else:
         url = join(folder, name)
         tensors, meta = _read_weights_file(storage, url, None, zero_copy=True)
-        _resolve_aliases(tensors, _parse_aliases(meta.get(ALIASES_KEY, "{}"), url), url)
+        _resolve_aliases(tensors, parse_aliases(meta.get(ALIASES_KEY, "{}"), url), url)
     check_model_keys(model, tensors, join(folder, name), strict=strict, exact_dtype=False)
     if not strict:
         own = model.state_dict()

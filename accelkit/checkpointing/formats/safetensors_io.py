@@ -15,8 +15,8 @@ Public API:
   streamed once; with ``expected`` (a manifest :class:`~accelkit.checkpointing.formats.manifest.
   FileEntry`) the size and checksum are verified in the same pass. Hostile headers (huge
   lengths, offsets past the end, overlapping tensors) are refused before any allocation.
-- :class:`SafetensorsStream` -- the same read, one tensor at a time (what ``read_safetensors``
-  uses; ``accelkit ckpt diff`` holds one tensor per side in memory with it).
+- :class:`SafetensorsStream` -- the same read, one tensor at a time (an export or a diff never
+  holds the whole file); :func:`safetensors_layout` -- the header and offsets of a file to write.
 - :func:`check_expected`, :func:`read_verified_bytes` -- re-exported from
   :mod:`~accelkit.checkpointing.storage.verified`, the one verified-read primitive.
 - :func:`supports_dtype`, :func:`parse_size` (``"10GB"``/``"500MB"``/int -> bytes).
@@ -58,7 +58,9 @@ __all__ = [
     "parse_size",
     "read_safetensors",
     "read_verified_bytes",
+    "safetensors_layout",
     "supports_dtype",
+    "tensor_dtype",
     "write_safetensors",
 ]
 
@@ -157,17 +159,19 @@ def _dtype_code(name: str, tensor: torch.Tensor) -> str:
     return code
 
 
-def write_safetensors(
-    storage: Storage,
-    url: str,
-    tensors: Mapping[str, torch.Tensor],
-    metadata: Mapping[str, str] | None = None,
-) -> WrittenFile:
-    """Stream ``tensors`` to a safetensors file at ``url``.
+def safetensors_layout(
+    tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> tuple[bytes, dict[str, int]]:
+    """The bytes before the data of a safetensors file holding ``tensors``, and where each
+    tensor's data starts in the file.
 
-    Tensors are laid out largest element size first, so every tensor is aligned. Each one is
-    written from its own memory (a non-contiguous one is copied first; a device tensor goes
-    through host memory in 64 MB chunks).
+    Tensors are laid out largest element size first (then by name), so every tensor is
+    aligned. Only names, dtypes and shapes are used: ``tensors`` may be on the ``meta``
+    device (an export plans its files before reading a byte).
+
+    Returns:
+        ``(prefix, starts)``: the 8-byte length and the padded JSON header, and each name's
+        absolute offset in the file, in data order.
 
     Raises:
         TypeError: for a dtype safetensors cannot hold, naming the tensor.
@@ -177,6 +181,7 @@ def write_safetensors(
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     offset = 0
+    starts: dict[str, int] = {}
     for name in order:
         t = tensors[name]
         end = offset + _nbytes(t)
@@ -185,12 +190,33 @@ def write_safetensors(
             "shape": list(t.shape),
             "data_offsets": [offset, end],
         }
+        starts[name] = offset
         offset = end
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
+    prefix = struct.pack("<Q", len(raw)) + raw
+    return prefix, {name: len(prefix) + start for name, start in starts.items()}
+
+
+def write_safetensors(
+    storage: Storage,
+    url: str,
+    tensors: Mapping[str, torch.Tensor],
+    metadata: Mapping[str, str] | None = None,
+) -> WrittenFile:
+    """Stream ``tensors`` to a safetensors file at ``url``.
+
+    Laid out by :func:`safetensors_layout`. Each tensor is written from its own memory (a
+    non-contiguous one is copied first; a device tensor goes through host memory in 64 MB
+    chunks).
+
+    Raises:
+        TypeError: for a dtype safetensors cannot hold, naming the tensor.
+    """
+    prefix, starts = safetensors_layout(tensors, metadata)
     with storage.open_write(url) as writer:
-        writer.write(struct.pack("<Q", len(raw)) + raw)
-        for name in order:
+        writer.write(prefix)
+        for name in starts:
             _write_tensor(writer, tensors[name])
     assert writer.result is not None
     return writer.result
@@ -206,7 +232,12 @@ def _corrupt(url: str, why: str) -> CorruptCheckpointError:
     )
 
 
-def _torch_dtype(url: str, info: TensorInfo) -> torch.dtype:
+def tensor_dtype(url: str, info: TensorInfo) -> torch.dtype:
+    """The torch dtype of a tensor of file ``url`` as its header describes it.
+
+    Raises:
+        CorruptCheckpointError: a dtype this torch does not have, naming the file and tensor.
+    """
     dtype = _CODES.get(info.dtype)
     if dtype is None:
         raise CorruptCheckpointError(
@@ -239,13 +270,12 @@ def _read_exact(f: VerifiedReader, n: int, url: str) -> torch.Tensor:
 
 
 class SafetensorsStream:
-    """One safetensors file read tensor by tensor, in data order, verified as it is read.
+    """One safetensors file read in one sequential pass, a tensor at a time.
 
-    Opening reads and checks the header (:attr:`header`); iterating yields ``(info, tensor)``
-    one tensor at a time, so a caller that drops each tensor before the next holds one tensor
-    in memory, not the file. Once the last tensor is read, the trailing bytes are read too and
-    the whole file is checked against ``expected`` (size and checksum, in the same pass). Use
-    it as a context manager; leaving early closes the file without checking it.
+    Opening it reads and checks the header (:attr:`header`); :meth:`tensors` then yields each
+    tensor in data order, in fresh memory, and once the last one is read checks the whole file
+    (trailing bytes included) against ``expected``: size and checksum. A consumer holds one
+    tensor at a time if it wants; it must exhaust :meth:`tensors` to get the check.
 
     Args:
         storage: its storage.
@@ -254,7 +284,7 @@ class SafetensorsStream:
 
     Raises:
         CorruptCheckpointError: naming the file, for a bad header, truncation, or a size or
-            checksum that disagrees with ``expected`` (raised by the iteration).
+            checksum that disagrees with ``expected``.
     """
 
     def __init__(self, storage: Storage, url: str, expected: Any = None) -> None:
@@ -276,12 +306,13 @@ class SafetensorsStream:
             self._file.close()
             raise
 
-    def __iter__(self) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
+    def tensors(self) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
+        """Each tensor with its header entry, in data order (CPU tensors); then the check."""
         f, url = self._file, self.url
         position = 0
         for info in sorted(self.header.tensors, key=lambda i: i.data_offsets[0]):
             start, end = info.data_offsets
-            dtype = _torch_dtype(url, info)
+            dtype = tensor_dtype(url, info)
             if start > position:
                 _read_exact(f, start - position, url)
             if end == start:
@@ -289,7 +320,6 @@ class SafetensorsStream:
             else:
                 yield info, _read_exact(f, end - start, url).view(dtype).reshape(info.shape)
             position = end
-        # The trailing bytes count for size and checksum.
         f.verify()
 
     def close(self) -> None:
@@ -331,7 +361,7 @@ def read_safetensors(
         with f.raw:  # verified on the map, not by a second read
             return _read_mapped(f.raw.fileno(), url, expected)
     with SafetensorsStream(storage, url, expected) as stream:
-        tensors = {info.name: tensor for info, tensor in stream}
+        tensors = {info.name: tensor for info, tensor in stream.tensors()}
     return tensors, stream.header.metadata
 
 
@@ -359,7 +389,7 @@ def _read_mapped(
     view = memoryview(mapped)
     try:
         header = _check_mapped(view, size, url, expected)
-        dtypes = {info.name: _torch_dtype(url, info) for info in header.tensors}
+        dtypes = {info.name: tensor_dtype(url, info) for info in header.tensors}
     except BaseException:
         view.release()
         mapped.close()

@@ -1,0 +1,455 @@
+"""A checkpoint's model weights, exported as Hugging Face's safetensors files.
+
+:func:`export_hf` writes one model of a committed accelkit checkpoint as ``transformers``'
+``save_pretrained`` lays out its weights: ``model.safetensors``, or
+``model-0000i-of-0000N.safetensors`` shards plus ``model.safetensors.index.json``
+(``metadata.total_size``, ``weight_map``), each file with ``{"format": "pt"}`` metadata.
+
+- **Streamed**: each file of the checkpoint is read once, in order, through the verified read
+  (:class:`~accelkit.checkpointing.formats.safetensors_io.SafetensorsStream`: size and checksum
+  against the manifest), one tensor at a time; each tensor is written (cast in 64 MB pieces)
+  at its place in the output file, planned from the headers before any data is read. The
+  memory an export needs is the largest tensor plus one piece, whatever the model's size.
+- **Atomic**: the files are written into a hidden folder beside ``out``, synced, then renamed
+  to ``out``; a failed export (a damaged file, a full disk, Ctrl-C) removes that folder, so
+  ``out`` is either the whole export or absent. An existing non-empty ``out`` is refused
+  unless ``force=True`` (then replaced only once the new export is complete).
+- **Tied weights** (names that share one tensor, e.g. ``lm_head.weight`` and the input
+  embedding): accelkit stores them once with an alias; the export writes every name as its
+  own copy. ``from_pretrained`` accepts that (it re-ties the weights of a tied model), and a
+  plain ``load_state_dict(strict=True)`` finds every key. ``save_pretrained`` instead drops
+  the names its model class lists in ``_tied_weights_keys``, which needs the class.
+- ``dtype`` casts floating-point tensors only (integer buffers such as ``position_ids`` keep
+  theirs), as ``transformers``' ``torch_dtype`` does.
+
+FSDP checkpoints whose model is stored as sharded state (``sharded/``, DCP) are refused by
+name: load it into the model and call ``save_model``, or see :func:`export_hf`.
+
+Public API: :func:`export_hf` -> :class:`ExportResult`, :data:`EXPORT_DTYPES`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from accelkit.checkpointing.catalog.inspect import read_safetensors_header
+from accelkit.checkpointing.catalog.listing import ACCELERATE, latest_checkpoint
+from accelkit.checkpointing.errors import CheckpointPathError, CorruptCheckpointError
+from accelkit.checkpointing.formats.dcp_metadata import has_sharded_state
+from accelkit.checkpointing.formats.layout import (
+    CHECKPOINTS_DIRNAME,
+    KINDS,
+    MANIFEST_NAME,
+    TENSORS_SUFFIX,
+    index_name,
+    shard_names,
+)
+from accelkit.checkpointing.formats.manifest import FileEntry
+from accelkit.checkpointing.formats.model_io import (
+    ALIASES_KEY,
+    check_weight_map,
+    parse_aliases,
+    plan_shards,
+    read_index,
+)
+from accelkit.checkpointing.formats.safetensors_header import SafetensorsHeader
+from accelkit.checkpointing.formats.safetensors_io import (
+    SafetensorsStream,
+    parse_size,
+    safetensors_layout,
+    tensor_dtype,
+)
+from accelkit.checkpointing.restore.loading import check_loadable
+from accelkit.checkpointing.storage import Storage, get_storage, join, protocol_of
+from accelkit.checkpointing.storage.confined import confine
+
+__all__ = ["EXPORT_DTYPES", "ExportResult", "export_hf"]
+
+EXPORT_DTYPES: Mapping[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+"""The ``dtype`` names :func:`export_hf` accepts."""
+
+_PIECE = 64 * 1024 * 1024  # bytes of source data cast and written at a time
+_HF_METADATA = {"format": "pt"}  # from_pretrained refuses a file without it
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export_hf` wrote.
+
+    Attributes:
+        source: the checkpoint folder read (the newest committed one when a project or a
+            checkpoints folder was given).
+        out: the folder written.
+        model: which model of the checkpoint (0 for the first prepared).
+        files: the files written, in ``out``.
+        tensors: how many tensors (names) were written.
+        total_size: bytes of tensor data (``metadata.total_size`` of the index).
+        read_bytes: bytes of the checkpoint read (and verified).
+        tied: alias -> stored name, for the names written as copies of another.
+    """
+
+    source: str
+    out: str
+    model: int
+    files: list[str]
+    tensors: int
+    total_size: int
+    read_bytes: int
+    tied: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Target:
+    """One output file: its header and where each of its tensors starts."""
+
+    path: str
+    prefix: bytes
+    starts: dict[str, int]
+    size: int
+    fd: int = -1
+    left: int = 0  # tensors not yet written; closed at 0
+
+
+def _local_out(out: str) -> str:
+    if protocol_of(out) not in ("file", "local"):
+        raise ValueError(
+            f"OUT {out!r} is not a local folder: an export is written to a local disk and "
+            "renamed into place. Export to a local folder, then upload it."
+        )
+    path = out.split("://", 1)[1] if "://" in out else out
+    return os.path.abspath(path)
+
+
+def _check_out(out: str, force: bool) -> None:
+    if os.path.islink(out) or (os.path.exists(out) and not os.path.isdir(out)):
+        raise FileExistsError(
+            f"OUT {out!r} exists and is not a folder. Choose another OUT, or remove it."
+        )
+    if os.path.isdir(out) and os.listdir(out) and not force:
+        raise FileExistsError(
+            f"OUT {out!r} exists and is not empty. Choose another folder, or pass --force "
+            "(force=True) to replace it once the export is complete."
+        )
+
+
+def _resolve(storage: Storage, path: str) -> str:
+    """``path``, or the newest committed checkpoint of a project / checkpoints folder."""
+    path = path.rstrip("/") or path
+    if storage.isdir(path) and not storage.exists(join(path, MANIFEST_NAME)):
+        root = join(path, CHECKPOINTS_DIRNAME)
+        newest = latest_checkpoint(storage, root if storage.isdir(root) else path)
+        if newest is not None:
+            return newest.path
+    return path
+
+
+def _model_indexes(names: list[str]) -> list[int]:
+    regex = KINDS["model"].regex()
+    found = set()
+    for name in names:
+        match = regex.match(name)
+        if match:
+            found.add(int(match.group(1) or 0))
+    return sorted(found)
+
+
+def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
+    if dtype is None or isinstance(dtype, torch.dtype):
+        if dtype is not None and dtype not in EXPORT_DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not one of {', '.join(EXPORT_DTYPES)}.")
+        return dtype
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(
+            f"dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}; pass one of them, or "
+            "none to keep the stored dtypes."
+        )
+    return EXPORT_DTYPES[dtype]
+
+
+def _out_dtype(stored: torch.dtype, target: torch.dtype | None) -> torch.dtype:
+    return target if target is not None and stored.is_floating_point else stored
+
+
+def export_hf(
+    checkpoint: str,
+    out: str,
+    *,
+    dtype: str | torch.dtype | None = None,
+    max_shard_size: int | str = "5GB",
+    model: int = 0,
+    force: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+) -> ExportResult:
+    """Write model ``model`` of ``checkpoint`` into ``out`` as Hugging Face safetensors files.
+
+    See the module docstring for the layout, the memory bound, atomicity and tied weights.
+    ``out`` gets the weights only: copy the model's ``config.json`` (and tokenizer files) in
+    for ``from_pretrained``.
+
+    Args:
+        checkpoint: a committed checkpoint folder (local path or fsspec URL); a project or
+            checkpoints folder stands for its newest committed checkpoint.
+        out: the local folder to create (absent or empty, unless ``force``).
+        dtype: ``"bfloat16"``, ``"float16"`` or ``"float32"`` to cast floating-point tensors
+            to; ``None`` keeps the stored dtypes (a bit-for-bit copy of the values).
+        max_shard_size: the largest output file, as bytes or ``"5GB"``, ``"500MB"``, ``"2GiB"``
+            (a larger tensor gets a file of its own).
+        model: which model of the checkpoint, in the order they were prepared.
+        force: replace a non-empty ``out`` (only once the new export is complete).
+        storage_options: fsspec options for a ``checkpoint`` URL.
+
+    Returns:
+        An :class:`ExportResult`.
+
+    Raises:
+        CheckpointError: ``checkpoint`` is not a committed checkpoint (missing, incomplete,
+            written by Hugging Face accelerate, the model stored as FSDP sharded state), with
+            the fix; :class:`CorruptCheckpointError` for a damaged file (nothing is left in
+            ``out``).
+        FileExistsError: ``out`` exists and is not empty (and ``force`` is not set) or is a
+            file.
+        ValueError: a bad ``dtype``, ``max_shard_size`` or ``model``, or a remote ``out``.
+    """
+    target_dtype = _dtype(dtype)
+    limit = parse_size(max_shard_size)
+    out_path = _local_out(out)
+    _check_out(out_path, force)
+    storage = get_storage(checkpoint, storage_options)
+    source = _resolve(storage, checkpoint)
+    info = check_loadable(storage, source)
+    if info.state == ACCELERATE:
+        raise CheckpointPathError(
+            f"{source} was written by Hugging Face accelerate's save_state, not accelkit: its "
+            "weights are already Hugging Face files (model.safetensors or pytorch_model.bin). "
+            "Copy them, or run `accelkit ckpt import` first and export the imported checkpoint."
+        )
+    assert info.manifest is not None, "a committed checkpoint has a manifest"
+    storage = confine(storage, source)  # no link inside the checkpoint is followed
+    entries = info.manifest.file_map()
+    indexes = _model_indexes(list(entries))
+    if model not in indexes:
+        if has_sharded_state(storage, source):
+            raise CheckpointPathError(
+                f"{source} holds its model as FSDP sharded state (sharded/, written by "
+                "torch.distributed.checkpoint): exporting that is not supported yet. Load the "
+                "checkpoint into the model (load_state) and call accelerator.save_model(model, "
+                "OUT), which gathers the full weights into Hugging Face files."
+            )
+        have = ", ".join(str(i) for i in indexes) or "none"
+        raise ValueError(
+            f"model {model} is not in {source}: it holds model(s) {have}. Pass --model with one "
+            "of them."
+        )
+    stem = KINDS["model"].name(model)
+    plan = _read_plan(storage, source, stem, entries)
+    names, aliases, headers = plan
+    stored = {t.name: (t, h.url) for h in headers for t in h.tensors}
+    metas: dict[str, torch.Tensor] = {}
+    for name in names:
+        t, url = stored[name]
+        metas[name] = torch.empty(
+            t.shape, dtype=_out_dtype(tensor_dtype(url, t), target_dtype), device="meta"
+        )
+    for alias, name in aliases.items():
+        metas[alias] = metas[name]
+    shards = plan_shards(metas, limit)
+    files = shard_names("model", len(shards))
+    parent, base = os.path.split(out_path)
+    os.makedirs(parent, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f".{base}.export-", dir=parent)
+    targets: list[_Target] = []
+    try:
+        where: dict[str, list[tuple[_Target, str]]] = {}
+        copies: dict[str, list[str]] = {name: [name] for name in names}
+        for alias, name in aliases.items():
+            copies[name].append(alias)
+        for file_name, members in zip(files, shards):
+            prefix, starts = safetensors_layout({n: metas[n] for n in members}, _HF_METADATA)
+            size = max(
+                (s + metas[n].numel() * metas[n].element_size() for n, s in starts.items()),
+                default=len(prefix),
+            )
+            targets.append(_Target(os.path.join(work, file_name), prefix, starts, size))
+        owner = {n: tgt for tgt in targets for n in tgt.starts}
+        for name, outs in copies.items():
+            where[name] = [(owner[o], o) for o in outs]
+        for tgt in targets:
+            tgt.fd = os.open(tgt.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            tgt.left = len(tgt.starts)
+            _pwrite(tgt.fd, tgt.prefix, 0)
+            os.ftruncate(tgt.fd, tgt.size)
+            if not tgt.left:
+                _close(tgt)
+        read_bytes = _stream(storage, headers, entries, where, metas)
+        if len(targets) > 1:
+            total = sum(m.numel() * m.element_size() for m in metas.values())
+            index = {
+                "metadata": {"total_size": total},
+                "weight_map": {n: f for f, members in zip(files, shards) for n in members},
+            }
+            data = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+            _write_file(os.path.join(work, index_name("model")), data)
+            files = [*files, index_name("model")]
+        _fsync_dir(work)
+        _publish(work, out_path)
+    except BaseException:
+        for tgt in targets:
+            if tgt.fd >= 0:
+                os.close(tgt.fd)
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return ExportResult(
+        source=source,
+        out=out_path,
+        model=model,
+        files=files,
+        tensors=len(metas),
+        total_size=sum(m.numel() * m.element_size() for m in metas.values()),
+        read_bytes=read_bytes,
+        tied=dict(aliases),
+    )
+
+
+def _read_plan(
+    storage: Storage, folder: str, stem: str, entries: Mapping[str, FileEntry]
+) -> tuple[list[str], dict[str, str], list[SafetensorsHeader]]:
+    """``(stored names in read order, aliases, the headers of the files in read order)``,
+    read from the headers alone (the data is read, and checked, by :func:`_stream`)."""
+    index = index_name(stem)
+    if index in entries:
+        parsed = read_index(storage, folder, index, entries)
+        files, aliases = parsed.files, parsed.aliases
+    else:
+        files, parsed, aliases = [stem + TENSORS_SUFFIX], None, {}
+    headers = []
+    names: list[str] = []
+    for file_name in files:
+        url = join(folder, file_name)
+        if file_name not in entries:
+            raise CorruptCheckpointError(
+                f"{url} is named by the model's index but not listed in the manifest. The "
+                "checkpoint is damaged or crafted: `accelkit ckpt verify` checks it."
+            )
+        try:
+            header = read_safetensors_header(storage, url, file=file_name)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{url} is missing. Restore it.") from None
+        headers.append(header)
+        for t in sorted(header.tensors, key=lambda t: t.data_offsets[0]):
+            if t.name in names:
+                raise CorruptCheckpointError(f"{url}: tensor {t.name!r} is stored twice.")
+            names.append(t.name)
+        if parsed is None:
+            aliases = parse_aliases(header.metadata.get(ALIASES_KEY, "{}"), url)
+    if parsed is not None:
+        check_weight_map(parsed, names)
+    for alias, name in aliases.items():
+        if name not in names:
+            raise CorruptCheckpointError(
+                f"{folder}: alias {alias!r} points to {name!r}, which is not stored."
+            )
+        if alias in names:
+            raise CorruptCheckpointError(f"{folder}: {alias!r} is both stored and an alias.")
+    return names, aliases, headers
+
+
+def _stream(
+    storage: Storage,
+    headers: list[SafetensorsHeader],
+    entries: Mapping[str, FileEntry],
+    where: Mapping[str, list[tuple[_Target, str]]],
+    metas: Mapping[str, torch.Tensor],
+) -> int:
+    """Read each file once, verified, and write each tensor where it goes; the bytes read."""
+    read = 0
+    for header in headers:
+        with SafetensorsStream(storage, header.url, entries[header.file]) as stream:
+            if _described(stream.header) != _described(header):
+                raise CorruptCheckpointError(
+                    f"{header.url} changed while it was exported (its header differs from the "
+                    "one first read). Export again once nothing writes to the checkpoint."
+                )
+            for info, tensor in stream.tensors():
+                for tgt, name in where[info.name]:
+                    _write_tensor(tgt, tgt.starts[name], tensor, metas[name].dtype)
+                    tgt.left -= 1
+                    if not tgt.left:
+                        _close(tgt)
+            read += header.file_size
+    return read
+
+
+def _described(header: SafetensorsHeader) -> list[tuple[Any, ...]]:
+    return [(t.name, t.dtype, t.shape, t.data_offsets) for t in header.tensors]
+
+
+def _write_tensor(tgt: _Target, start: int, tensor: torch.Tensor, dtype: torch.dtype) -> None:
+    flat = tensor.reshape(-1)
+    if not flat.numel():
+        return
+    step = max(1, _PIECE // flat.element_size())
+    out_size = torch.empty((), dtype=dtype).element_size()
+    for first in range(0, flat.numel(), step):
+        piece = flat[first : first + step]
+        if piece.dtype != dtype:
+            piece = piece.to(dtype)
+        _pwrite(tgt.fd, piece.contiguous().view(torch.uint8).numpy().data, start + first * out_size)
+
+
+def _pwrite(fd: int, data: bytes | memoryview, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        count = os.pwrite(fd, view, offset)
+        view, offset = view[count:], offset + count
+
+
+def _close(tgt: _Target) -> None:
+    os.fsync(tgt.fd)
+    os.close(tgt.fd)
+    tgt.fd = -1
+
+
+def _write_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        _pwrite(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(work: str, out: str) -> None:
+    """Rename the finished ``work`` folder to ``out``; a non-empty ``out`` (``force``) is
+    moved aside first and removed only once the new one is in place."""
+    parent = os.path.dirname(out)
+    old = None
+    if os.path.isdir(out) and os.listdir(out):
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.replaced-", dir=parent)
+        os.rename(out, os.path.join(old, "out"))
+    elif os.path.isdir(out):
+        os.rmdir(out)
+    os.chmod(work, 0o755)  # mkdtemp makes it 0o700; a published folder is like any other
+    os.rename(work, out)
+    _fsync_dir(parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
