@@ -57,7 +57,7 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.catalog.retention` -- pure policy: which checkpoints to delete.
 - :mod:`~accelkit.checkpointing.catalog.listing` -- list checkpoints and tell their state.
 - :mod:`~accelkit.checkpointing.catalog.inspect` -- safetensors headers without loading tensors.
-- :mod:`~accelkit.checkpointing.catalog.diff` -- two checkpoints compared tensor by tensor (`ckpt diff`).
+- :mod:`~accelkit.checkpointing.catalog.diff` -- two checkpoints compared, tensor by tensor.
 
 **Restore** -- the load sequence:
 
