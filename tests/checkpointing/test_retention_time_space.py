@@ -12,12 +12,18 @@ folders are left, and nothing accelkit did not write is ever removed.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,6 +39,7 @@ from accelkit.checkpointing.catalog.retention import (
     build_policy,
     plan_retention,
 )
+from accelkit.checkpointing.formats.layout import MANIFEST_NAME
 
 
 @dataclass(frozen=True)
@@ -372,3 +379,122 @@ def test_configuration_takes_a_human_size() -> None:
     policy = config.retention_policy()
     assert isinstance(policy, MaxTotalBytes) and policy.max_bytes == 5 * 10**9
     assert policy.policy == KeepRecent(3600)
+
+
+# ------------------------------------------------------------------------- end to end
+
+
+def _accelerator(project: Path, **config: Any) -> Any:
+    from accelkit import Accelerator
+
+    accelerator = Accelerator(
+        project_config=ProjectConfiguration(
+            project_dir=str(project), automatic_checkpoint_naming=True, **config
+        )
+    )
+    accelerator.prepare(torch.nn.Linear(4, 2))
+    return accelerator
+
+
+def _commit_time(folder: Path, created: float) -> None:
+    """Move a checkpoint's commit time (what its manifest records): a fake clock, no sleep."""
+    manifest = folder / MANIFEST_NAME
+    payload = json.loads(manifest.read_text())
+    payload["created"] = created
+    manifest.write_text(json.dumps(payload))
+
+
+def _present(project: Path) -> list[str]:
+    return sorted(p.name for p in (project / "checkpoints").iterdir())
+
+
+def test_save_state_rotation_keeps_one_an_hour_and_the_last_ten_minutes(tmp_path: Path) -> None:
+    accelerator = _accelerator(
+        tmp_path, total_limit=1, keep_every_seconds=3600, keep_recent_seconds=600
+    )
+    now = time.time()
+    hour = math.floor(now / 3600) * 3600
+    ages = [hour - 3 * 3600 + 5, hour - 3 * 3600 + 100, hour - 2 * 3600 + 5, now - 300]
+    for i, created in enumerate(ages):
+        accelerator.save_state()
+        _commit_time(tmp_path / "checkpoints" / f"checkpoint_{i}", created)
+    accelerator.save_state()
+    # 1 is the second of its hour, not recent, not the newest: the only one rotated away
+    assert _present(tmp_path) == [f"checkpoint_{i}" for i in (0, 2, 3, 4)]
+    accelerator.project_configuration.keep_recent_seconds = None
+    _commit_time(tmp_path / "checkpoints" / "checkpoint_3", hour + 1)
+    _commit_time(tmp_path / "checkpoints" / "checkpoint_4", hour + 2)
+    accelerator.save_state()  # 3 is the first of this hour, 5 the newest: 4 goes
+    assert _present(tmp_path) == [f"checkpoint_{i}" for i in (0, 2, 3, 5)]
+
+
+def test_save_state_rotation_fits_the_byte_budget_never_removing_the_newest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    accelerator = _accelerator(tmp_path)
+    ckpts = tmp_path / "checkpoints"
+    accelerator.save_state(str(ckpts / "best"))  # named by the script: counted, never removed
+    size = sum(p.stat().st_size for p in (ckpts / "best").iterdir())
+    accelerator.project_configuration.max_total_bytes = int(3.5 * size)
+    for _ in range(5):
+        accelerator.save_state()
+    # (best took number 0: every save_state moves the counter on, as in Accelerate)
+    assert _present(tmp_path) == ["best", "checkpoint_4", "checkpoint_5"]
+    accelerator.project_configuration.max_total_bytes = size // 2
+    with caplog.at_level(logging.WARNING):
+        accelerator.save_state()
+    assert _present(tmp_path) == ["best", "checkpoint_6"]
+    assert "exceed max_total_bytes by" in caplog.text
+
+
+def test_ckpt_prune_time_and_size_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from accelkit.cli.main import main
+
+    def prune(*flags: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = main(["ckpt", "prune", str(tmp_path), *flags])
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    accelerator = _accelerator(tmp_path)
+    now = time.time()
+    day = math.floor(now / 86400) * 86400
+    ages = [day - 2 * 86400 + 1, day - 2 * 86400 + 2, day - 86400 + 1, now - 1800, now - 60]
+    for i, created in enumerate(ages):
+        accelerator.save_state()
+        _commit_time(tmp_path / "checkpoints" / f"checkpoint_{i}", created)
+    (tmp_path / "checkpoints" / "checkpoint_5").mkdir()  # a foreign checkpoint_<n>: never removed
+    (tmp_path / "checkpoints" / "checkpoint_5" / "mine.txt").write_text("not accelkit's")
+
+    code, out, err = prune("--keep-one-every", "1d", "--keep-recent", "1h", "--dry-run")
+    assert code == 0, err
+    assert (
+        "checkpoint_1" in out and "not kept by --keep-one-every 86400s --keep-recent 3600s" in out
+    )
+    assert len(_present(tmp_path)) == 6  # a dry run
+    code, out, err = prune("--keep-one-every", "1d", "--keep-recent", "1h", "--yes")
+    assert code == 0, err
+    left = [f"checkpoint_{i}" for i in (0, 2, 3, 4, 5)]
+    assert _present(tmp_path) == left
+    assert "Keeping checkpoint_5" in err
+
+    size = sum(p.stat().st_size for p in (tmp_path / "checkpoints" / "checkpoint_4").iterdir())
+    budget = f"{2.5 * size / 1000:.3f}KB"  # fits the foreign folder and two checkpoints
+    code, out, err = prune("--keep-one-every", "1d", "--max-bytes", budget, "--yes")
+    assert code == 0, err
+    assert "oldest over --max-bytes" in out
+    assert _present(tmp_path) == ["checkpoint_3", "checkpoint_4", "checkpoint_5"]
+    code, out, err = prune("--keep", "5", "--max-bytes", "1", "--yes")
+    assert code == 0, err
+    assert _present(tmp_path) == ["checkpoint_4", "checkpoint_5"]
+    assert "over --max-bytes after this prune" in err
+
+    code, _, err = prune("--max-bytes", "5 parsecs")
+    assert code == 2 and "Invalid --max-bytes '5 parsecs'" in err and "'10GB'" in err
+    code, _, err = prune("--keep-recent", "0s")
+    assert code == 2 and "--keep-recent must be a finite duration > 0" in err
+    code, _, err = prune("--dry-run")
+    assert code == 2 and "prune needs a rule: --keep N" in err
