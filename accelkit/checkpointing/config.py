@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelkit._text import short
+from accelkit._units import parse_bytes
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, build_policy
 from accelkit.errors import ConfigurationError
 from accelkit.runtime import preemption as _preemption
@@ -52,6 +53,21 @@ class ProjectConfiguration:
             ``save_state(metrics={...})``.
         best_metric: metric name for ``keep_best``.
         best_mode: ``"min"`` (lower is better) or ``"max"``.
+        keep_every_seconds: also keep one checkpoint in every window of this many seconds of
+            the clock (the first committed in it, by the commit time its manifest records;
+            windows start at multiples of it since the UNIX epoch, so ``3600`` keeps the first
+            of every hour). ``None`` (the default): off.
+        keep_recent_seconds: also keep every checkpoint committed in the last this many
+            seconds (``None``: off). E.g. ``total_limit=3, keep_recent_seconds=3600,
+            keep_every_seconds=86400``: the newest 3, all of the last hour, one a day.
+        max_total_bytes: a byte budget for the checkpoints folder (an int, or a string like
+            ``"500GB"``, ``"2TiB"``; ``None``, the default: none). Everything listed there
+            counts; after the rules above, the oldest checkpoints they keep are deleted until
+            the folder fits, never the newest committed checkpoint, never one the script named
+            (``save_state(output_dir=...)``), nor folders accelkit did not write (Hugging Face
+            accelerate's, foreign ones), corrupt or incomplete ones. If only those are left, a
+            warning says by how much the budget is exceeded. Checkpoints held back for
+            replication follow ``replicate_local_budget_bytes``.
         verify_checksums: ``load_state`` checks every file against the manifest's checksums
             before restoring anything (``load_state(verify=False)`` skips it once).
         async_save: ``save_state()`` copies the state to host memory and writes it in the
@@ -158,6 +174,10 @@ class ProjectConfiguration:
     keep_best: int | None = None
     best_metric: str | None = None
     best_mode: str = "min"
+    # retention by time and space (#42)
+    keep_every_seconds: float | None = None
+    keep_recent_seconds: float | None = None
+    max_total_bytes: int | str | None = None
     verify_checksums: bool = True
     async_save: bool = False
     async_writer: str = "auto"
@@ -201,6 +221,14 @@ class ProjectConfiguration:
                 "during the next step, or 'blocking' (the default) to copy everything before "
                 "save_state returns."
             )
+        if isinstance(self.max_total_bytes, str):
+            try:
+                self.max_total_bytes = parse_bytes(self.max_total_bytes, "max_total_bytes")
+            except ValueError as exc:
+                raise ConfigurationError(
+                    f"ProjectConfiguration: {exc} E.g. max_total_bytes='500GB', or None for no "
+                    "budget."
+                ) from None
         self.retention_policy()  # validate the retention settings now, not at the first save
         self._check_replication()
         if isinstance(self.preemption_signals, (str, int)):
@@ -235,6 +263,7 @@ class ProjectConfiguration:
         Raises:
             ValueError: naming the bad setting (e.g. ``total_limit=0``).
         """
+        budget = self.max_total_bytes
         try:
             return build_policy(
                 keep_last=self.total_limit,
@@ -242,10 +271,16 @@ class ProjectConfiguration:
                 keep_best=self.keep_best,
                 metric=self.best_metric,
                 mode=self.best_mode,
-                names=_SETTING_NAMES,
+                names=_LOCAL_SETTING_NAMES,
+                keep_every_seconds=self.keep_every_seconds,
+                keep_recent_seconds=self.keep_recent_seconds,
+                # a string was parsed in __post_init__; one set since is parsed here
+                max_total_bytes=(
+                    parse_bytes(budget, "max_total_bytes") if isinstance(budget, str) else budget
+                ),
             )
         except ValueError as exc:
-            raise ValueError(f"ProjectConfiguration: {exc}") from None
+            raise ConfigurationError(f"ProjectConfiguration: {exc}") from None
 
     def _check_replication(self) -> None:
         self.replicate_to = _as_location(self.replicate_to)
@@ -324,12 +359,20 @@ class ProjectConfiguration:
             raise ValueError(f"ProjectConfiguration: {exc}") from None
 
 
+# The settings replicate_keep takes too (the remote tier's retention runs without a clock or a
+# byte budget).
 _SETTING_NAMES = {
     "keep_last": "total_limit",
     "keep_every": "keep_every",
     "keep_best": "keep_best",
     "metric": "best_metric",
     "mode": "best_mode",
+}
+_LOCAL_SETTING_NAMES = {
+    **_SETTING_NAMES,
+    "keep_every_seconds": "keep_every_seconds",
+    "keep_recent_seconds": "keep_recent_seconds",
+    "max_total_bytes": "max_total_bytes",
 }
 
 

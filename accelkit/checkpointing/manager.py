@@ -384,7 +384,9 @@ class CheckpointManager:
         if replicator is not None and limit is not None:
             budget = HoldBudget(limit, replicator.release, self._dropped)
         policy = self.config.retention_policy()
-        apply_retention(self.storage(root), root, policy, committed, protect, budget)
+        apply_retention(
+            self.storage(root), root, policy, committed, protect, budget, now=time.time()
+        )
 
     def _dropped(self, info: CheckpointInfo) -> None:
         """Tell the listener that the disk budget deleted a checkpoint not yet replicated."""

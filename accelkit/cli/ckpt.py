@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from accelkit._text import at_most, clip
+from accelkit._units import parse_bytes, parse_duration
 from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
     COMMITTED,
@@ -37,7 +38,10 @@ from accelkit.checkpointing.catalog.listing import (
 from accelkit.checkpointing.catalog.retention import (
     KeepBest,
     KeepEvery,
+    KeepEverySeconds,
     KeepLast,
+    KeepRecent,
+    MaxTotalBytes,
     RetentionPlan,
     RetentionPolicy,
     build_policy,
@@ -150,6 +154,14 @@ def register(subparsers: Any) -> None:
             "keep are first checked against their checksums (as `ckpt verify` does): a damaged "
             "one is kept but does not count toward --keep (an older intact one is kept in its "
             "place), and the newest checkpoint that verifies is never deleted.\n\n"
+            "Rules by time use the commit time each manifest records: --keep-one-every 6h "
+            "keeps the first checkpoint of every 6-hour window of the clock "
+            "(ProjectConfiguration's keep_every_seconds), --keep-recent 2d every one committed "
+            "in the last 2 days (keep_recent_seconds). --max-bytes 500GB is a budget for the "
+            "whole folder (max_total_bytes): after the rules, the oldest checkpoints they keep "
+            "are deleted until everything listed fits, never the newest that verifies and never "
+            "a folder accelkit did not write, one the script named, a corrupt or damaged one; "
+            "if only those are left, prune says by how much the budget is still exceeded.\n\n"
             "Confirmation: with --yes it deletes at once; without --yes it shows the plan and asks "
             "on a terminal, and when stdin is not a terminal (a script, CI) it deletes nothing and "
             "exits 2. --dry-run only shows the plan. Exits 0 when there is nothing to delete."
@@ -158,9 +170,7 @@ def register(subparsers: Any) -> None:
         formatter_class=fmt,
     )
     add_common(prune, "a checkpoints folder or a project dir (uses PATH/checkpoints)")
-    prune.add_argument(
-        "--keep", type=positive_int, required=True, metavar="N", help="keep the newest N"
-    )
+    prune.add_argument("--keep", type=positive_int, metavar="N", help="keep the newest N")
     prune.add_argument(
         "--keep-every",
         type=positive_int,
@@ -179,6 +189,26 @@ def register(subparsers: Any) -> None:
         choices=("min", "max"),
         default="min",
         help="for --keep-best: 'min' if lower is better (a loss; default), 'max' otherwise",
+    )
+    prune.add_argument(
+        "--keep-one-every",
+        type=_duration("--keep-one-every"),
+        metavar="DURATION",
+        help="also keep the first checkpoint of every window of DURATION (seconds, or 90s, "
+        "30m, 6h, 2d, 1w), by commit time",
+    )
+    prune.add_argument(
+        "--keep-recent",
+        type=_duration("--keep-recent"),
+        metavar="DURATION",
+        help="also keep every checkpoint committed in the last DURATION (e.g. 2d)",
+    )
+    prune.add_argument(
+        "--max-bytes",
+        type=_size("--max-bytes"),
+        metavar="SIZE",
+        help="byte budget for the whole folder (bytes, or 500MB, 5GB, 2GiB): the oldest "
+        "checkpoints the rules keep go too until it fits",
     )
     prune.add_argument("--dry-run", action="store_true", help="show what would go; delete nothing")
     prune.add_argument("-y", "--yes", action="store_true", help="delete without asking")
@@ -463,12 +493,46 @@ _FLAG_NAMES = {
     "keep_best": "--keep-best",
     "metric": "--metric",
     "mode": "--mode",
+    "keep_every_seconds": "--keep-one-every",
+    "keep_recent_seconds": "--keep-recent",
+    "max_total_bytes": "--max-bytes",
 }
+
+
+def _duration(flag: str) -> Any:
+    """An argparse type: a duration (``3600``, ``6h``) in seconds."""
+
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _size(flag: str) -> Any:
+    """An argparse type: a size (``1000000``, ``5GB``, ``2GiB``) in bytes."""
+
+    def parse(text: str) -> int:
+        try:
+            return parse_bytes(text, flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def _policy(args: argparse.Namespace) -> RetentionPolicy:
     if args.metric is not None and args.keep_best is None:
         raise usage(f"--metric {args.metric!r} is only used with --keep-best K; add it.")
+    rules = (args.keep, args.keep_every, args.keep_best, args.keep_one_every, args.keep_recent)
+    if all(rule is None for rule in rules) and args.max_bytes is None:
+        raise usage(
+            "prune needs a rule: --keep N (the newest N), and/or --keep-every K, --keep-best K "
+            "--metric M, --keep-one-every DURATION, --keep-recent DURATION, --max-bytes SIZE; "
+            "e.g. --keep 3."
+        )
     try:
         return build_policy(
             keep_last=args.keep,
@@ -477,6 +541,9 @@ def _policy(args: argparse.Namespace) -> RetentionPolicy:
             metric=args.metric,
             mode=args.mode,
             names=_FLAG_NAMES,
+            keep_every_seconds=args.keep_one_every,
+            keep_recent_seconds=args.keep_recent,
+            max_total_bytes=args.max_bytes,
         )
     except ValueError as exc:
         raise usage(str(exc)) from None
@@ -491,7 +558,11 @@ def _describe(policy: RetentionPolicy) -> str:
             parts.append(f"--keep-every {rule.every}")
         elif isinstance(rule, KeepBest):
             parts.append(f"--keep-best {rule.count} ({rule.mode} {rule.metric})")
-    return " ".join(parts)
+        elif isinstance(rule, KeepEverySeconds):
+            parts.append(f"--keep-one-every {rule.seconds:g}s")
+        elif isinstance(rule, KeepRecent):
+            parts.append(f"--keep-recent {rule.seconds:g}s")
+    return " ".join(parts) or "any rule"
 
 
 def _plan(
@@ -500,19 +571,18 @@ def _plan(
     """What to delete and why, oldest first."""
     committed = committed_automatic(infos)
     doomed = {id(i) for i in retention.delete}
-    newest = committed[-1] if committed else None
+    over = {id(i) for i in retention.over_budget}
+    stale = {id(i) for i in retention.incomplete}
+    newest = committed[-1].name if committed else "?"
+    budget = format_size(policy.max_bytes) if isinstance(policy, MaxTotalBytes) else ""
     plan = []
     for info in infos:  # already oldest first
-        if id(info) in doomed:
+        if id(info) in over:
+            plan.append((info, f"oldest over --max-bytes {budget}"))
+        elif id(info) in doomed:
             plan.append((info, f"not kept by {_describe(policy)}"))
-        elif (
-            info.state == INCOMPLETE
-            and newest is not None
-            and info.iteration is not None
-            and newest.iteration is not None
-            and info.iteration < newest.iteration
-        ):
-            plan.append((info, f"incomplete, older than {newest.name}"))
+        elif id(info) in stale:
+            plan.append((info, f"incomplete, older than {newest}"))
     return plan
 
 
@@ -525,7 +595,6 @@ def _retention(
     ``--keep``: otherwise prune would keep it and delete the intact older one, and the next
     run could not resume at all.
     """
-    committed = committed_automatic(infos)
     # No total: only the checkpoints kept are read, and which those are depends on the reads.
     with progress(None, "B", "verifying") as bar:
 
@@ -533,7 +602,7 @@ def _retention(
             problems, _ = _verify_one(storage, info, bar)
             return "; ".join(problems) or None
 
-        return plan_retention(committed, policy, damage)
+        return plan_retention(infos, policy, damage, now=time.time(), remove_incomplete=True)
 
 
 def _confirm(question: str) -> bool:
@@ -581,6 +650,14 @@ def _report_kept(infos: list[CheckpointInfo], retention: RetentionPlan[Checkpoin
         say(
             f"Keeping {retention.protected.name}: it is the newest checkpoint that verifies, "
             "and prune never leaves a project without one.",
+            err=True,
+        )
+    if retention.over_by:
+        say(
+            f"Still {format_size(retention.over_by)} ({retention.over_by} bytes) over "
+            "--max-bytes after this prune: what is left may not be deleted (the newest "
+            "checkpoint that verifies, and the folders named above). Raise --max-bytes, or "
+            "delete some of those by hand.",
             err=True,
         )
     if retention.damaged and retention.intact is None:

@@ -204,6 +204,9 @@ class _C:
     iteration: int
     created: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    state: str = "committed"
+    is_automatic: bool = True
+    size_bytes: int = 0
 
 
 def _plan(

@@ -30,7 +30,6 @@ from accelkit.checkpointing.catalog.listing import (
     COMMITTED,
     INCOMPLETE,
     CheckpointInfo,
-    committed_automatic,
     list_checkpoints,
 )
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, plan_retention
@@ -141,12 +140,15 @@ def apply_retention(
     keep: str,
     protect: Collection[str] = (),
     budget: HoldBudget | None = None,
+    now: float | None = None,
 ) -> None:
-    """Delete the committed ``checkpoint_<n>`` under ``root`` that ``policy`` does not keep,
-    never ``keep`` (the checkpoint just committed). Failures are logged, not raised: the new
-    checkpoint is committed whatever happens here. Paths in ``protect`` (local checkpoints not
-    yet replicated to the remote tier) are kept for now, with an info line, unless ``budget``
-    (a :class:`HoldBudget`) forces the oldest of them out.
+    """Delete the committed ``checkpoint_<n>`` under ``root`` that ``policy`` does not keep
+    (or that its byte budget, ``max_total_bytes``, removes), never ``keep`` (the checkpoint
+    just committed), as :func:`~accelkit.checkpointing.catalog.retention.plan_retention` plans
+    it at time ``now`` (for ``keep_recent_seconds``; the caller's clock). Failures are logged,
+    not raised: the new checkpoint is committed whatever happens here. Paths in ``protect``
+    (local checkpoints not yet replicated to the remote tier) are kept for now, with an info
+    line, unless ``budget`` (a :class:`HoldBudget`) forces the oldest of them out.
 
     The promise of ``accelkit ckpt prune`` holds here too: the project is never left without a
     checkpoint that verifies, and a damaged one is never counted. It is kept without reading
@@ -171,9 +173,10 @@ def apply_retention(
         return
     kept = keep.rstrip("/")
     try:
-        committed = committed_automatic(list_checkpoints(storage, root))
+        listed = list_checkpoints(storage, root)
         # The listing already checked sizes; and keep is verified by construction.
-        plan = plan_retention(committed, policy, lambda info: None)
+        spare = [info.name for info in listed if info.path.rstrip("/") == kept]
+        plan = plan_retention(listed, policy, lambda info: None, now=now, spare=spare)
         held = {p.rstrip("/") for p in protect}
         waiting: list[CheckpointInfo] = []
         for info in plan.delete:
@@ -190,6 +193,15 @@ def apply_retention(
                 "Retention keeps %s for now: it is not replicated yet (a later save's "
                 "retention deletes it once it is).",
                 info.path,
+            )
+        if plan.over_by:
+            logger.warning(
+                "The checkpoints under %s exceed max_total_bytes by %d bytes, and nothing "
+                "left may be deleted (the newest checkpoint, folders accelkit did not write or "
+                "that the script named, corrupt or incomplete ones). Fix: raise "
+                "max_total_bytes, or remove those folders by hand.",
+                root,
+                plan.over_by,
             )
     except Exception as exc:
         logger.warning(

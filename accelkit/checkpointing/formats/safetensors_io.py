@@ -29,13 +29,13 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import re
 import struct
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
+from accelkit._units import parse_bytes
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.safetensors_header import (
     SafetensorsHeader,
@@ -96,9 +96,6 @@ def dtype_code(dtype: torch.dtype) -> str:
 
 _CHUNK = 64 * 1024 * 1024
 _MAX_HEADER = 100 * 1024 * 1024
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)\s*$", re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 
 
 def supports_dtype(dtype: torch.dtype) -> bool:
@@ -112,20 +109,7 @@ def parse_size(size: int | str) -> int:
     Raises:
         ValueError: for anything else than a positive int or such a string.
     """
-    if isinstance(size, int) and not isinstance(size, bool):
-        if size <= 0:
-            raise ValueError(f"max_shard_size must be > 0, got {size}.")
-        return size
-    match = _SIZE_RE.match(str(size))
-    if not match:
-        raise ValueError(
-            f"Invalid max_shard_size {size!r}: expected an int (bytes) or a string like "
-            "'10GB', '500MB', '2GiB'."
-        )
-    value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-    if value <= 0:
-        raise ValueError(f"max_shard_size must be > 0, got {size!r}.")
-    return value
+    return parse_bytes(size, "max_shard_size")
 
 
 # ---------------------------------------------------------------------------------- writing
