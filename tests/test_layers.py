@@ -24,8 +24,10 @@ RANK = {
     "accelkit._version": -2,
     "accelkit._text": -2,
     "accelkit._lazy": -2,
-    # the root of every exception, then the checkpoint errors that hang on it
+    # the root of every exception, then the checkpoint errors that hang on it; beside the root,
+    # the one parser of human sizes and durations (it shows bad values through _text)
     "accelkit.errors": -1,
+    "accelkit._units": -1,
     "accelkit.checkpointing.errors": 0,
     # the process runtime, FSDP2, the trackers
     "accelkit.runtime": 1,
@@ -76,6 +78,7 @@ ROOT_MODULES = {
     "_version",
     "_text",
     "_lazy",
+    "_units",
     "errors",
 }
 CHECKPOINTING_TOP = {"__init__", "manager", "config", "errors", "listener"}
