@@ -151,6 +151,21 @@ def test_bad_input_is_refused_and_leaves_nothing(
     assert _leftovers(tmp_path) == []
 
 
+def test_force_never_replaces_the_checkpoint_or_its_project(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator's slip: OUT is the project, the checkpoint itself, or a folder inside it.
+    With --force the export would move it aside and delete it with the checkpoints."""
+    project = tmp_path / "project"
+    path, _ = _save(project)
+    before = sorted(str(p.relative_to(project)) for p in project.rglob("*"))
+    for out in (project, Path(path), Path(path) / "hf"):
+        code, _, err = _cli(capsys, str(project), str(out), "--force")
+        assert code == 2 and "overlaps the checkpoint being exported" in err, (out, err)
+    assert sorted(str(p.relative_to(project)) for p in project.rglob("*")) == before
+    assert _leftovers(project) == [] and _leftovers(tmp_path) == []
+
+
 def test_a_damaged_file_fails_the_export_and_leaves_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -144,6 +144,19 @@ def _check_out(out: str, force: bool) -> None:
         )
 
 
+def _check_apart(source: str | None, out: str) -> None:
+    """Refuse an ``out`` that is, holds or sits inside the checkpoint being exported: replacing
+    it (``force``) would delete the checkpoint, or its project, with it."""
+    if source is None:
+        return
+    src, dst = os.path.realpath(source), os.path.realpath(out)
+    if src == dst or src.startswith(dst + os.sep) or dst.startswith(src + os.sep):
+        raise FileExistsError(
+            f"OUT {out!r} overlaps the checkpoint being exported ({source}): writing or "
+            "replacing it there could delete the checkpoint. Choose a folder outside it."
+        )
+
+
 def _resolve(storage: Storage, path: str) -> str:
     """``path``, or the newest committed checkpoint of a project / checkpoints folder."""
     path = path.rstrip("/") or path
@@ -236,6 +249,7 @@ def export_hf(
             "Copy them, or run `accelkit ckpt import` first and export the imported checkpoint."
         )
     assert info.manifest is not None, "a committed checkpoint has a manifest"
+    _check_apart(storage.local_path(source), out_path)
     storage = confine(storage, source)  # no link inside the checkpoint is followed
     entries = info.manifest.file_map()
     indexes = _model_indexes(list(entries))
