@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from accelkit._units import parse_bytes
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.cli._ckpt_common import Fail, add_common, command, open_storage, say, say_json, usage
 from accelkit.cli._table import format_size
@@ -44,11 +45,10 @@ def _model_index(text: str) -> int:
 
 def register(actions: Any) -> None:
     """Add the ``export`` action to ``accelkit ckpt``'s sub-parsers."""
-    from accelkit.checkpointing.formats.safetensors_io import parse_size
 
     def shard_size(text: str) -> int:
         try:
-            return parse_size(text)
+            return parse_bytes(text, "--max-shard-size")
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
