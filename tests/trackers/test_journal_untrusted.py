@@ -159,7 +159,11 @@ warnings.simplefilter("ignore")
 code = main(["track", "status", LOGDIR, "--json"])
 journal = Journal.open(LOGDIR, "jsonl")  # what a job starting on this directory does
 print("next_seq", journal.next_seq, "code", code)
-print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# This process's own peak (VmHWM): ru_maxrss also counts the peak of the process that
+# spawned it (Linux keeps the larger across execve), here pytest's own after a long session.
+with open("/proc/self/status") as status:
+    peak = [line.split()[1] for line in status if line.startswith("VmHWM:")]
+print("maxrss_kb", peak[0] if peak else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
