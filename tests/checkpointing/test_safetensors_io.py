@@ -150,16 +150,17 @@ def test_parse_size() -> None:
 
 _MEMORY_PROBE = textwrap.dedent(
     """
-    import resource, sys, torch
+    import sys, torch
+    from tests.helpers.memory import peak_kib
     from accelkit.checkpointing.formats.safetensors_io import write_safetensors
     from accelkit.checkpointing.storage import get_storage
     tensors = {f"t{i}": torch.randn(8 * 1024 * 1024) for i in range(6)}  # 6 x 32 MiB
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     storage = get_storage(sys.argv[1])
     write_safetensors(storage, sys.argv[1] + "/warm.safetensors", {"x": torch.ones(4)})
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before = peak_kib() * 1024
     write_safetensors(storage, sys.argv[1] + "/big.safetensors", tensors)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    after = peak_kib() * 1024
     print(after - before, total)
     """
 )

@@ -401,19 +401,20 @@ def test_list_holding_itself_is_refused(tmp_path: Path, accelerate_folder: Path)
 # ----------------------------------------------------------------- memory and determinism
 
 _CHILD = r"""
-import json, resource, sys
+import json, sys
+from tests.helpers.memory import peak_kib
 from accelkit.checkpointing.interop.accelerate_pickle import load_pickle
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage import get_storage
 import torch
 path = sys.argv[1]
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_kib()
 try:
     value = load_pickle(get_storage(path), path)
     error = None
 except CorruptCheckpointError as exc:
     error = str(exc)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = peak_kib()
 print(json.dumps({"grew": (after - before) * 1024, "error": error}))
 """
 

@@ -348,7 +348,8 @@ def test_numbers_json_cannot_hold_are_refused(where: str, number: str, project: 
 
 _MEMORY_SCRIPT = textwrap.dedent(
     """
-    import io, json, resource, struct, sys, torch
+    import io, json, struct, sys, torch
+    from tests.helpers.memory import peak_kib
     from accelkit import Accelerator, ProjectConfiguration
     from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
     from accelkit.checkpointing.catalog.inspect import read_safetensors_header
@@ -381,7 +382,7 @@ _MEMORY_SCRIPT = textwrap.dedent(
         "read_sharded_metadata": lambda: read_sharded_metadata(storage, pickled),
     }
     for name, call in cases.items():
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        before = peak_kib()
         try:
             call()
             outcome = "accepted"
@@ -389,7 +390,7 @@ _MEMORY_SCRIPT = textwrap.dedent(
             outcome = "CorruptCheckpointError"
         except BaseException as exc:
             outcome = type(exc).__name__
-        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        grown = peak_kib() - before
         print(json.dumps({"case": name, "outcome": outcome, "grown_kib": grown}), flush=True)
     """
 )

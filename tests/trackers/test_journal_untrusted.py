@@ -151,19 +151,16 @@ def test_network_addresses_pass_and_local_paths_must_stay_inside(
 
 
 _MEMORY_SCRIPT = """
-import resource, sys, warnings
+import sys, warnings
 from accelkit.cli.main import main
 from accelkit.trackers.journal import Journal
+from tests.helpers.memory import peak_kib
 
 warnings.simplefilter("ignore")
 code = main(["track", "status", LOGDIR, "--json"])
 journal = Journal.open(LOGDIR, "jsonl")  # what a job starting on this directory does
 print("next_seq", journal.next_seq, "code", code)
-# This process's own peak (VmHWM): ru_maxrss also counts the peak of the process that
-# spawned it (Linux keeps the larger across execve), here pytest's own after a long session.
-with open("/proc/self/status") as status:
-    peak = [line.split()[1] for line in status if line.startswith("VmHWM:")]
-print("maxrss_kb", peak[0] if peak else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print("maxrss_kb", peak_kib())
 """
 
 
