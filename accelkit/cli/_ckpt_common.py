@@ -21,6 +21,7 @@ from typing import Any
 from typing_extensions import override
 
 from accelkit._text import escape
+from accelkit._units import parse_bytes, parse_duration
 from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
     CheckpointInfo,
@@ -48,6 +49,7 @@ __all__ = [
     "add_common",
     "collect",
     "command",
+    "duration_type",
     "nothing_found",
     "open_storage",
     "positive_int",
@@ -55,7 +57,9 @@ __all__ = [
     "progress",
     "say",
     "say_json",
+    "size_type",
     "usage",
+    "whole_number",
     "with_accelerate_steps",
 ]
 
@@ -114,15 +118,49 @@ def storage_option(text: str) -> tuple[str, Any]:
     return key, parsed
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: a whole number >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
-    return value
+def whole_number(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``least``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number >= {least}, got {text!r}"
+            ) from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = whole_number(1)
+"""An argparse type: a whole number >= 1."""
+
+
+def size_type(flag: str) -> Callable[[str], int]:
+    """An argparse type for ``flag``: a size (``1000000``, ``5GB``, ``2GiB``) in bytes."""
+
+    def parse(text: str) -> int:
+        try:
+            return parse_bytes(text, flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def duration_type(flag: str) -> Callable[[str], float]:
+    """An argparse type for ``flag``: a duration (``3600``, ``6h``) in seconds."""
+
+    def parse(text: str) -> float:
+        try:
+            return parse_duration(text, flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def add_common(parser: argparse.ArgumentParser, path_help: str) -> None:

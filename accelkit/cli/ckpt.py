@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from accelkit._text import at_most, clip
-from accelkit._units import parse_bytes, parse_duration
 from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
     COMMITTED,
@@ -65,6 +64,7 @@ from accelkit.cli._ckpt_common import (
     add_common,
     collect,
     command,
+    duration_type,
     nothing_found,
     open_storage,
     positive_int,
@@ -72,6 +72,7 @@ from accelkit.cli._ckpt_common import (
     progress,
     say,
     say_json,
+    size_type,
     usage,
     with_accelerate_steps,
 )
@@ -192,20 +193,20 @@ def register(subparsers: Any) -> None:
     )
     prune.add_argument(
         "--keep-one-every",
-        type=_duration("--keep-one-every"),
+        type=duration_type("--keep-one-every"),
         metavar="DURATION",
         help="also keep the first checkpoint of every window of DURATION (seconds, or 90s, "
         "30m, 6h, 2d, 1w), by commit time",
     )
     prune.add_argument(
         "--keep-recent",
-        type=_duration("--keep-recent"),
+        type=duration_type("--keep-recent"),
         metavar="DURATION",
         help="also keep every checkpoint committed in the last DURATION (e.g. 2d)",
     )
     prune.add_argument(
         "--max-bytes",
-        type=_size("--max-bytes"),
+        type=size_type("--max-bytes"),
         metavar="SIZE",
         help="byte budget for the whole folder (bytes, or 500MB, 5GB, 2GiB): the oldest "
         "checkpoints the rules keep go too until it fits",
@@ -497,30 +498,6 @@ _FLAG_NAMES = {
     "keep_recent_seconds": "--keep-recent",
     "max_total_bytes": "--max-bytes",
 }
-
-
-def _duration(flag: str) -> Any:
-    """An argparse type: a duration (``3600``, ``6h``) in seconds."""
-
-    def parse(text: str) -> float:
-        try:
-            return parse_duration(text, flag)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
-
-
-def _size(flag: str) -> Any:
-    """An argparse type: a size (``1000000``, ``5GB``, ``2GiB``) in bytes."""
-
-    def parse(text: str) -> int:
-        try:
-            return parse_bytes(text, flag)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return parse
 
 
 def _policy(args: argparse.Namespace) -> RetentionPolicy:

@@ -12,9 +12,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from accelkit._units import parse_bytes
 from accelkit.checkpointing.errors import CheckpointError
-from accelkit.cli._ckpt_common import Fail, add_common, command, open_storage, say, say_json, usage
+from accelkit.cli._ckpt_common import (
+    Fail,
+    add_common,
+    command,
+    open_storage,
+    say,
+    say_json,
+    size_type,
+    usage,
+    whole_number,
+)
 from accelkit.cli._table import format_size
 
 __all__ = ["register"]
@@ -33,24 +42,8 @@ _DESCRIPTION = (
 )
 
 
-def _model_index(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
-    return value
-
-
 def register(actions: Any) -> None:
     """Add the ``export`` action to ``accelkit ckpt``'s sub-parsers."""
-
-    def shard_size(text: str) -> int:
-        try:
-            return parse_bytes(text, "--max-shard-size")
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
 
     parser = actions.add_parser(
         "export",
@@ -69,14 +62,14 @@ def register(actions: Any) -> None:
     )
     parser.add_argument(
         "--max-shard-size",
-        type=shard_size,
+        type=size_type("--max-shard-size"),
         default="5GB",
         metavar="SIZE",
         help="largest output file, e.g. 5GB (default), 500MB, 2GiB",
     )
     parser.add_argument(
         "--model",
-        type=_model_index,
+        type=whole_number(0),
         default=0,
         metavar="N",
         help="which model of the checkpoint, in prepare() order (default: 0)",
