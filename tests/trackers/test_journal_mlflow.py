@@ -92,6 +92,19 @@ def _history(url: str, name: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "x"))
 
 
+def _wait_for_run(url: str, name: str, seconds: float = 10) -> None:
+    """Wait until experiment ``name`` has a run (or ``seconds`` pass)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=url)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = [e for e in client.search_experiments() if e.name == name]
+        if found and client.search_runs([found[0].experiment_id]):
+            return
+        time.sleep(0.2)
+
+
 def _times(url: str, name: str) -> dict[int, float]:
     """Step -> the wall time (s) MLflow recorded for metric ``x`` of run ``name``."""
     from mlflow import MlflowClient
@@ -196,7 +209,7 @@ _DOWN_FROM_THE_START = """
 import sys, time
 from accelkit import Accelerator
 accelerator = Accelerator(log_with=["mlflow", "jsonl"], project_dir=sys.argv[1])
-accelerator.init_trackers("down", init_kwargs={"mlflow": {"tracking_uri": sys.argv[2]}})
+accelerator.init_trackers(sys.argv[4], init_kwargs={"mlflow": {"tracking_uri": sys.argv[2]}})
 for step in range(int(sys.argv[3])):
     accelerator.log({"x": float(step)}, step=step)
     time.sleep(0.01)
@@ -210,43 +223,63 @@ def test_an_mlflow_server_down_from_the_start_loses_no_point(
     tmp_path: Path, mlflow_template_db: Path
 ) -> None:
     """#37 item 1, with MLflow's own client settings (it retries a refused connection for
-    minutes inside ``start()``): every point is journaled, the job ends within the drain time
-    of its loop (``ACCELKIT_TRACKER_DRAIN_S``, 10 s), and ``accelkit track sync`` sends every
-    point once the server is up."""
+    minutes inside ``start()``, and waits on a paused server): every point is journaled, the
+    job ends within the drain time of its loop (``ACCELKIT_TRACKER_DRAIN_S``, 10 s), and
+    ``accelkit track sync`` sends every point, into one run, once the server answers. First
+    with nothing listening, then with the server paused (SIGSTOP) rather than refusing."""
     root = tmp_path / "server"
     root.mkdir()
     server = Server(root, mlflow_template_db)  # its port: nothing listens there yet
-    project = tmp_path / "project"
     script = tmp_path / "job.py"
     script.write_text(_DOWN_FROM_THE_START)
     points = 200
     env = job_env(PYTHONPATH=os.getcwd())
     for key in _CLIENT_ENV:
         env.pop(key, None)
-    job = subprocess.run(
-        [sys.executable, str(script), str(project), server.url, str(points)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    output = job.stdout + job.stderr
-    assert job.returncode == 0, output
-    took = float(output.split("end_training took ")[1].split(" s")[0])
-    assert took < 15, output  # 10 s of drain, not MLflow's minutes of retries
-    assert "failed" not in output and "NOTHING IS BEING LOGGED" not in output, output
-    assert f"accelkit track sync {project} --tracker mlflow" in output, output
-    status = subprocess.run(
-        [sys.executable, "-m", "accelkit.cli.main", "track", "status", str(project)],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert f"mlflow: {points} journaled, 0 delivered, {points} pending" in status.stdout, (
-        status.stdout + status.stderr
-    )
-    try:
-        server.start()
-        sync = subprocess.run(
+
+    def job(name: str) -> Path:
+        project = tmp_path / name
+        done = subprocess.run(
+            [sys.executable, str(script), str(project), server.url, str(points), name],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output
+        took = float(output.split("end_training took ")[1].split(" s")[0])
+        assert took < 15, output  # 10 s of drain, not MLflow's minutes of retries
+        assert "failed" not in output and "NOTHING IS BEING LOGGED" not in output, output
+        assert f"accelkit track sync {project} --tracker mlflow" in output, output
+        status = subprocess.run(
+            [sys.executable, "-m", "accelkit.cli.main", "track", "status", str(project)],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert f"mlflow: {points} journaled, 0 delivered, {points} pending" in status.stdout, (
+            status.stdout + status.stderr
+        )
+        return project
+
+    def sync(project: Path) -> None:
+        done = subprocess.run(
             [sys.executable, "-m", "accelkit.cli.main", "track", "sync", str(project)],
             env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
-        assert sync.returncode == 0, sync.stdout + sync.stderr
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    down = job("down")
+    try:
+        server.start()
+        sync(down)
         assert _history(server.url, "down") == [(s, float(s)) for s in range(points)]
+        assert server.process is not None
+        os.killpg(server.process.pid, signal.SIGSTOP)
+        try:
+            paused = job("paused")
+        finally:
+            os.killpg(server.process.pid, signal.SIGCONT)
+        # The dead job's start() request waits in the resumed server's backlog: let it land
+        # first (a sync racing it would open a second run; noted on #37).
+        _wait_for_run(server.url, "paused")
+        sync(paused)  # one run: the one the job's start() asked for, found by its run key
+        assert _history(server.url, "paused") == [(s, float(s)) for s in range(points)]
     finally:
         server.kill()
