@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from accelkit.checkpointing.commit.async_save import AsyncCheckpoint
     from accelkit.checkpointing.config import ProjectConfiguration
     from accelkit.fsdp.plugin import FullyShardedDataParallelPlugin
-    from accelkit.runtime.state import PrecisionType
     from accelkit.runtime.saving import SavePolicy
+    from accelkit.runtime.state import PrecisionType
     from accelkit.trackers import LoggerType
     from accelkit.training.dynamo import DynamoBackend, TorchDynamoPlugin
     from accelkit.training.kwargs_handlers import KwargsHandler

@@ -141,7 +141,7 @@ class Preemption:
             ...     if accelerator.preemption_requested:
             ...         break
         """
-        self.decider.asked = True
+        self.decider.ask()
         if not self.policies or self.closed:
             return False
         steps = self.gradient_state.optimizer_steps
@@ -158,7 +158,7 @@ class Preemption:
         dataloader's next batch, ``should_save()``), so processes that read it between the same
         two boundaries read the same value; on one process it also looks at the signal now.
         """
-        self.decider.asked = True
+        self.decider.ask()
         if self.watching and self.state.num_processes == 1 and not self.closed:
             self.decider.advance(self.gradient_state.optimizer_steps)
         return self.decider.preempted

@@ -360,6 +360,11 @@ class SaveDecider:
         self.clock = clock
         self._last_save_time = clock()
 
+    def ask(self) -> None:
+        """This process's script asks for decisions itself (``should_save()``,
+        ``preemption_requested``): shared with the others at the next round."""
+        self.asked = True
+
     @property
     def preempted(self) -> bool:
         """Agreed: some process received a preemption signal (as of the last boundary)."""
