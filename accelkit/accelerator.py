@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from accelkit.checkpointing.commit.async_save import AsyncCheckpoint
     from accelkit.checkpointing.config import ProjectConfiguration
     from accelkit.fsdp.plugin import FullyShardedDataParallelPlugin
+    from accelkit.runtime.saving import SavePolicy
     from accelkit.runtime.state import PrecisionType
     from accelkit.trackers import LoggerType
     from accelkit.training.dynamo import DynamoBackend, TorchDynamoPlugin
@@ -101,6 +102,11 @@ class Accelerator:
         step_scheduler_with_optimizer: step prepared schedulers together with the optimizer.
         tracker_errors: ``"warn"`` (default: a failing tracker is reported once and skipped) or
             ``"raise"``.
+        save_policy: when :meth:`should_save` answers True: a
+            :class:`~accelkit.runtime.saving.SavePolicy` (``EveryNSteps``, ``EverySeconds``,
+            ``AnyOf``, or the user's own), instead of ``ProjectConfiguration``'s
+            ``save_every_steps``/``save_every_seconds``. An accelkit extension (Accelerate's
+            scripts decide in their own loop).
         dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
             :mod:`accelkit.training.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
         deepspeed_plugin: accepted by name for compatibility and refused with ``ValueError``
@@ -142,6 +148,7 @@ class Accelerator:
         parallelism_config: object = None,
         logging_dir: str | os.PathLike[str] | None = None,
         tracker_errors: str = "warn",
+        save_policy: SavePolicy | None = None,
     ) -> None:
         refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
         self.kwargs_handlers = list(kwargs_handlers or [])
@@ -225,6 +232,7 @@ class Accelerator:
             self.gradient_state,
             self._checkpointing,
             self.end_training,
+            save_policy,
         )
         # Unusable folders or storage fail here, not at the first log or save an epoch later.
         _preflight.check_run(

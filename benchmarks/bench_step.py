@@ -252,8 +252,8 @@ def _preemption_hook_us(number: int) -> float:
     loader = DataLoader(list(range(4)), batch_size=1, collate_fn=_identity)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     state = accelerator.gradient_state
-    boundary = state.boundary
-    assert boundary is not None
+    boundary = state.on_boundary
+    assert boundary.hooks
     next(iter(loader))  # the optimizer's loader (what the hook compares with)
 
     def hooked() -> None:

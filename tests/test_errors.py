@@ -49,6 +49,9 @@ def _exception_classes() -> list[type[BaseException]]:
                 isinstance(cls, type)
                 and issubclass(cls, BaseException)
                 and not issubclass(cls, Warning)
+                # An exit is not an error: PreemptionExit, a SystemExit with the exit code
+                # that no `except Exception` may swallow.
+                and not issubclass(cls, SystemExit)
             ):
                 found.append(cls)
     return found

@@ -22,7 +22,8 @@ from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.formats.manifest import Manifest, ManifestError
 from accelkit.cli.main import main
 from accelkit.errors import ConfigurationError
-from accelkit.runtime.preemption import Agreement, SaveDecider, SignalFlag, parse_signals
+from accelkit.runtime.preemption import Agreement, PreemptionExit, SignalFlag, parse_signals
+from accelkit.runtime.saving import AnyOf, EveryNSteps, EverySeconds, SaveDecider
 from tests.helpers.preemption_job import train
 
 
@@ -108,9 +109,8 @@ def test_interval_decisions_by_steps_and_by_the_main_process_clock() -> None:
     decider = SaveDecider(
         Agreement(1),
         SignalFlag(()),
+        AnyOf(EveryNSteps(5), EverySeconds(10.0)),
         is_main=True,
-        every_steps=5,
-        every_seconds=10.0,
         clock=lambda: now[0],
     )
     decisions = []
@@ -121,7 +121,7 @@ def test_interval_decisions_by_steps_and_by_the_main_process_clock() -> None:
         decisions.append(due)
         if due:
             assert decider.reason(step) == "interval"
-            decider.saved(step)
+            decider.saved("interval", "checkpoint", step)
     # Every 5 steps (1 s a step: the 10 s interval never comes first).
     assert [i + 1 for i, d in enumerate(decisions) if d] == [5, 10]
     now[0] += 60.0  # a long evaluation: the wall-clock interval is due without a step
@@ -292,14 +292,17 @@ def test_ls_shows_the_reason_and_the_tracker_event_carries_it(
         model, optimizer, torch.utils.data.DataLoader(data, batch_size=2)
     )
     accelerator.save_state()  # the user's
-    with pytest.raises(SystemExit) as stopped:
+    with pytest.raises(PreemptionExit) as stopped:
         for (x,) in loader:
             model(x).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
             accelerator.log({"loss": 1.0})
             os.kill(os.getpid(), signal.SIGUSR1)
-    assert stopped.value.code == 75
+    # The documented exception, a SystemExit with the exit code, saying what was saved.
+    assert isinstance(stopped.value, SystemExit) and stopped.value.code == 75
+    assert (stopped.value.signum, stopped.value.step) == (signal.SIGUSR1, 1)
+    assert stopped.value.checkpoint == accelerator._checkpointing.last_path
     capsys.readouterr()
     assert main(["ckpt", "ls", str(tmp_path)]) == 0
     table = capsys.readouterr().out.splitlines()

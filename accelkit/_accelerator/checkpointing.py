@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -25,16 +25,38 @@ from accelkit.errors import AccelkitError, warn_at_user_line
 if TYPE_CHECKING:
     from accelkit._accelerator.prepared_objects import PreparedObjects
     from accelkit.checkpointing.config import ProjectConfiguration
-    from accelkit.runtime.preemption import SaveDecider
     from accelkit.training.optim import GradientState
 
-__all__ = ["Checkpointing"]
+__all__ = ["Checkpointing", "SaveObserver"]
 
 logger = logging.getLogger(__name__)
 
 
 #: ``torch.nn.Module.load_state_dict``'s keyword arguments, which ``load_state`` forwards.
 _MODEL_LOAD_KWARGS = frozenset({"strict", "assign"})
+
+
+class SaveObserver(Protocol):
+    """What registers with the save path (:meth:`Checkpointing.add_observer`): told of every
+    ``save_state`` and ``load_state``, and asked why a save is made.
+
+    The accelerator's save decisions (:class:`~accelkit.runtime.saving.SaveDecider`: a save
+    restarts the policies' intervals) and its preemption part (the log line and the launcher's
+    record of a preemption checkpoint) are the observers.
+    """
+
+    def reason(self, steps: int) -> str | None:
+        """The manifest's ``reason`` for a save made now at ``steps`` optimizer steps, or
+        ``None`` for no opinion (the first observer's answer counts; none: ``"user"``)."""
+        ...
+
+    def saved(self, reason: str, path: str, steps: int) -> None:
+        """``save_state`` committed (or, in the background, started) ``path``."""
+        ...
+
+    def loaded(self, path: str, steps: int) -> None:
+        """``load_state`` restored ``path``, a checkpoint of ``steps`` optimizer steps."""
+        ...
 
 
 class Checkpointing:
@@ -67,13 +89,13 @@ class Checkpointing:
         self._earlier: list[int] = []
         self._resumed = False
 
-        # The run's save decisions (set by the preemption part): told of every save and load,
-        # and asked for each save's reason.
-        self.decider: SaveDecider | None = None
         self.last_path: str | None = None  # the newest checkpoint saved or loaded
-        # Called with (reason, path, step) after each save_state (the preemption part's log
-        # line and launcher record for a preemption checkpoint).
-        self.after_save: Callable[[str, str, int], None] | None = None
+        self._observers: tuple[SaveObserver, ...] = ()
+
+    def add_observer(self, observer: SaveObserver) -> None:
+        """Tell ``observer`` of every save and load from now on, in the order they were added
+        (see :class:`SaveObserver`)."""
+        self._observers = (*self._observers, observer)
 
     def look_for_earlier_checkpoints(self) -> None:
         """Note, on the main process, the project's loadable ``checkpoint_<n>`` (committed or
@@ -215,17 +237,27 @@ class Checkpointing:
             self.before_training()
         step = self.gradient_state.optimizer_steps
         objects = self.training_objects()
-        decider = self.decider
-        reason = "user" if decider is None else decider.reason(step)
+        reason = next(
+            (r for r in (o.reason(step) for o in self._observers) if r is not None), "user"
+        )
         result = self.manager.save(
             output_dir, objects, step, async_save=async_save, reason=reason, **kwargs
         )
-        self.last_path = result if isinstance(result, str) else result.path
-        if decider is not None:
-            decider.saved(step)
-        if self.after_save is not None:
-            self.after_save(reason, self.last_path, step)
+        path = self.last_path = result if isinstance(result, str) else result.path
+        for observer in self._observers:
+            observer.saved(reason, path, step)
         return result
+
+    def register_drain_deadline(self, deadline: Callable[[], float | None]) -> None:
+        """How long the end of the run drains the replication queue (see
+        :meth:`~accelkit.checkpointing.manager.CheckpointManager.register_drain_deadline`)."""
+        self.manager.register_drain_deadline(deadline)
+
+    def close_replication(self, deadline: float | None = None) -> list[str]:
+        """Drain the replication queue for up to ``deadline`` seconds and stop it; the names
+        of the checkpoints left behind (see
+        :meth:`~accelkit.checkpointing.manager.CheckpointManager.close_replication`)."""
+        return self.manager.close_replication(deadline)
 
     def wait_for_checkpoints(self) -> None:
         """Block until the asynchronous save in flight (if any) has committed.
@@ -297,8 +329,8 @@ class Checkpointing:
         self.gradient_state.optimizer_steps = result.manifest.step
         self.gradient_state.micro_step = 0
         self.last_path = result.path
-        if self.decider is not None:
-            self.decider.loaded(result.manifest.step)
+        for observer in self._observers:
+            observer.loaded(result.path, result.manifest.step)
         return result.path
 
     def register_for_checkpointing(self, *objects: Any) -> None:

@@ -1,10 +1,14 @@
 """The preemption part of the :class:`~accelkit.Accelerator`: ``should_save()``,
 ``preemption_requested``, and the save-and-exit of a script that never asks.
 
-The flag, the agreement and the policy live in :mod:`accelkit.runtime.preemption`; this part
-connects them to the run: the step boundaries (``GradientState.boundary``, called by the
-prepared optimizer's ``step()`` and the prepared dataloader's next batch), the saves (every
-``save_state`` restarts the intervals and records its ``reason``) and the end of the run.
+The flag and the agreement live in :mod:`accelkit.runtime.preemption`, the save policies and
+their decider in :mod:`accelkit.runtime.saving`; this part connects them to the run through
+the hooks the run offers, never by setting attributes on other parts: a hook on the step
+boundaries (``GradientState.on_boundary``, reported by the prepared optimizer's ``step()`` and
+the prepared dataloader's next batch), two observers of the save path
+(``Checkpointing.add_observer``: the decider, so that every ``save_state`` restarts the
+intervals and records its ``reason``; this part, for the preemption checkpoint's report) and the
+drain deadline of the end of the run.
 
 **Who saves on a preemption.** A script that asks -- calls :meth:`Preemption.should_save` or
 reads :attr:`Preemption.preemption_requested` once, on any process -- is trusted to save
@@ -13,8 +17,10 @@ behind its back, so one preemption makes one checkpoint. A script that never ask
 ``preemption_signals`` and ``automatic_checkpoint_naming``, is saved by accelkit when a prepared
 dataloader is next asked for a batch (see :meth:`Preemption.boundary` for the exact points),
 through the normal commit protocol; then the trackers are finished, the processes meet and
-each exits with ``preemption_exit_code``. A save in flight is committed first, and if the
-newest committed state already is the current optimizer step, no second checkpoint is made.
+each raises :class:`~accelkit.runtime.preemption.PreemptionExit` (a ``SystemExit`` with
+``preemption_exit_code``) at that step boundary, into the script's ``for`` over the loader. A
+save in flight is committed first, and if the newest committed state already is the current
+optimizer step, no second checkpoint is made.
 """
 
 from __future__ import annotations
@@ -25,14 +31,22 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from accelkit.checkpointing.errors import CheckpointError
+from accelkit.errors import ConfigurationError
 from accelkit.runtime.preemption import (
     ENV_PREEMPTION_FILE,
     Agreement,
-    Decision,
-    SaveDecider,
+    PreemptionExit,
     SignalFlag,
     signal_name,
     write_exit_record,
+)
+from accelkit.runtime.saving import (
+    AnyOf,
+    OnPreemption,
+    SaveDecider,
+    SavePolicy,
+    check_policy,
+    policy_from_settings,
 )
 
 if TYPE_CHECKING:
@@ -52,10 +66,16 @@ class Preemption:
     Args:
         config: the run's configuration (``save_every_*``, ``preemption_*``).
         state: this process's identity.
-        gradient_state: the step state whose ``boundary`` this part takes.
-        checkpointing: the saving part (its saves report here).
+        gradient_state: the step state on whose boundaries this part registers its hook.
+        checkpointing: the saving part (the decider and this part observe its saves).
         finish: the end-of-run cleanup before a preemption exit (trackers finished, saves
             committed): ``Accelerator.end_training``.
+        save_policy: the user's :class:`~accelkit.runtime.saving.SavePolicy`, instead of
+            ``save_every_steps``/``save_every_seconds`` (``None``: those settings).
+
+    Raises:
+        ConfigurationError: ``save_policy`` is not a save policy, or is given together with
+            ``save_every_steps``/``save_every_seconds``.
     """
 
     def __init__(
@@ -65,6 +85,7 @@ class Preemption:
         gradient_state: GradientState,
         checkpointing: Checkpointing,
         finish: Callable[[], None],
+        save_policy: SavePolicy | None = None,
     ) -> None:
         self.config = config
         self.state = state
@@ -72,30 +93,30 @@ class Preemption:
         self.checkpointing = checkpointing
         self.finish = finish
         signals = config.preemption_signal_numbers()
+        self.watching = bool(signals)
         self.flag = SignalFlag(signals)
         self.decider = SaveDecider(
             Agreement(state.num_processes, _agreement_group(state.num_processes, signals)),
             self.flag,
+            _policy(config, save_policy, preemption=self.watching),
             is_main=state.is_main_process,
-            every_steps=config.save_every_steps,
-            every_seconds=config.save_every_seconds,
         )
-        self.watching = bool(signals)
-        self.policies = self.watching or (
-            config.save_every_steps is not None or config.save_every_seconds is not None
-        )
+        self.policies = self.decider.policy is not None
         self.automatic = self.watching and config.automatic_checkpoint_naming
         self.exiting = False
         self.closed = False  # end_training() ran: no more rounds
         self.steps_at_point: int | None = None  # optimizer steps at the last save point
         self.training_loader: object | None = None  # the loader iterated at the last step
-        checkpointing.decider = self.decider
-        checkpointing.after_save = self.after_save
-        checkpointing.manager.register_drain_deadline(self.drain_deadline)
+        # Registered with the parts that offer hooks, in this order: the decider hears of a
+        # save before this part reports it.
+        checkpointing.add_observer(self.decider)
+        checkpointing.add_observer(self)
+        checkpointing.register_drain_deadline(self.drain_deadline)
         self.reported = False
+        self._unhook: Callable[[], None] | None = None
         if self.watching:
             self.flag.install()
-            gradient_state.boundary = self.boundary
+            self._unhook = gradient_state.on_boundary.register(self.boundary)
 
     # ------------------------------------------------------------------ the script asks
 
@@ -120,7 +141,7 @@ class Preemption:
             ...     if accelerator.preemption_requested:
             ...         break
         """
-        self.decider.asked = True
+        self.decider.ask()
         if not self.policies or self.closed:
             return False
         steps = self.gradient_state.optimizer_steps
@@ -137,7 +158,7 @@ class Preemption:
         dataloader's next batch, ``should_save()``), so processes that read it between the same
         two boundaries read the same value; on one process it also looks at the signal now.
         """
-        self.decider.asked = True
+        self.decider.ask()
         if self.watching and self.state.num_processes == 1 and not self.closed:
             self.decider.advance(self.gradient_state.optimizer_steps)
         return self.decider.preempted
@@ -145,8 +166,8 @@ class Preemption:
     # ------------------------------------------------------------------ boundaries
 
     def boundary(self, where: str, source: object) -> None:
-        """A step boundary (``GradientState.boundary``): agree; at a save point, save and exit
-        if a preemption was agreed and the script does not save by itself.
+        """The hook on the step boundaries (``GradientState.on_boundary``): agree; at a save
+        point, save and exit if a preemption was agreed and the script does not save by itself.
 
         A save point is a prepared dataloader asked for its next batch (or to start a pass)
         where the state is the state after a whole loop body: the loader whose batches the
@@ -184,20 +205,20 @@ class Preemption:
             and not decider.self_managed
             and self.gradient_state.sync_gradients
         ):
-            self.save_and_exit(decider.decision(steps))
+            self.save_and_exit()
 
-    def save_and_exit(self, decision: Decision) -> None:
+    def save_and_exit(self) -> None:
         """Commit a preemption checkpoint (unless the newest one already holds this step),
-        finish the run and exit with ``preemption_exit_code``.
+        finish the run and end it with ``preemption_exit_code``.
 
         Raises:
-            SystemExit: always, with ``preemption_exit_code``.
+            PreemptionExit: always (a ``SystemExit`` with ``preemption_exit_code``).
         """
         self.exiting = True
         steps = self.gradient_state.optimizer_steps
         saved_now = False
         try:
-            self.checkpointing.manager.wait()  # the save in flight, committed first
+            self.checkpointing.wait_for_checkpoints()  # the save in flight, committed first
             fresh = self.decider.last_save_step == steps
         except CheckpointError as exc:
             logger.warning("preemption: the save in flight failed (%s); saving again", exc)
@@ -214,14 +235,19 @@ class Preemption:
         self.decider.agreement.close()
         self.state.wait_for_everyone()
         self.flag.restore()
-        raise SystemExit(self.config.preemption_exit_code)
+        raise PreemptionExit(
+            self.config.preemption_exit_code,
+            signum=self.decider.signum,
+            step=steps,
+            checkpoint=path,
+        )
 
     def replicate_before_exit(self, path: str | None) -> None:
         """Wait up to ``replicate_preemption_seconds`` for the queued checkpoints (the
         preemption checkpoint included) to reach the remote tier, and say whether they did
         (the main process replicates; the others return at once)."""
         deadline = self.config.replicate_preemption_seconds
-        left = self.checkpointing.manager.close_replication(deadline)  # logs what is left
+        left = self.checkpointing.close_replication(deadline)  # logs what is left
         if self.state.is_main_process and path is not None and _name(path) not in left:
             logger.warning(
                 "accelkit: preemption: %s is on the remote tier %s", path, self.config.replicate_to
@@ -237,10 +263,19 @@ class Preemption:
             return self.config.replicate_preemption_seconds
         return None
 
-    def after_save(self, reason: str, path: str, steps: int) -> None:
+    # ------------------------------------------------------------------ a save observer
+
+    def reason(self, steps: int) -> str | None:
+        """No opinion on a save's reason: the decider's answers."""
+        return None
+
+    def saved(self, reason: str, path: str, steps: int) -> None:
         """Told of each ``save_state``: a preemption checkpoint is reported."""
         if reason == "preemption":
             self.report(steps, path, saved=True)
+
+    def loaded(self, path: str, steps: int) -> None:
+        """Told of each ``load_state``: nothing to do."""
 
     def report(self, steps: int, path: str | None, *, saved: bool) -> None:
         """The main process's log line for a preemption checkpoint (which signal, which step,
@@ -279,8 +314,37 @@ class Preemption:
         """At the end of the run (``end_training``): put back the previous signal handlers and
         finish the agreement (its round in flight, its group); no decisions are made after."""
         self.closed = True
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
         self.flag.restore()
         self.decider.agreement.close()
+
+
+def _policy(
+    config: ProjectConfiguration, save_policy: SavePolicy | None, *, preemption: bool
+) -> SavePolicy | None:
+    """The run's save policy: the user's (with :class:`OnPreemption` when preemption signals are
+    watched, so that ``should_save()`` answers a preemption as documented), else the one the
+    configuration's settings make."""
+    if save_policy is None:
+        return policy_from_settings(
+            config.save_every_steps, config.save_every_seconds, preemption=preemption
+        )
+    check_policy(save_policy)
+    given = [
+        f"{name}={getattr(config, name)!r}"
+        for name in ("save_every_steps", "save_every_seconds")
+        if getattr(config, name) is not None
+    ]
+    if given:
+        raise ConfigurationError(
+            f"Accelerator(save_policy={save_policy!r}) and "
+            f"ProjectConfiguration({', '.join(given)}) both say when to save; give one: "
+            "e.g. save_policy=AnyOf(EveryNSteps(1000), yours), with the save_every_* "
+            "settings left None."
+        )
+    return AnyOf(save_policy, OnPreemption()) if preemption else save_policy
 
 
 def _agreement_group(world_size: int, signals: tuple[int, ...]) -> object:

@@ -12,6 +12,7 @@ from accelkit._units import parse_bytes
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, build_policy
 from accelkit.errors import ConfigurationError
 from accelkit.runtime import preemption as _preemption
+from accelkit.runtime import saving as _saving
 
 __all__ = ["ProjectConfiguration", "resolve_project_configuration"]
 
@@ -235,8 +236,8 @@ class ProjectConfiguration:
             self.preemption_signals = (self.preemption_signals,)
         self.preemption_signals = tuple(self.preemption_signals or ())
         self.preemption_signal_numbers()  # the preemption settings too (#25)
-        _preemption.check_interval("save_every_steps", self.save_every_steps, integer=True)
-        _preemption.check_interval("save_every_seconds", self.save_every_seconds, integer=False)
+        _saving.check_interval("save_every_steps", self.save_every_steps, integer=True)
+        _saving.check_interval("save_every_seconds", self.save_every_seconds, integer=False)
         _preemption.check_exit_code(self.preemption_exit_code)
         self.set_directories(self.project_dir)
 
@@ -253,7 +254,15 @@ class ProjectConfiguration:
             ConfigurationError: naming a value that is no catchable signal (an unknown name,
                 SIGKILL, SIGSTOP) and the fix.
         """
-        return _preemption.parse_signals(self.preemption_signals)
+        # Parsed once per value (here, when the configuration is made), whoever asks later.
+        signals = self.preemption_signals
+        parsed = self.__dict__.get("_parsed_signals")
+        if parsed is None or parsed[0] != signals:
+            parsed = self.__dict__["_parsed_signals"] = (
+                signals,
+                _preemption.parse_signals(signals),
+            )
+        return parsed[1]
 
     def retention_policy(self) -> RetentionPolicy:
         """The :class:`~accelkit.checkpointing.catalog.retention.RetentionPolicy` these settings

@@ -394,10 +394,11 @@ class PreparedLoaderMixin:
     def __iter__(self) -> Iterator[Any]:
         state = self.gradient_state
         # A step boundary before the pass starts (nothing drawn yet), and one each time the
-        # next batch is asked for: the state there is the state after the previous loop body,
-        # where a preemption checkpoint resumes exactly (see accelkit.runtime.preemption).
-        if state.boundary is not None:
-            state.boundary("batch", self)
+        # next batch is asked for: the state there is the state after the previous loop body
+        # (see accelkit.training.boundary).
+        on_boundary = state.on_boundary
+        if on_boundary.hooks:
+            on_boundary("batch", self)
         drop, resumed = self._begin()
         pos = self._pos
         state.enter_loader(self)
@@ -427,10 +428,10 @@ class PreparedLoaderMixin:
                         upcoming = move(upcoming)
                 pos.yielded += 1
                 yield current
-                if state.boundary is not None:
+                if on_boundary.hooks:
                     # After the last batch the loop body's next code is the script's, not
                     # another batch: "end" (the next pass's start is the next batch).
-                    state.boundary("batch" if upcoming is not _END else "end", self)
+                    on_boundary("batch" if upcoming is not _END else "end", self)
                 current = upcoming
             pos.epoch += 1
             pos.yielded = 0

@@ -23,6 +23,11 @@ Two more differences, for preemption (``docs/guides/preemption.md``):
   code the job's main process recorded in ``ACCELKIT_PREEMPTION_FILE``) is not restarted, even
   with ``--max_restarts``: a restart would run the job on after its checkpoint, inside a grace
   period that is running out. torchrun stops at once, and the launcher exits with that code.
+  torchrun has no public way to say so: this wraps a private method of its agent
+  (``LocalElasticAgent._monitor_workers``), only on the torch versions it was checked against
+  (:data:`RESTART_RULE_TORCH`, kept true by ``tests/cli/test_torchrun_patch.py``) and only where
+  that method has the expected signature. On any other torch, torchrun keeps its own rule (a
+  preempted group is restarted while restarts are left), and one line says so.
 """
 
 from __future__ import annotations
@@ -34,6 +39,14 @@ from typing import Any
 
 from accelkit.launch._failure import ENV_FAILURE_FILE, Failure, error_time_ns, write_failure
 
+#: The torch versions (major, minor), first and last, whose ``LocalElasticAgent`` the
+#: no-restart-after-preemption rule was checked against: ``_monitor_workers(self, worker_group)``
+#: returns a ``RunResult`` (``state``, ``failures``) that ``SimpleElasticAgent._invoke_run`` reads
+#: before it looks at ``_remaining_restarts``. Widen it after running
+#: ``tests/cli/test_torchrun_patch.py`` and ``tests/cli/test_launch_preemption.py`` on the new
+#: torch.
+RESTART_RULE_TORCH = ((2, 4), (2, 13))
+
 
 def main(argv: Sequence[str]) -> int:
     """Run torchrun with ``argv``; return its exit status (``128 + signal`` when stopped)."""
@@ -42,7 +55,7 @@ def main(argv: Sequence[str]) -> int:
     die_with_parent()
     os.environ[ENV_PARENT_PID] = str(os.getpid())  # the workers' parent: torchrun's agent
     _survive_forwarded_signals()
-    _no_restart_after_preemption()
+    _no_restart_after_preemption(argv)
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
@@ -81,9 +94,44 @@ def _survive_forwarded_signals() -> None:
         signal.signal(sig, ignore)
 
 
-def _no_restart_after_preemption() -> None:
+def restart_rule_applies(version: str | None = None) -> str | None:
+    """Why the no-restart-after-preemption rule cannot be put into this torch's agent, or
+    ``None`` when it can (see the module's docstring).
+
+    Args:
+        version: a torch version string (default: the installed torch's).
+    """
+    import inspect
+
+    import torch
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    version = torch.__version__ if version is None else version
+    try:
+        major_minor = tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        major_minor = ()
+    first, last = RESTART_RULE_TORCH
+    if len(major_minor) != 2 or not first <= major_minor <= last:
+        return (
+            f"torch {version} is not among the versions it was checked against "
+            f"({'.'.join(map(str, first))} to {'.'.join(map(str, last))})"
+        )
+    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
+    if monitor is None:
+        return f"torch {version}'s LocalElasticAgent has no _monitor_workers"
+    try:
+        names = list(inspect.signature(monitor).parameters)
+    except (TypeError, ValueError):
+        names = []
+    if names != ["self", "worker_group"]:
+        return f"torch {version}'s LocalElasticAgent._monitor_workers takes {names}"
+    return None
+
+
+def _no_restart_after_preemption(argv: Sequence[str]) -> bool:
     """Have torchrun's agent leave its restarts unused when the worker group failed because of
-    a preemption (see the module's docstring).
+    a preemption (see the module's docstring); whether it could.
 
     torchrun restarts a failed group while ``_remaining_restarts`` is above zero; the check
     runs on each of its monitoring results, before that decision, and sets it to zero.
@@ -91,9 +139,18 @@ def _no_restart_after_preemption() -> None:
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-    monitor = getattr(LocalElasticAgent, "_monitor_workers", None)
-    if monitor is None:  # a torch without it: restarts stay torchrun's own rule
-        return
+    why_not = restart_rule_applies()
+    if why_not is not None:
+        # Restarts stay torchrun's own rule; said only where there are restarts to use.
+        if _max_restarts(argv):
+            print(
+                f"accelkit launch: {why_not}: a worker group that stops for a preemption may "
+                "be restarted (--max_restarts) after its checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+        return False
+    monitor = LocalElasticAgent._monitor_workers
 
     def monitor_workers(self: Any, worker_group: Any) -> Any:
         result = monitor(self, worker_group)
@@ -110,6 +167,24 @@ def _no_restart_after_preemption() -> None:
         return result
 
     LocalElasticAgent._monitor_workers = monitor_workers  # type: ignore[method-assign]
+    return True
+
+
+def _max_restarts(argv: Sequence[str]) -> int:
+    """torchrun's ``--max_restarts`` in ``argv`` (0 when absent or unreadable)."""
+    for i, arg in enumerate(argv):
+        for flag in ("--max_restarts", "--max-restarts"):
+            value = None
+            if arg == flag and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(flag + "="):
+                value = arg.split("=", 1)[1]
+            if value is not None:
+                try:
+                    return int(value)
+                except ValueError:
+                    return 0
+    return 0
 
 
 def _group_preempted(failures: Any) -> bool:

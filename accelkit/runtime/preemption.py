@@ -1,26 +1,23 @@
-"""Preemption and save decisions: signal handlers that only set a flag, and one decision that
-every process reaches at the same call.
+"""Preemption: signal handlers that only set a flag, and the agreement every process reaches at
+the same step boundary.
 
 A scheduler that preempts a job (SLURM's ``--signal``, Kubernetes' and spot VMs' SIGTERM) sends
-a signal and waits a grace period before SIGKILL. Three pieces turn that into a checkpoint:
+a signal and waits a grace period before SIGKILL. Two pieces here turn that into a decision that
+every process shares; the save policies that use it live in :mod:`accelkit.runtime.saving`:
 
 * :class:`SignalFlag`: the handler of each of the run's ``preemption_signals`` records the
   signal number and returns. No I/O, no lock, no collective and no save in a handler: a save
   started there could interrupt the very collective the other processes are waiting in, and
   deadlock (what Lightning's SIGTERM save does).
-* :class:`Agreement`: at each step boundary every process contributes its local view (a signal
-  seen, an interval due on the main process, the script asking itself) to one small
+* :class:`Agreement`: at a step boundary every process contributes its local view (a signal
+  seen, a save due on the main process, the script asking itself) to one small
   ``all_reduce(MAX)``. It is started without blocking at one boundary and read at the next, so
   the collective overlaps a whole step and the decision is the same tensor on every process by
   construction. On one process there is no collective at all.
-* :class:`SaveDecider`: the policy. ``save_every_steps`` counts optimizer steps, which every
-  process counts alike; ``save_every_seconds`` is measured on the main process's clock only and
-  shared through the agreement, tagged with the number of saves made so far so that a decision
-  that a save already answered is never taken twice. The other processes' clocks are never read.
 
-Every process must pass the same boundaries in the same order (each calls the prepared
-optimizer's ``step()``, iterates the prepared dataloaders, calls ``should_save()``): this is what
-a data-parallel script does anyway, and what its gradient all-reduces already require.
+A process that stopped for a preemption after committing its checkpoint raises
+:class:`PreemptionExit` at the step boundary where it saved, and leaves :func:`write_exit_record`
+for ``accelkit launch``.
 """
 
 from __future__ import annotations
@@ -28,14 +25,11 @@ from __future__ import annotations
 import array
 import contextlib
 import json
-import math
 import os
 import signal
 import stat
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -47,18 +41,10 @@ __all__ = [
     "ENV_PREEMPTION_FILE",
     "ENV_PREEMPTION_JOB",
     "MAX_RECORD_BYTES",
-    "MAX_ROUND_SECONDS",
-    "MAX_ROUND_STEPS",
-    "REASONS",
-    "ROUND_BUDGET",
-    "ROUND_SECONDS",
-    "STEPLESS_ROUND",
     "Agreement",
-    "Decision",
-    "SaveDecider",
+    "PreemptionExit",
     "SignalFlag",
     "check_exit_code",
-    "check_interval",
     "parse_signals",
     "read_exit_record",
     "signal_name",
@@ -69,8 +55,6 @@ __all__ = [
 #: The exit code of a process that stopped for a preemption after committing its checkpoint:
 #: ``EX_TEMPFAIL`` of ``sysexits.h`` ("a temporary failure; the user is invited to retry").
 DEFAULT_EXIT_CODE = 75
-#: Why a checkpoint was made (the manifest's ``reason``).
-REASONS = ("user", "interval", "preemption")
 
 #: Set by ``accelkit launch`` for its workers: where the main process records that the job
 #: stopped for a preemption (exit code, signal, step, checkpoint), so that the launcher passes
@@ -161,26 +145,6 @@ def _one_signal(value: object) -> int:
     return number
 
 
-def check_interval(name: str, value: object, *, integer: bool) -> None:
-    """Refuse a ``save_every_steps``/``save_every_seconds`` that is not a positive number.
-
-    Raises:
-        ConfigurationError: naming the setting, the value and the fix.
-    """
-    if value is None:
-        return
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
-    what = "a whole number of optimizer steps" if integer else "a number of seconds"
-    number = value if isinstance(value, kinds) and not isinstance(value, bool) else None
-    if not isinstance(number, (int, float)) or not number > 0:
-        raise ConfigurationError(
-            f"{name}={short(value)}: expected {what} > 0, or None to save only when asked "
-            f"(e.g. {name}={1000 if integer else 1800})."
-        )
-    if not integer and value == float("inf"):
-        raise ConfigurationError(f"{name}=inf: use None to turn the interval off.")
-
-
 def check_exit_code(value: object) -> None:
     """Refuse a ``preemption_exit_code`` a process cannot exit with.
 
@@ -193,6 +157,29 @@ def check_exit_code(value: object) -> None:
             f"(default {DEFAULT_EXIT_CODE}, EX_TEMPFAIL: 'try again', what a requeue script "
             "tests for)."
         )
+
+
+class PreemptionExit(SystemExit):
+    """The run stopped for a preemption after committing its checkpoint (the script never
+    asked: see ``docs/guides/preemption.md``).
+
+    Raised at the step boundary where accelkit saved (a prepared dataloader asked for its next
+    batch), after the trackers were finished and every process met. It is a ``SystemExit``, so
+    uncaught it ends the process with ``code`` (``preemption_exit_code``) and no traceback, as
+    a requeue script expects; a script may catch it to run cleanup of its own, then re-raise.
+
+    Attributes:
+        code: the exit status (``ProjectConfiguration.preemption_exit_code``).
+        signum: the signal that was agreed.
+        step: the optimizer step the checkpoint holds.
+        checkpoint: the checkpoint's path (``None`` if none was saved or loaded).
+    """
+
+    def __init__(self, code: int, *, signum: int, step: int, checkpoint: str | None) -> None:
+        super().__init__(code)
+        self.signum = signum
+        self.step = step
+        self.checkpoint = checkpoint
 
 
 class SignalFlag:
@@ -271,27 +258,6 @@ def spare_child_processes() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-#: On several processes, boundaries without an optimizer step between them start a round of the
-#: agreement only every this many (see :meth:`SaveDecider.boundary`).
-STEPLESS_ROUND = 8
-#: On several processes, the least training time between two rounds of the agreement: steps
-#: shorter than this are grouped (see :meth:`SaveDecider.boundary`), at most
-#: :data:`MAX_ROUND_STEPS` to a round.
-ROUND_SECONDS = 0.05
-MAX_ROUND_STEPS = 100
-#: On several processes, the share of training time that rounds of the agreement may take when
-#: steps are shorter than :data:`ROUND_SECONDS`: where a round costs more than
-#: ``ROUND_BUDGET * ROUND_SECONDS`` (a loaded machine), rounds are spaced further apart, up to
-#: :data:`MAX_ROUND_SECONDS`.
-ROUND_BUDGET = 0.002
-#: The most training time between two rounds, whatever a round costs: a signal is agreed within
-#: about twice this, and a step.
-MAX_ROUND_SECONDS = 1.0
-
-# The agreed tensor's slots (all reduced with MAX).
-_PREEMPT, _DUE, _ASKED, _SIGNAL, _EVERY = range(5)
-
-
 class Agreement:
     """One shared decision per step boundary, by an ``all_reduce(MAX)`` started at one boundary
     and read at the next (none on one process).
@@ -356,228 +322,6 @@ class Agreement:
 
             if dist.is_initialized():
                 dist.destroy_process_group(group)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What the processes agreed at one boundary.
-
-    Attributes:
-        preempted: some process received a preemption signal (sticky).
-        signum: the signal (the highest number among those received), 0 if none.
-        interval_due: ``save_every_steps`` or ``save_every_seconds`` is due.
-        self_managed: the script asks (``should_save()``, ``preemption_requested``) on some
-            process, so it saves by itself.
-    """
-
-    preempted: bool
-    signum: int
-    interval_due: bool
-    self_managed: bool
-
-
-class SaveDecider:
-    """When to save: an interval, or a preemption, agreed by every process.
-
-    Args:
-        agreement: how processes agree (an :class:`Agreement`).
-        flag: this process's signal flag.
-        is_main: whether this is the main process (whose clock decides ``every_seconds``).
-        every_steps: save every this many optimizer steps (``None``: off).
-        every_seconds: save when this many seconds passed since the last save, on the main
-            process's clock (``None``: off).
-        clock: seconds, monotonic; injectable for tests (only the main process's is read).
-    """
-
-    def __init__(
-        self,
-        agreement: Agreement,
-        flag: SignalFlag,
-        *,
-        is_main: bool,
-        every_steps: int | None = None,
-        every_seconds: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.agreement = agreement
-        self.flag = flag
-        self.is_main = is_main
-        self.every_steps = every_steps
-        self.every_seconds = every_seconds
-        self.clock = clock
-        self.asked = False  # this process's script asked (should_save/preemption_requested)
-        self.saves = 0  # saves made (the same count on every process: saves are collective)
-        self.last_save_step: int | None = None
-        self._last_save_time = clock()
-        self._preempted = False
-        self._signum = 0
-        self._self_managed = False
-        self._seconds_due = False
-        self._saved_since_preemption = False
-        self._boundaries = 0
-        self._steps_seen = 0  # optimizer steps at the last boundary
-        self._step_at = 0  # the boundary at which they last changed
-        self._polled_at = 0
-        self._polled_steps: int | None = None
-        self._polled_time = 0.0
-        self._round_cost = 0.0  # seconds a round takes on the main process (smoothed)
-        self.round_every = 1  # optimizer steps between rounds (agreed; see boundary())
-
-    def use_clock(self, clock: Callable[[], float]) -> None:
-        """Measure ``every_seconds`` with ``clock`` from now on (tests give each process a
-        clock of its own to show that only the main process's is read)."""
-        self.clock = clock
-        self._last_save_time = clock()
-
-    @property
-    def preempted(self) -> bool:
-        """Agreed: some process received a preemption signal (as of the last boundary)."""
-        return self._preempted
-
-    @property
-    def signum(self) -> int:
-        """Agreed: the signal received (0 if none)."""
-        return self._signum
-
-    @property
-    def self_managed(self) -> bool:
-        """Agreed: the script asks for decisions itself, so it is not saved behind its back."""
-        return self._self_managed
-
-    @property
-    def saved_since_preemption(self) -> bool:
-        """Whether a save was made since the preemption was agreed."""
-        return self._saved_since_preemption
-
-    def boundary(self, steps: int, *, training: bool = True) -> Decision:
-        """A step boundary; ``steps``: optimizer steps taken; ``training``: a boundary of the
-        training loop (not of an evaluation pass, which only starts step-less rounds).
-
-        On one process every boundary decides at once. On several, a round of the agreement
-        starts at a boundary only when ``round_every`` optimizer steps were taken since the
-        last round (or :data:`STEPLESS_ROUND` boundaries passed since both the last round and
-        the last optimizer step: evaluation batches, ``should_save()`` in a loop without a
-        prepared optimizer), and is read at the next round's boundary. ``round_every`` is 1
-        for steps of :data:`ROUND_SECONDS` or more; for faster steps the main process measures
-        them and shares, in the agreement itself, how many make :data:`ROUND_SECONDS`, so that
-        agreeing costs one small collective per ~50 ms of training whatever the step time
-        (further apart, up to :data:`MAX_ROUND_SECONDS`, where the main process measures that a
-        round costs more than :data:`ROUND_BUDGET` of that time). Every input of the rule is
-        counted alike or agreed, so every process starts the same rounds.
-        """
-        self.advance(steps, training=training)
-        return self.decision(steps)
-
-    def advance(self, steps: int, *, training: bool = True) -> None:
-        """:meth:`boundary` without building its :class:`Decision`: the per-step path (read
-        the agreed state with :attr:`preempted`, :attr:`self_managed`, :meth:`should_save`).
-        """
-        self._boundaries += 1
-        flag = self.flag
-        seconds = self.every_seconds
-        if self.agreement.world_size <= 1:
-            # One process: its own view is the decision; no collective, no list, and the clock
-            # is read only for save_every_seconds.
-            self.agreement.rounds += 1
-            if flag.signum and not self._preempted:
-                self._preempted = True
-                self._signum = flag.signum
-            if self.asked:
-                self._self_managed = True
-            if (
-                seconds is not None
-                and not self._seconds_due
-                and self.clock() - self._last_save_time >= seconds
-            ):
-                self._seconds_due = True
-            return
-        if steps != self._steps_seen:
-            self._steps_seen, self._step_at = steps, self._boundaries
-        last = self._polled_steps
-        stepped = last is None or steps < last or steps - last >= self.round_every
-        if (
-            not (stepped and training)
-            and self._boundaries - max(self._polled_at, self._step_at) < STEPLESS_ROUND
-        ):
-            return
-        every = 0
-        if self.is_main:
-            now = time.monotonic()
-            if last is not None and steps > last:
-                per_step = (now - self._polled_time) / (steps - last)
-                # Rounds ROUND_SECONDS apart, or further where a round costs more than
-                # ROUND_BUDGET of that (measured here, on the main process: shared below).
-                spacing = min(
-                    MAX_ROUND_SECONDS, max(ROUND_SECONDS, self._round_cost / ROUND_BUDGET)
-                )
-                wanted = spacing / per_step if per_step > 0 else MAX_ROUND_STEPS
-                every = max(1, min(MAX_ROUND_STEPS, math.ceil(wanted)))
-                if per_step >= ROUND_SECONDS:
-                    every = 1  # a step is long enough to agree at each
-            self._polled_time = now
-        self._polled_steps, self._polled_at = steps, self._boundaries
-        due_tag = 0
-        if seconds is not None and self.is_main and self.clock() - self._last_save_time >= seconds:
-            due_tag = self.saves + 1  # "due, unless a save has been made since"
-        local = [int(flag.raised), due_tag, int(self.asked), flag.signum, every]
-        if self.is_main:
-            started = time.perf_counter()
-            agreed = self.agreement.poll(local)
-            cost = time.perf_counter() - started
-            # A smoothed cost (one slow round, a peer late at the wait, moves it a little).
-            self._round_cost = cost if not self._round_cost else 0.8 * self._round_cost + 0.2 * cost
-        else:
-            agreed = self.agreement.poll(local)
-        if agreed[_EVERY]:
-            self.round_every = agreed[_EVERY]
-        if agreed[_PREEMPT] and not self._preempted:
-            self._preempted = True
-            self._signum = agreed[_SIGNAL]
-        if agreed[_ASKED]:
-            self._self_managed = True
-        if agreed[_DUE] == self.saves + 1:
-            self._seconds_due = True
-
-    def interval_due(self, steps: int) -> bool:
-        """Whether an interval is due at ``steps`` (as agreed at the last boundary)."""
-        every = self.every_steps
-        since = steps - (self.last_save_step or 0)
-        by_steps = every is not None and since >= every and steps != self.last_save_step
-        return by_steps or self._seconds_due
-
-    def decision(self, steps: int) -> Decision:
-        """The agreed state as of the last boundary (no communication)."""
-        return Decision(self._preempted, self._signum, self.interval_due(steps), self._self_managed)
-
-    def should_save(self, steps: int) -> bool:
-        """Whether a save is due now: an interval, or a preemption not saved yet."""
-        if self._preempted and not self._saved_since_preemption:
-            return True
-        return self.interval_due(steps)
-
-    def reason(self, steps: int) -> str:
-        """The manifest's ``reason`` for a save made now (one of :data:`REASONS`)."""
-        if self._preempted and not self._saved_since_preemption:
-            return "preemption"
-        if self.interval_due(steps):
-            return "interval"
-        return "user"
-
-    def saved(self, steps: int) -> None:
-        """A checkpoint of ``steps`` optimizer steps was saved (or loaded): restart the
-        intervals."""
-        self.saves += 1
-        self.last_save_step = steps
-        self._last_save_time = self.clock()
-        self._seconds_due = False
-        if self._preempted:
-            self._saved_since_preemption = True
-
-    def loaded(self, steps: int) -> None:
-        """A checkpoint of ``steps`` optimizer steps was loaded: it is the newest state."""
-        self.last_save_step = steps
-        self._last_save_time = self.clock()
-        self._seconds_due = False
 
 
 #: The largest exit record the launcher reads (a real one is a few hundred bytes).

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 import torch
 from typing_extensions import override
 
+from accelkit.training.boundary import StepBoundary
+
 __all__ = [
     "AcceleratedOptimizer",
     "AcceleratedScheduler",
@@ -110,12 +112,9 @@ class GradientState:
         micro_step: micro-steps counted by :meth:`begin_micro_step` since the last reset (the
             reference's ``Accelerator.step``).
         optimizer_steps: optimizer steps actually taken (not skipped) so far.
-        boundary: called at each step boundary as ``boundary(where, source)``: ``"step"``
-            after a prepared optimizer's synchronising ``step()``; ``"batch"`` when a prepared
-            dataloader (``source``) is asked for a batch, before it starts a pass or hands out
-            the next one; ``"end"`` when it is asked for one after the last batch of a pass.
-            The accelerator's preemption part sets it when ``preemption_signals`` are
-            configured (:mod:`accelkit.runtime.preemption`); ``None``: nothing to do.
+        on_boundary: the step boundaries of the run (:class:`~.boundary.StepBoundary`): the
+            prepared optimizers and dataloaders report them there; the accelerator's save
+            decisions and preemption register their hooks there.
     """
 
     def __new__(
@@ -139,7 +138,7 @@ class GradientState:
         self.sync_gradients = True
         self.micro_step = 0
         self.optimizer_steps = 0
-        self.boundary: Callable[[str, object], None] | None = None
+        self.on_boundary = StepBoundary()
         self._loaders: list[_Loader] = []
 
     def __getnewargs__(self) -> tuple[Any, ...]:
@@ -361,9 +360,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._unscaled = False
         if not self._step_was_skipped:
             self.gradient_state.optimizer_steps += 1
-        boundary = self.gradient_state.boundary
-        if boundary is not None:
-            boundary("step", self)
+        on_boundary = self.gradient_state.on_boundary
+        if on_boundary.hooks:
+            on_boundary("step", self)
         return result
 
     @property

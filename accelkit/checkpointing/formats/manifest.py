@@ -39,7 +39,7 @@ from accelkit.checkpointing.formats.safetensors_header import read_header
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 from accelkit.checkpointing.storage.checksum import parse_checksum
 from accelkit.checkpointing.storage.verified import file_checksum
-from accelkit.runtime.preemption import REASONS
+from accelkit.runtime.saving import REASONS
 
 __all__ = [
     "FORMAT_VERSION",
