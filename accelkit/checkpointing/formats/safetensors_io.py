@@ -40,6 +40,7 @@ from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.safetensors_header import (
     SafetensorsHeader,
     TensorInfo,
+    header_length,
     parse_header,
 )
 from accelkit.checkpointing.storage import Storage, WrittenFile
@@ -95,7 +96,6 @@ def dtype_code(dtype: torch.dtype) -> str:
 
 
 _CHUNK = 64 * 1024 * 1024
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 def supports_dtype(dtype: torch.dtype) -> bool:
@@ -281,9 +281,7 @@ class SafetensorsStream:
             if expected is not None and file_size != expected.size:
                 check_expected(url, expected, file_size, "")
             head = _read_exact(self._file, 8, url)
-            (length,) = struct.unpack("<Q", head.numpy().tobytes())
-            if length > min(_MAX_HEADER, file_size - 8):
-                raise _corrupt(url, f"header length {length} is larger than the file allows")
+            length = header_length(url, head.numpy().tobytes(), file_size)
             raw = _read_exact(self._file, length, url).numpy().tobytes()
             self.header: SafetensorsHeader = parse_header(url, raw, file_size)
         except BaseException:
@@ -350,9 +348,7 @@ def read_safetensors(
 
 
 def _check_mapped(view: memoryview, size: int, url: str, expected: Any) -> SafetensorsHeader:
-    (length,) = struct.unpack("<Q", view[:8])
-    if length > min(_MAX_HEADER, size - 8):
-        raise _corrupt(url, f"header length {length} is larger than the file allows")
+    length = header_length(url, bytes(view[:8]), size)
     header = parse_header(url, bytes(view[8 : 8 + length]), size)
     if expected is not None:
         algorithm, _ = parse_checksum(expected.checksum)
