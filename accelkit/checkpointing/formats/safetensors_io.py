@@ -51,6 +51,7 @@ from accelkit.checkpointing.storage.verified import (
     open_verified,
     read_verified_bytes,
 )
+from accelkit.errors import WrongTypeError
 
 __all__ = [
     "SafetensorsStream",
@@ -137,9 +138,11 @@ def _write_tensor(writer: Any, tensor: torch.Tensor) -> None:
 def _dtype_code(name: str, tensor: torch.Tensor) -> str:
     code = _DTYPES.get(tensor.dtype)
     if code is None:
-        raise TypeError(f"Tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot hold.")
+        raise WrongTypeError(
+            f"Tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot hold."
+        )
     if tensor.layout != torch.strided or tensor.is_quantized:
-        raise TypeError(f"Tensor {name!r} is not a dense tensor ({tensor.layout}).")
+        raise WrongTypeError(f"Tensor {name!r} is not a dense tensor ({tensor.layout}).")
     return code
 
 
