@@ -11,6 +11,7 @@ import math
 import re
 
 from accelkit._text import short
+from accelkit.errors import ConfigurationError
 
 __all__ = ["parse_bytes", "parse_duration"]
 
@@ -34,18 +35,18 @@ def parse_bytes(value: int | str, name: str) -> int:
     """
     if isinstance(value, int) and not isinstance(value, bool):
         if value <= 0:
-            raise ValueError(f"{name} must be > 0, got {value}.")
+            raise ConfigurationError(f"{name} must be > 0, got {value}.")
         return value
     match = _SIZE_RE.match(str(value))
     if not match:
-        raise ValueError(
+        raise ConfigurationError(
             f"Invalid {name} {short(value)}: expected an int (bytes) or a string like "
             "'10GB', '500MB', '2GiB'."
         )
     unit = (match.group(2) or "B").upper()
     number = int(float(match.group(1)) * _SIZE_UNITS[unit])
     if number <= 0:
-        raise ValueError(f"{name} must be > 0, got {short(value)}.")
+        raise ConfigurationError(f"{name} must be > 0, got {short(value)}.")
     return number
 
 
@@ -61,13 +62,13 @@ def parse_duration(value: float | str, name: str) -> float:
     else:
         match = _DURATION_RE.match(str(value))
         if not match:
-            raise ValueError(
+            raise ConfigurationError(
                 f"Invalid {name} {short(value)}: expected a number of seconds or a duration "
                 "like '90s', '30m', '6h', '2d', '1w'."
             )
         seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()]
     if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(
+        raise ConfigurationError(
             f"{name} must be a finite duration > 0, got {short(value)}; e.g. 6h (or 21600 seconds)."
         )
     return seconds

@@ -28,6 +28,7 @@ from accelkit.data import sampling as _sampling
 from accelkit.data.preparation import SkipDataLoader, skip_first_batches
 from accelkit.data.prepared import PreparedLoaderMixin, is_prepared
 from accelkit.data.sampling import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
+from accelkit.errors import ConfigurationError
 
 __all__ = [
     "BatchSamplerShard",
@@ -49,7 +50,7 @@ DataLoaderStateMixin = PreparedLoaderMixin
 
 def _refuse_mesh(torch_device_mesh: Any) -> None:
     if torch_device_mesh is not None:
-        raise ValueError(
+        raise ConfigurationError(
             f"torch_device_mesh={torch_device_mesh!r} is not supported: accelkit shards data "
             "over all processes. Remove torch_device_mesh."
         )
@@ -100,7 +101,7 @@ def prepare_data_loader(
     """
     _refuse_mesh(torch_device_mesh)
     if dispatch_batches and not put_on_device:
-        raise ValueError(
+        raise ConfigurationError(
             "dispatch_batches=True requires put_on_device=True (the main process broadcasts "
             "the batches on the device); pass put_on_device=True or dispatch_batches=False."
         )
@@ -175,7 +176,7 @@ class DataLoaderShard(metaclass=_PreparedCheck):
         loader: DataLoader[Any] = DataLoader(dataset, **kwargs)
         if skip_batches:
             if isinstance(dataset, IterableDataset):
-                raise ValueError(
+                raise ConfigurationError(
                     f"DataLoaderShard(skip_batches={skip_batches}) over an IterableDataset is "
                     "not supported; use skip_first_batches(loader, n) on the prepared loader."
                 )
@@ -222,7 +223,7 @@ class DataLoaderDispatcher(metaclass=_PreparedCheck):
 
         _refuse_mesh(torch_device_mesh)
         if skip_batches:
-            raise ValueError(
+            raise ConfigurationError(
                 f"DataLoaderDispatcher(skip_batches={skip_batches}) is not supported; use "
                 "skip_first_batches(loader, n) on the prepared loader."
             )

@@ -13,8 +13,13 @@ The families, each defined in the room of its concern:
 - :class:`~accelkit.checkpointing.storage.StorageError` -- a storage failed in a way accelkit
   detected itself.
 - :class:`~accelkit.trackers.TrackerError` -- a tracker failed (``on_error="raise"``).
-- :class:`ConfigurationError` (here, as launching and the facade both raise it) -- a run's
-  configuration cannot be used: a folder, a storage URL, a launch config file.
+- :class:`ConfigurationError` (here, as every room raises it) -- a setting or an argument
+  cannot be used: a folder, a storage URL, a launch config file, a value out of its range.
+- :class:`UsageError` (here, for the same reason) -- a call that cannot work in the state the
+  run is in: a tracker logged to before it started, trackers started twice, CUDA initialised
+  before a fork.
+- :class:`WrongTypeError` and :class:`DependencyError` (here too) -- an argument of a type
+  accelkit cannot use; a package that a feature needs cannot be imported.
 
 The rule for ``ValueError``: an exception is a ``ValueError`` only where it means that the
 caller passed a bad argument -- as Accelerate raises ``ValueError`` for the same call, so that
@@ -22,7 +27,10 @@ a script's ``except ValueError`` keeps working (``ConfigurationError``,
 ``CheckpointMismatchError``, ``CheckpointPathError``). A failure of I/O, of a storage, of
 another process or of a lock, and a damaged file, is never a ``ValueError``: ``except
 ValueError`` around a load must not swallow a lost process or a failed upload. A storage
-failure is also an ``OSError`` and a tracker failure a ``RuntimeError``, as before.
+failure is also an ``OSError`` and a tracker failure a ``RuntimeError``, as before. Each class
+also subclasses the builtin that Python or Accelerate raises for the same case, so a script's
+``except TypeError`` or ``except ImportError`` keeps working; accelkit itself raises no bare
+builtin but where Python's protocols ask for one (``tests/test_errors_family.py`` keeps it so).
 
 Warnings follow one rule too: they point at the user's line (:func:`warn_at_user_line`), never
 into accelkit's files.
@@ -34,7 +42,14 @@ import sys
 import warnings
 from types import FrameType
 
-__all__ = ["AccelkitError", "ConfigurationError", "warn_at_user_line"]
+__all__ = [
+    "AccelkitError",
+    "ConfigurationError",
+    "DependencyError",
+    "UsageError",
+    "WrongTypeError",
+    "warn_at_user_line",
+]
 
 
 class AccelkitError(Exception):
@@ -42,9 +57,27 @@ class AccelkitError(Exception):
 
 
 class ConfigurationError(AccelkitError, ValueError):
-    """The run's configuration cannot be used (a folder, a storage URL, a launch config file);
-    the message names the value, what is wrong with it and the fix. A ``ValueError``: the
-    caller passed it."""
+    """A setting or an argument cannot be used (a folder, a storage URL, a launch config file,
+    a value out of its range); the message names the value, what is wrong with it and the fix.
+    A ``ValueError``: the caller passed it, and Accelerate raises ``ValueError`` there."""
+
+
+class UsageError(AccelkitError, RuntimeError):
+    """A call that cannot work in the state the run or the object is in (before a start, a
+    second start, a missing environment variable of a launch); the message names the call to
+    make first. A ``RuntimeError``, as Python and Accelerate raise for such a call."""
+
+
+class WrongTypeError(AccelkitError, TypeError):
+    """An argument of a type accelkit cannot use (a class where an instance is wanted, a
+    dataset where a ``DataLoader`` is); the message names the type found and the one wanted.
+    A ``TypeError``, as Python raises, and not a ``ValueError``."""
+
+
+class DependencyError(AccelkitError, ImportError):
+    """A package that the feature asked for needs cannot be imported (not installed, or its
+    plug-in fails to load); the message names the package and the ``pip install`` line. An
+    ``ImportError``, as Python and Accelerate raise."""
 
 
 def warn_at_user_line(message: str, category: type[Warning], *, where: str = "accelkit") -> None:

@@ -17,6 +17,7 @@ import os
 import warnings
 from typing import Any
 
+from accelkit.errors import ConfigurationError
 from accelkit.trackers.base import GeneralTracker, on_main_process
 from accelkit.trackers.comet_ml import CometMLTracker
 from accelkit.trackers.jsonl import JSONLTracker
@@ -96,13 +97,13 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
             default for it).
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
-        raise ValueError(
+        raise ConfigurationError(
             f"register_tracker_class() takes a subclass of accelkit.tracking.GeneralTracker, "
             f"got {tracker_class!r}. Subclass GeneralTracker and set its `name`."
         )
     name = getattr(tracker_class, "name", "")
     if not name:
-        raise ValueError(
+        raise ConfigurationError(
             f"Tracker class {tracker_class.__qualname__} has no `name`; set a class attribute "
             'such as `name = "my_tracker"` before registering it.'
         )
@@ -111,7 +112,7 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
     # would run here and fail on Accelerate, so it is refused here too.
     own = [klass for klass in tracker_class.__mro__ if klass is not GeneralTracker]
     if not any("requires_logging_directory" in vars(klass) for klass in own):
-        raise ValueError(
+        raise ConfigurationError(
             f"Tracker class {tracker_class.__qualname__} does not set "
             "`requires_logging_directory`; set the class attribute to True if the tracker "
             "needs a logging directory, or False otherwise."

@@ -24,10 +24,11 @@ RANK = {
     "accelkit._version": -2,
     "accelkit._text": -2,
     "accelkit._lazy": -2,
-    # the root of every exception, then the checkpoint errors that hang on it; beside the root,
-    # the one parser of human sizes and durations (it shows bad values through _text)
+    # the root of every exception, then the checkpoint errors that hang on it and the one
+    # parser of human sizes and durations (it shows bad values through _text and refuses them
+    # with the root's ConfigurationError)
     "accelkit.errors": -1,
-    "accelkit._units": -1,
+    "accelkit._units": 0,
     "accelkit.checkpointing.errors": 0,
     # the process runtime, FSDP2, the trackers
     "accelkit.runtime": 1,

@@ -20,7 +20,7 @@ import accelkit.fsdp.runtime as _fsdp
 from accelkit.checkpointing.catalog.listing import loadable_automatic
 from accelkit.checkpointing.errors import UnresumedProjectWarning
 from accelkit.checkpointing.formats.layout import checkpoint_name
-from accelkit.errors import AccelkitError, warn_at_user_line
+from accelkit.errors import AccelkitError, WrongTypeError, warn_at_user_line
 
 if TYPE_CHECKING:
     from accelkit._accelerator.prepared_objects import PreparedObjects
@@ -314,7 +314,7 @@ class Checkpointing:
         """
         unknown = sorted(set(kwargs) - {"verify", *_MODEL_LOAD_KWARGS})
         if unknown:
-            raise TypeError(
+            raise WrongTypeError(
                 f"load_state() got unexpected keyword arguments {unknown}; it takes verify= "
                 f"and the model-loading arguments {sorted(_MODEL_LOAD_KWARGS)} (passed to each "
                 "model's load_state_dict). Remove the others."

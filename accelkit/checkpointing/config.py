@@ -10,7 +10,7 @@ from typing import Any
 from accelkit._text import short
 from accelkit._units import parse_bytes
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, build_policy
-from accelkit.errors import ConfigurationError
+from accelkit.errors import ConfigurationError, WrongTypeError
 from accelkit.runtime import preemption as _preemption
 from accelkit.runtime import saving as _saving
 
@@ -203,9 +203,9 @@ class ProjectConfiguration:
         self.project_dir = _as_location(self.project_dir)
         self.logging_dir = _as_location(self.logging_dir)
         if isinstance(self.iteration, bool) or not isinstance(self.iteration, int):
-            raise ValueError(f"iteration must be an int >= 0, got {self.iteration!r}.")
+            raise ConfigurationError(f"iteration must be an int >= 0, got {self.iteration!r}.")
         if self.iteration < 0:
-            raise ValueError(f"iteration must be >= 0, got {self.iteration}.")
+            raise ConfigurationError(f"iteration must be >= 0, got {self.iteration}.")
         self.storage_options = dict(self.storage_options or {})
         if self.async_writer not in _ASYNC_WRITERS:
             raise ConfigurationError(
@@ -296,7 +296,7 @@ class ProjectConfiguration:
         if self.replicate_to is not None and self.replicate_to.rstrip("/") == (
             self.project_dir or ""
         ).rstrip("/"):
-            raise ValueError(
+            raise ConfigurationError(
                 f"ProjectConfiguration: replicate_to={self.replicate_to!r} is project_dir "
                 "itself; give the remote tier a location of its own (e.g. s3://bucket/run)."
             )
@@ -313,7 +313,7 @@ class ProjectConfiguration:
                 )
         size = self.replicate_queue_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(
+            raise ConfigurationError(
                 f"ProjectConfiguration: replicate_queue_size must be an int >= 1, got {size!r}."
             )
         budget = self.replicate_local_budget_bytes
@@ -337,7 +337,7 @@ class ProjectConfiguration:
         if keep is None:
             settings: dict[str, Any] = {}
         elif isinstance(keep, bool) or not isinstance(keep, (int, Mapping)):
-            raise ValueError(
+            raise ConfigurationError(
                 f"ProjectConfiguration: replicate_keep must be None, an int (keep the newest N) "
                 f"or a mapping with keys {', '.join(_SETTING_NAMES.values())}; got {keep!r}."
             )
@@ -347,7 +347,7 @@ class ProjectConfiguration:
             reverse = {v: k for k, v in _SETTING_NAMES.items()}
             unknown = sorted(str(k) for k in keep if k not in reverse)
             if unknown:
-                raise ValueError(
+                raise ConfigurationError(
                     f"ProjectConfiguration: replicate_keep has unknown keys {unknown}; valid "
                     f"keys: {', '.join(_SETTING_NAMES.values())}."
                 )
@@ -365,7 +365,7 @@ class ProjectConfiguration:
                 names=names,
             )
         except ValueError as exc:
-            raise ValueError(f"ProjectConfiguration: {exc}") from None
+            raise ConfigurationError(f"ProjectConfiguration: {exc}") from None
 
 
 # The settings replicate_keep takes too (the remote tier's retention runs without a clock or a
@@ -402,7 +402,7 @@ def resolve_project_configuration(
             project_dir=_as_location(project_dir), logging_dir=_as_location(logging_dir)
         )
     if not isinstance(project_config, ProjectConfiguration):
-        raise TypeError(
+        raise WrongTypeError(
             f"project_config must be an accelkit ProjectConfiguration, got "
             f"{type(project_config).__name__}. Build one: "
             "from accelkit import ProjectConfiguration."

@@ -82,6 +82,7 @@ from accelkit.checkpointing.restore.native import NativeReader
 from accelkit.checkpointing.restore.sequence import LoadResult, LoadSequence
 from accelkit.checkpointing.storage import Storage, get_storage, join
 from accelkit.checkpointing.storage.retry import with_retries
+from accelkit.errors import ConfigurationError, WrongTypeError
 from accelkit.fsdp.runtime import is_sharded
 
 __all__ = [
@@ -193,7 +194,7 @@ class CheckpointManager:
                 f"\n\t- Item at index {index}, `{_pretty_name(obj)}` ({obj!r:.60})"
                 for index, obj in bad
             )
-            raise ValueError(
+            raise ConfigurationError(
                 "register_for_checkpointing needs objects with state_dict() and "
                 "load_state_dict() methods; add both to the class of each of these inputs, "
                 f"or leave it out:{items}"
@@ -235,7 +236,7 @@ class CheckpointManager:
             ValueError: if no ``project_dir`` is set.
         """
         if not self.config.project_dir:
-            raise ValueError(
+            raise ConfigurationError(
                 "No project_dir is set, so there is no checkpoints folder: pass "
                 "Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...), or "
                 "give the checkpoint's path explicitly."
@@ -256,7 +257,7 @@ class CheckpointManager:
         if output_dir is not None:
             return os.fspath(output_dir), False
         if not self.config.automatic_checkpoint_naming:
-            raise ValueError(
+            raise ConfigurationError(
                 "save_state() needs an output_dir, or automatic naming: "
                 "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
             )
@@ -601,7 +602,7 @@ class CheckpointManager:
         if safe_serialization and (
             not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values())
         ):
-            raise TypeError(
+            raise WrongTypeError(
                 "save(..., safe_serialization=True) takes a dict of tensors (a state_dict); "
                 f"got {type(obj).__name__}. Pass safe_serialization=False for other objects."
             )

@@ -205,8 +205,8 @@ def command(
             raise  # a defect of ours (keep the traceback), or a closed pipe (main handles it)
         except Exception as exc:
             # Storage failures (permissions, an unreachable endpoint, bad credentials) come as
-            # OSError, ValueError or a storage SDK's own exception (botocore's are none of the
-            # former): print the library's message once, with the path and what to check.
+            # OSError (an object store's as a StorageError, the SDK's own exception its
+            # cause) or ValueError: print the message once, with the path and what to check.
             say(
                 f"accelkit ckpt {name}: error: cannot access {args.path!r}: "
                 f"{type(exc).__name__}: {exc}. Check the path, permissions and, for a URL, "

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from accelkit._text import escape
+from accelkit.errors import ConfigurationError
 from accelkit.launch.config import default_config_path, default_settings, write_config_file
 
 _PRECISIONS = ("no", "fp16", "bf16")
@@ -119,20 +120,20 @@ def _yes(text: str) -> bool:
         return True
     if low in ("n", "no", "false", "0"):
         return False
-    raise ValueError(text)
+    raise ConfigurationError(text)
 
 
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
-        raise ValueError(text)
+        raise ConfigurationError(text)
     return value
 
 
 def _rank(text: str) -> int:
     value = int(text)
     if value < 0:
-        raise ValueError(text)
+        raise ConfigurationError(text)
     return value
 
 

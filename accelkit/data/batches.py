@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from accelkit.errors import ConfigurationError
 from accelkit.runtime.ops import recursively_apply
 
 __all__ = [
@@ -81,4 +82,6 @@ def find_batch_size(data: Any) -> int:
                 return find_batch_size(item)
             except ValueError:
                 continue
-    raise ValueError(f"Cannot find the batch size of {type(data).__name__}: it holds no tensor.")
+    raise ConfigurationError(
+        f"Cannot find the batch size of {type(data).__name__}: it holds no tensor."
+    )

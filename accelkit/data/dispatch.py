@@ -31,6 +31,7 @@ from accelkit.data.batches import (
     initialize_tensors,
     slice_tensors,
 )
+from accelkit.errors import UsageError
 from accelkit.runtime import ops
 
 __all__ = ["Dispatch", "dispatched_batches"]
@@ -89,7 +90,7 @@ def _read_round(iterator: Iterator[Any] | None, dispatch: Dispatch) -> Any:
     try:
         return ops.concatenate(batches, dim=0)
     except (RuntimeError, TypeError) as error:
-        raise RuntimeError(
+        raise UsageError(
             f"dispatch_batches=True cannot concatenate {len(batches)} batches of the "
             f"dataloader into one round ({error}); batches must be tensors (in lists, tuples "
             "or dicts) of the same shape but for the first dimension. Pass "

@@ -42,6 +42,7 @@ from accelkit.data.sampling import (
     SkipBatchSampler,
     draw_seed,
 )
+from accelkit.errors import ConfigurationError, DependencyError, WrongTypeError
 from accelkit.runtime import ops
 from accelkit.training.optim import GradientState
 
@@ -108,7 +109,7 @@ def resolve_config(
     if config is None:
         config = DataLoaderConfiguration()
     elif not isinstance(config, DataLoaderConfiguration):
-        raise TypeError(
+        raise WrongTypeError(
             f"dataloader_config must be a DataLoaderConfiguration, got {type(config).__name__}; "
             "use dataloader_config=DataLoaderConfiguration(split_batches=..., even_batches=...)."
         )
@@ -216,7 +217,7 @@ def prepare_data_loader(
     if is_prepared(dataloader):
         return dataloader
     if not isinstance(dataloader, DataLoader):
-        raise TypeError(
+        raise WrongTypeError(
             f"prepare_data_loader expects a torch.utils.data.DataLoader, got "
             f"{type(dataloader).__name__}. Wrap a dataset as DataLoader(dataset, batch_size=...)."
         )
@@ -272,7 +273,7 @@ def _dispatches(config: DataLoaderConfiguration, dataset: Any, device: torch.dev
     if not config.dispatch_batches:
         return False
     if device is None:
-        raise ValueError(
+        raise ConfigurationError(
             "dispatch_batches=True needs the batches placed on the device (the main process "
             "broadcasts them there): use put_on_device=True / device_placement=True, or "
             "dispatch_batches=False."
@@ -292,7 +293,7 @@ def _dispatch_recipe(
     if bs is None and batch_sampler is not None:
         bs = getattr(batch_sampler, "batch_size", None)
     if config.split_batches and bs is not None and bs > 1 and bs % num_processes:
-        raise ValueError(
+        raise ConfigurationError(
             f"split_batches=True needs a batch size divisible by the number of processes: "
             f"got batch_size={bs} for {num_processes} processes. Use a batch size that is a "
             f"multiple of {num_processes}."
@@ -340,7 +341,7 @@ def _iterable_recipe(
 ) -> None:
     bs = dataloader.batch_size
     if bs is None and config.split_batches:
-        raise ValueError(
+        raise ConfigurationError(
             "split_batches=True cannot split the items of a DataLoader with batch_size=None "
             "(each item is already a batch); use split_batches=False."
         )
@@ -483,7 +484,7 @@ def _stateful_skip_class() -> type:
         try:
             from torchdata.stateful_dataloader import StatefulDataLoader
         except ImportError:
-            raise ImportError(
+            raise DependencyError(
                 "SkipDataLoader(use_stateful_dataloader=True) needs torchdata: "
                 "pip install 'torchdata>=0.8'"
             ) from None
@@ -519,11 +520,11 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         TypeError: if ``dataloader`` is not a ``DataLoader``.
     """
     if num_batches < 0:
-        raise ValueError(f"num_batches={num_batches} must be >= 0.")
+        raise ConfigurationError(f"num_batches={num_batches} must be >= 0.")
     if is_prepared(dataloader):
         return dataloader.skip_first_batches(num_batches)
     if not isinstance(dataloader, DataLoader):
-        raise TypeError(
+        raise WrongTypeError(
             f"skip_first_batches expects a DataLoader, got {type(dataloader).__name__}."
         )
     kwargs = _loader_kwargs(dataloader)

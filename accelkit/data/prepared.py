@@ -38,6 +38,7 @@ from accelkit.data.sampling import (
     RecordedRandomSampler,
     SeedableRandomSampler,
 )
+from accelkit.errors import ConfigurationError, DependencyError
 from accelkit.runtime import ops
 from accelkit.runtime.preemption import spare_child_processes
 from accelkit.training.optim import GradientState
@@ -614,7 +615,7 @@ def _generator_state(saved: Any, generator: torch.Generator) -> torch.Tensor:
     """
     size = generator.get_state().numel()
     if not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.numel() != size:
-        raise ValueError(
+        raise ConfigurationError(
             f"the dataloader state's generator state is {type(saved).__name__} "
             f"{getattr(saved, 'dtype', '')} {tuple(getattr(saved, 'shape', ()))}, expected a "
             f"uint8 tensor of {size} elements; load a checkpoint saved by the same script."
@@ -654,7 +655,7 @@ def _stateful_class() -> type:
         try:
             from torchdata.stateful_dataloader import StatefulDataLoader
         except ImportError:
-            raise ImportError(
+            raise DependencyError(
                 "use_stateful_dataloader=True needs torchdata: pip install 'torchdata>=0.8'"
             ) from None
         _STATEFUL_CLASS = type(

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, RandomSampler, Sampler
 
+from accelkit.errors import ConfigurationError
+
 __all__ = [
     "BatchSamplerShard",
     "IterableDatasetShard",
@@ -148,7 +150,7 @@ class SkipBatchSampler(Sampler[list[int]]):
 
 def _check_split(batch_size: int | None, num_processes: int) -> None:
     if batch_size is None or batch_size % num_processes != 0:
-        raise ValueError(
+        raise ConfigurationError(
             f"split_batches=True needs a batch size divisible by the number of processes; got "
             f"batch_size={batch_size} on {num_processes} processes. Use a batch size that is a "
             f"multiple of {num_processes}, or split_batches=False."

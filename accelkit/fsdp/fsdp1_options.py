@@ -28,6 +28,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from accelkit.errors import ConfigurationError
+
 __all__ = [
     "check_fsdp1_options",
     "cpu_offload_flag",
@@ -57,13 +59,17 @@ def _name(value: Any, names: tuple[str, ...], what: str) -> str:
         value = member
     elif isinstance(value, int) and not isinstance(value, bool):
         if not 1 <= value <= len(names):
-            raise ValueError(f"{what}={value}: expected 1 to {len(names)} or one of {names}.")
+            raise ConfigurationError(
+                f"{what}={value}: expected 1 to {len(names)} or one of {names}."
+            )
         return names[value - 1]
     text = str(value).strip().upper().lstrip("_")
     if text.isdigit():
         return _name(int(text), names, what)
     if text not in names:
-        raise ValueError(f"{what}={value!r} is unknown; expected one of {', '.join(names)}.")
+        raise ConfigurationError(
+            f"{what}={value!r} is unknown; expected one of {', '.join(names)}."
+        )
     return text
 
 
@@ -78,13 +84,13 @@ def reshard_from_strategy(strategy: Any, reshard_after_forward: Any) -> Any:
         return reshard_after_forward
     name = _name(strategy, _STRATEGIES, "sharding_strategy")
     if name in _STRATEGY_REFUSED:
-        raise ValueError(
+        raise ConfigurationError(
             f"sharding_strategy={name!r} is not supported: {_STRATEGY_REFUSED[name]}. Use "
             "FULL_SHARD or SHARD_GRAD_OP (or reshard_after_forward=True/False)."
         )
     implied = _STRATEGY_RESHARD[name]
     if reshard_after_forward is not None and reshard_after_forward != implied:
-        raise ValueError(
+        raise ConfigurationError(
             f"sharding_strategy={name!r} means reshard_after_forward={implied}, but "
             f"reshard_after_forward={reshard_after_forward!r} was given; pass only one of them."
         )
@@ -108,7 +114,7 @@ def state_dict_type_name(value: Any) -> str:
     """
     name = _name(value, _STATE_DICT_TYPES, "state_dict_type")
     if name == "LOCAL_STATE_DICT":
-        raise ValueError(
+        raise ConfigurationError(
             "state_dict_type='LOCAL_STATE_DICT' is FSDP1-only (its flattened local shards); "
             "FSDP2 has no such state dict. Use SHARDED_STATE_DICT."
         )
@@ -179,7 +185,7 @@ def _check_state_dict_configs(values: dict[str, Any]) -> None:
         if value is None:
             continue
         if not isinstance(value, kind):
-            raise ValueError(
+            raise ConfigurationError(
                 f"FullyShardedDataParallelPlugin({option}={value!r}) is not supported: expected "
                 f"a torch.distributed.fsdp {kind.__name__} (e.g. FullStateDictConfig()) or None. "
                 f"Remove {option}."
@@ -221,7 +227,7 @@ def check_fsdp1_options(values: dict[str, Any]) -> None:
     for option, why in _REFUSED.items():
         value = values.get(option)
         if value is not None and value is not False:
-            raise ValueError(
+            raise ConfigurationError(
                 f"FullyShardedDataParallelPlugin({option}={value!r}) is not supported: {why}. "
                 f"Remove {option}."
             )

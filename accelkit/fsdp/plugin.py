@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from accelkit.errors import ConfigurationError, WrongTypeError
 from accelkit.fsdp.fsdp1_options import (
     check_fsdp1_options,
     cpu_offload_flag,
@@ -67,7 +68,7 @@ def _dtype(value: Any, what: str) -> torch.dtype | None:
         return value
     key = str(value).strip().lower()
     if key not in _DTYPES:
-        raise ValueError(
+        raise ConfigurationError(
             f"{what}={value!r} is not a dtype; expected a torch.dtype or one of "
             f"{', '.join(sorted(_DTYPES))}."
         )
@@ -88,7 +89,7 @@ def fully_shard_function() -> Callable[..., Any]:
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:
-        raise ValueError(
+        raise ConfigurationError(
             f"This torch ({_torch_version()}) has no torch.distributed.fsdp.fully_shard "
             "(FSDP2); accelkit's fsdp_plugin needs torch >= 2.6."
         ) from None
@@ -191,7 +192,7 @@ class FullyShardedDataParallelPlugin:
         if self.fsdp_version is None:
             self.fsdp_version = 2
         if self.fsdp_version != 2:
-            raise ValueError(
+            raise ConfigurationError(
                 f"fsdp_version={self.fsdp_version!r} is not supported: accelkit shards with "
                 "FSDP2 (torch.distributed.fsdp.fully_shard). Use fsdp_version=2."
             )
@@ -224,26 +225,28 @@ class FullyShardedDataParallelPlugin:
         policy = self.auto_wrap_policy
         if isinstance(policy, str):
             if policy not in AUTO_WRAP_POLICIES:
-                raise ValueError(
+                raise ConfigurationError(
                     f"auto_wrap_policy={policy!r} is unknown; expected one of "
                     f"{', '.join(AUTO_WRAP_POLICIES)} or a callable module -> bool."
                 )
             if policy == "transformer_based_wrap" and not self.transformer_cls_names_to_wrap:
-                raise ValueError(
+                raise ConfigurationError(
                     "auto_wrap_policy='transformer_based_wrap' needs "
                     "transformer_cls_names_to_wrap=[<block class names>]."
                 )
             if policy == "size_based_wrap" and not (
                 isinstance(self.min_num_params, int) and self.min_num_params > 0
             ):
-                raise ValueError(
+                raise ConfigurationError(
                     f"auto_wrap_policy='size_based_wrap' needs min_num_params=<int > 0>, got "
                     f"{self.min_num_params!r}."
                 )
         elif not callable(policy):
-            raise ValueError(f"auto_wrap_policy must be a string or callable, got {policy!r}.")
+            raise ConfigurationError(
+                f"auto_wrap_policy must be a string or callable, got {policy!r}."
+            )
         if self.state_dict_type not in STATE_DICT_TYPES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"state_dict_type={self.state_dict_type!r} is not supported; save_state writes "
                 f"{STATE_DICT_TYPES[0]} (resumable on any process count). For one consolidated "
                 "model file use accelerator.save_model(model, folder)."
@@ -299,7 +302,7 @@ class FullyShardedDataParallelPlugin:
         if isinstance(policy, str):
             policy = {"param_dtype": policy, "reduce_dtype": "fp32"}
         if not isinstance(policy, dict):
-            raise ValueError(
+            raise ConfigurationError(
                 f"mixed_precision_policy={policy!r}: expected a MixedPrecisionPolicy, a dict of "
                 "its fields, or 'bf16'/'fp16'."
             )
@@ -330,7 +333,7 @@ class FullyShardedDataParallelPlugin:
             return CPUOffloadPolicy()
         if isinstance(offload, CPUOffloadPolicy):
             return offload
-        raise ValueError(f"cpu_offload={offload!r}: expected a bool or a CPUOffloadPolicy.")
+        raise ConfigurationError(f"cpu_offload={offload!r}: expected a bool or a CPUOffloadPolicy.")
 
     def wraps(self, module: nn.Module, own_params: int) -> bool:
         """Whether ``module`` (not the root) gets its own ``fully_shard`` unit.
@@ -358,7 +361,7 @@ def _parse_reshard(text: str) -> bool | int:
     try:
         return int(low)
     except ValueError:
-        raise ValueError(
+        raise ConfigurationError(
             f"reshard_after_forward={text!r}: expected true, false or an integer."
         ) from None
 
@@ -402,7 +405,9 @@ def launch_env(args: argparse.Namespace) -> dict[str, str]:
     if not getattr(args, "use_fsdp", False):
         return {}
     if args.fsdp_version not in (None, 2):
-        raise ValueError(f"--fsdp_version {args.fsdp_version}: accelkit supports only FSDP2 (2).")
+        raise ConfigurationError(
+            f"--fsdp_version {args.fsdp_version}: accelkit supports only FSDP2 (2)."
+        )
     env = {ENV_USE_FSDP: "1"}
     flags = {
         "reshard_after_forward": args.fsdp_reshard_after_forward,
@@ -428,7 +433,7 @@ def plugin_from_env_or(plugin: Any) -> FullyShardedDataParallelPlugin | None:
         flag = os.environ.get(ENV_USE_FSDP, "")
         return FullyShardedDataParallelPlugin.from_env() if _parse_bool(flag or "0") else None
     if not isinstance(plugin, FullyShardedDataParallelPlugin):
-        raise TypeError(
+        raise WrongTypeError(
             f"fsdp_plugin must be an accelkit FullyShardedDataParallelPlugin, got "
             f"{type(plugin).__name__}."
         )

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from typing_extensions import override
 
+from accelkit.errors import ConfigurationError, UsageError
 from accelkit.fsdp.plugin import (
     ENV_USE_FSDP,
     FullyShardedDataParallelPlugin,
@@ -119,7 +120,7 @@ def wrap_units(model: nn.Module, plugin: FullyShardedDataParallelPlugin) -> list
         present = {type(m).__name__ for m in model.modules()}
         missing = [n for n in plugin.transformer_cls_names_to_wrap or () if n not in present]
         if missing:
-            raise ValueError(
+            raise ConfigurationError(
                 f"transformer_cls_names_to_wrap names {missing}, but the model has no module of "
                 f"that class. Classes in the model: {', '.join(sorted(present))}."
             )
@@ -194,7 +195,7 @@ def repoint_optimizer(optimizer: Any, remap: ParamRemap) -> int:
             if entry is None or not _same(entry[0], p) or entry[1] is p:
                 continue
             if inner.state.get(p):
-                raise RuntimeError(
+                raise UsageError(
                     f"{type(inner).__name__} already holds state (it has stepped) for a "
                     "parameter that FSDP has just sharded; that state cannot follow the "
                     "parameter. Call accelerator.prepare(model, optimizer) before training "

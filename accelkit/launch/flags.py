@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelkit._text import short
+from accelkit.errors import ConfigurationError
 
 __all__ = [
     "ACCEPTED",
@@ -55,7 +56,7 @@ def parse_bool(value: Any, origin: str) -> bool:
         return True
     if text in ("0", "false", "no", "off"):
         return False
-    raise ValueError(f"{origin}: expected true or false, got {short(value)}.")
+    raise ConfigurationError(f"{origin}: expected true or false, got {short(value)}.")
 
 
 # The settings accelkit supports (flag names without the leading dashes).
@@ -437,7 +438,7 @@ def check_refused(settings: dict[str, Setting]) -> None:
         refusal = refusal_for(dest)
         if refusal is not None and not refusal.inert(setting.value):
             given = "" if setting.value is True else f" ({short(setting.value)})"
-            raise ValueError(f"{setting.origin}{given}: {refusal.why}")
+            raise ConfigurationError(f"{setting.origin}{given}: {refusal.why}")
 
 
 def explain_unknown(flags: Iterable[str], known: Iterable[str], *, refusals: bool = True) -> str:

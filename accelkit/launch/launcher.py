@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelkit._text import short
+from accelkit.errors import ConfigurationError
 from accelkit.fsdp.plugin import (
     AUTO_WRAP_POLICIES,
     STATE_DICT_TYPES,
@@ -129,15 +130,15 @@ class _Settings:
         try:
             number = int(value)
         except (TypeError, ValueError, OverflowError):  # OverflowError: YAML's .inf
-            raise ValueError(
+            raise ConfigurationError(
                 f"{self.origin(name)}: expected an integer, got {short(value)}."
             ) from None
         if number > _MAX_INTEGER:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{self.origin(name)}: must be <= {_MAX_INTEGER}, got {short(number)}."
             )
         if number < minimum:
-            raise ValueError(f"{self.origin(name)}: must be >= {minimum}, got {number}.")
+            raise ConfigurationError(f"{self.origin(name)}: must be >= {minimum}, got {number}.")
         return number
 
 
@@ -159,7 +160,7 @@ def _merged_settings(args: argparse.Namespace) -> _Settings:
     settings.update(cli)
     for name, setting in settings.items():
         if name not in ACCEPTED and refusal_for(name) is None:
-            raise ValueError(f"{setting.origin} is not a setting of `accelerate launch`.")
+            raise ConfigurationError(f"{setting.origin} is not a setting of `accelerate launch`.")
     check_refused(settings)
     return _Settings(settings)
 
@@ -171,18 +172,18 @@ def _mixed_precision(s: _Settings) -> str:
     if value is False:  # YAML 1.1 reads an unquoted `no` as false
         value = "no"
     if not isinstance(value, str) or len(value) > 16:
-        raise ValueError(
+        raise ConfigurationError(
             f"{s.origin('mixed_precision')} ({short(value)}): expected no, fp16 or bf16."
         )
     if str(value).strip().lower() == "fp8":
-        raise ValueError(
+        raise ConfigurationError(
             f"{s.origin('mixed_precision')} ('fp8'): FP8 training is out of scope for accelkit; "
             "use bf16 or fp16."
         )
     try:
         return parse_mixed_precision(str(value)).value
     except ValueError as exc:
-        raise ValueError(f"{s.origin('mixed_precision')}: {exc}") from None
+        raise ConfigurationError(f"{s.origin('mixed_precision')}: {exc}") from None
 
 
 def _gpu_ids(s: _Settings) -> list[str] | None:
@@ -191,7 +192,7 @@ def _gpu_ids(s: _Settings) -> list[str] | None:
         return None
     ids = [part.strip() for part in str(value).split(",") if part.strip()]
     if not ids or not all(part.isdigit() for part in ids):
-        raise ValueError(
+        raise ConfigurationError(
             f"{s.origin('gpu_ids')} ({short(value)}): expected comma-separated GPU numbers such as "
             "0,1 or 'all'."
         )
@@ -204,7 +205,7 @@ def _fsdp_env(s: _Settings) -> dict[str, str]:
         return {}
     version = s.integer("fsdp_version", 1)
     if version not in (None, 2):
-        raise ValueError(
+        raise ConfigurationError(
             f"{s.origin('fsdp_version')} ({version}): accelkit shards with FSDP2 "
             "(torch.distributed.fsdp.fully_shard); use --fsdp_version 2."
         )
@@ -215,7 +216,7 @@ def _fsdp_env(s: _Settings) -> dict[str, str]:
         mapped = {"FULL_SHARD": "true", "1": "true", "SHARD_GRAD_OP": "false", "2": "false"}
         reshard = mapped.get(str(strategy).strip().upper())
         if reshard is None:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{s.origin('fsdp_sharding_strategy')} ({short(strategy)}): FSDP2 offers "
                 "FULL_SHARD (1) and SHARD_GRAD_OP (2); NO_SHARD is plain DDP (drop --use_fsdp) "
                 "and hybrid sharding is not supported."
@@ -224,13 +225,13 @@ def _fsdp_env(s: _Settings) -> dict[str, str]:
     if policy is not None:
         policy = str(policy).strip().lower()
         if policy not in AUTO_WRAP_POLICIES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"{s.origin('fsdp_auto_wrap_policy')} ({short(s.raw('fsdp_auto_wrap_policy'))}): "
                 f"expected one of {', '.join(p.upper() for p in AUTO_WRAP_POLICIES)}."
             )
     state_dict = s.raw("fsdp_state_dict_type")
     if state_dict is not None and str(state_dict).strip().upper() not in STATE_DICT_TYPES:
-        raise ValueError(
+        raise ConfigurationError(
             f"{s.origin('fsdp_state_dict_type')} ({short(state_dict)}): save_state writes "
             f"{STATE_DICT_TYPES[0]} (resumable on any process count); for one consolidated "
             "model file call accelerator.save_model(model, folder)."
@@ -253,7 +254,7 @@ def _fsdp_env(s: _Settings) -> dict[str, str]:
     try:
         FullyShardedDataParallelPlugin.from_env(env)
     except ValueError as exc:
-        raise ValueError(
+        raise ConfigurationError(
             f"--use_fsdp with these --fsdp_* settings: {exc} (the launch flags are "
             "--fsdp_transformer_layer_cls_to_wrap and --fsdp_min_num_params)"
         ) from None
@@ -268,7 +269,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             fix.
     """
     if not args.script:
-        raise ValueError(
+        raise ConfigurationError(
             "no script to run: give the training script (or a module with -m) after the "
             "options, and its own arguments after it, e.g. "
             "`accelkit launch --cpu --num_processes 2 train.py --lr 1e-3`."
@@ -276,7 +277,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     s = _merged_settings(args)
     module, no_python = s.flag("module"), s.flag("no_python")
     if module and no_python:
-        raise ValueError("--module and --no_python exclude each other: choose one.")
+        raise ConfigurationError("--module and --no_python exclude each other: choose one.")
     cpu = s.flag("cpu")
     num_machines = s.integer("num_machines", 1) or 1
     machine_rank = s.integer("machine_rank", 0) or 0
@@ -285,7 +286,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     if num_processes is not None and num_processes // num_machines > _MAX_LOCAL_PROCESSES:
         # torchrun builds every worker's settings before starting any: 10**8 of them took
         # minutes and GiBs before the first process, with nothing on screen.
-        raise ValueError(
+        raise ConfigurationError(
             f"{s.origin('num_processes')}: {num_processes} process(es) over {num_machines} "
             f"machine(s) is more than {_MAX_LOCAL_PROCESSES} per machine; give the total "
             "over all machines, at most one per CPU core or GPU of each."
@@ -294,18 +295,18 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         gpus = 0 if cpu else len(gpu_ids) if gpu_ids else _cuda_device_count()
         num_processes = max(gpus, 1) * num_machines
     if num_processes % num_machines:
-        raise ValueError(
+        raise ConfigurationError(
             f"--num_processes {num_processes} is the total over all machines and must be a "
             f"multiple of --num_machines {num_machines}."
         )
     if machine_rank >= num_machines:
-        raise ValueError(
+        raise ConfigurationError(
             f"--machine_rank {machine_rank} must be below --num_machines {num_machines} "
             "(ranks count from 0)."
         )
     port = s.integer("main_process_port", 0)
     if port is not None and port > 65535:
-        raise ValueError(f"{s.origin('main_process_port')}: must be <= 65535, got {port}.")
+        raise ConfigurationError(f"{s.origin('main_process_port')}: must be <= 65535, got {port}.")
     if not port:
         port = 29500 if num_machines > 1 and port is None else _free_port()
     env = _fsdp_env(s)
@@ -324,7 +325,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         options.append(f"--rdzv-backend={backend}")
     precision = _mixed_precision(s)
     if not module and not no_python and not os.path.isfile(args.script):
-        raise ValueError(
+        raise ConfigurationError(
             f"Script {args.script!r} does not exist (looked in {os.getcwd()}). Pass the path of a "
             "Python file, or -m/--module to run a module."
         )

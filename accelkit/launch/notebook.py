@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from accelkit.errors import ConfigurationError, UsageError
 from accelkit.runtime.environment import (
     ACCELERATE_ENV_MIXED_PRECISION,
     ENV_MIXED_PRECISION,
@@ -127,18 +128,18 @@ def _check(
     num_processes: int, node_rank: int, num_nodes: int, rdzv_backend: str, max_restarts: int
 ) -> None:
     if num_processes < 1:
-        raise ValueError(f"num_processes must be >= 1, got {num_processes}.")
+        raise ConfigurationError(f"num_processes must be >= 1, got {num_processes}.")
     if num_nodes < 1 or not 0 <= node_rank < num_nodes:
-        raise ValueError(
+        raise ConfigurationError(
             f"node_rank={node_rank} with num_nodes={num_nodes}: node_rank must be in "
             f"[0, num_nodes); number the nodes 0 to {max(num_nodes, 1) - 1}."
         )
     if rdzv_backend not in _RDZV_BACKENDS:
-        raise ValueError(
+        raise ConfigurationError(
             f"Unknown rdzv_backend {rdzv_backend!r}. Expected one of {', '.join(_RDZV_BACKENDS)}."
         )
     if max_restarts < 0:
-        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}.")
+        raise ConfigurationError(f"max_restarts must be >= 0, got {max_restarts}.")
 
 
 def notebook_launcher(
@@ -219,7 +220,7 @@ def notebook_launcher(
             _run_here(_Entrypoint(function), args, max_restarts)
         return
     if start_method == "fork" and torch.cuda.is_available() and torch.cuda.is_initialized():
-        raise RuntimeError(
+        raise UsageError(
             "CUDA was initialised in this process before notebook_launcher; forked workers "
             "cannot use it. Move every CUDA call inside the launched function and restart the "
             "kernel."

@@ -11,6 +11,8 @@ import enum
 import os
 from collections.abc import Iterator
 
+from accelkit.errors import ConfigurationError
+
 __all__ = [
     "ACCELERATE_ENV_MIXED_PRECISION",
     "ENV_MIXED_PRECISION",
@@ -84,7 +86,7 @@ def parse_mixed_precision(value: str | PrecisionType | None) -> PrecisionType:
     normalized = value.value if isinstance(value, PrecisionType) else str(value).strip().lower()
     accepted = ", ".join(repr(p.value) for p in SUPPORTED_PRECISIONS)
     if normalized == PrecisionType.FP8.value:
-        raise ValueError(
+        raise ConfigurationError(
             f"Unknown mixed_precision {normalized!r} for accelkit: it does not do FP8 training "
             f"(Transformer Engine / MS-AMP / torchao are out of scope). Expected one of "
             f"{accepted}."
@@ -92,7 +94,7 @@ def parse_mixed_precision(value: str | PrecisionType | None) -> PrecisionType:
     try:
         return PrecisionType(normalized)
     except ValueError:
-        raise ValueError(
+        raise ConfigurationError(
             f"Unknown mixed_precision {value!r}. Expected one of {accepted}."
         ) from None
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 
-from accelkit.errors import AccelkitError
+from accelkit.errors import AccelkitError, ConfigurationError, WrongTypeError
 
 __all__ = [
     "CannotPadNestedTensorWarning",
@@ -133,7 +133,7 @@ def recursively_apply(
     if isinstance(data, Mapping):
         return cast(Any, type(data))({k: again(v) for k, v in data.items()})
     if error_on_other_type:
-        raise TypeError(
+        raise WrongTypeError(
             f"Expected a tensor or a nested list/tuple/dict of tensors, found a "
             f"{type(data).__name__}: {data!r:.80}. Convert it with torch.tensor(...) first, or "
             "use gather_object for arbitrary Python objects."
@@ -251,7 +251,7 @@ def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
         tensor([4, 6])
     """
     if reduction not in REDUCTIONS:
-        raise ValueError(f"Unknown reduction {reduction!r}. Expected one of {REDUCTIONS}.")
+        raise ConfigurationError(f"Unknown reduction {reduction!r}. Expected one of {REDUCTIONS}.")
     _verify("reduce", tensor)
     return recursively_apply(
         lambda t: _reduce_one(t, reduction, scale), tensor, error_on_other_type=True
@@ -303,7 +303,7 @@ def pad_across_processes(
         if _world_size() == 1 or t.ndim == 0:
             return t
         if not -t.ndim <= dim < t.ndim:
-            raise ValueError(
+            raise ConfigurationError(
                 f"pad_across_processes: dim={dim} is out of range for a tensor of shape "
                 f"{tuple(t.shape)}."
             )
@@ -338,7 +338,9 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
     world = _world_size()
     is_main = world == 1 or dist.get_rank() == 0
     if is_main and tensor is None:
-        raise ValueError("copy_tensor_to_devices needs the tensor on the main process (rank 0).")
+        raise ConfigurationError(
+            "copy_tensor_to_devices needs the tensor on the main process (rank 0)."
+        )
     if world == 1:
         return cast(torch.Tensor, tensor)
     meta = [(tuple(tensor.shape), tensor.dtype) if tensor is not None else None]
@@ -357,12 +359,12 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
 def concatenate(data: list[Any], dim: int = 0) -> Any:
     """Concatenate a list of equally structured nested tensors along ``dim``."""
     if not data:
-        raise ValueError("concatenate needs a non-empty list.")
+        raise ConfigurationError("concatenate needs a non-empty list.")
     first = data[0]
     if isinstance(first, (list, tuple)):
         return type(first)(concatenate([d[i] for d in data], dim) for i in range(len(first)))
     if isinstance(first, Mapping):
         return cast(Any, type(first))({k: concatenate([d[k] for d in data], dim) for k in first})
     if not isinstance(first, torch.Tensor):
-        raise TypeError(f"Can only concatenate tensors, found {type(first).__name__}.")
+        raise WrongTypeError(f"Can only concatenate tensors, found {type(first).__name__}.")
     return torch.cat(data, dim=dim)

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from accelkit.errors import ConfigurationError, WrongTypeError
+
 __all__ = ["RNGType", "set_seed", "synchronize_rng_state", "synchronize_rng_states"]
 
 
@@ -39,7 +41,9 @@ def _rng_type(value: str | RNGType) -> RNGType:
         return RNGType(value)
     except ValueError:
         accepted = ", ".join(repr(t.value) for t in RNGType)
-        raise ValueError(f"Unknown rng type {value!r}. Expected one of {accepted}.") from None
+        raise ConfigurationError(
+            f"Unknown rng type {value!r}. Expected one of {accepted}."
+        ) from None
 
 
 def synchronize_rng_state(
@@ -58,9 +62,11 @@ def synchronize_rng_state(
     """
     kind = _rng_type(rng_type or RNGType.TORCH)
     if kind is RNGType.GENERATOR and generator is None:
-        raise ValueError("synchronize_rng_state('generator') needs generator=<torch.Generator>.")
+        raise ConfigurationError(
+            "synchronize_rng_state('generator') needs generator=<torch.Generator>."
+        )
     if kind not in (RNGType.TORCH, RNGType.CUDA, RNGType.GENERATOR):
-        raise ValueError(
+        raise ConfigurationError(
             f"accelkit cannot synchronise the {kind.value!r} generator: that device is not "
             "supported. Use 'torch', 'cuda' or 'generator'."
         )
@@ -116,7 +122,9 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         >>> set_seed(42)
     """
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"set_seed expects an integer seed, got {seed!r} ({type(seed).__name__}).")
+        raise WrongTypeError(
+            f"set_seed expects an integer seed, got {seed!r} ({type(seed).__name__})."
+        )
     seed = int(seed)
     if device_specific:
         seed += int(os.environ.get("RANK", "0") or 0)

@@ -8,6 +8,8 @@ from typing import Any, cast
 
 import torch
 
+from accelkit.errors import ConfigurationError, WrongTypeError
+
 __all__ = ["split_for_process"]
 
 
@@ -25,7 +27,7 @@ def split_for_process(inputs: Any, num_processes: int, index: int, apply_padding
     if isinstance(inputs, Mapping):
         lengths = {k: len(v) for k, v in inputs.items()}
         if len(set(lengths.values())) > 1:
-            raise ValueError(
+            raise ConfigurationError(
                 "split_between_processes needs every value of the dict to have the same length; "
                 f"got lengths {lengths}."
             )
@@ -42,7 +44,7 @@ def split_for_process(inputs: Any, num_processes: int, index: int, apply_padding
     elif callable(getattr(inputs, "select", None)) and hasattr(inputs, "__len__"):
         return _split_selectable(inputs, num_processes, index, apply_padding)
     else:
-        raise TypeError(
+        raise WrongTypeError(
             f"split_between_processes takes a list, tuple, dict, tensor or a Hugging Face "
             f"datasets.Dataset, not {type(inputs).__name__}."
         )

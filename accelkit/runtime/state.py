@@ -27,6 +27,7 @@ from typing import Any, TypeVar, overload
 import torch
 import torch.distributed as dist
 
+from accelkit.errors import ConfigurationError, UsageError
 from accelkit.runtime import ops
 from accelkit.runtime.environment import (
     ENV_MIXED_PRECISION,
@@ -90,7 +91,7 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(
+        raise ConfigurationError(
             f"Environment variable {name}={raw!r} is not an integer; it is set by the launcher "
             "(accelkit launch / torchrun): unset it or launch through one of them."
         ) from None
@@ -197,7 +198,7 @@ class PartialState:
         self.local_process_index = _env_int("LOCAL_RANK", 0)
         self.local_num_processes = _env_int("LOCAL_WORLD_SIZE", self.num_processes)
         if not 0 <= self.process_index < self.num_processes:
-            raise ValueError(
+            raise ConfigurationError(
                 f"RANK={self.process_index} is outside WORLD_SIZE={self.num_processes}; "
                 "launch with `accelkit launch` or torchrun, which set both consistently."
             )
@@ -229,7 +230,7 @@ class PartialState:
     def _init_process_group(self, timeout_s: float | None, extra: dict[str, Any]) -> None:
         for var in ("MASTER_ADDR", "MASTER_PORT"):
             if var not in os.environ:
-                raise RuntimeError(
+                raise UsageError(
                     f"WORLD_SIZE={self.num_processes} but {var} is not set; start the script "
                     "with `accelkit launch --num_processes N script.py` (or torchrun)."
                 )
@@ -397,7 +398,7 @@ class PartialState:
         Usable as ``@state.on_process(process_index=1)`` or ``state.on_process(fn, 1)``.
         """
         if process_index is None:
-            raise ValueError(
+            raise ConfigurationError(
                 "on_process needs process_index=<int>, e.g. @on_process(process_index=0)"
             )
         if function is None:
@@ -409,7 +410,7 @@ class PartialState:
     ) -> Any:
         """Decorator: run the function on the process of local index ``local_process_index``."""
         if local_process_index is None:
-            raise ValueError(
+            raise ConfigurationError(
                 "on_local_process needs local_process_index=<int>, "
                 "e.g. @on_local_process(local_process_index=0)"
             )
@@ -473,7 +474,7 @@ def refuse_out_of_scope_plugins(**plugins: Any) -> None:
     """
     for name, value in plugins.items():
         if value is not None and name in _OUT_OF_SCOPE_PLUGINS:
-            raise ValueError(
+            raise ConfigurationError(
                 f"accelkit does not support {_OUT_OF_SCOPE_PLUGINS[name]}: got {name}={value!r}. "
                 f"Remove {name}=... (use fsdp_plugin / FullyShardedDataParallelPlugin for "
                 "sharded training)."

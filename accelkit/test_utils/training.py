@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from accelkit.errors import ConfigurationError
+
 __all__ = ["RegressionDataset", "RegressionModel"]
 
 
@@ -50,6 +52,6 @@ class RegressionModel(torch.nn.Module):
 
     def forward(self, x: torch.Tensor | None = None) -> Any:
         if x is None:
-            raise ValueError("RegressionModel needs an input tensor x.")
+            raise ConfigurationError("RegressionModel needs an input tensor x.")
         out = x * self.a + self.b
         return (out, out) if self.double_output else out

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from accelkit.errors import AccelkitError, warn_at_user_line
+from accelkit.errors import AccelkitError, ConfigurationError, warn_at_user_line
 
 __all__ = ["FailurePolicy", "TrackerError", "TrackerFailure", "TrackerWarning", "classify"]
 
@@ -50,7 +50,7 @@ def env_number(name: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):
-        raise ValueError(
+        raise ConfigurationError(
             f"{name}={text!r}: expected a non-negative number of seconds or values (default "
             f"{default:g}). Set it to a number, or unset it."
         )
@@ -175,7 +175,7 @@ class FailurePolicy:
         on_skip: Callable[[], None] | None = None,
     ) -> None:
         if on_error not in _POLICIES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"tracker_errors={on_error!r} is not supported; expected 'warn' or 'raise'."
             )
         self.on_error = on_error

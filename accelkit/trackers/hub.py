@@ -77,6 +77,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from accelkit.errors import ConfigurationError, UsageError, WrongTypeError
 from accelkit.trackers._worker import (
     POLL_S,
     Checkpoint,
@@ -291,14 +292,14 @@ class TrackerHub:
             TrackerError: a tracker failed and ``on_error="raise"``.
         """
         if self._detached:
-            raise RuntimeError(
+            raise UsageError(
                 "init_trackers() was called on an unpickled copy of an Accelerator: its trackers "
                 "(if any) run in the process that pickled it, and a copy starting its own would "
                 "write the same run twice. Call init_trackers() on the original Accelerator, or "
                 "create a new Accelerator in this process."
             )
         if self._workers:
-            raise RuntimeError(
+            raise UsageError(
                 "init_trackers() was already called for this run; call end_training() before "
                 "starting new trackers."
             )
@@ -486,7 +487,7 @@ class TrackerHub:
         try:
             self._next_step = int(step) + 1
         except (TypeError, ValueError):
-            raise TypeError(
+            raise WrongTypeError(
                 f"log(step={step!r}): the step must be an int (the training step) or None "
                 "(the hub counts the calls)."
             ) from None
@@ -637,7 +638,7 @@ class TrackerHub:
             return stand_in.tracker if unwrap else stand_in
         started = [worker.name for worker in self._workers]
         hint = "" if started else " Call accelerator.init_trackers(...) first."
-        raise ValueError(
+        raise ConfigurationError(
             f"No tracker named {name!r} in this run; the trackers are {started or 'none'} "
             f"(log_with asked for {self.requested_names}).{hint}"
         )

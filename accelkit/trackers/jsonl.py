@@ -26,6 +26,7 @@ from typing import IO, Any, Literal
 
 from typing_extensions import override
 
+from accelkit.errors import ConfigurationError, UsageError
 from accelkit.trackers._files import (
     TrackerFileError,
     check_regular,
@@ -212,7 +213,7 @@ class JSONLTracker(GeneralTracker):
 
     def _write(self, record: dict[str, Any]) -> None:
         if self._file is None:
-            raise RuntimeError("JSONLTracker.log() called before start().")
+            raise UsageError("JSONLTracker.log() called before start().")
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._lines += 1
         if self._lines % self.flush_every == 0:
@@ -404,7 +405,9 @@ def read_jsonl(
         >>> losses = [r["values"]["loss"] for r in read_jsonl("runs/demo", metrics_only=True)]
     """
     if errors not in ("warn", "skip", "raise"):
-        raise ValueError(f"read_jsonl(errors={errors!r}): expected 'warn', 'skip' or 'raise'.")
+        raise ConfigurationError(
+            f"read_jsonl(errors={errors!r}): expected 'warn', 'skip' or 'raise'."
+        )
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
     descriptor = open_regular(path, os.O_RDONLY, "read_jsonl reads rows", follow=True)
@@ -424,7 +427,7 @@ def read_jsonl(
                     if line is None
                     else short(line[:200].rstrip(b"\r\n").decode("utf-8", "replace"), 100)
                 )
-                raise ValueError(
+                raise ConfigurationError(
                     f"{path}, line {number}: not a JSON object row ({shown}). Pass "
                     "errors='warn' or 'skip' to read the other rows; the jsonl tracker moves "
                     "such lines to metrics.jsonl.rejected-<time> when a run resumes."

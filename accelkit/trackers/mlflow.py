@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from accelkit.errors import UsageError
 from accelkit.trackers._reference import short
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import flatten, is_number
@@ -508,7 +509,7 @@ class MLflowTracker(GeneralTracker):
 
     def _started_client(self, method: str) -> Any:
         if self.client is None or self.run_id is None:
-            raise RuntimeError(
+            raise UsageError(
                 f"MLflowTracker.{method}() needs a started run: call "
                 "accelerator.init_trackers(...) first."
             )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from accelkit.errors import ConfigurationError
+from accelkit.errors import ConfigurationError, DependencyError, WrongTypeError
 from accelkit.trackers.base import GeneralTracker
 
 __all__ = [
@@ -155,21 +155,23 @@ def register_tracker(cls: T, *, overwrite: bool = False) -> T:
         ValueError: ``cls.name`` is empty, or the name is taken and ``overwrite`` is false.
     """
     if not (isinstance(cls, type) and issubclass(cls, GeneralTracker)):
-        raise TypeError(
+        raise WrongTypeError(
             f"register_tracker() takes a subclass of accelkit.GeneralTracker, got {cls!r}. "
             "Subclass GeneralTracker and set its `name`."
         )
     name = getattr(cls, "name", "")
     if not isinstance(name, str) or not name:
-        raise ValueError(
+        raise ConfigurationError(
             f"Tracker class {cls.__qualname__} has no name (name={name!r}). Set a class "
             'attribute such as `name = "my_tracker"` before registering it.'
         )
     if name == LoggerType.ALL.value:
-        raise ValueError('"all" is reserved for every available tracker; choose another name.')
+        raise ConfigurationError(
+            '"all" is reserved for every available tracker; choose another name.'
+        )
     taken = name in _registered or (name in _BUILTINS and name not in _removed)
     if taken and not overwrite and _registered.get(name) is not cls:
-        raise ValueError(
+        raise ConfigurationError(
             f"A tracker named {name!r} is already registered ({_describe(name)}). Pick another "
             "name or pass overwrite=True to replace it."
         )
@@ -209,13 +211,13 @@ def _load_entry_point(ep: importlib.metadata.EntryPoint) -> type[GeneralTracker]
     try:
         cls = ep.load()
     except Exception as error:
-        raise ImportError(
+        raise DependencyError(
             f"Tracker entry point {ep.name!r} ({ep.value}) in group {ENTRY_POINT_GROUP!r} "
             f"failed to load: {type(error).__name__}: {error}. Fix or uninstall the package "
             "that provides it."
         ) from error
     if not (isinstance(cls, type) and issubclass(cls, GeneralTracker)):
-        raise ImportError(
+        raise DependencyError(
             f"Tracker entry point {ep.name!r} ({ep.value}) is {cls!r}, not a subclass of "
             "accelkit.GeneralTracker."
         )
@@ -295,13 +297,13 @@ def get_tracker_class(name: str | LoggerType) -> type[GeneralTracker]:
     if key in _registered:
         missing = _missing_packages(_packages_of(key))
         if missing:
-            raise ImportError(
+            raise DependencyError(
                 f"Tracker {key!r} needs {', '.join(missing)}, which is not installed. "
                 f"Install it: pip install {' '.join(missing)}"
             )
         return _registered[key]
     if key in _removed:
-        raise ValueError(
+        raise ConfigurationError(
             f"Unknown tracker {key!r}: it was deleted from accelkit.tracking."
             f"LOGGER_TYPE_TO_CLASS. Put it back (LOGGER_TYPE_TO_CLASS[{key!r}] = <its class>) "
             "or register a tracker under that name."
@@ -310,7 +312,7 @@ def get_tracker_class(name: str | LoggerType) -> type[GeneralTracker]:
         spec = _BUILTINS[key]
         missing = _missing_packages(spec.packages)
         if missing:
-            raise ImportError(
+            raise DependencyError(
                 f"Tracker {key!r} needs the package {', '.join(missing)}, which is not "
                 f"installed. Install it: pip install 'accelkit[{key}]'"
             )
@@ -320,7 +322,7 @@ def get_tracker_class(name: str | LoggerType) -> type[GeneralTracker]:
         return _load_entry_point(entry_points[key])
     if key in NOT_BUILT_IN:
         raise TrackerNotBuiltInError(not_built_in_message(key))
-    raise ValueError(
+    raise ConfigurationError(
         f"Unknown tracker {key!r}. Available: {', '.join(available_trackers())}. Register a "
         "custom tracker with accelkit.register_tracker(MyTracker) or pass an instance of it."
     )
@@ -364,7 +366,7 @@ def resolve_log_with(
             else:
                 resolved.append(get_tracker_class(entry))
         else:
-            raise TypeError(
+            raise WrongTypeError(
                 f"log_with entries must be tracker names or GeneralTracker instances, got "
                 f"{entry!r} ({type(entry).__name__}). Available names: "
                 f"{', '.join(available_trackers())}."
@@ -377,7 +379,7 @@ def resolve_log_with(
                 # "all" plus an explicit name (or an instance replacing the class): keep one.
                 unique[name] = item if isinstance(item, GeneralTracker) else unique[name]
                 continue
-            raise ValueError(
+            raise ConfigurationError(
                 f"Two trackers in log_with are named {name!r}; give each tracker a unique name."
             )
         unique[name] = item
@@ -386,12 +388,12 @@ def resolve_log_with(
             if not item.requires_logging_directory or isinstance(item, GeneralTracker):
                 continue
             if remote_logging_dir is not None:
-                raise ValueError(
+                raise ConfigurationError(
                     f"Tracker {item.name!r} writes local files, but the logging directory is "
                     f"the URL {remote_logging_dir!r}. Set a local folder: "
                     "ProjectConfiguration(project_dir=..., logging_dir='<local folder>')."
                 )
-            raise ValueError(
+            raise ConfigurationError(
                 f"Tracker {item.name!r} writes files and needs a logging directory, but none "
                 "is set. Pass Accelerator(project_dir=...) or "
                 "project_config=ProjectConfiguration(project_dir=..., logging_dir=...)."
@@ -462,7 +464,7 @@ class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
         if isinstance(cls, type) and getattr(cls, "name", None) != name:
             # The registry keys a class by its `name`; a different key would be a second
             # name that log_with could not resolve to the same class.
-            raise ValueError(
+            raise ConfigurationError(
                 f"Cannot store {cls!r} under {name!r}: its `name` is "
                 f"{getattr(cls, 'name', None)!r}. Set `name = {name!r}` on the class, or use "
                 "accelkit.tracking.register_tracker_class(cls)."
@@ -557,7 +559,7 @@ def constructor_arguments(
     try:
         signature.bind(*args, **named)
     except TypeError as error:
-        raise TypeError(
+        raise WrongTypeError(
             f"Tracker {cls.name!r} ({cls.__module__}.{cls.__qualname__}{signature}) cannot be "
             f"called as {call} with init_kwargs={dict(kwargs)!r}: {error}. accelkit calls "
             "tracker classes as Accelerate does: the logging directory is the second positional "

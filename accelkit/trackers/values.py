@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from accelkit.errors import WrongTypeError
+
 __all__ = ["PLAIN_TYPES", "flatten", "is_number", "resolve", "snapshot", "to_plain"]
 
 _PLAIN_TYPES = (float, int, str, bool, type(None))
@@ -86,7 +88,7 @@ def snapshot(values: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     """
     # `type(...) is dict` first: an ABC isinstance check costs microseconds with cold caches.
     if type(values) is not dict and not isinstance(values, Mapping):
-        raise TypeError(
+        raise WrongTypeError(
             f"log() takes a dict of metric name -> value, got {type(values).__name__}: "
             f"{values!r}. Pass for example {{'loss': loss}}."
         )

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from typing_extensions import override
 
+from accelkit.errors import UsageError
 from accelkit.trackers._reference import continuable_id
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import to_plain
@@ -187,7 +188,7 @@ class WandBTracker(GeneralTracker):
         import wandb
 
         if self.run is None:
-            raise RuntimeError(
+            raise UsageError(
                 "WandBTracker.log_table() needs a started run: call "
                 "accelerator.init_trackers(...) first."
             )

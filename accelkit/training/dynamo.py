@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from accelkit.errors import ConfigurationError
 from accelkit.training.kwargs_handlers import KwargsHandler
 
 __all__ = [
@@ -77,9 +78,11 @@ def _backend(value: Any) -> DynamoBackend:
         backend = DynamoBackend(text)
     except ValueError:
         accepted = ", ".join(repr(b.value.lower()) for b in DynamoBackend)
-        raise ValueError(f"Unknown dynamo backend {value!r}. Expected one of {accepted}.") from None
+        raise ConfigurationError(
+            f"Unknown dynamo backend {value!r}. Expected one of {accepted}."
+        ) from None
     if backend in _OUT_OF_SCOPE:
-        raise ValueError(
+        raise ConfigurationError(
             f"dynamo backend {backend.value.lower()!r} compiles for XLA/TPU, which accelkit does "
             "not support; use 'inductor' (or 'no')."
         )
@@ -164,7 +167,7 @@ def resolve_dynamo_plugin(plugin: TorchDynamoPlugin | None, backend: Any) -> Tor
         ValueError: when both are given (they would contradict each other).
     """
     if plugin is not None and backend is not None:
-        raise ValueError(
+        raise ConfigurationError(
             "Pass either dynamo_backend=... or dynamo_plugin=TorchDynamoPlugin(...) to "
             "Accelerator, not both."
         )

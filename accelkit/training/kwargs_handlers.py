@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from accelkit.errors import ConfigurationError
 from accelkit.runtime.environment import clear_environment
 
 __all__ = [
@@ -112,7 +113,7 @@ class DistributedDataParallelKwargs(KwargsHandler):
             DDPCommunicationHookType.FP16,
             DDPCommunicationHookType.BF16,
         ):
-            raise ValueError(
+            raise ConfigurationError(
                 f"comm_wrapper={self.comm_wrapper.value!r} is not a wrapper; expected 'no', "
                 "'fp16' or 'bf16' (wrapping a 'power_sgd' / 'batched_power_sgd' comm_hook)."
             )
@@ -132,7 +133,7 @@ def _hook_type(value: Any, name: str) -> DDPCommunicationHookType:
         return DDPCommunicationHookType(value)
     except ValueError:
         accepted = ", ".join(repr(t.value) for t in DDPCommunicationHookType)
-        raise ValueError(f"Unknown {name} {value!r}. Expected one of {accepted}.") from None
+        raise ConfigurationError(f"Unknown {name} {value!r}. Expected one of {accepted}.") from None
 
 
 def register_comm_hook(

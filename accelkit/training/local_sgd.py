@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelkit.errors import ConfigurationError
 from accelkit.runtime.state import DistributedType
 
 __all__ = ["LocalSGD"]
@@ -70,7 +71,7 @@ class LocalSGD:
             or not isinstance(local_sgd_steps, int)
             or local_sgd_steps < 1
         ):
-            raise ValueError(
+            raise ConfigurationError(
                 f"local_sgd_steps={local_sgd_steps!r} must be a positive integer (optimizer "
                 "steps between two averagings of the parameters), e.g. local_sgd_steps=8."
             )

@@ -17,6 +17,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from accelkit.errors import ConfigurationError, WrongTypeError
 from accelkit.runtime import ops
 from accelkit.training import precision
 from accelkit.training.optim import AcceleratedOptimizer, GradientState
@@ -55,12 +56,12 @@ def check_preparable(obj: Any) -> None:
         TypeError: naming the object's type and the fix.
     """
     if isinstance(obj, type) and issubclass(obj, (*_PREPARABLE, Dataset)):
-        raise TypeError(
+        raise WrongTypeError(
             f"prepare() got the class {obj.__name__}, not an instance of it; create the object "
             f"first, e.g. prepare({obj.__name__}(...))."
         )
     if isinstance(obj, (Dataset, Sampler)) and not isinstance(obj, DataLoader):
-        raise TypeError(
+        raise WrongTypeError(
             f"prepare() cannot handle a {type(obj).__name__}: it shards DataLoaders, not "
             f"datasets or samplers. Wrap it first: DataLoader(dataset, batch_size=..., "
             f"shuffle=...), then prepare the DataLoader."
@@ -69,7 +70,7 @@ def check_preparable(obj: Any) -> None:
         values = obj.values() if isinstance(obj, dict) else obj
         found = [type(v).__name__ for v in values if isinstance(v, _PREPARABLE) or is_scheduler(v)]
         if found:
-            raise TypeError(
+            raise WrongTypeError(
                 f"prepare() got a {type(obj).__name__} holding {', '.join(found)}; it does not "
                 "look inside containers. Pass the objects themselves: prepare(*objects)."
             )
@@ -300,7 +301,7 @@ def prepare_all(
     else:
         placements = list(device_placement)
         if len(placements) != len(objects):
-            raise ValueError(
+            raise ConfigurationError(
                 f"device_placement has {len(placements)} entries for {len(objects)} objects; "
                 "give one bool per object passed to prepare()."
             )
@@ -338,7 +339,7 @@ def handler_kwargs(handler: Any) -> dict[str, Any]:
     to_kwargs = getattr(handler, "to_kwargs", None)
     if callable(to_kwargs):
         return dict(to_kwargs())
-    raise TypeError(
+    raise WrongTypeError(
         f"Expected a kwargs handler with to_kwargs() or a dict, got {type(handler).__name__}."
     )
 

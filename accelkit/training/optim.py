@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 from typing_extensions import override
 
+from accelkit.errors import ConfigurationError, WrongTypeError
 from accelkit.training.boundary import StepBoundary
 
 __all__ = [
@@ -52,7 +53,7 @@ class GradientAccumulationPlugin:
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_steps, int) or self.num_steps < 1:
-            raise ValueError(
+            raise ConfigurationError(
                 f"gradient accumulation num_steps={self.num_steps!r} must be an integer >= 1; "
                 "use 1 to step the optimizer on every batch."
             )
@@ -70,12 +71,12 @@ def resolve_plugin(
     if plugin is None:
         return GradientAccumulationPlugin(num_steps=gradient_accumulation_steps)
     if not isinstance(plugin, GradientAccumulationPlugin):
-        raise TypeError(
+        raise WrongTypeError(
             f"gradient_accumulation_plugin must be a GradientAccumulationPlugin, got "
             f"{type(plugin).__name__}."
         )
     if gradient_accumulation_steps != 1:
-        raise ValueError(
+        raise ConfigurationError(
             f"Got gradient_accumulation_steps={gradient_accumulation_steps} and a "
             f"gradient_accumulation_plugin (num_steps={plugin.num_steps}); give only one of them."
         )

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from accelkit.errors import ConfigurationError
 from accelkit.runtime.ops import recursively_apply
 
 __all__ = [
@@ -40,7 +41,7 @@ def autocast_dtype(mixed_precision: str) -> torch.dtype | None:
     try:
         return _DTYPES[mixed_precision]
     except KeyError:
-        raise ValueError(
+        raise ConfigurationError(
             f"Unknown mixed_precision {mixed_precision!r}. Expected one of 'no', 'fp16', 'bf16'."
         ) from None
 

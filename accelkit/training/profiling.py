@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 import torch.profiler
 
+from accelkit.errors import ConfigurationError
 from accelkit.training.kwargs_handlers import KwargsHandler
 
 __all__ = ["PROFILE_PATTERN_NAME", "ProfileKwargs", "profile"]
@@ -79,7 +80,7 @@ class ProfileKwargs(KwargsHandler):
             member = _ACTIVITIES.get(name)
             activity = getattr(torch.profiler.ProfilerActivity, member or "", None)
             if activity is None:
-                raise ValueError(
+                raise ConfigurationError(
                     f"Unknown or unavailable profiler activity {name!r}; expected some of "
                     f"{sorted(_ACTIVITIES)} that this PyTorch build supports."
                 )
@@ -91,7 +92,7 @@ class ProfileKwargs(KwargsHandler):
             return None
         unknown = set(self.schedule_option) - set(_SCHEDULE_KEYS)
         if unknown:
-            raise ValueError(
+            raise ConfigurationError(
                 f"Unknown schedule_option key(s) {sorted(unknown)}; expected some of "
                 f"{list(_SCHEDULE_KEYS)} (torch.profiler.schedule arguments)."
             )

@@ -17,6 +17,8 @@ import operator
 import torch
 from packaging import version as _version
 
+from accelkit.errors import ConfigurationError
+
 __all__ = [
     "is_bf16_available",
     "is_cuda_available",
@@ -60,7 +62,9 @@ def compare_versions(
         ValueError: for an unknown ``operation``.
     """
     if operation not in _OPERATIONS:
-        raise ValueError(f"Unknown operation {operation!r}; expected one of {list(_OPERATIONS)}.")
+        raise ConfigurationError(
+            f"Unknown operation {operation!r}; expected one of {list(_OPERATIONS)}."
+        )
     if isinstance(library_or_version, str):
         from importlib.metadata import version as installed
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from accelkit.errors import UsageError, WrongTypeError
+
 __all__ = [
     "clear_device_cache",
     "find_executable_batch_size",
@@ -111,13 +113,13 @@ def find_executable_batch_size(
         params = list(inspect.signature(function).parameters)
         if len(params) < len(args) + 1:
             passed = ", ".join(f"{name}={value!r}" for name, value in zip(params[1:], args[1:]))
-            raise TypeError(
+            raise WrongTypeError(
                 f"Batch size was passed into `{function.__name__}` as the first argument when "
                 f"called. Remove it and call `{function.__name__}({passed})` instead."
             )
         while True:
             if batch_size == 0:
-                raise RuntimeError(
+                raise UsageError(
                     f"No executable batch size found for {function.__name__}: reached zero "
                     f"starting from {starting_batch_size}."
                 )

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from accelkit.data.batches import find_batch_size
+from accelkit.errors import ConfigurationError
 from accelkit.runtime.environment import clear_environment
 from accelkit.runtime.ops import recursively_apply
 
@@ -58,7 +59,9 @@ def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
         return True if to_bool else 1
     if lowered in _FALSE:
         return False if to_bool else 0
-    raise ValueError(f"Invalid truth value {value!r}; expected one of {sorted(_TRUE | _FALSE)}.")
+    raise ConfigurationError(
+        f"Invalid truth value {value!r}; expected one of {sorted(_TRUE | _FALSE)}."
+    )
 
 
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
@@ -221,7 +224,7 @@ def convert_file_size_to_int(size: int | str) -> int:
             except ValueError:
                 break
             return int(value * factor)
-    raise ValueError(
+    raise ConfigurationError(
         f"Cannot read the size {size!r}; write an int or a number with a unit, e.g. '10GB', "
         "'500MB', '1GiB'."
     )

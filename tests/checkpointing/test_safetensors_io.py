@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.manifest import FileEntry
+from accelkit.checkpointing.formats.safetensors_header import MAX_HEADER_BYTES, read_header
 from accelkit.checkpointing.formats.safetensors_io import (
     parse_size,
     read_safetensors,
@@ -199,3 +201,25 @@ def test_zero_copy_local_read_matches_and_handles_misalignment(tmp_path: Any) ->
         read_safetensors(storage, str(path), entry, zero_copy=True)
     with pytest.raises(CorruptCheckpointError, match="missing"):
         read_safetensors(storage, str(tmp_path / "none.safetensors"), zero_copy=True)
+
+
+@pytest.mark.parametrize("length", [2**40, MAX_HEADER_BYTES + 1])
+def test_every_reader_bounds_the_header_length_alike(tmp_path: Any, length: int) -> None:
+    """The stream, the memory map and ``read_header`` (``ckpt inspect``) share one bound: a
+    prefix just over ``MAX_HEADER_BYTES`` (once under the stream's own 100 MiB) is refused by
+    all three with the same message, before anything is allocated for it."""
+    path = tmp_path / "h.safetensors"
+    _raw_file(path, {}, b"", length)
+    if length < 2**40:  # a file big enough to hold the header: only the limit refuses it
+        os.truncate(path, 8 + MAX_HEADER_BYTES + 64)  # sparse, nothing written
+    storage = get_storage(str(path))
+    messages = []
+    for zero_copy in (False, True):
+        with pytest.raises(CorruptCheckpointError, match="header length prefix") as info:
+            read_safetensors(storage, str(path), zero_copy=zero_copy)
+        messages.append(str(info.value))
+    with path.open("rb") as f, pytest.raises(CorruptCheckpointError) as info:
+        read_header(f, str(path), path.stat().st_size)
+    messages.append(str(info.value))
+    assert len(set(messages)) == 1, messages
+    assert f"limit {MAX_HEADER_BYTES}" in messages[0]

@@ -20,10 +20,24 @@ from torch import nn
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.errors import CorruptCheckpointError
-from accelkit.checkpointing.storage import _s3io, get_storage, join, sync_batch
+from accelkit.checkpointing.storage import (
+    StorageError,
+    StorageNotFoundError,
+    _s3io,
+    get_storage,
+    join,
+    sync_batch,
+)
 from accelkit.checkpointing.storage.checksum import checksum_bytes
 from accelkit.checkpointing.storage.fsspec import S3Storage
-from accelkit.checkpointing.storage.retry import RetryingStorage, RetryPolicy
+from accelkit.checkpointing.storage.retry import (
+    HARD,
+    RetryingStorage,
+    RetryPolicy,
+    classify,
+    error_code,
+    hard_error_fix,
+)
 from tests.fixtures.s3 import S3Server
 from tests.helpers.faultproxy import FaultProxy
 
@@ -174,7 +188,7 @@ def test_an_object_replaced_during_a_read_fails_the_read(
     with storage.open_read(url) as f:
         f.read(8)
         storage.write_bytes(url, os.urandom(2 * small_parts))  # same size, new contents
-        with pytest.raises(OSError):
+        with pytest.raises(StorageError):
             f.readinto(memoryview(bytearray(2 * small_parts - 8)))
 
 
@@ -236,3 +250,40 @@ def test_parts_in_flight_bounds_an_uploads_memory(
     assert storage.read_bytes(url) == data
     with pytest.raises(ValueError, match="at least 1"), _s3io.parts_in_flight(0):
         pass
+
+
+def test_s3_failures_leave_the_storage_as_storage_errors_of_their_kind(
+    s3_server: S3Server,
+) -> None:
+    """What s3fs and botocore raise is a StorageError at the storage's boundary, chained from
+    the backend's error: still the OSError kind a caller catches, still read by the retry
+    classifier through the chain."""
+    prefix = s3_server.new_prefix()
+    storage = get_storage(prefix, s3_server.storage_options)
+    missing = join(prefix, "missing.safetensors")
+    for call in (lambda: storage.open_read(missing), lambda: storage.size(missing)):
+        with pytest.raises(StorageNotFoundError, match=r"missing\.safetensors") as found:
+            call()
+        assert isinstance(found.value, FileNotFoundError)
+        assert found.value.__cause__ is not None
+        assert not isinstance(found.value.__cause__, StorageError)
+
+    options = {**s3_server.storage_options, "secret": "not-the-secret", "skip_instance_cache": True}
+    wrong = get_storage(prefix, options)
+
+    def stream() -> None:
+        with wrong.open_write(join(prefix, "model.safetensors")) as writer:
+            writer.write(b"x")
+
+    for call in (
+        lambda: wrong.write_bytes(join(prefix, "a.json"), b"{}", atomic=True),
+        lambda: wrong.listdir(prefix),
+        stream,
+        lambda: wrong.read_bytes(join(prefix, "a.json")),
+    ):
+        with pytest.raises(StorageError) as refused:
+            call()
+        assert isinstance(refused.value, OSError) and not isinstance(refused.value, ValueError)
+        assert classify(refused.value) == HARD, refused.value
+        assert error_code(refused.value) in ("SignatureDoesNotMatch", "403"), refused.value
+        assert hard_error_fix(refused.value).startswith(("the secret key", "access denied"))

@@ -39,6 +39,7 @@ from accelkit.checkpointing.formats.safetensors_header import (
     read_header,
 )
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.base import StorageNotFoundError
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -122,7 +123,7 @@ def safetensors_files(storage: Storage, path: str) -> list[tuple[str, str]]:
         folder = path[: len(path) - len(name)]
         return [(n, folder + n) for n in _index_files(storage, path)]
     if not storage.isdir(path):
-        raise FileNotFoundError(path)
+        raise StorageNotFoundError(path)
     names: list[str] | None = None
     if storage.exists(join(path, MANIFEST_NAME)):
         try:

@@ -49,6 +49,7 @@ from typing import Generic, Protocol, TypeVar
 from typing_extensions import override
 
 from accelkit._text import short
+from accelkit.errors import ConfigurationError
 
 __all__ = [
     "AnyOf",
@@ -109,12 +110,12 @@ L = TypeVar("L", bound=ListedCheckpoint)
 
 def _check_seconds(value: object, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(
+        raise ConfigurationError(
             f"{name} must be a number of seconds > 0 or None, got {short(value)}; e.g. "
             f"{name}=3600 (an hour)."
         )
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(
+        raise ConfigurationError(
             f"{name} must be a finite number of seconds > 0, got {value}. Use None to disable "
             "this rule."
         )
@@ -122,7 +123,7 @@ def _check_seconds(value: object, name: str) -> None:
 
 def _check_bytes(value: object, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
+        raise ConfigurationError(
             f"{name} must be an int number of bytes >= 1 or None, got {short(value)}; e.g. "
             f"{name}=50 * 2**30 for 50 GiB. Use None for no budget."
         )
@@ -130,9 +131,9 @@ def _check_bytes(value: object, name: str) -> None:
 
 def _check_count(value: object, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}.")
+        raise ConfigurationError(f"{name} must be an int >= 1 or None, got {value!r}.")
     if value < 1:
-        raise ValueError(
+        raise ConfigurationError(
             f"{name} must be >= 1 or None, got {value}. Use None to disable this rule."
         )
 
@@ -222,9 +223,9 @@ class KeepBest(RetentionPolicy):
     def __post_init__(self) -> None:
         _check_count(self.count, "KeepBest count")
         if not self.metric:
-            raise ValueError("KeepBest needs a metric name, got an empty one.")
+            raise ConfigurationError("KeepBest needs a metric name, got an empty one.")
         if self.mode not in ("min", "max"):
-            raise ValueError(f"mode must be 'min' or 'max', got {self.mode!r}.")
+            raise ConfigurationError(f"mode must be 'min' or 'max', got {self.mode!r}.")
 
     @override
     def kept(self, ordered: Sequence[RetentionCandidate], now: float | None = None) -> set[int]:
@@ -273,7 +274,7 @@ class KeepRecent(RetentionPolicy):
     @override
     def kept(self, ordered: Sequence[RetentionCandidate], now: float | None = None) -> set[int]:
         if now is None:
-            raise ValueError("KeepRecent needs the time: pass now= (UNIX seconds).")
+            raise ConfigurationError("KeepRecent needs the time: pass now= (UNIX seconds).")
         return {i for i, c in enumerate(ordered) if c.created >= now - self.seconds}
 
 
@@ -286,7 +287,7 @@ class AnyOf(RetentionPolicy):
     def __post_init__(self) -> None:
         bad = [p for p in self.policies if not isinstance(p, RetentionPolicy)]
         if bad or not self.policies:
-            raise ValueError(
+            raise ConfigurationError(
                 f"AnyOf takes one or more RetentionPolicy objects, got {self.policies!r}."
             )
 
@@ -323,7 +324,7 @@ class MaxTotalBytes(RetentionPolicy):
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, RetentionPolicy):
-            raise ValueError(f"MaxTotalBytes takes a RetentionPolicy, got {self.policy!r}.")
+            raise ConfigurationError(f"MaxTotalBytes takes a RetentionPolicy, got {self.policy!r}.")
         _check_bytes(self.max_bytes, "MaxTotalBytes max_bytes")
 
     @override
@@ -398,12 +399,12 @@ def build_policy(
         if value is not None:
             _check_count(value, name[field_name])
     if keep_best is not None and not metric:
-        raise ValueError(
+        raise ConfigurationError(
             f"{name['keep_best']} needs a metric name: set {name['metric']} to '<name>' and give "
             "that metric at save time (save_state(..., metrics={'<name>': value}))."
         )
     if mode not in ("min", "max"):
-        raise ValueError(f"{name['mode']} must be 'min' or 'max', got {mode!r}.")
+        raise ConfigurationError(f"{name['mode']} must be 'min' or 'max', got {mode!r}.")
     for field_name, seconds in (
         ("keep_every_seconds", keep_every_seconds),
         ("keep_recent_seconds", keep_recent_seconds),

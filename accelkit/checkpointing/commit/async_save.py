@@ -89,6 +89,7 @@ from accelkit.checkpointing.commit.writer_process import (
     shared_writer,
 )
 from accelkit.checkpointing.storage import LocalStorage, Storage
+from accelkit.errors import ConfigurationError
 from accelkit.training.optim import AcceleratedOptimizer
 
 __all__ = ["SNAPSHOT_MODES", "WRITER_MODES", "AsyncCheckpoint", "AsyncSaver", "guarded_storages"]
@@ -183,9 +184,9 @@ class AsyncSaver:
         snapshot_mode: str = "blocking",
     ) -> None:
         if writer not in WRITER_MODES:
-            raise ValueError(f"writer must be one of {WRITER_MODES}, got {writer!r}.")
+            raise ConfigurationError(f"writer must be one of {WRITER_MODES}, got {writer!r}.")
         if snapshot_mode not in SNAPSHOT_MODES:
-            raise ValueError(
+            raise ConfigurationError(
                 f"snapshot_mode must be one of {SNAPSHOT_MODES}, got {snapshot_mode!r}."
             )
         self.snapshot = snapshot or HostSnapshot()

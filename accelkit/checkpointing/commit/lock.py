@@ -56,6 +56,8 @@ from accelkit._text import short
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.formats.jsonio import load_json
 from accelkit.checkpointing.storage import Storage, join
+from accelkit.checkpointing.storage.base import StorageExistsError
+from accelkit.errors import ConfigurationError
 
 __all__ = [
     "IMPORT",
@@ -117,7 +119,9 @@ class RunLock:
 
     def __init__(self, storage: Storage, project_dir: str, role: str = SAVE) -> None:
         if role not in _ROLES:
-            raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}.")
+            raise ConfigurationError(
+                f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}."
+            )
         self.storage = storage
         self.role = role
         self.root = project_dir
@@ -300,7 +304,7 @@ def claim_folder(storage: Storage, url: str, marker_name: str, marker: bytes) ->
             os.makedirs(parent, exist_ok=True)
         os.mkdir(local)  # FileExistsError for a folder, a file or a link already there
     elif storage.exists(target):
-        raise FileExistsError(errno.EEXIST, f"{target} already exists", target)
+        raise StorageExistsError(errno.EEXIST, f"{target} already exists", target)
     else:
         storage.makedirs(target)  # a no-op on object stores; the marker below is the claim
     try:
@@ -313,4 +317,6 @@ def claim_folder(storage: Storage, url: str, marker_name: str, marker: bytes) ->
                 os.rmdir(local)
         raise
     if not created:
-        raise FileExistsError(errno.EEXIST, f"{target} is being written by another process", target)
+        raise StorageExistsError(
+            errno.EEXIST, f"{target} is being written by another process", target
+        )

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from accelkit.checkpointing.storage import join
+from accelkit.errors import ConfigurationError
 
 __all__ = [
     "ACCELERATE_KINDS",
@@ -113,7 +114,9 @@ class ObjectKind:
         ``random_states_0``, ``scaler``."""
         if self.count == SINGLE:
             if index != 0:
-                raise ValueError(f"There is only one {self.stem!r} per checkpoint, not {index}.")
+                raise ConfigurationError(
+                    f"There is only one {self.stem!r} per checkpoint, not {index}."
+                )
             return self.stem
         if self.count == FIRST_BARE and index == 0:
             return self.stem
@@ -178,7 +181,7 @@ def checkpoints_dir(project_dir: str) -> str:
 def checkpoint_name(iteration: int) -> str:
     """The folder name of the checkpoint of ``iteration``: ``checkpoint_<iteration>``."""
     if iteration < 0:
-        raise ValueError(f"iteration must be >= 0, got {iteration}.")
+        raise ConfigurationError(f"iteration must be >= 0, got {iteration}.")
     return f"{CHECKPOINT_PREFIX}{iteration}"
 
 
@@ -222,7 +225,7 @@ def object_stem(kind: str, index: int = 0) -> str:
     """
     found = KINDS.get(kind)
     if found is None:
-        raise ValueError(f"Unknown object kind {kind!r}; expected one of {sorted(KINDS)}.")
+        raise ConfigurationError(f"Unknown object kind {kind!r}; expected one of {sorted(KINDS)}.")
     return found.name(index)
 
 
@@ -258,15 +261,17 @@ def check_relative_path(path: object, what: str = "path") -> str:
             contains a backslash or a NUL, or has an empty, ``.`` or ``..`` component.
     """
     if not isinstance(path, str) or not path:
-        raise ValueError(f"Invalid {what} {path!r}: expected a non-empty relative path string.")
+        raise ConfigurationError(
+            f"Invalid {what} {path!r}: expected a non-empty relative path string."
+        )
     if "\\" in path or "\x00" in path or path.startswith("/") or re.match(r"^[A-Za-z]:", path):
-        raise ValueError(
+        raise ConfigurationError(
             f"Invalid {what} {path!r}: it must be a relative path inside the checkpoint "
             "(no leading '/', drive letter, backslash or NUL)."
         )
     parts = path.split("/")
     if any(part in ("", ".", "..") for part in parts):
-        raise ValueError(
+        raise ConfigurationError(
             f"Invalid {what} {path!r}: '..', '.' and empty components are not allowed; the "
             "file must stay inside its folder."
         )

@@ -43,8 +43,10 @@ from accelkit.checkpointing.formats.safetensors_io import (
     write_safetensors,
 )
 from accelkit.checkpointing.storage import Storage, WrittenFile, get_storage, join
+from accelkit.checkpointing.storage.base import StorageNotFoundError
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.checkpointing.storage.verified import read_verified_bytes
+from accelkit.errors import ConfigurationError, WrongTypeError
 
 __all__ = [
     "ALIASES_KEY",
@@ -83,7 +85,7 @@ def _dedupe(
     seen: dict[tuple[Any, ...], str] = {}
     for name, tensor in state_dict.items():
         if not isinstance(tensor, torch.Tensor):
-            raise TypeError(
+            raise WrongTypeError(
                 f"State dict entry {name!r} is a {type(tensor).__name__}, not a tensor; model "
                 "files hold tensors only (put other values in a registered object)."
             )
@@ -467,7 +469,7 @@ def check_model_keys(
 def _refuse_out_of_scope(**options: tuple[Any, Any]) -> None:
     for name, (value, allowed) in options.items():
         if value != allowed:
-            raise ValueError(
+            raise ConfigurationError(
                 f"load_checkpoint_in_model({name}={value!r}) is not supported: big-model "
                 "inference (offloading, 8-bit loading, rank-0 broadcast, sharded state) is out of "
                 f"accelkit's scope. Leave {name}={allowed!r}; sharded (FSDP) state is restored "
@@ -480,7 +482,7 @@ def _as_dtype(dtype: str | torch.dtype) -> torch.dtype:
         return dtype
     value = getattr(torch, str(dtype).removeprefix("torch."), None)
     if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype={dtype!r} is not a torch dtype; pass e.g. torch.bfloat16.")
+        raise ConfigurationError(f"dtype={dtype!r} is not a torch dtype; pass e.g. torch.bfloat16.")
     return value
 
 
@@ -507,11 +509,11 @@ def _sole_index(storage: Storage, folder: str) -> str:
     if len(indexes) == 1:
         return indexes[0]
     if not indexes:
-        raise FileNotFoundError(
+        raise StorageNotFoundError(
             f"No model.safetensors(.index.json), pytorch_model.bin(.index.json) or other "
             f"*.index.json in {folder!r}; pass the weights file or index itself."
         )
-    raise ValueError(
+    raise ConfigurationError(
         f"{folder!r} holds several indexes ({', '.join(indexes)}); pass the one to load, "
         f"e.g. load_checkpoint_in_model(model, {join(folder, indexes[0])!r})."
     )
@@ -597,7 +599,7 @@ def load_checkpoint_in_model(
             name = _sole_index(storage, checkpoint)
     else:
         if not storage.exists(checkpoint):
-            raise FileNotFoundError(f"No checkpoint at {checkpoint!r}.")
+            raise StorageNotFoundError(f"No checkpoint at {checkpoint!r}.")
         folder, _, name = checkpoint.rstrip("/").rpartition("/")
         folder = folder or "."
         storage = confine(storage, folder)
@@ -616,7 +618,7 @@ def load_checkpoint_in_model(
             for prefix in sorted(device_map, key=len):
                 value = device_map[prefix]
                 if value in ("disk", "meta"):
-                    raise ValueError(
+                    raise ConfigurationError(
                         f"device_map[{prefix!r}]={value!r}: offloading is not supported; map "
                         "every module to a device."
                     )

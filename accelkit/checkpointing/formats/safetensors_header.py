@@ -14,7 +14,8 @@ integers whose product fits a signed 64-bit count (zero-sized dimensions include
 dtype and shape need; no two tensors overlap; ``__metadata__`` maps strings to strings.
 
 Public API: :data:`MAX_HEADER_BYTES`, :data:`DTYPE_BITS`, :class:`TensorInfo`,
-:class:`SafetensorsHeader`, :func:`parse_header`, :func:`read_header`.
+:class:`SafetensorsHeader`, :func:`header_length` (the one reading and bound of the length
+prefix), :func:`parse_header`, :func:`read_header`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "SafetensorsHeader",
     "TensorInfo",
+    "header_length",
     "parse_header",
     "read_header",
 ]
@@ -222,6 +224,40 @@ def parse_header(
     return SafetensorsHeader(file, url, file_size, len(raw), tensors, dict(metadata))
 
 
+def header_length(
+    url: str, prefix: bytes, file_size: int, max_header_bytes: int = MAX_HEADER_BYTES
+) -> int:
+    """The header length ``N`` that a file's first 8 bytes announce, once it is known to fit.
+
+    The one reading of the little-endian length prefix in accelkit: every reader (a stream, a
+    memory map, ``accelkit ckpt inspect``) calls it before it reads or allocates the header, so
+    a hostile prefix is refused the same way everywhere.
+
+    Args:
+        url: the file, for the message.
+        prefix: the file's first bytes (at least 8; only the first 8 are read).
+        file_size: the file's real size, which bounds what the prefix may claim.
+        max_header_bytes: the largest header accepted (:data:`MAX_HEADER_BYTES`).
+
+    Returns:
+        ``N``, at most ``max_header_bytes`` and at most ``file_size - 8``.
+
+    Raises:
+        CorruptCheckpointError: a file shorter than the prefix, or a length past either bound,
+            naming ``url``.
+    """
+    if len(prefix) < 8:
+        raise _corrupt(url, f"only {len(prefix)} bytes long, shorter than the 8-byte prefix")
+    (length,) = struct.unpack("<Q", prefix[:8])
+    if length > max_header_bytes or length > file_size - 8:
+        raise _corrupt(
+            url,
+            f"the header length prefix says {length} bytes, but the file has {file_size - 8} "
+            f"bytes after the prefix (limit {max_header_bytes})",
+        )
+    return int(length)
+
+
 def read_header(
     stream: BinaryIO,
     url: str,
@@ -237,16 +273,7 @@ def read_header(
     Raises:
         CorruptCheckpointError: naming ``url`` and what is wrong.
     """
-    prefix = stream.read(8)
-    if len(prefix) < 8:
-        raise _corrupt(url, f"only {len(prefix)} bytes long, shorter than the 8-byte prefix")
-    (length,) = struct.unpack("<Q", prefix)
-    if length > max_header_bytes or length > file_size - 8:
-        raise _corrupt(
-            url,
-            f"the header length prefix says {length} bytes, but the file has {file_size - 8} "
-            f"bytes after the prefix (limit {max_header_bytes})",
-        )
+    length = header_length(url, stream.read(8), file_size, max_header_bytes)
     raw = stream.read(length)
     if len(raw) != length:
         raise _corrupt(url, f"the header is cut short: {len(raw)} of {length} bytes")

@@ -40,6 +40,7 @@ from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.safetensors_header import (
     SafetensorsHeader,
     TensorInfo,
+    header_length,
     parse_header,
 )
 from accelkit.checkpointing.storage import Storage, WrittenFile
@@ -50,6 +51,7 @@ from accelkit.checkpointing.storage.verified import (
     open_verified,
     read_verified_bytes,
 )
+from accelkit.errors import WrongTypeError
 
 __all__ = [
     "SafetensorsStream",
@@ -95,7 +97,6 @@ def dtype_code(dtype: torch.dtype) -> str:
 
 
 _CHUNK = 64 * 1024 * 1024
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 def supports_dtype(dtype: torch.dtype) -> bool:
@@ -137,9 +138,11 @@ def _write_tensor(writer: Any, tensor: torch.Tensor) -> None:
 def _dtype_code(name: str, tensor: torch.Tensor) -> str:
     code = _DTYPES.get(tensor.dtype)
     if code is None:
-        raise TypeError(f"Tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot hold.")
+        raise WrongTypeError(
+            f"Tensor {name!r} has dtype {tensor.dtype}, which safetensors cannot hold."
+        )
     if tensor.layout != torch.strided or tensor.is_quantized:
-        raise TypeError(f"Tensor {name!r} is not a dense tensor ({tensor.layout}).")
+        raise WrongTypeError(f"Tensor {name!r} is not a dense tensor ({tensor.layout}).")
     return code
 
 
@@ -281,9 +284,7 @@ class SafetensorsStream:
             if expected is not None and file_size != expected.size:
                 check_expected(url, expected, file_size, "")
             head = _read_exact(self._file, 8, url)
-            (length,) = struct.unpack("<Q", head.numpy().tobytes())
-            if length > min(_MAX_HEADER, file_size - 8):
-                raise _corrupt(url, f"header length {length} is larger than the file allows")
+            length = header_length(url, head.numpy().tobytes(), file_size)
             raw = _read_exact(self._file, length, url).numpy().tobytes()
             self.header: SafetensorsHeader = parse_header(url, raw, file_size)
         except BaseException:
@@ -350,9 +351,7 @@ def read_safetensors(
 
 
 def _check_mapped(view: memoryview, size: int, url: str, expected: Any) -> SafetensorsHeader:
-    (length,) = struct.unpack("<Q", view[:8])
-    if length > min(_MAX_HEADER, size - 8):
-        raise _corrupt(url, f"header length {length} is larger than the file allows")
+    length = header_length(url, bytes(view[:8]), size)
     header = parse_header(url, bytes(view[8 : 8 + length]), size)
     if expected is not None:
         algorithm, _ = parse_checksum(expected.checksum)

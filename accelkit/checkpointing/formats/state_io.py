@@ -224,7 +224,7 @@ def decode_state(
         if tag == "__npscalar__" and isinstance(value, list) and len(value) == 2:
             dtype = np.dtype(value[0])
             if dtype.kind not in "biuf":
-                raise ValueError(dtype)
+                raise _bad(source, f"has an invalid {tag} value {value!r:.80}")
             return dtype.type(walk(value[1]))
         if tag == "__bytes__" and isinstance(value, str):
             return base64.b64decode(value, validate=True)

@@ -61,8 +61,10 @@ from accelkit.checkpointing.formats.manifest import (
 from accelkit.checkpointing.interop.accelerate_format import AccelerateCheckpoint, read_accelerate
 from accelkit.checkpointing.objects.contents import Snapshot, write_snapshot
 from accelkit.checkpointing.storage import Storage, get_storage, join, sync_batch
+from accelkit.checkpointing.storage.base import StorageNotFoundError
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM
 from accelkit.checkpointing.storage.confined import confine
+from accelkit.errors import ConfigurationError
 
 __all__ = ["ImportResult", "default_destination", "import_accelerate"]
 
@@ -139,7 +141,7 @@ def import_accelerate(
     """
     src_storage = get_storage(source, storage_options)
     if not src_storage.isdir(source):
-        raise FileNotFoundError(
+        raise StorageNotFoundError(
             f"{source!r} is not a folder: give the Accelerate checkpoint folder."
         )
     info = inspect_folder(src_storage, source)
@@ -201,7 +203,7 @@ def _refuse_overlap(source: str, destination: str) -> None:
         where = "holds the source folder"
     else:
         return
-    raise ValueError(
+    raise ConfigurationError(
         f"The destination {destination!r} {where} {source!r} (resolved: {dst.real} and "
         f"{src.real}): the import would write into the checkpoint it reads. Give a DST "
         "outside the source, e.g. omit it to use the next free checkpoint_<n> beside it; "

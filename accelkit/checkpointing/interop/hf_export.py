@@ -69,7 +69,9 @@ from accelkit.checkpointing.formats.safetensors_io import (
 )
 from accelkit.checkpointing.restore.loading import check_loadable
 from accelkit.checkpointing.storage import Storage, get_storage, join, protocol_of
+from accelkit.checkpointing.storage.base import StorageExistsError
 from accelkit.checkpointing.storage.confined import confine
+from accelkit.errors import ConfigurationError
 
 __all__ = ["EXPORT_DTYPES", "ExportResult", "export_hf"]
 
@@ -124,7 +126,7 @@ class _Target:
 
 def _local_out(out: str) -> str:
     if protocol_of(out) not in ("file", "local"):
-        raise ValueError(
+        raise ConfigurationError(
             f"OUT {out!r} is not a local folder: an export is written to a local disk and "
             "renamed into place. Export to a local folder, then upload it."
         )
@@ -134,11 +136,11 @@ def _local_out(out: str) -> str:
 
 def _check_out(out: str, force: bool) -> None:
     if os.path.islink(out) or (os.path.exists(out) and not os.path.isdir(out)):
-        raise FileExistsError(
+        raise StorageExistsError(
             f"OUT {out!r} exists and is not a folder. Choose another OUT, or remove it."
         )
     if os.path.isdir(out) and os.listdir(out) and not force:
-        raise FileExistsError(
+        raise StorageExistsError(
             f"OUT {out!r} exists and is not empty. Choose another folder, or pass --force "
             "(force=True) to replace it once the export is complete."
         )
@@ -151,7 +153,7 @@ def _check_apart(source: str | None, out: str) -> None:
         return
     src, dst = os.path.realpath(source), os.path.realpath(out)
     if src == dst or src.startswith(dst + os.sep) or dst.startswith(src + os.sep):
-        raise FileExistsError(
+        raise StorageExistsError(
             f"OUT {out!r} overlaps the checkpoint being exported ({source}): writing or "
             "replacing it there could delete the checkpoint. Choose a folder outside it."
         )
@@ -181,10 +183,10 @@ def _model_indexes(names: list[str]) -> list[int]:
 def _dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         if dtype is not None and dtype not in EXPORT_DTYPES.values():
-            raise ValueError(f"dtype {dtype} is not one of {', '.join(EXPORT_DTYPES)}.")
+            raise ConfigurationError(f"dtype {dtype} is not one of {', '.join(EXPORT_DTYPES)}.")
         return dtype
     if dtype not in EXPORT_DTYPES:
-        raise ValueError(
+        raise ConfigurationError(
             f"dtype {dtype!r} is not one of {', '.join(EXPORT_DTYPES)}; pass one of them, or "
             "none to keep the stored dtypes."
         )
@@ -262,7 +264,7 @@ def export_hf(
                 "OUT), which gathers the full weights into Hugging Face files."
             )
         have = ", ".join(str(i) for i in indexes) or "none"
-        raise ValueError(
+        raise ConfigurationError(
             f"model {model} is not in {source}: it holds model(s) {have}. Pass --model with one "
             "of them."
         )

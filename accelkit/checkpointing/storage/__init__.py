@@ -19,7 +19,8 @@ Public API:
 - :func:`join(base, *names) <join>` and :func:`protocol_of`.
 - :class:`Storage` (the contract: the base class every storage subclasses, and the type the
   checkpoint code is annotated with), :class:`WrappedStorage`, :class:`HashingWriter`,
-  :class:`Entry`, :class:`WrittenFile`, :class:`StorageError`: see
+  :class:`Entry`, :class:`WrittenFile`, :class:`StorageError` and its children of each
+  ``OSError`` kind (:class:`StorageNotFoundError` is also a ``FileNotFoundError``): see
   :mod:`~accelkit.checkpointing.storage.base`.
 - :func:`sync_batch` -- a context manager: local files written inside it are ``fsync``-ed in
   background threads, overlapping the next writes; leaving it waits for all of them.
@@ -43,7 +44,14 @@ from accelkit.checkpointing.storage.base import (
     Entry,
     HashingWriter,
     Storage,
+    StorageConnectionError,
     StorageError,
+    StorageExistsError,
+    StorageIsADirectoryError,
+    StorageNotADirectoryError,
+    StorageNotFoundError,
+    StoragePermissionError,
+    StorageTimeoutError,
     WrappedStorage,
     WrittenFile,
     join,
@@ -58,7 +66,14 @@ __all__ = [
     "LocalStorage",
     "Storage",
     "StorageFactory",
+    "StorageConnectionError",
     "StorageError",
+    "StorageExistsError",
+    "StorageIsADirectoryError",
+    "StorageNotADirectoryError",
+    "StorageNotFoundError",
+    "StoragePermissionError",
+    "StorageTimeoutError",
     "WrappedStorage",
     "WrittenFile",
     "get_storage",
@@ -100,10 +115,11 @@ def register_storage(protocol: str, factory: StorageFactory, overwrite: bool = F
         overwrite: replace a factory already registered for ``protocol``.
 
     Raises:
-        ValueError: if ``protocol`` already has a factory and ``overwrite`` is false.
+        ConfigurationError: (a ``ValueError``) if ``protocol`` already has a factory and
+            ``overwrite`` is false.
     """
     if protocol in _FACTORIES and not overwrite:
-        raise ValueError(
+        raise ConfigurationError(
             f"Storage protocol {protocol!r} is already served by {_FACTORIES[protocol]!r}. "
             "Pass overwrite=True to replace it."
         )

@@ -40,7 +40,14 @@ from typing import Any, TypeVar
 
 from accelkit.checkpointing.storage._localfile import defer_to_batch
 from accelkit.checkpointing.storage._pools import first_failure, thread_pool
+from accelkit.checkpointing.storage.base import (
+    StorageConnectionError,
+    StorageError,
+    StorageIsADirectoryError,
+    as_storage_error,
+)
 from accelkit.checkpointing.storage.retry import error_code
+from accelkit.errors import ConfigurationError
 
 __all__ = [
     "MAX_PARTS_IN_FLIGHT",
@@ -81,10 +88,10 @@ def parts_in_flight(limit: int) -> Iterator[None]:
     process's :data:`MAX_PARTS_IN_FLIGHT`: for a caller with a tighter memory budget.
 
     Raises:
-        ValueError: ``limit`` is below 1.
+        ConfigurationError: ``limit`` is below 1 (a ``ValueError``).
     """
     if limit < 1:
-        raise ValueError(
+        raise ConfigurationError(
             f"parts_in_flight needs a limit of at least 1 (parts waiting for the server), got "
             f"{limit!r}; e.g. parts_in_flight(1) for the least memory."
         )
@@ -165,16 +172,16 @@ def no_retry(what: str, fn: Callable[[], T]) -> T:
 
 
 def _call(fs: Any, method: str, **kwargs: Any) -> Any:
-    """``fs.call_s3(method, **kwargs)``, a failure always an ``OSError`` (botocore's own
-    errors, which s3fs lets through, become its cause: :func:`~accelkit.checkpointing.storage.
-    retry.classify` reads them there)."""
+    """``fs.call_s3(method, **kwargs)``, a failure always a :class:`~accelkit.checkpointing.
+    storage.StorageError` (what s3fs or botocore raised becomes its cause: :func:`~accelkit.
+    checkpointing.storage.retry.classify` reads it there)."""
     try:
         return fs.call_s3(method, **kwargs)
-    except OSError:
+    except StorageError:
         raise
     except Exception as exc:
         where = f"s3://{kwargs.get('Bucket')}/{kwargs.get('Key')}"
-        raise OSError(f"S3 {method} of {where} failed: {exc}") from exc
+        raise as_storage_error(exc, f"S3 {method} of {where}") from exc
 
 
 def multipart_etag(parts: list[dict[str, Any]]) -> str | None:
@@ -316,7 +323,7 @@ class MultipartSink:
             )
             self._upload_id = str(answer["UploadId"])
         if self._number > _MAX_PARTS:
-            raise OSError(f"{self._what()}: more than {_MAX_PARTS} parts")
+            raise StorageError(f"{self._what()}: more than {_MAX_PARTS} parts")
         body, size = self._body(), self._size
         self._part, self._size, self._view, self._filled = _EMPTY, 0, memoryview(b""), 0
         number = self._number
@@ -506,7 +513,7 @@ class RangedReader:
         self._retry = retry
         head = retry(f"open(s3://{path})", lambda: fs.info(path, refresh=True))
         if head.get("type") == "directory":
-            raise IsADirectoryError(f"s3://{path} is a folder")
+            raise StorageIsADirectoryError(f"s3://{path} is a folder")
         self.size = int(head["size"])
         self._etag = head.get("ETag")
         self._pos = 0
@@ -557,12 +564,13 @@ class RangedReader:
         def once() -> None:
             try:
                 got = sync(self._fs.loop, _get_into, self._fs, request, view)
-            except OSError:
+            except StorageError:
                 raise
             except Exception as exc:
-                raise OSError(f"S3 read of s3://{self.path} at {start} failed: {exc}") from exc
+                what = f"S3 read of s3://{self.path} at {start}"
+                raise as_storage_error(exc, what) from exc
             if got != len(view):
-                raise ConnectionError(
+                raise StorageConnectionError(
                     f"s3://{self.path}: {got} of {len(view)} bytes of a range at {start}"
                 )
 

@@ -64,9 +64,17 @@ __all__ = [
     "RetryRunner",
     "Sink",
     "Storage",
+    "StorageConnectionError",
     "StorageError",
+    "StorageExistsError",
+    "StorageIsADirectoryError",
+    "StorageNotADirectoryError",
+    "StorageNotFoundError",
+    "StoragePermissionError",
+    "StorageTimeoutError",
     "WrappedStorage",
     "WrittenFile",
+    "as_storage_error",
     "join",
     "protocol_of",
 ]
@@ -150,12 +158,81 @@ class Sink(Protocol):
 
 
 class StorageError(AccelkitError, OSError):
-    """A storage failed in a way accelkit detected itself (a write that makes no progress).
+    """A storage failed: a write that makes no progress, or a failure of an fsspec backend
+    (S3 included) as accelkit passes it on.
 
-    An ``OSError`` like every other storage failure (those the OS or an fsspec backend raise
-    are let through as they are, ``FileNotFoundError`` included), so ``except OSError`` catches
-    all of them; never a ``ValueError``.
+    An ``OSError``, so ``except OSError`` catches it; never a ``ValueError``. What an fsspec
+    backend raises (s3fs's ``OSError``, botocore's own errors) leaves the storage as a member
+    of this family made by :func:`as_storage_error`, the backend's exception its
+    ``__cause__``; its kind is kept by the subclasses below (a missing object is a
+    :class:`StorageNotFoundError`, also a ``FileNotFoundError``). A local disk's own
+    ``OSError`` is let through as the OS raised it.
     """
+
+
+class StorageNotFoundError(StorageError, FileNotFoundError):
+    """No file or folder at the URL (also a ``FileNotFoundError``)."""
+
+
+class StorageExistsError(StorageError, FileExistsError):
+    """The file already exists (also a ``FileExistsError``)."""
+
+
+class StorageIsADirectoryError(StorageError, IsADirectoryError):
+    """A folder where a file was expected (also an ``IsADirectoryError``)."""
+
+
+class StorageNotADirectoryError(StorageError, NotADirectoryError):
+    """A file where a folder was expected (also a ``NotADirectoryError``)."""
+
+
+class StoragePermissionError(StorageError, PermissionError):
+    """The storage refuses the access (also a ``PermissionError``)."""
+
+
+class StorageConnectionError(StorageError, ConnectionError):
+    """The connection to the storage failed or was cut (also a ``ConnectionError``)."""
+
+
+class StorageTimeoutError(StorageError, TimeoutError):
+    """The storage did not answer in time (also a ``TimeoutError``)."""
+
+
+# The most specific kind first: a subclass of the OSError kinds listed earlier would be
+# caught by them (``ConnectionResetError`` is a ``ConnectionError``).
+_KINDS: tuple[tuple[type[OSError], type[StorageError]], ...] = (
+    (FileNotFoundError, StorageNotFoundError),
+    (FileExistsError, StorageExistsError),
+    (IsADirectoryError, StorageIsADirectoryError),
+    (NotADirectoryError, StorageNotADirectoryError),
+    (PermissionError, StoragePermissionError),
+    (ConnectionError, StorageConnectionError),
+    (TimeoutError, StorageTimeoutError),
+)
+
+
+def as_storage_error(exc: BaseException, what: str) -> StorageError:
+    """``exc``, raised by a storage backend during ``what``, as a :class:`StorageError`.
+
+    Raise the result ``from exc``: the backend's error stays on the chain, where
+    :func:`~accelkit.checkpointing.storage.retry.classify` reads botocore's error code. A
+    :class:`StorageError` is returned as it is.
+
+    Args:
+        exc: what the backend raised (an ``OSError``, or a botocore or aiohttp error).
+        what: the operation, naming the URL (``"open(s3://bucket/run/model.safetensors)"``).
+
+    Returns:
+        The family member of ``exc``'s kind (a ``FileNotFoundError`` becomes a
+        :class:`StorageNotFoundError`), its ``errno`` kept, its message ``"<what>: <exc>"``.
+    """
+    if isinstance(exc, StorageError):
+        return exc
+    kind = next((ours for theirs, ours in _KINDS if isinstance(exc, theirs)), StorageError)
+    error = kind(f"{what}: {exc or type(exc).__name__}")
+    if isinstance(exc, OSError):
+        error.errno = exc.errno
+    return error
 
 
 class HashingWriter:
@@ -189,7 +266,7 @@ class HashingWriter:
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Write ``data`` (any buffer), hashing it on the way; returns the number of bytes."""
         if self._sink is None:
-            raise ValueError(f"write to {self._url!r} after it was closed")
+            raise ValueError(f"write to {self._url!r} after it was closed")  # io's convention
         view = memoryview(data).cast("B")
         total = len(view)
         chunk = self._sink.chunk_size

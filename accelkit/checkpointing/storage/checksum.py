@@ -20,6 +20,8 @@ import ctypes
 import hashlib
 from typing import Any, Protocol
 
+from accelkit.errors import ConfigurationError, UsageError
+
 __all__ = [
     "DEFAULT_ALGORITHM",
     "MEMORY_DIGEST_AVAILABLE",
@@ -58,19 +60,20 @@ def new_hasher(algorithm: str = DEFAULT_ALGORITHM) -> Hasher:
         algorithm: ``"xxh3_128"`` or ``"sha256"``.
 
     Raises:
-        ValueError: for an unknown algorithm, or ``xxh3_128`` without the ``xxhash`` package.
+        ConfigurationError: (a ``ValueError``) for an unknown algorithm, or ``xxh3_128``
+            without the ``xxhash`` package.
     """
     if algorithm == "sha256":
         return hashlib.sha256()
     if algorithm == "xxh3_128":
         if _xxhash is None:
-            raise ValueError(
+            raise ConfigurationError(
                 "This checkpoint's checksums use xxh3_128, which needs the 'xxhash' package: "
                 "pip install xxhash"
             )
         hasher: Hasher = _xxhash.xxh3_128()
         return hasher
-    raise ValueError(
+    raise ConfigurationError(
         f"Unknown checksum algorithm {algorithm!r}; expected one of "
         f"{', '.join(SUPPORTED_ALGORITHMS)}."
     )
@@ -85,18 +88,21 @@ def parse_checksum(text: str) -> tuple[str, str]:
     """Split ``"algo:hex"`` into ``(algo, hex)``.
 
     Raises:
-        ValueError: if the text is not of that form or names an unknown algorithm.
+        ConfigurationError: (a ``ValueError``) if the text is not of that form or names an
+            unknown algorithm.
     """
     algorithm, sep, digest = text.partition(":")
     if not sep or algorithm not in SUPPORTED_ALGORITHMS or not digest:
-        raise ValueError(
+        raise ConfigurationError(
             f"Invalid checksum {text!r}: expected '<algorithm>:<hex digest>' with algorithm one "
             f"of {', '.join(SUPPORTED_ALGORITHMS)}."
         )
     try:
         int(digest, 16)
     except ValueError:
-        raise ValueError(f"Invalid checksum {text!r}: the digest is not hexadecimal.") from None
+        raise ConfigurationError(
+            f"Invalid checksum {text!r}: the digest is not hexadecimal."
+        ) from None
     return algorithm, digest.lower()
 
 
@@ -122,9 +128,10 @@ def memory_digest(address: int, nbytes: int) -> int:
         nbytes: how many bytes, at least 1.
 
     Raises:
-        RuntimeError: without the ``xxhash`` package (see :data:`MEMORY_DIGEST_AVAILABLE`).
+        UsageError: (a ``RuntimeError``) without the ``xxhash`` package (see
+            :data:`MEMORY_DIGEST_AVAILABLE`).
     """
     if _xxhash is None:
-        raise RuntimeError("memory_digest needs the 'xxhash' package: pip install xxhash")
+        raise UsageError("memory_digest needs the 'xxhash' package: pip install xxhash")
     digest: int = _xxhash.xxh3_64_intdigest((ctypes.c_char * nbytes).from_address(address))
     return digest

@@ -39,7 +39,14 @@ from typing_extensions import override
 
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage._localfile import open_regular
-from accelkit.checkpointing.storage.base import Entry, RetryRunner, Storage, WrappedStorage
+from accelkit.checkpointing.storage.base import (
+    Entry,
+    RetryRunner,
+    Storage,
+    StorageIsADirectoryError,
+    StorageNotADirectoryError,
+    WrappedStorage,
+)
 
 __all__ = [
     "ConfinedStorage",
@@ -133,7 +140,7 @@ class ConfinedStorage(WrappedStorage):
             if os.path.islink(path):
                 raise self._link_error([]) from None
             if exc.errno == errno.ENOTDIR:
-                raise NotADirectoryError(
+                raise StorageNotADirectoryError(
                     errno.ENOTDIR, f"{self.root!r} is not a folder", self.root
                 ) from None
             raise
@@ -275,7 +282,7 @@ class ConfinedStorage(WrappedStorage):
         if self._os_root is None:
             return self.inner.open_read(url)
         if not parts:
-            raise IsADirectoryError(errno.EISDIR, f"{url!r} is a folder", url)
+            raise StorageIsADirectoryError(errno.EISDIR, f"{url!r} is a folder", url)
         with self._parent_fd(parts) as parent:
             fd = self._open_below(parent, parts[-1], parts, directory=False)
         return open_regular(fd, url)

@@ -4,19 +4,33 @@ for the quirks of S3 servers. The one module of accelkit that imports fsspec.
 An upload to an object store is visible only once complete, so a streamed write is already
 atomic there; listings may be cached by the filesystem, so every query forgets the cache of
 its path first (a checkpoint written by another process must be seen).
+
+The storage's methods are the boundary of the backend's errors: whatever the filesystem raises
+(s3fs's ``OSError``, botocore's own errors) leaves them as a :class:`~accelkit.checkpointing.
+storage.StorageError` of the same kind (:func:`~accelkit.checkpointing.storage.base.
+as_storage_error`), the backend's error its ``__cause__``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import IO, Any, BinaryIO, cast
 
 import fsspec
 from typing_extensions import override
 
 from accelkit.checkpointing.storage._s3io import MultipartSink, RangedReader, no_retry
-from accelkit.checkpointing.storage.base import Entry, RetryRunner, Sink, Storage, WrittenFile
+from accelkit.checkpointing.storage.base import (
+    Entry,
+    RetryRunner,
+    Sink,
+    Storage,
+    StorageError,
+    StorageNotFoundError,
+    WrittenFile,
+    as_storage_error,
+)
 from accelkit.checkpointing.storage.checksum import checksum_bytes
 
 __all__ = ["FsspecStorage", "S3Storage", "fsspec_storage"]
@@ -26,23 +40,39 @@ __all__ = ["FsspecStorage", "S3Storage", "fsspec_storage"]
 REMOTE_WRITE_CHUNK = 16 * 1024 * 1024
 
 
+@contextlib.contextmanager
+def _boundary(what: str) -> Iterator[None]:
+    """Raise what the filesystem raises inside the block as a :class:`StorageError` of its
+    kind, chained ``from`` it (one of ours passes as it is)."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise as_storage_error(exc, what) from exc
+
+
 class _FileSink:
     """An fsspec file opened for writing, as a :class:`~accelkit.checkpointing.storage.base.
     Sink`: the upload completes on close."""
 
     chunk_size = REMOTE_WRITE_CHUNK
 
-    def __init__(self, file: IO[bytes]) -> None:
+    def __init__(self, file: IO[bytes], url: str) -> None:
         self._file = file
+        self._url = url
 
     def write(self, data: memoryview) -> int:
-        return self._file.write(data)
+        with _boundary(f"write to {self._url}"):
+            return self._file.write(data)
 
     def commit(self, deferred: bool) -> None:
-        self._file.close()
+        with _boundary(f"upload of {self._url}"):
+            self._file.close()
 
     def abort(self) -> None:
-        self._file.close()
+        with _boundary(f"abort of {self._url}"):
+            self._file.close()
 
 
 class FsspecStorage(Storage):
@@ -71,28 +101,36 @@ class FsspecStorage(Storage):
     @override
     def exists(self, url: str) -> bool:
         self.invalidate(url)
-        return bool(self.fs.exists(self._path(url)))
+        with _boundary(f"exists({url})"):
+            return bool(self.fs.exists(self._path(url)))
 
     @override
     def isdir(self, url: str) -> bool:
         self.invalidate(url)
-        return bool(self.fs.isdir(self._path(url)))
+        with _boundary(f"isdir({url})"):
+            return bool(self.fs.isdir(self._path(url)))
 
     @override
     def isfile(self, url: str) -> bool:
         self.invalidate(url)
-        return bool(self.fs.isfile(self._path(url)))
+        with _boundary(f"isfile({url})"):
+            return bool(self.fs.isfile(self._path(url)))
 
     @override
     def size(self, url: str) -> int:
-        return int(self.fs.size(self._path(url)))
+        with _boundary(f"size({url})"):
+            return int(self.fs.size(self._path(url)))
 
     @override
     def listdir(self, url: str) -> list[Entry]:
         self.invalidate(url)
+        with _boundary(f"listdir({url})"):
+            return self._listdir(url)
+
+    def _listdir(self, url: str) -> list[Entry]:
         path = self._path(url)
         if not self.fs.isdir(path):
-            raise FileNotFoundError(f"No folder at {url!r}.")
+            raise StorageNotFoundError(f"No folder at {url!r}.")
         entries = []
         for info in self.fs.ls(path, detail=True):
             name = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
@@ -106,19 +144,21 @@ class FsspecStorage(Storage):
 
     @override
     def open_read(self, url: str) -> BinaryIO:
-        stream: BinaryIO = self.fs.open(self._path(url), "rb")
+        with _boundary(f"open({url})"):
+            stream: BinaryIO = self.fs.open(self._path(url), "rb")
         return stream
 
     # ------------------------------------------------------------------ writing
 
     @override
     def makedirs(self, url: str) -> None:
-        with contextlib.suppress(FileExistsError):
+        with _boundary(f"makedirs({url})"), contextlib.suppress(FileExistsError):
             self.fs.makedirs(self._path(url), exist_ok=True)
 
     @override
     def open_sink(self, url: str) -> Sink:
-        return _FileSink(self.fs.open(self._path(url), "wb"))
+        with _boundary(f"open({url}) for writing"):
+            return _FileSink(self.fs.open(self._path(url), "wb"), url)
 
     @override
     def write_bytes(
@@ -127,7 +167,8 @@ class FsspecStorage(Storage):
         """Write ``data`` to ``url``; ``atomic``: as a single PUT."""
         if not atomic:
             return super().write_bytes(url, data)
-        self.fs.pipe_file(self._path(url), bytes(data))
+        with _boundary(f"upload of {url}"):
+            self.fs.pipe_file(self._path(url), bytes(data))
         return WrittenFile(url, len(data), checksum_bytes(data))
 
     @override
@@ -135,21 +176,22 @@ class FsspecStorage(Storage):
         """Create ``url`` holding ``data`` only if it does not exist, with fsspec's
         ``mode="create"``; a filesystem without that mode writes unconditionally (the caller
         reads back)."""
-        try:
-            self.fs.pipe_file(self._path(url), bytes(data), mode="create")
-        except FileExistsError:
-            return False
-        except TypeError:  # an fsspec backend without the "create" mode
-            self.fs.pipe_file(self._path(url), bytes(data))
-        finally:
-            self.invalidate(url)
+        with _boundary(f"create_exclusive({url})"):
+            try:
+                self.fs.pipe_file(self._path(url), bytes(data), mode="create")
+            except FileExistsError:
+                return False
+            except TypeError:  # an fsspec backend without the "create" mode
+                self.fs.pipe_file(self._path(url), bytes(data))
+            finally:
+                self.invalidate(url)
         return True
 
     # ------------------------------------------------------------------ deleting
 
     @override
     def remove(self, url: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        with _boundary(f"remove({url})"), contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self._path(url))
         self.invalidate(url)
 
@@ -157,11 +199,12 @@ class FsspecStorage(Storage):
     def rmtree(self, url: str) -> None:
         path = self._path(url)
         self.invalidate(url)
-        if self.fs.exists(path):
-            with contextlib.suppress(FileNotFoundError):
-                self.fs.rm(path, recursive=True)
-            self.invalidate(url)
-            self._after_rmtree(path)
+        with _boundary(f"rmtree({url})"):
+            if self.fs.exists(path):
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm(path, recursive=True)
+                self.invalidate(url)
+                self._after_rmtree(path)
         self.invalidate(url)
 
     def _after_rmtree(self, path: str) -> None:
@@ -189,19 +232,23 @@ class S3Storage(FsspecStorage):
 
     @override
     def open_sink(self, url: str) -> Sink:
-        return MultipartSink(self.fs, self._path(url), no_retry)
+        with _boundary(f"open({url}) for writing"):
+            return MultipartSink(self.fs, self._path(url), no_retry)
 
     @override
     def open_sink_retrying(self, url: str, retry: RetryRunner) -> Sink | None:
-        return MultipartSink(self.fs, self._path(url), retry)
+        with _boundary(f"open({url}) for writing"):
+            return MultipartSink(self.fs, self._path(url), retry)
 
     @override
     def open_read(self, url: str) -> BinaryIO:
-        return cast(BinaryIO, RangedReader(self.fs, self._path(url), no_retry))
+        with _boundary(f"open({url})"):
+            return cast(BinaryIO, RangedReader(self.fs, self._path(url), no_retry))
 
     @override
     def open_read_retrying(self, url: str, retry: RetryRunner) -> BinaryIO:
-        return cast(BinaryIO, RangedReader(self.fs, self._path(url), retry))
+        with _boundary(f"open({url})"):
+            return cast(BinaryIO, RangedReader(self.fs, self._path(url), retry))
 
     @override
     def create_exclusive(self, url: str, data: bytes) -> bool:
@@ -232,9 +279,17 @@ _PRECONDITION_FAILED = 412
 
 
 def _precondition_failed(exc: BaseException) -> bool:
-    """Whether ``exc`` (or the botocore ``ClientError`` s3fs raised it from) is the server's
-    412 Precondition Failed, read from the error's code and HTTP status."""
-    for error in (exc, exc.__cause__, exc.__context__):
+    """Whether ``exc`` (or the botocore ``ClientError`` on its chain of causes: s3fs raises
+    it from that, and the storage's boundary from s3fs's) is the server's 412 Precondition
+    Failed, read from the error's code and HTTP status."""
+    todo: list[BaseException | None] = [exc]
+    seen: list[BaseException] = []
+    while todo and len(seen) < 8:
+        error = todo.pop(0)
+        if error is None or any(error is old for old in seen):
+            continue
+        seen.append(error)
+        todo += [error.__cause__, error.__context__]
         response = getattr(error, "response", None)  # botocore's ClientError.response
         if not isinstance(response, Mapping):
             continue
@@ -252,8 +307,8 @@ def fsspec_storage(protocol: str, options: Mapping[str, Any]) -> FsspecStorage:
     :class:`FsspecStorage` otherwise.
 
     Raises:
-        ImportError: if the filesystem's package is not installed.
-        ValueError: if fsspec knows no such protocol.
+        ImportError: if the filesystem's package is not installed (fsspec's own).
+        ValueError: if fsspec knows no such protocol (fsspec's own).
     """
     fs = fsspec.filesystem(protocol, **options)
     return (S3Storage if protocol in ("s3", "s3a") else FsspecStorage)(fs, protocol)

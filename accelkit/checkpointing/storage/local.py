@@ -27,7 +27,14 @@ from typing import BinaryIO
 from typing_extensions import override
 
 from accelkit.checkpointing.storage._localfile import LocalFile, open_regular
-from accelkit.checkpointing.storage.base import Entry, HashingWriter, Sink, Storage, WrittenFile
+from accelkit.checkpointing.storage.base import (
+    Entry,
+    HashingWriter,
+    Sink,
+    Storage,
+    StoragePermissionError,
+    WrittenFile,
+)
 
 __all__ = ["LocalStorage"]
 
@@ -117,7 +124,7 @@ class LocalStorage(Storage):
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except OSError as exc:
             if os.path.islink(path):
-                raise PermissionError(
+                raise StoragePermissionError(
                     f"Refusing to read {url!r}: it is a symbolic link; a checkpoint's files "
                     "must be regular files inside it. Replace the link by the file."
                 ) from exc

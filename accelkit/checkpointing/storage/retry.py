@@ -38,10 +38,12 @@ from accelkit.checkpointing.storage.base import (
     HashingWriter,
     Sink,
     Storage,
+    StorageError,
     WrappedStorage,
     WrittenFile,
 )
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, checksum_bytes
+from accelkit.errors import ConfigurationError
 
 __all__ = [
     "HARD",
@@ -234,7 +236,8 @@ class RetryPolicy:
             keep trying; the replicator stops when asked to).
 
     Raises:
-        ValueError: a negative delay, a multiplier below 1, a jitter outside ``[0, 1]``.
+        ConfigurationError: a negative delay, a multiplier below 1, a jitter outside ``[0, 1]``
+            (a ``ValueError``).
     """
 
     base_delay: float = 0.25
@@ -245,16 +248,18 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.base_delay < 0 or self.max_delay < self.base_delay:
-            raise ValueError(
+            raise ConfigurationError(
                 f"RetryPolicy needs 0 <= base_delay <= max_delay, got base_delay="
                 f"{self.base_delay!r}, max_delay={self.max_delay!r}."
             )
         if self.multiplier < 1:
-            raise ValueError(f"RetryPolicy.multiplier must be >= 1, got {self.multiplier!r}.")
+            raise ConfigurationError(
+                f"RetryPolicy.multiplier must be >= 1, got {self.multiplier!r}."
+            )
         if not 0 <= self.jitter <= 1:
-            raise ValueError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter!r}.")
+            raise ConfigurationError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter!r}.")
         if self.deadline is not None and self.deadline < 0:
-            raise ValueError(
+            raise ConfigurationError(
                 f"RetryPolicy.deadline must be >= 0 seconds or None, got {self.deadline!r}."
             )
 
@@ -362,7 +367,7 @@ def copy_stream(source: Readable, sink: Sink, chunk: int = _SPOOL_CHUNK) -> int:
         while done < count:
             written = sink.write(view[done:count])
             if not written:
-                raise OSError(f"writing to {sink!r} made no progress")
+                raise StorageError(f"writing to {sink!r} made no progress")
             done += written
         total += count
 
