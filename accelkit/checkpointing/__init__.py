@@ -91,6 +91,9 @@ Layers, bottom up; each imports only from the layers below it (and from
   tier's settings (``ProjectConfiguration.replication``).
 - :mod:`~accelkit.checkpointing.replication.replicator` -- the background thread, its bounded
   queue and the remote retention.
+- :mod:`~accelkit.checkpointing.replication.tier` -- the remote tier the manager composes
+  (``RemoteTier``): the replicator, the remote resolve of ``load_state()``, the local budget,
+  the drain at the end of the run.
 
 **Interop** -- Hugging Face accelerate's checkpoint folders, and Hugging Face's model files:
 
@@ -112,7 +115,10 @@ Layers, bottom up; each imports only from the layers below it (and from
   ``PreemptionOptions``).
 - :mod:`~accelkit.checkpointing.listener` -- what the manager tells the rest of the run
   (``CheckpointListener``: the manifest's ``experiment`` record, commits, loads).
-- :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest; the run's counter.
+- :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest; the run's counter;
+  the hooks further tiers compose through (``Tier``).
+- :mod:`~accelkit.checkpointing.tiered` -- the manager with the remote tier composed
+  (``TieredCheckpointManager``), what the ``Accelerator`` uses.
 """
 
 from __future__ import annotations
