@@ -407,7 +407,8 @@ class CheckpointManager:
         for tier in self.tiers:
             held, limit = tier.hold()
             protect.update(held)
-            budget = budget or limit  # one budget: the first tier's that has one
+            if budget is None:  # one budget: the first tier's that has one
+                budget = limit
         policy = self.config.retention_policy()
         apply_retention(
             self.storage(root), root, policy, committed, protect, budget, now=time.time()
