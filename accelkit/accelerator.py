@@ -19,7 +19,7 @@ import torch
 
 import accelkit._accelerator.preflight as _preflight
 import accelkit.checkpointing.config as _ckpt_config
-import accelkit.checkpointing.manager as _ckpt_manager
+import accelkit.checkpointing.tiered as _ckpt_tiered
 import accelkit.fsdp.runtime as _fsdp
 import accelkit.training.dynamo as _dynamo
 import accelkit.training.kwargs_handlers as _kwargs
@@ -202,7 +202,9 @@ class Accelerator:
         self.project_configuration = _ckpt_config.resolve_project_configuration(
             project_config, project_dir, logging_dir
         )
-        self._checkpoints = _ckpt_manager.CheckpointManager(self.project_configuration, self.state)
+        self._checkpoints = _ckpt_tiered.TieredCheckpointManager(
+            self.project_configuration, self.state
+        )
         self._checkpointing = Checkpointing(
             self._checkpoints,
             self._prepared,

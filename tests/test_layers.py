@@ -82,7 +82,7 @@ ROOT_MODULES = {
     "_units",
     "errors",
 }
-CHECKPOINTING_TOP = {"__init__", "manager", "config", "errors", "listener"}
+CHECKPOINTING_TOP = {"__init__", "manager", "config", "errors", "listener", "tiered"}
 
 
 def _module_name(path: Path) -> str:

@@ -16,6 +16,7 @@ import torch
 
 import accelkit.checkpointing.formats.model_io as _ckpt_model_io
 import accelkit.checkpointing.manager as _ckpt_manager
+import accelkit.checkpointing.tiered as _ckpt_tiered
 import accelkit.fsdp.runtime as _fsdp
 from accelkit.checkpointing.catalog.listing import loadable_automatic
 from accelkit.checkpointing.errors import UnresumedProjectWarning
@@ -64,7 +65,8 @@ class Checkpointing:
     names, whose documentation is this class's).
 
     Args:
-        manager: the checkpoint manager (commit protocol, retention, background saves).
+        manager: the checkpoint manager (commit protocol, retention, background saves) with
+            its tiers composed (the remote tier of ``replicate_to``).
         prepared: the objects ``prepare`` registered; read at each save and load.
         gradient_state: the accumulation state; its step is saved and restored.
         project_configuration: where checkpoints go and how model files are written.
@@ -73,7 +75,7 @@ class Checkpointing:
 
     def __init__(
         self,
-        manager: _ckpt_manager.CheckpointManager,
+        manager: _ckpt_tiered.TieredCheckpointManager,
         prepared: PreparedObjects,
         gradient_state: GradientState,
         project_configuration: ProjectConfiguration,

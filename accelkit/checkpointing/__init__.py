@@ -87,8 +87,13 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.replication` -- its public names.
 - :mod:`~accelkit.checkpointing.replication.copy` -- the one copy of a committed checkpoint to
   another tier (verified reads, the manifest last).
+- :mod:`~accelkit.checkpointing.replication.options` -- ``ReplicationOptions``, the remote
+  tier's settings (``ProjectConfiguration.replication``).
 - :mod:`~accelkit.checkpointing.replication.replicator` -- the background thread, its bounded
   queue and the remote retention.
+- :mod:`~accelkit.checkpointing.replication.tier` -- the remote tier the manager composes
+  (``RemoteTier``): the replicator, the remote resolve of ``load_state()``, the local budget,
+  the drain at the end of the run.
 
 **Interop** -- Hugging Face accelerate's checkpoint folders, and Hugging Face's model files:
 
@@ -105,10 +110,15 @@ Layers, bottom up; each imports only from the layers below it (and from
 **The top** -- what the rest of accelkit talks to:
 
 - :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
-- :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration``.
+- :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration`` and its options objects
+  (``RetentionOptions``, ``SaveOptions``, ``AsyncOptions``, ``ReplicationOptions``,
+  ``PreemptionOptions``).
 - :mod:`~accelkit.checkpointing.listener` -- what the manager tells the rest of the run
   (``CheckpointListener``: the manifest's ``experiment`` record, commits, loads).
-- :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest; the run's counter.
+- :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest; the run's counter;
+  the hooks further tiers compose through (``Tier``).
+- :mod:`~accelkit.checkpointing.tiered` -- the manager with the remote tier composed
+  (``TieredCheckpointManager``), what the ``Accelerator`` uses.
 """
 
 from __future__ import annotations
@@ -116,14 +126,26 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from accelkit._lazy import lazy_getattr
-from accelkit.checkpointing.config import ProjectConfiguration
+from accelkit.checkpointing.config import (
+    AsyncOptions,
+    PreemptionOptions,
+    ProjectConfiguration,
+    ReplicationOptions,
+    RetentionOptions,
+    SaveOptions,
+)
 
 __all__ = [
     "AsyncCheckpoint",
+    "AsyncOptions",
     "CheckpointError",
     "CheckpointManager",
+    "PreemptionOptions",
     "ProjectConfiguration",
+    "ReplicationOptions",
+    "RetentionOptions",
     "RetentionPolicy",
+    "SaveOptions",
     "load_checkpoint_in_model",
     "save_model",
 ]

@@ -1,20 +1,45 @@
-"""``ProjectConfiguration``: where a run's logs and checkpoints go, and how many are kept."""
+"""``ProjectConfiguration``: where a run's logs and checkpoints go, and how many are kept.
+
+Accelerate's six fields, then one options object per concern: :class:`RetentionOptions`,
+:class:`SaveOptions`, :class:`AsyncOptions`,
+:class:`~accelkit.checkpointing.replication.options.ReplicationOptions` and
+:class:`PreemptionOptions`. The flat keywords of the 0.x releases (``keep_best=``,
+``async_save=``, ``replicate_to=``...) remain as aliases, both as keyword arguments and as
+attributes (:data:`FLAT_ALIASES` lists them): they read and write the options' fields.
+
+Public API: :class:`ProjectConfiguration`, the options classes, :data:`FLAT_ALIASES`,
+:func:`resolve_project_configuration`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from accelkit._text import short
 from accelkit._units import parse_bytes
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, build_policy
+from accelkit.checkpointing.replication.options import (
+    RETENTION_SETTING_NAMES,
+    ReplicationOptions,
+)
 from accelkit.errors import ConfigurationError, WrongTypeError
 from accelkit.runtime import preemption as _preemption
 from accelkit.runtime import saving as _saving
 
-__all__ = ["ProjectConfiguration", "resolve_project_configuration"]
+__all__ = [
+    "FLAT_ALIASES",
+    "AsyncOptions",
+    "PreemptionOptions",
+    "ProjectConfiguration",
+    "ReplicationOptions",
+    "RetentionOptions",
+    "SaveOptions",
+    "resolve_project_configuration",
+]
 
 
 def _as_location(value: str | os.PathLike[str] | None) -> str | None:
@@ -29,6 +54,196 @@ _ASYNC_SNAPSHOTS = ("blocking", "overlapped")
 
 
 @dataclass
+class RetentionOptions:
+    """Which committed automatic checkpoints local retention keeps besides the newest
+    ``total_limit`` (``ProjectConfiguration.retention``; each field is also a flat keyword of
+    ``ProjectConfiguration`` of the same name).
+
+    Args:
+        keep_every: also keep every checkpoint whose iteration is a multiple of this.
+        keep_best: also keep the best K checkpoints by ``best_metric``, a metric passed as
+            ``save_state(metrics={...})``.
+        best_metric: metric name for ``keep_best``.
+        best_mode: ``"min"`` (lower is better) or ``"max"``.
+        keep_every_seconds: also keep one checkpoint in every window of this many seconds of
+            the clock (the first committed in it, by the commit time its manifest records;
+            windows start at multiples of it since the UNIX epoch, so ``3600`` keeps the first
+            of every hour). ``None`` (the default): off.
+        keep_recent_seconds: also keep every checkpoint committed in the last this many
+            seconds (``None``: off). E.g. ``total_limit=3, keep_recent_seconds=3600,
+            keep_every_seconds=86400``: the newest 3, all of the last hour, one a day.
+        max_total_bytes: a byte budget for the checkpoints folder (an int, or a string like
+            ``"500GB"``, ``"2TiB"``; ``None``, the default: none). Everything listed there
+            counts; after the rules above, the oldest checkpoints they keep are deleted until
+            the folder fits, never the newest committed checkpoint, never one the script named
+            (``save_state(output_dir=...)``), nor folders accelkit did not write (Hugging Face
+            accelerate's, foreign ones), corrupt or incomplete ones. If only those are left, a
+            warning says by how much the budget is exceeded. Checkpoints held back for the
+            remote tier follow ``ReplicationOptions.local_budget_bytes``.
+    """
+
+    keep_every: int | None = None
+    keep_best: int | None = None
+    best_metric: str | None = None
+    best_mode: str = "min"
+    keep_every_seconds: float | None = None
+    keep_recent_seconds: float | None = None
+    max_total_bytes: int | str | None = None
+
+
+@dataclass
+class SaveOptions:
+    """When a run saves, and how its checkpoints' storage is trusted
+    (``ProjectConfiguration.saving``).
+
+    Args:
+        every_steps: ``Accelerator.should_save()`` is True every this many optimizer steps
+            since the last save (``None``: off). Must be >= 1. Flat alias:
+            ``save_every_steps``.
+        every_seconds: ``should_save()`` is True once this many seconds passed since the last
+            save, measured on the main process and shared with every process (``None``: off).
+            Flat alias: ``save_every_seconds``.
+        verify_checksums: ``load_state`` checks every file against the manifest's checksums
+            before restoring anything (``load_state(verify=False)`` skips it once). Flat alias:
+            ``verify_checksums``.
+        storage_retry_seconds: how long one storage operation of a direct remote save or load
+            (``project_dir="s3://..."``) retries transient errors (connection refused or reset,
+            timeouts, 5xx, throttling) before it fails; ``0`` disables it. Flat alias:
+            ``storage_retry_seconds``.
+    """
+
+    every_steps: int | None = None
+    every_seconds: float | None = None
+    verify_checksums: bool = True
+    storage_retry_seconds: float = 120.0
+
+
+@dataclass
+class AsyncOptions:
+    """Asynchronous saves (``ProjectConfiguration.asynchronous``; see
+    ``docs/guides/async-writer.md``).
+
+    Args:
+        enabled: ``save_state()`` copies the state to host memory and writes it in the
+            background, returning a handle (see ``Accelerator.save_state``); costs one host
+            copy of the saved tensors, reused across saves. Flat alias: ``async_save``.
+        writer: who hashes and writes an asynchronous save's files. ``"auto"`` (the default):
+            a persistent writer process at lower CPU and I/O priority, fed from a shared-memory
+            snapshot (so the work does not compete with training for the GIL), wherever it can
+            be used (Linux, local disk, shared memory available, state on the CPU), else a
+            thread of the training process (state on a GPU: the snapshot is the device-to-host
+            copy with either writer). ``"process"``: the process also for GPU state, with a
+            warning when it falls back to the thread. ``"thread"``: always the thread (no extra
+            process). Flat alias: ``async_writer``.
+        snapshot: how an asynchronous save copies CPU state to host memory. ``"blocking"``
+            (the default): ``save_state`` returns once every tensor is copied.
+            ``"overlapped"``: it copies everything small or unguarded at once and leaves the
+            large parameters and state tensors of the *prepared* optimizers to a background
+            copy that overlaps the next forward and backward; the prepared optimizer's
+            ``step()``, ``load_state``, the next ``save_state``, LocalSGD's averaging,
+            ``free_memory``, ``wait_for_checkpoints``/``end_training`` and
+            ``Accelerator.wait_for_snapshot()`` wait for that copy first. A deferred tensor
+            changed by any other path before it was copied (in place, through ``.data``,
+            ``numpy()``...) fails the save, never committed: its bytes are checked against a
+            checksum taken in ``save_state`` (a read of them, about two thirds of the time of
+            the copy it replaces). GPU and sharded (FSDP) state is always copied as with
+            ``"blocking"``. Flat alias: ``async_snapshot``.
+    """
+
+    enabled: bool = False
+    writer: str = "auto"
+    snapshot: str = "blocking"
+
+
+@dataclass
+class PreemptionOptions:
+    """Save and stop on a preemption signal (``ProjectConfiguration.preemption``; see
+    ``docs/guides/preemption.md``).
+
+    Args:
+        signals: signals (names like ``"SIGTERM"``, ``"SIGUSR1"``, or numbers) that mean "save
+            and stop": their handler only sets a flag, every process agrees on it at the next
+            step boundary, ``should_save()`` and ``Accelerator.preemption_requested`` turn
+            True, and, with ``automatic_checkpoint_naming``, a script that never asks is saved
+            at the prepared dataloader's next batch and exits with ``exit_code``. Flat alias:
+            ``preemption_signals``.
+        exit_code: the exit status of a process that stopped for a preemption after committing
+            its checkpoint (default 75, ``EX_TEMPFAIL``); ``accelkit launch`` passes it
+            through. Flat alias: ``preemption_exit_code``.
+    """
+
+    signals: tuple[str | int, ...] = ()
+    exit_code: int = _preemption.DEFAULT_EXIT_CODE
+
+
+#: The flat keywords of the 0.x releases -> (the ``ProjectConfiguration`` field holding the
+#: options object, the option's name). Each is a keyword argument of ``ProjectConfiguration``
+#: and an attribute that reads and writes the option.
+FLAT_ALIASES: dict[str, tuple[str, str]] = {
+    **{
+        name: ("retention", name)
+        for name in (
+            "keep_every",
+            "keep_best",
+            "best_metric",
+            "best_mode",
+            "keep_every_seconds",
+            "keep_recent_seconds",
+            "max_total_bytes",
+        )
+    },
+    "save_every_steps": ("saving", "every_steps"),
+    "save_every_seconds": ("saving", "every_seconds"),
+    "verify_checksums": ("saving", "verify_checksums"),
+    "storage_retry_seconds": ("saving", "storage_retry_seconds"),
+    "async_save": ("asynchronous", "enabled"),
+    "async_writer": ("asynchronous", "writer"),
+    "async_snapshot": ("asynchronous", "snapshot"),
+    "replicate_to": ("replication", "to"),
+    "replicate_keep": ("replication", "keep"),
+    "replicate_deadline_seconds": ("replication", "deadline_seconds"),
+    "replicate_queue_size": ("replication", "queue_size"),
+    "replicate_local_budget_bytes": ("replication", "local_budget_bytes"),
+    "replicate_preemption_seconds": ("replication", "preemption_seconds"),
+    "preemption_signals": ("preemption", "signals"),
+    "preemption_exit_code": ("preemption", "exit_code"),
+}
+
+# The options class of each options field.
+_OPTIONS: dict[str, type[Any]] = {
+    "retention": RetentionOptions,
+    "saving": SaveOptions,
+    "asynchronous": AsyncOptions,
+    "replication": ReplicationOptions,
+    "preemption": PreemptionOptions,
+}
+
+_T = TypeVar("_T")
+
+
+class _Alias(Generic[_T]):
+    """A flat name of the 0.x releases: reads and writes one option of an options field."""
+
+    def __init__(self, group: str, name: str) -> None:
+        self.group = group
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> _Alias[_T]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type[Any]) -> _T: ...
+
+    def __get__(self, obj: object | None, owner: type[Any]) -> Any:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self.group), self.name)
+
+    def __set__(self, obj: object, value: _T) -> None:
+        setattr(getattr(obj, self.group), self.name, value)
+
+
+@dataclass(init=False)
 class ProjectConfiguration:
     """Where a run's logs and checkpoints go.
 
@@ -49,53 +264,6 @@ class ProjectConfiguration:
         storage_options: keyword arguments for the fsspec filesystem of ``project_dir`` and of
             explicit ``output_dir``/``input_dir`` URLs (S3: ``endpoint_url``, ``key``,
             ``secret``, ``client_kwargs``...).
-        keep_every: also keep every checkpoint whose iteration is a multiple of this.
-        keep_best: also keep the best K checkpoints by ``best_metric``, a metric passed as
-            ``save_state(metrics={...})``.
-        best_metric: metric name for ``keep_best``.
-        best_mode: ``"min"`` (lower is better) or ``"max"``.
-        keep_every_seconds: also keep one checkpoint in every window of this many seconds of
-            the clock (the first committed in it, by the commit time its manifest records;
-            windows start at multiples of it since the UNIX epoch, so ``3600`` keeps the first
-            of every hour). ``None`` (the default): off.
-        keep_recent_seconds: also keep every checkpoint committed in the last this many
-            seconds (``None``: off). E.g. ``total_limit=3, keep_recent_seconds=3600,
-            keep_every_seconds=86400``: the newest 3, all of the last hour, one a day.
-        max_total_bytes: a byte budget for the checkpoints folder (an int, or a string like
-            ``"500GB"``, ``"2TiB"``; ``None``, the default: none). Everything listed there
-            counts; after the rules above, the oldest checkpoints they keep are deleted until
-            the folder fits, never the newest committed checkpoint, never one the script named
-            (``save_state(output_dir=...)``), nor folders accelkit did not write (Hugging Face
-            accelerate's, foreign ones), corrupt or incomplete ones. If only those are left, a
-            warning says by how much the budget is exceeded. Checkpoints held back for
-            replication follow ``replicate_local_budget_bytes``.
-        verify_checksums: ``load_state`` checks every file against the manifest's checksums
-            before restoring anything (``load_state(verify=False)`` skips it once).
-        async_save: ``save_state()`` copies the state to host memory and writes it in the
-            background, returning a handle (see ``Accelerator.save_state``); costs one host
-            copy of the saved tensors, reused across saves.
-        async_writer: who hashes and writes an asynchronous save's files. ``"auto"`` (the
-            default): a persistent writer process at lower CPU and I/O priority, fed from a
-            shared-memory snapshot (so the work does not compete with training for the GIL),
-            wherever it can be used (Linux, local disk, shared memory available, state on
-            the CPU), else a thread of the training process (state on a GPU: the snapshot is
-            the device-to-host copy with either writer). ``"process"``: the process also for
-            GPU state, with a warning when it falls back to the thread. ``"thread"``: always
-            the thread (no extra process).
-            See docs/guides/async-writer.md.
-        async_snapshot: how an asynchronous save copies CPU state to host memory.
-            ``"blocking"`` (the default): ``save_state`` returns once every tensor is copied.
-            ``"overlapped"``: it copies everything small or unguarded at once and leaves the
-            large parameters and state tensors of the *prepared* optimizers to a background
-            copy that overlaps the next forward and backward; the prepared optimizer's
-            ``step()``, ``load_state``, the next ``save_state``, LocalSGD's averaging,
-            ``free_memory``, ``wait_for_checkpoints``/``end_training`` and
-            ``Accelerator.wait_for_snapshot()`` wait for that copy first. A deferred tensor
-            changed by any other path before it was copied (in place, through ``.data``,
-            ``numpy()``...) fails the save, never committed: its bytes are checked against a
-            checksum taken in ``save_state`` (a read of them, about two thirds of the time of
-            the copy it replaces). GPU and sharded (FSDP) state is always copied as with
-            ``"blocking"``. See docs/guides/async-writer.md.
         continue_tracker_runs: a job resumed with ``load_state`` continues the tracker runs
             its checkpoint names (the same W&B run id, MLflow run, Comet experiment;
             TensorBoard and jsonl in the same folder with the points logged after the
@@ -106,54 +274,33 @@ class ProjectConfiguration:
         checkpoint_events: tell the trackers about every save and load
             (``checkpoint/save_seconds``, ``checkpoint/bytes``, ... and the checkpoint's path;
             see :mod:`accelkit.trackers.events`).
-        replicate_to: a second, remote tier (any fsspec URL, ``s3://bucket/run``; reached with
-            ``storage_options``). Each committed automatic checkpoint under ``project_dir``
-            (the local tier) is copied there by a background thread, its manifest written
-            last; a storage outage is retried, never fatal. See ``docs/guides/replication.md``.
-        replicate_keep: retention on the remote tier: ``None`` keeps every replicated
-            checkpoint; an int keeps the newest N; a mapping takes the local settings' names
-            (``{"total_limit": 5, "keep_every": 1000, "keep_best": 2, "best_metric": "loss",
-            "best_mode": "min"}``), with the same rules.
-        replicate_deadline_seconds: how long ``end_training()`` (and interpreter exit) waits
-            for the replication queue to drain; what is left is named in a warning, and the
-            process exits without waiting for an upload in flight. Once a preemption signal
-            arrived, ``replicate_preemption_seconds`` holds instead.
-        replicate_queue_size: checkpoints waiting for replication beyond the one in flight;
-            when the queue is full, intermediate ones are skipped (never the newest, never one
-            the remote retention keeps).
-        replicate_local_budget_bytes: the most bytes of local checkpoints that local
-            retention holds back because they are not replicated yet (``None``, the default:
-            no limit besides ``replicate_queue_size``). Retention (``total_limit``/``keep_*``)
-            keeps a checkpoint it would delete until it reaches the remote tier; with the
-            remote tier down, those pile up on the local disk. When they would exceed this
-            budget, the oldest of them is deleted anyway (never the newest checkpoint, never
-            one whose copy is in flight) and that is said once per checkpoint: a warning
-            naming it and a ``checkpoint/replication_dropped`` tracker event. ``0`` holds
-            nothing back.
-        storage_retry_seconds: how long one storage operation of a direct remote save
-            (``project_dir="s3://..."``) retries transient errors (connection refused or
-            reset, timeouts, 5xx, throttling) before the save fails; ``0`` disables it.
-        replicate_preemption_seconds: with ``preemption_signals`` and ``replicate_to``, how
-            long a preemption exit waits for the checkpoints still queued (its own included) to
-            reach the remote tier before the process exits; the log says whether they did.
-            ``end_training()`` keeps to it too once a preemption signal arrived (a script that
-            saves and exits by itself).
-            Keep it inside the grace period (see ``docs/guides/preemption.md``).
-        save_every_steps: ``Accelerator.should_save()`` is True every this many optimizer
-            steps since the last save (``None``: off). Must be >= 1.
-        save_every_seconds: ``should_save()`` is True once this many seconds passed since the
-            last save, measured on the main process and shared with every process (``None``:
-            off).
-        preemption_signals: signals (names like ``"SIGTERM"``, ``"SIGUSR1"``, or numbers) that
-            mean "save and stop": their handler only sets a flag, every process agrees on it
-            at the next step boundary, ``should_save()`` and
-            ``Accelerator.preemption_requested`` turn True, and, with
-            ``automatic_checkpoint_naming``, a script that never asks is saved at the prepared
-            dataloader's next batch and exits with ``preemption_exit_code``. See
-            ``docs/guides/preemption.md``.
-        preemption_exit_code: the exit status of a process that stopped for a preemption after
-            committing its checkpoint (default 75, ``EX_TEMPFAIL``); ``accelkit launch``
-            passes it through.
+        retention: what local retention keeps besides the newest ``total_limit``
+            (:class:`RetentionOptions`: ``keep_every``, ``keep_best``, ``best_metric``,
+            ``best_mode``, ``keep_every_seconds``, ``keep_recent_seconds``,
+            ``max_total_bytes``).
+        saving: when to save and how storage is trusted (:class:`SaveOptions`:
+            ``every_steps``, ``every_seconds``, ``verify_checksums``,
+            ``storage_retry_seconds``).
+        asynchronous: asynchronous saves (:class:`AsyncOptions`: ``enabled``, ``writer``,
+            ``snapshot``).
+        replication: the remote tier
+            (:class:`~accelkit.checkpointing.replication.options.ReplicationOptions`: ``to``,
+            ``keep``, ``deadline_seconds``, ``queue_size``, ``local_budget_bytes``,
+            ``preemption_seconds``).
+        preemption: save and stop on a signal (:class:`PreemptionOptions`: ``signals``,
+            ``exit_code``).
+        **flat: the flat names of the 0.x releases, aliases of the options' fields
+            (:data:`FLAT_ALIASES`): ``keep_every``, ``keep_best``, ``best_metric``,
+            ``best_mode``, ``keep_every_seconds``, ``keep_recent_seconds``,
+            ``max_total_bytes``; ``save_every_steps``, ``save_every_seconds``,
+            ``verify_checksums``, ``storage_retry_seconds``; ``async_save``,
+            ``async_writer``, ``async_snapshot``; ``replicate_to``, ``replicate_keep``,
+            ``replicate_deadline_seconds``, ``replicate_queue_size``,
+            ``replicate_local_budget_bytes``, ``replicate_preemption_seconds``;
+            ``preemption_signals``, ``preemption_exit_code``. Each is also an attribute that
+            reads and writes its option (``config.replicate_to is config.replication.to``).
+            A flat name given with its options object overrides that one option (the object
+            passed is copied, never changed).
 
     Example:
         >>> config = ProjectConfiguration(
@@ -161,7 +308,15 @@ class ProjectConfiguration:
         ...     automatic_checkpoint_naming=True,
         ...     total_limit=3,
         ...     storage_options={"endpoint_url": "http://127.0.0.1:8333"},
+        ...     retention=RetentionOptions(keep_best=2, best_metric="loss"),
         ... )
+        >>> config.keep_best  # the flat alias
+        2
+
+    Raises:
+        TypeError: an unknown keyword, or an options field that is not its options class
+            (or a mapping of its fields).
+        ConfigurationError: a bad value, naming it and the fix.
     """
 
     project_dir: str | None = None
@@ -171,42 +326,90 @@ class ProjectConfiguration:
     iteration: int = 0
     save_on_each_node: bool = False
     storage_options: dict[str, Any] = field(default_factory=dict)
-    keep_every: int | None = None
-    keep_best: int | None = None
-    best_metric: str | None = None
-    best_mode: str = "min"
-    # retention by time and space (#42)
-    keep_every_seconds: float | None = None
-    keep_recent_seconds: float | None = None
-    max_total_bytes: int | str | None = None
-    verify_checksums: bool = True
-    async_save: bool = False
-    async_writer: str = "auto"
-    async_snapshot: str = "blocking"
     continue_tracker_runs: bool = True
     checkpoint_events: bool = True
-    # replication (#26)
-    replicate_to: str | None = None
-    replicate_keep: int | Mapping[str, Any] | None = None
-    replicate_deadline_seconds: float = 300.0
-    replicate_queue_size: int = 4
-    replicate_local_budget_bytes: int | None = None
-    storage_retry_seconds: float = 120.0
-    replicate_preemption_seconds: float = 60.0
-    # preemption (#25): save decisions and preemption signals (accelkit.runtime.preemption)
-    save_every_steps: int | None = None
-    save_every_seconds: float | None = None
-    preemption_signals: tuple[str | int, ...] = ()
-    preemption_exit_code: int = _preemption.DEFAULT_EXIT_CODE
+    retention: RetentionOptions = field(default_factory=RetentionOptions)
+    saving: SaveOptions = field(default_factory=SaveOptions)
+    asynchronous: AsyncOptions = field(default_factory=AsyncOptions)
+    replication: ReplicationOptions = field(default_factory=ReplicationOptions)
+    preemption: PreemptionOptions = field(default_factory=PreemptionOptions)
+
+    # The flat names of the 0.x releases (FLAT_ALIASES): attributes, never dataclass fields.
+    keep_every = _Alias[int | None]("retention", "keep_every")
+    keep_best = _Alias[int | None]("retention", "keep_best")
+    best_metric = _Alias[str | None]("retention", "best_metric")
+    best_mode = _Alias[str]("retention", "best_mode")
+    keep_every_seconds = _Alias[float | None]("retention", "keep_every_seconds")
+    keep_recent_seconds = _Alias[float | None]("retention", "keep_recent_seconds")
+    max_total_bytes = _Alias[int | str | None]("retention", "max_total_bytes")
+    save_every_steps = _Alias[int | None]("saving", "every_steps")
+    save_every_seconds = _Alias[float | None]("saving", "every_seconds")
+    verify_checksums = _Alias[bool]("saving", "verify_checksums")
+    storage_retry_seconds = _Alias[float]("saving", "storage_retry_seconds")
+    async_save = _Alias[bool]("asynchronous", "enabled")
+    async_writer = _Alias[str]("asynchronous", "writer")
+    async_snapshot = _Alias[str]("asynchronous", "snapshot")
+    replicate_to = _Alias[str | None]("replication", "to")
+    replicate_keep = _Alias[int | Mapping[str, Any] | None]("replication", "keep")
+    replicate_deadline_seconds = _Alias[float]("replication", "deadline_seconds")
+    replicate_queue_size = _Alias[int]("replication", "queue_size")
+    replicate_local_budget_bytes = _Alias[int | None]("replication", "local_budget_bytes")
+    replicate_preemption_seconds = _Alias[float]("replication", "preemption_seconds")
+    preemption_signals = _Alias[tuple[str | int, ...]]("preemption", "signals")
+    preemption_exit_code = _Alias[int]("preemption", "exit_code")
+
+    def __init__(
+        self,
+        project_dir: str | os.PathLike[str] | None = None,
+        logging_dir: str | os.PathLike[str] | None = None,
+        automatic_checkpoint_naming: bool = False,
+        total_limit: int | None = None,
+        iteration: int = 0,
+        save_on_each_node: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        continue_tracker_runs: bool = True,
+        checkpoint_events: bool = True,
+        retention: RetentionOptions | Mapping[str, Any] | None = None,
+        saving: SaveOptions | Mapping[str, Any] | None = None,
+        asynchronous: AsyncOptions | Mapping[str, Any] | None = None,
+        replication: ReplicationOptions | Mapping[str, Any] | None = None,
+        preemption: PreemptionOptions | Mapping[str, Any] | None = None,
+        **flat: Any,
+    ) -> None:
+        self.project_dir = _as_location(project_dir)
+        self.logging_dir = _as_location(logging_dir)
+        self.automatic_checkpoint_naming = automatic_checkpoint_naming
+        self.total_limit = total_limit
+        self.iteration = iteration
+        self.save_on_each_node = save_on_each_node
+        self.storage_options = dict(storage_options or {})
+        self.continue_tracker_runs = continue_tracker_runs
+        self.checkpoint_events = checkpoint_events
+        given = {
+            "retention": retention,
+            "saving": saving,
+            "asynchronous": asynchronous,
+            "replication": replication,
+            "preemption": preemption,
+        }
+        for name, value in given.items():
+            setattr(self, name, _options(name, value))
+        unknown = sorted(set(flat) - set(FLAT_ALIASES))
+        if unknown:
+            raise WrongTypeError(
+                f"ProjectConfiguration got unexpected keyword arguments {unknown}; it takes "
+                f"its fields ({', '.join(f.name for f in dataclasses.fields(self))}) and the "
+                f"flat aliases {', '.join(FLAT_ALIASES)}."
+            )
+        for name, value in flat.items():
+            setattr(self, name, value)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
-        self.project_dir = _as_location(self.project_dir)
-        self.logging_dir = _as_location(self.logging_dir)
         if isinstance(self.iteration, bool) or not isinstance(self.iteration, int):
             raise ConfigurationError(f"iteration must be an int >= 0, got {self.iteration!r}.")
         if self.iteration < 0:
             raise ConfigurationError(f"iteration must be >= 0, got {self.iteration}.")
-        self.storage_options = dict(self.storage_options or {})
         if self.async_writer not in _ASYNC_WRITERS:
             raise ConfigurationError(
                 f"ProjectConfiguration: async_writer must be one of "
@@ -328,61 +531,49 @@ class ProjectConfiguration:
         self.remote_retention_policy()
 
     def remote_retention_policy(self) -> RetentionPolicy:
-        """The retention policy of the remote tier, from ``replicate_keep``.
+        """The retention policy of the remote tier, from ``replicate_keep``
+        (:meth:`ReplicationOptions.retention_policy`).
 
         Raises:
             ValueError: naming the bad key or value of ``replicate_keep``.
         """
-        keep = self.replicate_keep
-        if keep is None:
-            settings: dict[str, Any] = {}
-        elif isinstance(keep, bool) or not isinstance(keep, (int, Mapping)):
-            raise ConfigurationError(
-                f"ProjectConfiguration: replicate_keep must be None, an int (keep the newest N) "
-                f"or a mapping with keys {', '.join(_SETTING_NAMES.values())}; got {keep!r}."
-            )
-        elif isinstance(keep, int):
-            settings = {"keep_last": keep}
-        else:
-            reverse = {v: k for k, v in _SETTING_NAMES.items()}
-            unknown = sorted(str(k) for k in keep if k not in reverse)
-            if unknown:
-                raise ConfigurationError(
-                    f"ProjectConfiguration: replicate_keep has unknown keys {unknown}; valid "
-                    f"keys: {', '.join(_SETTING_NAMES.values())}."
-                )
-            settings = {reverse[k]: v for k, v in keep.items()}
-        names = {k: f"replicate_keep[{v!r}]" for k, v in _SETTING_NAMES.items()}
-        if isinstance(keep, int):
-            names["keep_last"] = "replicate_keep"
-        try:
-            return build_policy(
-                keep_last=settings.get("keep_last"),
-                keep_every=settings.get("keep_every"),
-                keep_best=settings.get("keep_best"),
-                metric=settings.get("metric"),
-                mode=settings.get("mode", "min"),
-                names=names,
-            )
-        except ValueError as exc:
-            raise ConfigurationError(f"ProjectConfiguration: {exc}") from None
+        return self.replication.retention_policy()
 
 
-# The settings replicate_keep takes too (the remote tier's retention runs without a clock or a
-# byte budget).
-_SETTING_NAMES = {
-    "keep_last": "total_limit",
-    "keep_every": "keep_every",
-    "keep_best": "keep_best",
-    "metric": "best_metric",
-    "mode": "best_mode",
-}
 _LOCAL_SETTING_NAMES = {
-    **_SETTING_NAMES,
+    **RETENTION_SETTING_NAMES,
     "keep_every_seconds": "keep_every_seconds",
     "keep_recent_seconds": "keep_recent_seconds",
     "max_total_bytes": "max_total_bytes",
 }
+
+
+def _options(name: str, value: Any) -> Any:
+    """The options object of the field ``name``: ``value`` copied (a flat alias set next must
+    not change the caller's object, which other configurations may share), built from a
+    mapping of its fields, or the defaults for ``None``.
+
+    Raises:
+        TypeError: ``value`` is none of these, or a mapping with a key the class lacks.
+    """
+    cls = _OPTIONS[name]
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return dataclasses.replace(value)
+    if isinstance(value, Mapping):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in value if k not in known)
+        if not unknown:
+            return cls(**value)
+        raise WrongTypeError(
+            f"ProjectConfiguration: {name} has unknown keys {unknown}; {cls.__name__} takes "
+            f"{', '.join(sorted(known))}."
+        )
+    raise WrongTypeError(
+        f"ProjectConfiguration: {name} must be a {cls.__name__} (or a mapping of its fields), "
+        f"got {type(value).__name__}; e.g. {name}={cls.__name__}()."
+    )
 
 
 def resolve_project_configuration(

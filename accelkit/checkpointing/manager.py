@@ -22,23 +22,25 @@ The run's listener (:class:`~accelkit.checkpointing.listener.CheckpointListener`
 through :class:`~accelkit.checkpointing.listener.SafeListener`: its failures are logged, never
 raised into a save or a load.
 
+The manager knows one tier, ``project_dir``. Further tiers compose with it through
+:class:`Tier` (:meth:`CheckpointManager.add_tier`): a commit observer each save may get, what
+retention holds back, and the resolve of ``load_state()`` without a folder; the remote tier of
+:mod:`~accelkit.checkpointing.tiered` is one.
+
 Public API: :class:`CheckpointManager` (``register``, ``register_save_pre_hook``,
-``register_load_pre_hook``, ``save``, ``wait``, ``load``, ``list_checkpoints``, ``latest``,
-``checkpoints_root``, ``save_object``), :class:`IterationCounter` and
+``register_load_pre_hook``, ``add_tier``, ``save``, ``wait``, ``load``, ``list_checkpoints``,
+``latest``, ``checkpoints_root``, ``save_object``), :class:`Tier`, :class:`IterationCounter` and
 :class:`~accelkit.checkpointing.restore.sequence.LoadResult` (what ``load`` returns).
 """
 
 from __future__ import annotations
 
-import atexit
 import io
 import logging
 import os
-import threading
 import time
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -48,10 +50,8 @@ from accelkit.checkpointing.catalog.listing import (
     ACCELERATE,
     COMMITTED,
     CheckpointInfo,
-    committed_automatic,
     latest_checkpoint,
     list_checkpoints,
-    next_iteration,
 )
 from accelkit.checkpointing.commit.async_save import AsyncCheckpoint, AsyncSaver
 from accelkit.checkpointing.commit.deletion import HoldBudget, apply_retention
@@ -64,20 +64,17 @@ from accelkit.checkpointing.commit.protocol import (
     SaveSequence,
 )
 from accelkit.checkpointing.config import ProjectConfiguration
-from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
+from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.formats.safetensors_io import write_safetensors
 from accelkit.checkpointing.interop.accelerate_format import AccelerateReader
 from accelkit.checkpointing.listener import (
     CheckpointListener,
     CommitReport,
-    DropReport,
     LoadReport,
     SafeListener,
 )
 from accelkit.checkpointing.objects.contents import TrainingObjects, unwrap_model
-from accelkit.checkpointing.replication import Replicator
-from accelkit.checkpointing.replication.replicator import remote_options
 from accelkit.checkpointing.restore.native import NativeReader
 from accelkit.checkpointing.restore.sequence import LoadResult, LoadSequence
 from accelkit.checkpointing.storage import Storage, get_storage, join
@@ -90,6 +87,7 @@ __all__ = [
     "IterationCounter",
     "LoadResult",
     "ProcessInfo",
+    "Tier",
     "TrainingObjects",
 ]
 
@@ -114,6 +112,37 @@ class ProcessInfo(Protocol):
     def is_local_main_process(self) -> bool: ...
 
     def wait_for_everyone(self) -> None: ...
+
+
+#: What a :class:`Tier` may run on the main process after a save's commit and retention: the
+#: committed folder and its manifest.
+CommitObserver = Callable[[str, Manifest], None]
+
+
+class Tier(Protocol):
+    """A further tier composed with the manager's own (``project_dir``), e.g. the remote tier
+    of :mod:`~accelkit.checkpointing.tiered`. The manager calls it at three
+    points and knows nothing else of it; its failures are the caller's (save or load)."""
+
+    def observer(self, automatic: bool) -> CommitObserver | None:
+        """Called on every process as a save starts (``automatic``: an automatically named
+        checkpoint); what it returns runs on the main process after the commit and the
+        retention."""
+        ...
+
+    def hold(self) -> tuple[Collection[str], HoldBudget | None]:
+        """At retention (main process, after a commit): the paths local retention must keep
+        although its rules would delete them, and the byte budget of those (``None``: none;
+        see :class:`~accelkit.checkpointing.commit.deletion.HoldBudget`)."""
+        ...
+
+    def resolve(
+        self, sequence: LoadSequence, objects: TrainingObjects, local: Callable[[], LoadResult]
+    ) -> LoadResult:
+        """``load_state()`` without a folder, on every process: load through ``sequence``
+        (:meth:`~accelkit.checkpointing.restore.sequence.LoadSequence.run` with a folder of
+        this tier), or return ``local()``, the resolve of the tiers below."""
+        ...
 
 
 class IterationCounter:
@@ -170,9 +199,8 @@ class CheckpointManager:
             writer=config.async_writer, snapshot_mode=config.async_snapshot
         )
         self.listener: CheckpointListener | None = None
-        self.replicator: Replicator | None = None
-        """The background replicator (main process, with ``replicate_to``), once started."""
-        self._drain_deadline: Callable[[], float | None] | None = None
+        self.tiers: list[Tier] = []
+        """The tiers composed with this one (:meth:`add_tier`)."""
 
     # ------------------------------------------------------------------ registration
 
@@ -207,19 +235,16 @@ class CheckpointManager:
         self._save_hooks[handle.id] = hook
         return handle
 
-    def register_drain_deadline(self, deadline: Callable[[], float | None]) -> None:
-        """Set how long the end of the run (``end_training()``, interpreter exit) drains the
-        replication queue: ``deadline()`` is asked then, and its ``None`` means
-        ``replicate_deadline_seconds``. The preemption part registers one that answers
-        ``replicate_preemption_seconds`` once a preemption is pending: a job inside its grace
-        period must not wait 300 s for a remote tier that is down."""
-        self._drain_deadline = deadline
-
     def register_load_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
         """``hook(models, input_dir)`` runs before anything is loaded."""
         handle = RemovableHandle(self._load_hooks)
         self._load_hooks[handle.id] = hook
         return handle
+
+    def add_tier(self, tier: Tier) -> None:
+        """Compose ``tier`` with this one (see :class:`Tier`); a tier added later resolves
+        loads first."""
+        self.tiers.append(tier)
 
     # ------------------------------------------------------------------ locations
 
@@ -378,91 +403,35 @@ class CheckpointManager:
 
     def _retain(self, committed: str) -> None:
         root = self.checkpoints_root()
-        replicator = self.replicator
-        protect = replicator.unreplicated() if replicator is not None else ()
-        budget = None
-        limit = self.config.replicate_local_budget_bytes
-        if replicator is not None and limit is not None:
-            budget = HoldBudget(limit, replicator.release, self._dropped)
+        protect: set[str] = set()
+        budget: HoldBudget | None = None
+        for tier in self.tiers:
+            held, limit = tier.hold()
+            protect.update(held)
+            if budget is None:  # one budget: the first tier's that has one
+                budget = limit
         policy = self.config.retention_policy()
         apply_retention(
             self.storage(root), root, policy, committed, protect, budget, now=time.time()
         )
 
-    def _dropped(self, info: CheckpointInfo) -> None:
-        """Tell the listener that the disk budget deleted a checkpoint not yet replicated."""
-        listener = self._listener()
-        if listener is not None and info.manifest is not None:
-            listener.checkpoint_dropped(DropReport(info.path, info.manifest, info.size_bytes))
-
     def _on_commit(
         self, listener: SafeListener | None, started: float, asynchronous: bool, automatic: bool
     ) -> Callable[[SaveSequence], None] | None:
-        """What the main process runs after a commit: report it, and queue it for the remote
-        tier (an automatic checkpoint, with ``replicate_to``)."""
+        """What the main process runs after a commit: report it, then the tiers' observers."""
         report = _reporter(listener, started, asynchronous) if listener else None
-        replicator = self._replication() if automatic else None
-        if report is None and replicator is None:
+        observers = [o for o in (t.observer(automatic) for t in self.tiers) if o is not None]
+        if report is None and not observers:
             return None
 
         def after(sequence: SaveSequence) -> None:
             if report is not None:
                 report(sequence)
-            if replicator is not None and sequence.manifest is not None:
-                replicator.submit(sequence.target, sequence.manifest)
+            if sequence.manifest is not None:
+                for observer in observers:
+                    observer(sequence.target, sequence.manifest)
 
         return after
-
-    # ------------------------------------------------------------------ replication
-
-    def _replication(self) -> Replicator | None:
-        """The replicator of this run (started at the first call), on the main process with
-        ``replicate_to``; ``None`` otherwise."""
-        config = self.config
-        if not config.replicate_to or not self.state.is_main_process or not config.project_dir:
-            return None
-        if self.replicator is None:
-            listener = self._listener()
-            self.replicator = Replicator(
-                self.storage(config.project_dir),
-                config.project_dir,
-                get_storage(
-                    config.replicate_to, remote_options(config.replicate_to, config.storage_options)
-                ),
-                config.replicate_to,
-                config.remote_retention_policy(),
-                queue_size=config.replicate_queue_size,
-                on_replicated=None if listener is None else listener.checkpoint_replicated,
-            )
-            self.replicator.start()
-            _close_at_exit(self)
-        return self.replicator
-
-    def wait_replicated(self, deadline: float | None = None) -> bool:
-        """Wait up to ``deadline`` seconds (``None``: no limit) until every committed
-        checkpoint of this run is on the remote tier (or was skipped by the queue policy).
-
-        What a preemption exit calls: it says whether the newest checkpoint made it.
-
-        Returns:
-            ``True`` without ``replicate_to``, on processes other than the main one, or once the
-            queue is drained; ``False`` if time ran out or a hard error stopped replication.
-        """
-        replicator = self._replication()
-        return True if replicator is None else replicator.wait(deadline)
-
-    def close_replication(self, deadline: float | None = None) -> list[str]:
-        """Drain the replication queue for up to ``deadline`` seconds (default: the registered
-        drain deadline, see :meth:`register_drain_deadline`, else ``replicate_deadline_seconds``)
-        and stop the replicator; returns (and logs) the names of the checkpoints left behind. A
-        later save starts a new replicator."""
-        replicator, self.replicator = self.replicator, None
-        if replicator is None:
-            return []
-        if deadline is None and self._drain_deadline is not None:
-            deadline = self._drain_deadline()
-        limit = self.config.replicate_deadline_seconds if deadline is None else deadline
-        return replicator.close(limit)
 
     # ------------------------------------------------------------------ loading
 
@@ -509,74 +478,26 @@ class CheckpointManager:
             hooks=list(self._load_hooks.values()),
             verify=self.config.verify_checksums if verify is None else verify,
         )
-        remote: list[CheckpointInfo] = []
-        result = None
-        if path is None and self.config.replicate_to and self.config.project_dir:
-            remote = self._remote_checkpoints()
-            result = self._load_newer_remote(sequence, remote, objects)
-        if result is None:
-            result = sequence.run(path, objects)
-        if remote:  # number past both tiers: the next automatic save collides with neither
-            self.counter.set(max(self.counter.value, next_iteration(remote)))
+        result = (
+            sequence.run(path, objects) if path is not None else self._resolve(sequence, objects)
+        )
         listener = self._listener()
         if listener is not None:
             seconds = time.perf_counter() - started
             listener.checkpoint_loaded(LoadReport(result.path, result.manifest, seconds))
         return result
 
-    def _remote_checkpoints(self) -> list[CheckpointInfo]:
-        """Every checkpoint on the remote tier (an empty list, with a warning, if it cannot be
-        listed: the local tier is then all there is)."""
-        assert self.config.replicate_to is not None
-        root = checkpoints_dir(self.config.replicate_to)
-        try:
-            return list_checkpoints(self.storage(root), root)
-        except Exception as exc:
-            logger.warning(
-                "Could not list the remote tier %s (%s: %s); load_state() considers the local "
-                "tier only.",
-                root,
-                type(exc).__name__,
-                exc,
-            )
-            return []
+    def _resolve(self, sequence: LoadSequence, objects: TrainingObjects) -> LoadResult:
+        """``load_state()`` without a folder: through the tiers, the last added first, down to
+        this one (the newest committed checkpoint under ``project_dir`` that loads)."""
 
-    def _load_newer_remote(
-        self, sequence: LoadSequence, remote: list[CheckpointInfo], objects: TrainingObjects
-    ) -> LoadResult | None:
-        """Load the newest remote checkpoint newer than every committed local one (a lost or
-        new local disk); ``None``: the local tier has the newest (an intact local copy is
-        preferred), or every newer remote one was refused.
+        def local() -> LoadResult:
+            return sequence.run(None, objects)
 
-        The remote tier is untrusted input like any checkpoint: one that fails the load's
-        checks (a file that does not match its checksum, a manifest the listing did not catch)
-        is skipped with a warning before anything is restored, and the next newest is tried,
-        down to the local tier; a crafted remote checkpoint cannot make ``load_state()``
-        fail while an intact one exists. (A folder's number is its name: a manifest that
-        claims a higher iteration or step does not make it newer.)
-        """
-        local = self.latest()
-        floor = -1 if local is None else (local.iteration or 0)
-        newer = sorted(
-            (i for i in committed_automatic(remote) if (i.iteration or 0) > floor),
-            key=lambda info: info.iteration or 0,
-            reverse=True,
-        )
-        for info in newer:
-            logger.info(
-                "Resuming from the remote tier: %s is newer than any committed local checkpoint.",
-                info.path,
-            )
-            try:
-                return sequence.run(info.path, objects)
-            except CorruptCheckpointError as exc:  # refused before anything was restored
-                logger.warning(
-                    "Skipping the remote checkpoint %s: %s. Trying the next newest checkpoint "
-                    "on either tier.",
-                    info.path,
-                    exc,
-                )
-        return None
+        load = local
+        for tier in self.tiers:
+            load = _through(tier, sequence, objects, load)
+        return load()
 
     def _listener(self) -> SafeListener | None:
         """:attr:`listener`, its failures logged instead of raised into a save or load."""
@@ -627,24 +548,11 @@ class CheckpointManager:
             torch.save(obj, f)
 
 
-def _close_at_exit(manager: CheckpointManager) -> None:
-    """Drain ``manager``'s replication queue at interpreter exit (up to its deadline), without
-    keeping the manager alive."""
-    ref = weakref.ref(manager)
-
-    def close() -> None:
-        alive = ref()
-        if alive is not None:
-            alive.close_replication()
-
-    # Before concurrent.futures' own exit hook: after it, no thread pool (fsspec's event loop
-    # resolves names in one) takes new work, so an upload could not even connect. Those hooks run
-    # in reverse order of registration, at the start of interpreter shutdown.
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:  # pragma: no cover - CPython has had it since 3.9
-        atexit.register(close)
-    else:
-        register(close)
+def _through(
+    tier: Tier, sequence: LoadSequence, objects: TrainingObjects, below: Callable[[], LoadResult]
+) -> Callable[[], LoadResult]:
+    """The resolve of ``tier`` over the tiers ``below`` it."""
+    return lambda: tier.resolve(sequence, objects, below)
 
 
 def _reporter(
