@@ -16,9 +16,9 @@ from typing_extensions import override
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.trackers import GeneralTracker, TrackerError, TrackerHub, TrackerWarning
+from accelkit.trackers.backends.jsonl import read_jsonl
 from accelkit.trackers.base import NullTracker
-from accelkit.trackers.journal import Journal
-from accelkit.trackers.jsonl import read_jsonl
+from accelkit.trackers.delivery.journal import Journal
 from tests.trackers import readers
 from tests.trackers.custom import RecordingTracker
 

@@ -26,7 +26,8 @@ from typing import IO, Any, Literal
 
 from typing_extensions import override
 
-from accelkit.trackers._files import (
+from accelkit._text import short
+from accelkit.trackers.backends._files import (
     TrackerFileError,
     check_regular,
     create_exclusive,
@@ -38,7 +39,6 @@ from accelkit.trackers._files import (
     same_path,
     write_text,
 )
-from accelkit.trackers._reference import short
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.values import to_plain

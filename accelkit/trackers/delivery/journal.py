@@ -24,10 +24,11 @@ On disk (all plain text, written by :class:`Journal` only):
 =================== ==========================================================================
 
 Every file of a journal is untrusted input when it is read back (a resumed job, ``track sync``):
-opened without following links nor blocking on pipes (:mod:`accelkit.trackers._files`), read
-in bounded pieces (a line longer than 16 MiB is never held whole), each line parsed alone; a
-line that is not an entry (or longer than that) is reported with its file and line number and
-skipped, a link, a pipe or a device is reported and left alone. None of this ever raises into
+opened without following links nor blocking on pipes
+(:mod:`accelkit.trackers.backends._files`), read in bounded pieces (a line longer than 16 MiB
+is never held whole), each line parsed alone; a line that is not an entry (or longer than
+that) is reported with its file and line number and skipped, a link, a pipe or a device is
+reported and left alone. None of this ever raises into
 training: a journal that cannot be used is reported once and the tracker goes on without it.
 
 Disk use is bounded by ``max_bytes`` (default ``ACCELKIT_TRACKER_JOURNAL_MAX_MB`` or 1024 MB
@@ -48,14 +49,14 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from accelkit.trackers._files import (
+from accelkit._text import short
+from accelkit.trackers.backends._files import (
     TrackerFileError,
     check_regular,
     make_run_folder,
     open_regular,
     read_lines,
 )
-from accelkit.trackers._reference import short
 from accelkit.trackers.values import PLAIN_TYPES, to_plain
 
 __all__ = [
@@ -197,7 +198,7 @@ class Journal:
         in_doubt: ``None``, or the last ``seq`` of the entries a killed sender was sending
             (those after ``acked`` up to it): the backend may hold some of them (in order), so
             the next sender asks it before sending them again
-            (:func:`accelkit.trackers._worker.settle`).
+            (:func:`accelkit.trackers.delivery.send.settle`).
         problems: what was reported when the journal was read.
     """
 

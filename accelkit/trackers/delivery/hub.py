@@ -14,8 +14,8 @@ other trackers and the training run go on. With ``on_error="raise"`` the failure
 first use included, see "Continuing runs"). When every tracker of the run has failed, one
 error-level log record (logger ``accelkit.trackers``) says so, naming each of them: training
 goes on, but nothing is being logged any more.
-These decisions are :class:`~accelkit.trackers.failures.FailurePolicy`'s: the hub creates one
-and hands it to every tracker's worker, which reports to it (never to the hub).
+These decisions are :class:`~accelkit.trackers.delivery.failures.FailurePolicy`'s: the hub
+creates one and hands it to every tracker's worker, which reports to it (never to the hub).
 
 No wait is unbounded. ``start`` and ``store_init_configuration`` run on the tracker's worker
 thread, and the hub waits at most ``timeout`` seconds for each tracker to open its run (in
@@ -53,10 +53,10 @@ name one before it opens (no ``name_run``) is waited for at a save instead, at m
 ``timeout`` seconds.
 
 Journal: with a logging directory, each tracker's worker keeps a journal of what it sends
-(:mod:`accelkit.trackers.journal`): a backend that raises is retried with backoff and caught
-up from its last acknowledged entry rather than skipped, and what a run could not deliver is
-sent later by ``accelkit track sync``. ``journal=False`` (or ``ACCELKIT_TRACKER_JOURNAL=0``)
-turns it off.
+(:mod:`accelkit.trackers.delivery.journal`): a backend that raises is retried with backoff
+and caught up from its last acknowledged entry rather than skipped, and what a run could not
+deliver is sent later by ``accelkit track sync``. ``journal=False`` (or
+``ACCELKIT_TRACKER_JOURNAL=0``) turns it off.
 
 Pickling: a hub pickles (``Accelerator`` objects are pickled, by Accelerate's own tests among
 others) without its threads, locks, queues or started trackers, which belong to the process that
@@ -77,8 +77,15 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from accelkit.trackers._worker import (
-    POLL_S,
+from accelkit.trackers.base import GeneralTracker, NullTracker
+from accelkit.trackers.delivery.failures import (
+    FailurePolicy,
+    TrackerError,
+    TrackerFailure,
+    TrackerWarning,
+    env_number,
+)
+from accelkit.trackers.delivery.items import (
     Checkpoint,
     JournalSettings,
     Log,
@@ -86,23 +93,14 @@ from accelkit.trackers._worker import (
     Resume,
     Start,
     Stop,
-    Worker,
 )
-from accelkit.trackers.base import GeneralTracker, NullTracker
+from accelkit.trackers.delivery.worker import POLL_S, Worker
 from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.failures import (
-    FailurePolicy,
-    TrackerError,
-    TrackerFailure,
-    TrackerWarning,
-    env_number,
-)
 from accelkit.trackers.registry import constructor_arguments, resolve_log_with
 from accelkit.trackers.values import snapshot
 
 __all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning", "new_run_key"]
 
-_WAKE_AT = 256
 _MAX_EARLY_EVENTS = 16
 
 
@@ -269,7 +267,7 @@ class TrackerHub:
     def _drop_failed(self) -> None:
         """Stop feeding failed trackers (the policy's ``on_skip``)."""
         with self._lock:
-            self._live = [w for w in self._live if not w.failed]
+            self._live = [w for w in self._live if not w.session.failed]
 
     def init(
         self,
@@ -332,7 +330,7 @@ class TrackerHub:
                 self._policy,
                 self._journal_settings(tracker, project_name, init_kwargs.get(tracker.name)),
             )
-            worker.on_started = self._exit_hook_last
+            worker.session.on_started = self._exit_hook_last
             self._workers.append(worker)
             self._unstarted.append(worker)
         if not self.defer_start:
@@ -405,13 +403,14 @@ class TrackerHub:
                         dict(reference) if isinstance(reference, Mapping) else None, step
                     )
                 # The run it will open: the checkpoint's, if it continues one, else the key's.
-                worker.planned = (resume.reference if resume else None) or named
+                worker.session.planned = (resume.reference if resume else None) or named
                 start = functools.partial(Start, config=config, resume=resume)
                 opened.append((worker, worker.signal(start)))
-                worker.items.extend(Checkpoint(event) for event in self._early_events)
+                for event in self._early_events:
+                    worker.put(Checkpoint(event))
             if not self._unstarted:
                 self._early_events = []
-            self._live = self._live + [worker for worker in workers if not worker.failed]
+            self._live = self._live + [worker for worker in workers if not worker.session.failed]
         if wait:
             for worker, done in opened:
                 self._wait_started(worker, done)
@@ -432,20 +431,22 @@ class TrackerHub:
     def _wait_started(self, worker: Worker, done: threading.Event) -> None:
         if done.wait(self.timeout):
             return
-        journal = worker.journal
+        journal = worker.outbox.journal
         if journal is None:  # nowhere to keep its values while it hangs: skipped
-            worker.timed_out()
+            worker.session.timed_out()
             return
         # Its values go to its journal meanwhile (sent once start() returns, or by
         # `accelkit track sync`): not skipped.
         worker.adopt()
-        self._policy.late(worker.name, "open its run", self.timeout, worker.busy, journal.folder)
+        self._policy.late(
+            worker.name, "open its run", self.timeout, worker.session.busy, journal.folder
+        )
 
     def _wait_opened(self) -> None:
         """Wait (at most ``timeout`` seconds in all) for runs whose opening is queued."""
         deadline = time.monotonic() + self.timeout
-        for worker in [worker for worker in self._live if not worker.opened.is_set()]:
-            worker.opened.wait(max(0.0, deadline - time.monotonic()))
+        for worker in [worker for worker in self._live if not worker.session.opened.is_set()]:
+            worker.session.opened.wait(max(0.0, deadline - time.monotonic()))
 
     def _construct(
         self,
@@ -502,15 +503,10 @@ class TrackerHub:
         if policy.pending is not None:
             policy.raise_pending()
         copied, pending = snapshot(values)
-        for worker in live:  # no helper call per tracker: this is the training loop's hot path
+        for worker in live:
             kwargs = log_kwargs.get(worker.name) if log_kwargs else None
-            items = worker.items
             item: Log = (copied, step, kwargs, pending)
-            items.append(item)
-            if len(items) >= _WAKE_AT:
-                worker.wake.set()
-                if len(items) > policy.max_pending and worker.stuck():
-                    worker.overflow()
+            worker.log(item)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every value logged so far has reached its tracker.
@@ -543,7 +539,7 @@ class TrackerHub:
         events = [
             (worker, worker.signal(kind))
             for worker in workers
-            if worker.thread.is_alive() and not (worker.failed and worker.busy)
+            if worker.thread.is_alive() and not (worker.session.failed and worker.session.busy)
         ]
         began = time.monotonic()
         deadline = began + limit
@@ -558,25 +554,26 @@ class TrackerHub:
             if not late:
                 continue
             done = False
-            if worker.journal is None and not worker.opened.is_set():
-                worker.timed_out()  # hung while opening its run, with nowhere to keep values
+            if worker.outbox.journal is None and not worker.session.opened.is_set():
+                # hung while opening its run, with nowhere to keep values
+                worker.session.timed_out()
                 continue
             # Hung in a backend call: what waits behind it goes to its journal now (from
             # this thread), so that the end of the process loses none of it.
             worker.adopt()
-            journal = worker.journal  # None if it could not be written (reported)
+            journal = worker.outbox.journal  # None if it could not be written (reported)
             kept = journal.folder if journal is not None else None
             if late == "drain":
                 self._policy.late(
                     worker.name,
                     what,
                     self._policy.drain,
-                    worker.busy,
+                    worker.session.busy,
                     kept,
                     setting="ACCELKIT_TRACKER_DRAIN_S",
                 )
             else:
-                self._policy.late(worker.name, what, limit, worker.busy, kept)
+                self._policy.late(worker.name, what, limit, worker.session.busy, kept)
         return done
 
     def finish(self, timeout: float | None = None) -> bool:
@@ -663,12 +660,13 @@ class TrackerHub:
         self._open_runs(wait=False)
         deadline = time.monotonic() + self.timeout
         for worker in self._live:
-            if worker.planned is None and _records_runs(worker.tracker):
-                worker.opened.wait(max(0.0, deadline - time.monotonic()))
+            if worker.session.planned is None and _records_runs(worker.tracker):
+                worker.session.opened.wait(max(0.0, deadline - time.monotonic()))
         found: dict[str, dict[str, Any]] = {}
         for worker in self._live:
-            reference = worker.reference if worker.reference is not None else worker.planned
-            if reference is not None and not worker.failed:
+            session = worker.session
+            reference = session.reference if session.reference is not None else session.planned
+            if reference is not None and not session.failed:
                 found[worker.name] = dict(reference)
         return found
 
@@ -715,7 +713,7 @@ class TrackerHub:
             if early and len(self._early_events) < _MAX_EARLY_EVENTS:
                 self._early_events.append(event)
         for worker in live:
-            worker.items.append(Checkpoint(event))
+            worker.put(Checkpoint(event))
 
 
 # The least time one backend call must have run, at the end of the run's drain time, to be
@@ -736,11 +734,11 @@ def _wait_stop(
         now = time.monotonic()
         if now >= deadline:
             return "deadline"
-        busy = worker.busy
+        busy = worker.session.busy
         if (
-            worker.journal is not None
+            worker.outbox.journal is not None
             and busy not in (None, "finish")
-            and now - worker.busy_since >= hung
+            and now - worker.session.busy_since >= hung
         ):
             return "drain"
         check = min(deadline, now + POLL_S)  # answering, idle or finishing: look again shortly

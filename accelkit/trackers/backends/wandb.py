@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from accelkit.trackers._reference import continuable_id
+from accelkit.trackers.backends._reference import continuable_id
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import to_plain
 
