@@ -18,27 +18,25 @@ import warnings
 from typing import Any
 
 from accelkit.errors import ConfigurationError
+from accelkit.trackers.backends.comet_ml import CometMLTracker
+from accelkit.trackers.backends.jsonl import JSONLTracker
+from accelkit.trackers.backends.mlflow import MLflowTracker
+from accelkit.trackers.backends.tensorboard import TensorBoardTracker
+from accelkit.trackers.backends.wandb import WandBTracker
 from accelkit.trackers.base import GeneralTracker, on_main_process
-from accelkit.trackers.comet_ml import CometMLTracker
-from accelkit.trackers.jsonl import JSONLTracker
-from accelkit.trackers.mlflow import MLflowTracker
-from accelkit.trackers.not_built_in import (
+from accelkit.trackers.registry import (
+    TRACKER_CLASSES,
     AimTracker,
     ClearMLTracker,
     DVCLiveTracker,
-    SwanLabTracker,
-    TrackioTracker,
-)
-from accelkit.trackers.registry import (
-    TRACKER_CLASSES,
     LoggerType,
+    SwanLabTracker,
     TrackerNotBuiltInError,
+    TrackioTracker,
     installed_trackers,
     register_tracker,
     resolve_log_with,
 )
-from accelkit.trackers.tensorboard import TensorBoardTracker
-from accelkit.trackers.wandb import WandBTracker
 
 __all__ = [
     "AimTracker",

@@ -217,7 +217,7 @@ def run_non_main(calls: int, repeats: int) -> dict[str, Any]:
 
 def _worker_cpu_us(backend: str, journal: bool, entries: int, work: Path) -> float:
     """Worker-thread CPU microseconds per ``log()`` of 3 floats to ``backend`` (one hub)."""
-    from accelkit.trackers.hub import TrackerHub
+    from accelkit.trackers.delivery.hub import TrackerHub
 
     folder = work / f"{backend}-{journal}-{time.monotonic_ns()}"
     folder.mkdir()

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from accelkit.cli._table import format_runs
-from accelkit.trackers.jsonl import read_jsonl
+from accelkit.trackers.backends.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 # The README and every page of the documentation site, by path.

@@ -21,7 +21,7 @@ from accelkit.checkpointing.errors import (
 )
 from accelkit.checkpointing.storage import StorageError
 from accelkit.errors import AccelkitError, ConfigurationError
-from accelkit.trackers.failures import TrackerError
+from accelkit.trackers.delivery.failures import TrackerError
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -99,7 +99,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "a json.loads hook (parse_constant): json's protocol is a ValueError, which load_json "
         "turns into a CorruptCheckpointError"
     ),
-    ("accelkit/trackers/journal.py", "_refuse", "TypeError"): (
+    ("accelkit/trackers/delivery/journal.py", "_refuse", "TypeError"): (
         "a json.dumps default= hook: json's protocol is a TypeError for a value it cannot "
         "encode, which the caller catches"
     ),
@@ -121,11 +121,11 @@ ALLOWED: dict[tuple[str, str, str], str] = {
         "os.makedirs' FileExistsError for a file in the folder's place, raised again as "
         "the OS reports that case (ENOTDIR, naming the folder), not as 'the file exists'"
     ),
-    ("accelkit/trackers/_files.py", "create_exclusive", "FileExistsError"): (
+    ("accelkit/trackers/backends/_files.py", "create_exclusive", "FileExistsError"): (
         "os.open(O_EXCL)'s own error once all 1,000 names are taken, kept as the docstring "
         "promises; the hub reports an OSError of a tracker once and skips it"
     ),
-    ("accelkit/trackers/tensorboard.py", "_read_before_new_files", "FileExistsError"): (
+    ("accelkit/trackers/backends/tensorboard.py", "_read_before_new_files", "FileExistsError"): (
         "raised into the except clause right below it (the name is taken: the file stays)"
     ),
     ("accelkit/trackers/registry.py", "_shipped_class", "KeyError"): (

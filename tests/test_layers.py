@@ -10,6 +10,7 @@ the structure. A room is a sub-package of ``accelkit`` (a sub-package of
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,11 @@ ROOT_MODULES = {
     "_units",
     "errors",
 }
+BACKENDS = ("tensorboard", "wandb", "comet_ml", "mlflow", "jsonl")
 CHECKPOINTING_TOP = {"__init__", "manager", "config", "errors", "listener", "tiered"}
+# trackers/'s top: the interface, its event, values, the registry; then its two rooms
+TRACKERS_TOP = {"__init__", "base", "events", "values", "registry"}
+TRACKERS_ROOMS = {"backends", "delivery"}
 
 
 def _module_name(path: Path) -> str:
@@ -172,6 +177,54 @@ def test_the_root_holds_only_the_face_and_accelerates_paths() -> None:
     )
     top = {p.stem for p in (PACKAGE / "checkpointing").glob("*.py")}
     assert top == CHECKPOINTING_TOP, f"checkpointing/'s top level: {sorted(top)}"
+    trackers = PACKAGE / "trackers"
+    top = {p.stem for p in trackers.glob("*.py")}
+    rooms = {p.name for p in trackers.iterdir() if (p / "__init__.py").exists()}
+    assert (top, rooms) == (TRACKERS_TOP, TRACKERS_ROOMS), f"trackers/'s top level: {top}, {rooms}"
+
+
+def test_trackers_backends_and_delivery_stay_apart() -> None:
+    """The backends stand on trackers/'s top modules alone (the registry finds them by module
+    path); delivery never imports a backend (the backends' file primitives aside), and the
+    top modules import neither room. Deferred imports included."""
+    top = {f"accelkit.trackers.{name}" for name in TRACKERS_TOP - {"__init__"}}
+    allowed = {
+        "accelkit.trackers.backends": {"accelkit.trackers.backends"}
+        | top - {"accelkit.trackers.registry"},
+        "accelkit.trackers.delivery": {
+            "accelkit.trackers.delivery",
+            "accelkit.trackers.backends._files",
+        }
+        | top,
+        **{m: top for m in top},
+    }
+    wrong = []
+    for module, path in MODULES.items():
+        room = next((r for r in allowed if module == r or module.startswith(r + ".")), None)
+        if room is None:
+            continue
+        for target in _imports(path):
+            if not target.startswith("accelkit.trackers") or target == module:
+                continue
+            if not any(target == a or target.startswith(a + ".") for a in allowed[room]):
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "imports across trackers/' rooms:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_tracker_registry_loads_no_module_by_a_string_but_the_backends() -> None:
+    """The stand-ins of Accelerate's trackers live in the registry: no import by a string name
+    (a runtime import the checks above cannot see) but the backends' lazy lookup."""
+    tree = ast.parse((PACKAGE / "trackers" / "registry.py").read_text())
+    named = {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"accelkit(\.\w+)+", node.value)
+    }
+    backends = {f"accelkit.trackers.backends.{name}" for name in BACKENDS}
+    assert named - {"accelkit.trackers"} == backends, named  # (the entry-point group's name)
+    assert backends <= set(MODULES)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ import pytest
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit._accelerator.preflight import ConfigurationError
-from accelkit.trackers.jsonl import read_jsonl
+from accelkit.trackers.backends.jsonl import read_jsonl
 from tests.helpers.distributed import run_distributed
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,14 +35,14 @@ from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.listener import CommitReport, DropReport, LoadReport
 from accelkit.checkpointing.replication import ReplicationReport
 from accelkit.trackers import events
-from accelkit.trackers.hub import TrackerHub
+from accelkit.trackers.delivery.hub import TrackerHub
 from accelkit.training.optim import GradientState
 
 __all__ = ["ExperimentLink"]
 
 
 class ExperimentLink:
-    """Connects a :class:`~accelkit.trackers.hub.TrackerHub` to a checkpoint manager.
+    """Connects a :class:`~accelkit.trackers.delivery.hub.TrackerHub` to a checkpoint manager.
 
     Args:
         hub: the run's trackers.
@@ -89,8 +89,8 @@ class ExperimentLink:
         log_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         """``Accelerator.log``: hand ``values`` to the hub (:meth:`TrackerHub.log
-        <accelkit.trackers.hub.TrackerHub.log>`), noting where a script's own ``step`` stood
-        against the optimizer steps (see :meth:`saved_at_step`)."""
+        <accelkit.trackers.delivery.hub.TrackerHub.log>`), noting where a script's own
+        ``step`` stood against the optimizer steps (see :meth:`saved_at_step`)."""
         self.hub.log(values, step, log_kwargs)
         if self.gradient_state is not None:
             self._last_log = None if step is None else (int(step), self._optimizer_steps())

@@ -2,8 +2,9 @@
 
 ``accelkit track status LOGGING_DIR`` shows, per tracker journal, the entries journaled,
 delivered and pending; ``accelkit track sync LOGGING_DIR [--tracker NAME]`` sends the pending
-ones to the run they belong to (see :mod:`accelkit.trackers.sync`; ``--allow-outside`` lets a
-journal's ``run.json`` name local paths outside LOGGING_DIR). Both take ``--json``.
+ones to the run they belong to (see :mod:`accelkit.trackers.delivery.sync`;
+``--allow-outside`` lets a journal's ``run.json`` name local paths outside LOGGING_DIR). Both
+take ``--json``.
 Exit codes: 0 done (nothing pending), 1 something could not be sent or read, 2 bad usage.
 """
 
@@ -82,7 +83,7 @@ def _check_dir(path: str) -> bool:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from accelkit.trackers.sync import status
+    from accelkit.trackers.delivery.sync import status
 
     if not _check_dir(args.logging_dir):
         return 2
@@ -116,7 +117,7 @@ def _run_status(args: argparse.Namespace) -> int:
 
 
 def _run_sync(args: argparse.Namespace) -> int:
-    from accelkit.trackers.sync import sync
+    from accelkit.trackers.delivery.sync import sync
 
     if not _check_dir(args.logging_dir):
         return 2

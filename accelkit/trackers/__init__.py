@@ -4,8 +4,8 @@ Importing this package imports no tracking SDK; each backend imports its SDK whe
 """
 
 from accelkit.trackers.base import GeneralTracker, on_main_process
+from accelkit.trackers.delivery.hub import TrackerError, TrackerFailure, TrackerHub, TrackerWarning
 from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.hub import TrackerError, TrackerFailure, TrackerHub, TrackerWarning
 from accelkit.trackers.registry import (
     LoggerType,
     TrackerNotBuiltInError,

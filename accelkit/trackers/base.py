@@ -141,7 +141,7 @@ class GeneralTracker:
         """Record several ``log`` calls at once, in order (optional: a hook for backends with a
         batch request).
 
-        With the tracker journal (:mod:`accelkit.trackers.journal`), a tracker that defines
+        With the tracker journal (:mod:`accelkit.trackers.delivery.journal`), a tracker that defines
         its own ``log_batch`` receives what is waiting when its worker has a backlog (a fast
         loop, a catch-up after an outage, ``accelkit track sync``) in calls of at most 200
         entries and :attr:`max_batch_values` values; each call's entries are recorded as

@@ -3,7 +3,9 @@
 Built-in trackers are looked up lazily: their module (and with it the backend's SDK) is imported
 only when a run asks for them. Third-party trackers join through :func:`register_tracker` or the
 entry-point group ``accelkit.trackers`` (``name = "package.module:TrackerClass"``); registered
-names work in ``log_with`` lists and in ``"all"``.
+names work in ``log_with`` lists and in ``"all"``. Accelerate's trackers that accelkit does not
+build in (``AimTracker``, ...) are stand-in classes here, whose construction says how to add
+them.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from accelkit.errors import ConfigurationError, DependencyError, WrongTypeError
 from accelkit.trackers.base import GeneralTracker
 
 __all__ = [
+    "AimTracker",
+    "ClearMLTracker",
+    "DVCLiveTracker",
     "NOT_BUILT_IN",
+    "SwanLabTracker",
+    "TrackioTracker",
     "TRACKER_CLASSES",
     "TrackerClassTable",
     "LoggerType",
@@ -113,6 +120,58 @@ def not_built_in_message(name: str) -> str:
     )
 
 
+class _NotBuiltIn(GeneralTracker):
+    """A stand-in class whose construction explains what to do instead.
+
+    Accelerate's trackers that accelkit does not build in keep their Accelerate names (``from
+    accelkit.tracking import AimTracker`` works, so a script written for Accelerate imports
+    without change); creating one (or selecting ``LoggerType.AIM`` in ``log_with``) fails with
+    a :class:`TrackerNotBuiltInError` that says how to add the backend as a `GeneralTracker`. A
+    tracker registered under the same name is used instead.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TrackerNotBuiltInError(not_built_in_message(self.name))
+
+
+class AimTracker(_NotBuiltIn):
+    """Not built in (Accelerate's ``AimTracker``); creating one raises and says what to do."""
+
+    name = "aim"
+    requires_logging_directory = True
+
+
+class ClearMLTracker(_NotBuiltIn):
+    """Not built in (Accelerate's ``ClearMLTracker``); creating one raises and says what to do."""
+
+    name = "clearml"
+
+
+class DVCLiveTracker(_NotBuiltIn):
+    """Not built in (Accelerate's ``DVCLiveTracker``); creating one raises and says what to do."""
+
+    name = "dvclive"
+
+
+class SwanLabTracker(_NotBuiltIn):
+    """Not built in (Accelerate's ``SwanLabTracker``); creating one raises and says what to do."""
+
+    name = "swanlab"
+
+
+class TrackioTracker(_NotBuiltIn):
+    """Not built in (Accelerate's ``TrackioTracker``); creating one raises and says what to do."""
+
+    name = "trackio"
+
+
+# The stand-in classes, by tracker name (the names of NOT_BUILT_IN).
+_NOT_BUILT_IN_CLASSES: dict[str, type[GeneralTracker]] = {
+    cls.name: cls
+    for cls in (AimTracker, TrackioTracker, ClearMLTracker, DVCLiveTracker, SwanLabTracker)
+}
+
+
 @dataclass(frozen=True)
 class _Builtin:
     module: str
@@ -122,12 +181,12 @@ class _Builtin:
 
 _BUILTINS: dict[str, _Builtin] = {
     "tensorboard": _Builtin(
-        "accelkit.trackers.tensorboard", "TensorBoardTracker", ("tensorboard",)
+        "accelkit.trackers.backends.tensorboard", "TensorBoardTracker", ("tensorboard",)
     ),
-    "wandb": _Builtin("accelkit.trackers.wandb", "WandBTracker", ("wandb",)),
-    "comet_ml": _Builtin("accelkit.trackers.comet_ml", "CometMLTracker", ("comet_ml",)),
-    "mlflow": _Builtin("accelkit.trackers.mlflow", "MLflowTracker", ("mlflow",)),
-    "jsonl": _Builtin("accelkit.trackers.jsonl", "JSONLTracker", ()),
+    "wandb": _Builtin("accelkit.trackers.backends.wandb", "WandBTracker", ("wandb",)),
+    "comet_ml": _Builtin("accelkit.trackers.backends.comet_ml", "CometMLTracker", ("comet_ml",)),
+    "mlflow": _Builtin("accelkit.trackers.backends.mlflow", "MLflowTracker", ("mlflow",)),
+    "jsonl": _Builtin("accelkit.trackers.backends.jsonl", "JSONLTracker", ()),
 }
 
 _registered: dict[str, type[GeneralTracker]] = {}
@@ -401,16 +460,6 @@ def resolve_log_with(
     return list(unique.values())
 
 
-# The stand-in classes of accelkit.trackers.not_built_in, by tracker name.
-_NOT_BUILT_IN_CLASSES: dict[str, str] = {
-    "aim": "AimTracker",
-    "trackio": "TrackioTracker",
-    "clearml": "ClearMLTracker",
-    "dvclive": "DVCLiveTracker",
-    "swanlab": "SwanLabTracker",
-}
-
-
 class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
     """Tracker name -> class, the table Accelerate calls ``tracking.LOGGER_TYPE_TO_CLASS``.
 
@@ -497,16 +546,14 @@ class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
 def _shipped_class(key: str) -> type[GeneralTracker]:
     """The class accelkit ships under ``key`` (a built-in, or a stand-in); KeyError if none.
 
-    Imports the tracker's accelkit module, never the backend's SDK.
+    Imports a built-in's accelkit module (in ``backends/``), never the backend's SDK.
     """
     if key in _BUILTINS:
         spec = _BUILTINS[key]
         cls: type[GeneralTracker] = getattr(importlib.import_module(spec.module), spec.attr)
         return cls
     if key in _NOT_BUILT_IN_CLASSES:
-        module = importlib.import_module("accelkit.trackers.not_built_in")
-        stand_in: type[GeneralTracker] = getattr(module, _NOT_BUILT_IN_CLASSES[key])
-        return stand_in
+        return _NOT_BUILT_IN_CLASSES[key]
     raise KeyError(key)
 
 

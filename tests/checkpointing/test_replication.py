@@ -359,7 +359,7 @@ def test_replication_settings_are_checked(tmp_path: Path) -> None:
 
 
 def test_trackers_get_replication_seconds_and_lag(s3_server: S3Server, tmp_path: Path) -> None:
-    from accelkit.trackers.jsonl import read_jsonl
+    from accelkit.trackers.backends.jsonl import read_jsonl
     from tests.trackers.readers import read_tensorboard
 
     remote = s3_server.new_prefix()

@@ -20,7 +20,7 @@ pytest.importorskip("s3fs", reason="the remote tier is S3: pip install 'accelkit
 def test_disk_budget_deletes_oldest_unreplicated_never_the_newest(
     s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from accelkit.trackers.jsonl import read_jsonl
+    from accelkit.trackers.backends.jsonl import read_jsonl
 
     remote = s3_server.new_prefix()
     local = tmp_path / "run"

@@ -140,7 +140,7 @@ def _check(report: dict[str, Any], url: str, project: Path, points: int) -> None
     report["mlflow_points"] = len(history)
     report["mlflow_distinct_steps"] = len({step for step, _ in history})
     report["mlflow_exactly_once"] = history == expected
-    from accelkit.trackers.jsonl import read_jsonl
+    from accelkit.trackers.backends.jsonl import read_jsonl
 
     rows = read_jsonl(str(project / "soak"), metrics_only=True)
     report["jsonl_points"] = len(rows)

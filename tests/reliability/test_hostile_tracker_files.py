@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from accelkit.trackers._files import TrackerFileError
-from accelkit.trackers._reference import short
-from accelkit.trackers.jsonl import JSONLTracker, read_jsonl
-from accelkit.trackers.tensorboard import TensorBoardTracker
+from accelkit._text import short
+from accelkit.trackers.backends._files import TrackerFileError
+from accelkit.trackers.backends.jsonl import JSONLTracker, read_jsonl
+from accelkit.trackers.backends.tensorboard import TensorBoardTracker
 from tests.trackers.readers import read_tensorboard
 
 pytestmark = pytest.mark.reliability
@@ -238,7 +238,7 @@ def test_planted_side_file_names_are_never_followed(tmp_path: Path) -> None:
 def test_read_jsonl_refuses_a_pipe_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "metrics.jsonl")
     code = (
-        "import sys\nfrom accelkit.trackers.jsonl import read_jsonl\n"
+        "import sys\nfrom accelkit.trackers.backends.jsonl import read_jsonl\n"
         "try:\n    read_jsonl(sys.argv[1])\nexcept OSError as error:\n    print(error)\n"
     )
     result = subprocess.run(

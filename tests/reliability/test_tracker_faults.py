@@ -26,9 +26,9 @@ from typing_extensions import override
 
 from accelkit import Accelerator
 from accelkit.trackers import GeneralTracker
-from accelkit.trackers.hub import TrackerWarning
-from accelkit.trackers.jsonl import read_jsonl
-from accelkit.trackers.sync import status
+from accelkit.trackers.backends.jsonl import read_jsonl
+from accelkit.trackers.delivery.hub import TrackerWarning
+from accelkit.trackers.delivery.sync import status
 from tests.helpers.distributed import free_port
 
 STEPS = 20

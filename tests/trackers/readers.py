@@ -35,7 +35,7 @@ def read_tensorboard(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any
 
 
 def read_jsonl(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
-    from accelkit.trackers.jsonl import read_jsonl as read
+    from accelkit.trackers.backends.jsonl import read_jsonl as read
 
     scalars: Scalars = {}
     for record in read(os.path.join(logging_dir, run)):

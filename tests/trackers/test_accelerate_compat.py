@@ -18,7 +18,7 @@ import pytest
 import accelkit.tracking
 from accelkit import Accelerator
 from accelkit.trackers import TrackerHub, register_tracker, registered_trackers
-from accelkit.trackers.jsonl import read_jsonl
+from accelkit.trackers.backends.jsonl import read_jsonl
 from accelkit.trackers.registry import NOT_BUILT_IN, TrackerNotBuiltInError
 
 accelerate_tracking = pytest.importorskip("accelerate.tracking")

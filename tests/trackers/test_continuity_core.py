@@ -347,7 +347,7 @@ def _epoch_logging_job(
 
 
 def _rows(project: Path) -> list[dict[str, Any]]:
-    from accelkit.trackers.jsonl import read_jsonl
+    from accelkit.trackers.backends.jsonl import read_jsonl
 
     return read_jsonl(str(project / "run"))
 

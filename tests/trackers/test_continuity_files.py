@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from accelkit.trackers.backends.jsonl import JSONLTracker, read_jsonl
+from accelkit.trackers.backends.tensorboard import TensorBoardTracker
 from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.jsonl import JSONLTracker, read_jsonl
-from accelkit.trackers.tensorboard import TensorBoardTracker
 from tests.helpers.distributed import free_port
 from tests.trackers.conftest import job_env
 from tests.trackers.readers import read_tensorboard
@@ -337,7 +337,7 @@ def test_jsonl_failed_rewrite_leaves_the_file_as_it_was_and_keeps_logging(
 
 KILLED_IN_REWRITE = """
 import os, signal, sys
-from accelkit.trackers.jsonl import JSONLTracker
+from accelkit.trackers.backends.jsonl import JSONLTracker
 # The temporary copy is complete when it is synced: die there, before the rename.
 os.fsync = lambda descriptor: os.kill(os.getpid(), signal.SIGKILL)
 tracker = JSONLTracker("run", sys.argv[1])

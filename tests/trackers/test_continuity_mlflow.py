@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.mlflow import (
+from accelkit.trackers.backends.mlflow import (
     LATEST_CHECKPOINT_TAG,
     LOADED_CHECKPOINT_TAG,
     RESUMED_AT_MS_TAG,
     RESUMED_AT_STEP_TAG,
     MLflowTracker,
 )
+from accelkit.trackers.events import CheckpointEvent
 from tests.trackers.conftest import job_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from accelkit.trackers.comet_ml import CometMLTracker, _experiment_elsewhere
-from accelkit.trackers.wandb import WandBTracker
+from accelkit.trackers.backends.comet_ml import CometMLTracker, _experiment_elsewhere
+from accelkit.trackers.backends.wandb import WandBTracker
 from tests.trackers.conftest import job_env
 
 ROOT = Path(__file__).resolve().parents[2]

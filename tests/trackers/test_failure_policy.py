@@ -21,8 +21,9 @@ from typing_extensions import override
 
 from accelkit import Accelerator
 from accelkit.trackers import TrackerError, TrackerFailure, TrackerHub, TrackerWarning
-from accelkit.trackers._worker import Log, Mark, Stop, Worker
-from accelkit.trackers.failures import FailurePolicy
+from accelkit.trackers.delivery.failures import FailurePolicy
+from accelkit.trackers.delivery.items import Log, Mark, Stop
+from accelkit.trackers.delivery.worker import Worker
 from tests.trackers.custom import RecordingTracker
 
 NO_FILE = "<accelkit trackers>"
@@ -122,7 +123,7 @@ def test_the_hub_hands_its_policy_to_every_worker(tmp_path: Path) -> None:
     )
     hub.init("run")
     try:
-        policies = {id(worker.policy) for worker in hub._workers}
+        policies = {id(worker.session.policy) for worker in hub._workers}
         assert policies == {id(hub._policy)}
         assert (hub.on_error, hub.timeout) == ("raise", 7)
     finally:
@@ -137,15 +138,16 @@ def test_a_worker_reports_to_its_policy_alone_and_skips_the_tracker_after() -> N
     skipped: list[int] = []
     policy = FailurePolicy("warn", on_skip=lambda: skipped.append(1))
     worker = Worker(tracker, policy)
-    worker.started = True  # as if its run were open: only the failure keeps finish() away
+    worker.session.started = True  # as if its run were open: only the failure keeps finish() away
     values: dict[str, Any] = {"x": 1}
     first: Log = (values, 0, None, False)
     second: Log = (values, 1, None, False)
-    worker.items.extend([first, second])
+    worker.log(first)
+    worker.log(second)
     with pytest.warns(TrackerWarning, match="'alone' failed in log"):
         assert worker.signal(Mark).wait(10)
     assert tracker.log_attempts == 1  # skipped after its failure: one failing call, not two
-    assert worker.failed and skipped == [1]
+    assert worker.session.failed and skipped == [1]
     assert [(f.name, f.method) for f in policy.failures] == [("alone", "log")]
     assert worker.signal(Stop).wait(10)
     worker.thread.join(10)
@@ -157,7 +159,7 @@ def test_a_worker_passes_log_kwargs_and_the_step_it_was_given() -> None:
     tracker = RecordingTracker("kw")
     worker = Worker(tracker, FailurePolicy())
     item: Log = ({"x": 2}, 5, {"commit": False}, False)
-    worker.items.append(item)
+    worker.log(item)
     assert worker.signal(Stop).wait(10)
     assert tracker.calls == [("log", {"x": 2}, (5, {"commit": False}))]
 
@@ -244,7 +246,7 @@ def test_an_overflow_found_in_log_points_at_the_users_log_line(
     try:
         hub.log({"x": 0}, step=0)
         deadline = time.monotonic() + 10
-        while hub._workers[0].busy != "log" and time.monotonic() < deadline:
+        while hub._workers[0].session.busy != "log" and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.2)  # the log() call has now run past the timeout
         with warnings.catch_warnings(record=True) as caught:
@@ -258,7 +260,7 @@ def test_an_overflow_found_in_log_points_at_the_users_log_line(
         assert "'hung' failed in log()" in str(report.message)
         assert "ACCELKIT_TRACKER_MAX_PENDING" in str(report.message)
         assert (report.filename, report.lineno) == (__file__, line)
-        assert len(hub._workers[0].items) == 0  # the waiting values were dropped
+        assert hub._workers[0].waiting() == 0  # the waiting values were dropped
     finally:
         gate.set()
         hub.finish()

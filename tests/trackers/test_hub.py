@@ -16,9 +16,9 @@ from typing_extensions import override
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.trackers import GeneralTracker, TrackerError, TrackerHub, TrackerWarning
+from accelkit.trackers.backends.jsonl import read_jsonl
 from accelkit.trackers.base import NullTracker
-from accelkit.trackers.journal import Journal
-from accelkit.trackers.jsonl import read_jsonl
+from accelkit.trackers.delivery.journal import Journal
 from tests.trackers import readers
 from tests.trackers.custom import RecordingTracker
 
@@ -541,5 +541,5 @@ def test_a_hub_pickles_before_init_and_keeps_its_step_count() -> None:
     copy = pickle.loads(pickle.dumps(hub))
     hub.finish()
     assert copy.trackers == [] and copy.failures == []
-    assert copy._next_step == 42
+    assert copy.last_step == 41  # the next log() without a step logs at 42
     assert copy.requested_names == ["recording"]

@@ -17,8 +17,8 @@ from typing_extensions import override
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.cli.main import main as cli
 from accelkit.trackers import TrackerWarning, register_tracker
-from accelkit.trackers.journal import JOURNAL_FOLDER, Journal, JournalWarning
-from accelkit.trackers.sync import status
+from accelkit.trackers.delivery.journal import JOURNAL_FOLDER, Journal, JournalWarning
+from accelkit.trackers.delivery.sync import status
 from tests.trackers.custom import CSVTracker
 
 

@@ -15,9 +15,9 @@ from typing_extensions import override
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.trackers import GeneralTracker, TrackerWarning, register_tracker
-from accelkit.trackers._worker import deliver
-from accelkit.trackers.journal import Journal, JournalWarning
-from accelkit.trackers.sync import status
+from accelkit.trackers.delivery.journal import Journal, JournalWarning
+from accelkit.trackers.delivery.send import deliver
+from accelkit.trackers.delivery.sync import status
 from tests.trackers.test_journal import FlakyCSV, _rows
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from accelkit.cli.main import main as cli
-from accelkit.trackers.journal import JOURNAL_FOLDER, Journal
+from accelkit.trackers.delivery.journal import JOURNAL_FOLDER, Journal
 from tests.trackers.conftest import job_env
 
 _ROOT = str(Path(__file__).resolve().parents[2])
@@ -137,9 +137,9 @@ def test_sync_refuses_init_kwargs_paths_outside_the_logging_directory(
 def test_network_addresses_pass_and_local_paths_must_stay_inside(
     tmp_path: Path, value: str, refused: bool
 ) -> None:
-    from accelkit.trackers._files import TrackerFileError
+    from accelkit.trackers.backends._files import TrackerFileError
+    from accelkit.trackers.delivery.sync import check_run_paths
     from accelkit.trackers.registry import get_tracker_class
-    from accelkit.trackers.sync import check_run_paths
 
     value = value.replace("{logs}", str(tmp_path))
     run = {"project_name": "p", "init_kwargs": {"settings": {"base_url": "x", "root_dir": value}}}
@@ -153,7 +153,7 @@ def test_network_addresses_pass_and_local_paths_must_stay_inside(
 _MEMORY_SCRIPT = """
 import sys, warnings
 from accelkit.cli.main import main
-from accelkit.trackers.journal import Journal
+from accelkit.trackers.delivery.journal import Journal
 from tests.helpers.memory import peak_kib
 
 warnings.simplefilter("ignore")

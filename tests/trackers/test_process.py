@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from accelkit.trackers.jsonl import read_jsonl
+from accelkit.trackers.backends.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ SCRIPT = """
 import sys, threading, time
 from accelkit import Accelerator, GeneralTracker
 from accelkit.trackers import TrackerHub
-from accelkit.trackers.jsonl import JSONLTracker
+from accelkit.trackers.backends.jsonl import JSONLTracker
 
 TrackerHub.create(["tensorboard", "wandb", "comet_ml", "mlflow", "jsonl"], logging_dir=LOGDIR)
 sdks = ("wandb", "mlflow", "comet_ml", "tensorboard", "torch.utils.tensorboard")

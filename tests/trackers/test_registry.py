@@ -21,7 +21,7 @@ from accelkit.trackers import (
     registered_trackers,
     unregister_tracker,
 )
-from accelkit.trackers.jsonl import JSONLTracker, read_jsonl
+from accelkit.trackers.backends.jsonl import JSONLTracker, read_jsonl
 from tests.trackers.custom import CSVTracker, RecordingTracker
 
 BUILTINS = {"tensorboard", "wandb", "comet_ml", "mlflow", "jsonl"}
@@ -135,7 +135,7 @@ def _write_distribution(site: Path, entry_points: str) -> None:
     (site / "acme_tracker.py").write_text(
         textwrap.dedent(
             """
-            from accelkit.trackers.jsonl import JSONLTracker
+            from accelkit.trackers.backends.jsonl import JSONLTracker
 
             class AcmeTracker(JSONLTracker):
                 name = "acme"

@@ -296,7 +296,7 @@ class Manifest:
 
 
 _MAX_STEP = 2**62
-# A run key (``accelkit.trackers.hub.new_run_key``: 32 hexadecimal digits).
+# A run key (``accelkit.trackers.delivery.runs.new_run_key``: 32 hexadecimal digits).
 _RUN_KEY = re.compile(r"[A-Za-z0-9]{1,64}")
 
 

@@ -14,8 +14,8 @@ other trackers and the training run go on. With ``on_error="raise"`` the failure
 first use included, see "Continuing runs"). When every tracker of the run has failed, one
 error-level log record (logger ``accelkit.trackers``) says so, naming each of them: training
 goes on, but nothing is being logged any more.
-These decisions are :class:`~accelkit.trackers.failures.FailurePolicy`'s: the hub creates one
-and hands it to every tracker's worker, which reports to it (never to the hub).
+These decisions are :class:`~accelkit.trackers.delivery.failures.FailurePolicy`'s: the hub
+creates one and hands it to every tracker's worker, which reports to it (never to the hub).
 
 No wait is unbounded. ``start`` and ``store_init_configuration`` run on the tracker's worker
 thread, and the hub waits at most ``timeout`` seconds for each tracker to open its run (in
@@ -53,10 +53,10 @@ name one before it opens (no ``name_run``) is waited for at a save instead, at m
 ``timeout`` seconds.
 
 Journal: with a logging directory, each tracker's worker keeps a journal of what it sends
-(:mod:`accelkit.trackers.journal`): a backend that raises is retried with backoff and caught
-up from its last acknowledged entry rather than skipped, and what a run could not deliver is
-sent later by ``accelkit track sync``. ``journal=False`` (or ``ACCELKIT_TRACKER_JOURNAL=0``)
-turns it off.
+(:mod:`accelkit.trackers.delivery.journal`): a backend that raises is retried with backoff
+and caught up from its last acknowledged entry rather than skipped, and what a run could not
+deliver is sent later by ``accelkit track sync``. ``journal=False`` (or
+``ACCELKIT_TRACKER_JOURNAL=0``) turns it off.
 
 Pickling: a hub pickles (``Accelerator`` objects are pickled, by Accelerate's own tests among
 others) without its threads, locks, queues or started trackers, which belong to the process that
@@ -68,43 +68,36 @@ of trackers writing the same run. See :meth:`TrackerHub.__getstate__`.
 from __future__ import annotations
 
 import atexit
-import functools
 import os
 import threading
-import time
-import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from accelkit.errors import ConfigurationError, UsageError, WrongTypeError
-from accelkit.trackers._worker import (
-    POLL_S,
-    Checkpoint,
-    JournalSettings,
-    Log,
-    Mark,
-    Resume,
-    Start,
-    Stop,
-    Worker,
-)
+from accelkit.errors import ConfigurationError, UsageError
 from accelkit.trackers.base import GeneralTracker, NullTracker
-from accelkit.trackers.events import CheckpointEvent
-from accelkit.trackers.failures import (
+from accelkit.trackers.delivery.failures import (
     FailurePolicy,
     TrackerError,
     TrackerFailure,
     TrackerWarning,
     env_number,
 )
+from accelkit.trackers.delivery.items import (
+    Checkpoint,
+    JournalSettings,
+    Log,
+    Mark,
+    Stop,
+)
+from accelkit.trackers.delivery.runs import RunPlan, references
+from accelkit.trackers.delivery.waits import wait_for, wait_opened, wait_started
+from accelkit.trackers.delivery.worker import Worker
+from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.registry import constructor_arguments, resolve_log_with
 from accelkit.trackers.values import snapshot
 
-__all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning", "new_run_key"]
-
-_WAKE_AT = 256
-_MAX_EARLY_EVENTS = 16
+__all__ = ["TrackerError", "TrackerFailure", "TrackerHub", "TrackerWarning"]
 
 
 class TrackerHub:
@@ -148,20 +141,12 @@ class TrackerHub:
         self._workers: list[Worker] = []
         self._live: list[Worker] = []
         self._lock = threading.Lock()
-        self._atexit_registered = False
-        self._exit_lock = threading.Lock()  # the exit hook's registration
-        self._next_step = 0  # the step of the next log() called without one
-        self._logged = False  # log() was called in this run (a later load_state is mid-run)
+        self._exit = _ExitHook(self._drain_at_exit)  # finish() at interpreter exit
         self._detached = False  # an unpickled copy: no trackers of its own
         self.defer_start = defer_start
         self._unstarted: list[Worker] = []  # constructed, start() not queued yet (deferred)
         self._config: Mapping[str, Any] | None = None  # stored again when a run is reopened
-        self._resume: tuple[Mapping[str, Any], int] | None = None  # a loaded checkpoint's runs
-        self._resume_key: str | None = None  # and its run key
-        self.run_key: str | None = None
-        """The key of this run (see "Run keys" in the module docstring); ``None`` before
-        ``init``."""
-        self._early_events: list[CheckpointEvent] = []  # events from before the runs opened
+        self._runs = RunPlan()  # the run key, a loaded checkpoint's runs, early events
 
     @classmethod
     def create(
@@ -196,14 +181,7 @@ class TrackerHub:
                 needs a logging directory without one, or a bad ``on_error``.
             ImportError: a tracker whose package is missing (the message has the pip command).
         """
-        directory = None if logging_dir is None else os.fspath(logging_dir)
-        remote = None
-        if directory is not None and "://" in directory:
-            # Trackers write local files; a remote project_dir leaves them without a folder.
-            if directory.startswith("file://"):
-                directory = directory[len("file://") :]
-            else:
-                remote, directory = directory, None
+        directory, remote = _local_folder(logging_dir)
         specs = resolve_log_with(log_with, directory, remote_logging_dir=remote)
         if timeout is None:
             timeout = env_number("ACCELKIT_TRACKER_TIMEOUT", 60.0)
@@ -227,9 +205,9 @@ class TrackerHub:
         the module docstring).
         """
         state = self.__dict__.copy()
-        for key in ("_workers", "_live", "_specs", "_unstarted", "_early_events"):
+        for key in ("_workers", "_live", "_specs", "_unstarted"):
             state[key] = []
-        state.update(_lock=None, _exit_lock=None, _atexit_registered=False, _config=None)
+        state.update(_lock=None, _exit=None, _config=None)
         state["_detached"] = True
         return state
 
@@ -237,15 +215,21 @@ class TrackerHub:
         """Restore a detached copy (see :meth:`__getstate__`)."""
         self.__dict__.update(state)
         self._lock = threading.Lock()
-        self._exit_lock = threading.Lock()
+        self._exit = _ExitHook(self._drain_at_exit)
 
     @property
     def trackers(self) -> list[GeneralTracker]:
         """The started trackers of this process, failed ones included (their runs are opened
         first if they were not yet)."""
         self._open_runs(wait=True)
-        self._wait_opened()
+        wait_opened(self._live, self.timeout)
         return [worker.tracker for worker in self._workers]
+
+    @property
+    def run_key(self) -> str | None:
+        """The key of this run (see "Run keys" in the module docstring); ``None`` before
+        ``init``."""
+        return self._runs.key
 
     @property
     def failures(self) -> list[TrackerFailure]:
@@ -267,10 +251,13 @@ class TrackerHub:
         """How many values may wait for a hung tracker before it is skipped."""
         return self._policy.max_pending
 
+    def _limit(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else timeout
+
     def _drop_failed(self) -> None:
         """Stop feeding failed trackers (the policy's ``on_skip``)."""
         with self._lock:
-            self._live = [w for w in self._live if not w.failed]
+            self._live = [w for w in self._live if not w.session.failed]
 
     def init(
         self,
@@ -304,9 +291,7 @@ class TrackerHub:
                 "starting new trackers."
             )
         init_kwargs = dict(init_kwargs or {})
-        self._next_step = 0 if self._resume is None else self._resume[1] + 1
-        self.run_key = self._resume_key or new_run_key()
-        self._logged = False
+        self._runs.begin()
         self._policy.begin_run({spec.name for spec in self._specs})
         unknown = sorted(set(init_kwargs) - {spec.name for spec in self._specs})
         if unknown and self.is_main_process:
@@ -315,25 +300,17 @@ class TrackerHub:
                 f"({[spec.name for spec in self._specs]}); they are ignored.",
                 stacklevel=3,
             )
-        # Every class is checked against its call before any tracker starts.
-        calls = []
-        for spec in self._specs:
-            arguments = None
-            if not isinstance(spec, GeneralTracker):
-                kwargs = init_kwargs.get(spec.name, {})
-                arguments = constructor_arguments(spec, project_name, self.logging_dir, kwargs)
-            calls.append((spec, arguments))
         self._config = config
-        for spec, arguments in calls:
-            tracker = self._construct(spec, arguments)
-            if tracker is None:
-                continue
+        journal = self.logging_dir if self.journal else None
+        rank = None if self.is_main_process else os.environ.get("RANK", "0")
+        built = _build(self._specs, project_name, init_kwargs, self.logging_dir, self._policy)
+        for tracker in built:  # a worker per tracker as it is built (a failure may raise)
             worker = Worker(
                 tracker,
                 self._policy,
-                self._journal_settings(tracker, project_name, init_kwargs.get(tracker.name)),
+                _journal_settings(journal, rank, tracker, project_name, init_kwargs),
             )
-            worker.on_started = self._exit_hook_last
+            worker.session.on_started = self._exit.move_last
             self._workers.append(worker)
             self._unstarted.append(worker)
         if not self.defer_start:
@@ -353,33 +330,11 @@ class TrackerHub:
             ]
             if given:
                 self._open_runs(wait=True, only=given)
-            if self._resume is not None:
+            if self._runs.resume is not None:
                 self._open_runs(wait=False)
-        with self._exit_lock:
-            if self._workers and not self._atexit_registered:
-                # Registered after the trackers were made (and moved again after each start():
-                # _exit_hook_last), so this runs before the backends' own exit hooks (atexit
-                # is last-in, first-out) and their runs still accept values. It also keeps the
-                # hub alive until exit, so a dropped Accelerator still flushes.
-                atexit.register(self._drain_at_exit)
-                self._atexit_registered = True
+        if self._workers:
+            self._exit.arm()
         self._policy.raise_pending()
-
-    def _journal_settings(
-        self,
-        tracker: GeneralTracker,
-        project_name: str,
-        init_kwargs: Mapping[str, Any] | None = None,
-    ) -> JournalSettings | None:
-        if not self.journal or self.logging_dir is None:
-            return None
-        name = tracker.name
-        if not self.is_main_process:
-            name = f"{name}.rank{os.environ.get('RANK', '0')}"
-        run: dict[str, Any] = {"tracker": tracker.name, "project_name": project_name}
-        if init_kwargs:
-            run["init_kwargs"] = init_kwargs
-        return JournalSettings(self.logging_dir, name, run)
 
     def _open_runs(self, wait: bool, only: list[Worker] | None = None) -> None:
         """Queue ``start`` (after ``continue_run`` when a checkpoint was loaded) and
@@ -397,71 +352,16 @@ class TrackerHub:
             opened = []
             config = self._config
             for worker in workers:
-                named = self._name_run(worker)
-                resume: Resume | None = None
-                if self._resume is not None:
-                    runs, step = self._resume
-                    reference = runs.get(worker.name)
-                    resume = Resume(
-                        dict(reference) if isinstance(reference, Mapping) else None, step
-                    )
-                # The run it will open: the checkpoint's, if it continues one, else the key's.
-                worker.planned = (resume.reference if resume else None) or named
-                start = functools.partial(Start, config=config, resume=resume)
+                start = self._runs.opening(worker, config, self._policy)
                 opened.append((worker, worker.signal(start)))
-                worker.items.extend(Checkpoint(event) for event in self._early_events)
+                for event in self._runs.early:
+                    worker.put(Checkpoint(event))
             if not self._unstarted:
-                self._early_events = []
-            self._live = self._live + [worker for worker in workers if not worker.failed]
+                self._runs.early = []
+            self._live = self._live + [worker for worker in workers if not worker.session.failed]
         if wait:
             for worker, done in opened:
-                self._wait_started(worker, done)
-
-    def _name_run(self, worker: Worker) -> dict[str, Any] | None:
-        """The tracker's ``name_run(run_key)``: the reference of the run it is about to open."""
-        if self.run_key is None:
-            return None
-        try:
-            named = worker.tracker.name_run(self.run_key)
-        except Exception as error:  # its run is then named once it opens
-            self._policy.degraded(
-                worker.name, f"name_run() failed ({type(error).__name__}: {error})"
-            )
-            return None
-        return None if named is None else dict(named)
-
-    def _wait_started(self, worker: Worker, done: threading.Event) -> None:
-        if done.wait(self.timeout):
-            return
-        journal = worker.journal
-        if journal is None:  # nowhere to keep its values while it hangs: skipped
-            worker.timed_out()
-            return
-        # Its values go to its journal meanwhile (sent once start() returns, or by
-        # `accelkit track sync`): not skipped.
-        worker.adopt()
-        self._policy.late(worker.name, "open its run", self.timeout, worker.busy, journal.folder)
-
-    def _wait_opened(self) -> None:
-        """Wait (at most ``timeout`` seconds in all) for runs whose opening is queued."""
-        deadline = time.monotonic() + self.timeout
-        for worker in [worker for worker in self._live if not worker.opened.is_set()]:
-            worker.opened.wait(max(0.0, deadline - time.monotonic()))
-
-    def _construct(
-        self,
-        spec: type[GeneralTracker] | GeneralTracker,
-        arguments: tuple[tuple[Any, ...], dict[str, Any]] | None,
-    ) -> GeneralTracker | None:
-        if isinstance(spec, GeneralTracker):
-            return spec
-        args, named = arguments or ((), {})
-        try:
-            return spec(*args, **named)
-        except Exception as error:
-            self._policy.report(TrackerFailure(spec.name, "__init__", error))
-            self._policy.raise_pending()
-            return None
+                wait_started(worker, done, self._policy)
 
     def log(
         self,
@@ -482,16 +382,7 @@ class TrackerHub:
         Raises:
             TrackerError: an earlier failure, with ``on_error="raise"``.
         """
-        if step is None:
-            step = self._next_step
-        try:
-            self._next_step = int(step) + 1
-        except (TypeError, ValueError):
-            raise WrongTypeError(
-                f"log(step={step!r}): the step must be an int (the training step) or None "
-                "(the hub counts the calls)."
-            ) from None
-        self._logged = True
+        step = self._runs.advance(step)
         if self._unstarted:  # the run's first use: open the backends' runs now
             self._open_runs(wait=False)
         live = self._live
@@ -503,15 +394,10 @@ class TrackerHub:
         if policy.pending is not None:
             policy.raise_pending()
         copied, pending = snapshot(values)
-        for worker in live:  # no helper call per tracker: this is the training loop's hot path
+        for worker in live:
             kwargs = log_kwargs.get(worker.name) if log_kwargs else None
-            items = worker.items
             item: Log = (copied, step, kwargs, pending)
-            items.append(item)
-            if len(items) >= _WAKE_AT:
-                worker.wake.set()
-                if len(items) > policy.max_pending and worker.stuck():
-                    worker.overflow()
+            worker.log(item)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every value logged so far has reached its tracker.
@@ -527,57 +413,8 @@ class TrackerHub:
             TrackerError: a failure, with ``on_error="raise"``.
         """
         self._open_runs(wait=False)
-        done = self._wait(list(self._live), Mark, timeout, "flush")
+        done = wait_for(list(self._live), Mark, self._limit(timeout), self._policy, "flush")
         self._policy.raise_pending()
-        return done
-
-    def _wait(
-        self,
-        workers: list[Worker],
-        kind: type[Mark] | type[Stop],
-        timeout: float | None,
-        what: str,
-    ) -> bool:
-        limit = self.timeout if timeout is None else timeout
-        # A tracker already reported failed while stuck in a backend call is not waited for
-        # (nor reported a second time).
-        events = [
-            (worker, worker.signal(kind))
-            for worker in workers
-            if worker.thread.is_alive() and not (worker.failed and worker.busy)
-        ]
-        began = time.monotonic()
-        deadline = began + limit
-        # At the end of the run, a journaled tracker whose backend does not answer (a start()
-        # or a delivery call that has not returned: a client retrying a server that is down)
-        # is waited for the drain time only: what it holds is journaled below.
-        drain = began + self._policy.drain if kind is Stop else deadline
-        hung = max(self._policy.drain, _HUNG_CALL_S)
-        done = True
-        for worker, event in events:
-            late = _wait_stop(worker, event, deadline, drain, hung)
-            if not late:
-                continue
-            done = False
-            if worker.journal is None and not worker.opened.is_set():
-                worker.timed_out()  # hung while opening its run, with nowhere to keep values
-                continue
-            # Hung in a backend call: what waits behind it goes to its journal now (from
-            # this thread), so that the end of the process loses none of it.
-            worker.adopt()
-            journal = worker.journal  # None if it could not be written (reported)
-            kept = journal.folder if journal is not None else None
-            if late == "drain":
-                self._policy.late(
-                    worker.name,
-                    what,
-                    self._policy.drain,
-                    worker.busy,
-                    kept,
-                    setting="ACCELKIT_TRACKER_DRAIN_S",
-                )
-            else:
-                self._policy.late(worker.name, what, limit, worker.busy, kept)
         return done
 
     def finish(self, timeout: float | None = None) -> bool:
@@ -594,23 +431,11 @@ class TrackerHub:
         """
         self._open_runs(wait=False)  # a run with only its configuration is still a run
         workers, self._workers, self._live = self._workers, [], []
-        self._resume = self._resume_key = None
-        with self._exit_lock:
-            if self._atexit_registered:
-                atexit.unregister(self._drain_at_exit)
-                self._atexit_registered = False
-        done = self._wait(workers, Stop, timeout, "finish")
+        self._runs.end()
+        self._exit.disarm()
+        done = wait_for(workers, Stop, self._limit(timeout), self._policy, "finish")
         self._policy.raise_pending()
         return done
-
-    def _exit_hook_last(self) -> None:
-        """Move the exit hook behind any registered since (a backend's ``start()`` may add its
-        own: wandb's tears its service down, after which ``finish()`` fails with "Connection
-        lost"). Called on a worker's thread when its ``start()`` returned."""
-        with self._exit_lock:
-            if self._atexit_registered:
-                atexit.unregister(self._drain_at_exit)
-                atexit.register(self._drain_at_exit)
 
     def _drain_at_exit(self) -> None:
         try:
@@ -631,7 +456,7 @@ class TrackerHub:
         self._open_runs(wait=False)
         for worker in self._workers:
             if worker.name == name:
-                self._wait([worker], Mark, None, "flush")
+                wait_for([worker], Mark, self.timeout, self._policy, "flush")
                 return worker.tracker.tracker if unwrap else worker.tracker
         if name in self.requested_names and (self._detached or not self.is_main_process):
             stand_in = NullTracker(name)
@@ -648,7 +473,7 @@ class TrackerHub:
     @property
     def last_step(self) -> int:
         """The step of the last ``log()`` call of this run (``-1`` before the first)."""
-        return self._next_step - 1
+        return self._runs.next_step - 1
 
     def references(self) -> dict[str, dict[str, Any]]:
         """Tracker name -> the reference of its run, for a checkpoint's manifest.
@@ -662,16 +487,7 @@ class TrackerHub:
         the first ``log()``); failed trackers and those that name nothing are left out.
         """
         self._open_runs(wait=False)
-        deadline = time.monotonic() + self.timeout
-        for worker in self._live:
-            if worker.planned is None and _records_runs(worker.tracker):
-                worker.opened.wait(max(0.0, deadline - time.monotonic()))
-        found: dict[str, dict[str, Any]] = {}
-        for worker in self._live:
-            reference = worker.reference if worker.reference is not None else worker.planned
-            if reference is not None and not worker.failed:
-                found[worker.name] = dict(reference)
-        return found
+        return references(self._live, self.timeout)
 
     def resume(self, runs: Mapping[str, Any], step: int, key: str | None = None) -> bool:
         """Continue the runs a loaded checkpoint names, after its last logged ``step``.
@@ -693,14 +509,10 @@ class TrackerHub:
             ``True`` if the runs will be continued; ``False`` if this run had logged already
             (or the hub is an unpickled copy) and nothing changed.
         """
-        if self._logged or self._detached:
+        if self._runs.logged or self._detached:
             return False
-        self._resume = (dict(runs), int(step))
-        self._next_step = int(step) + 1
-        if key is not None:
-            self._resume_key = key
-            if self._workers == self._unstarted:  # no run named yet (or no init yet)
-                self.run_key = key
+        # A run is named once a tracker's opening was queued (init, then a first use).
+        self._runs.continue_from(runs, step, key, named=self._workers != self._unstarted)
         return True
 
     def event(self, event: CheckpointEvent) -> None:
@@ -713,47 +525,103 @@ class TrackerHub:
         with self._lock:
             live = self._live
             early = self._unstarted or (not live and self._specs)
-            if early and len(self._early_events) < _MAX_EARLY_EVENTS:
-                self._early_events.append(event)
+            if early:
+                self._runs.keep(event)
         for worker in live:
-            worker.items.append(Checkpoint(event))
+            worker.put(Checkpoint(event))
 
 
-# The least time one backend call must have run, at the end of the run's drain time, to be
-# taken for a client retrying a server that does not answer rather than a slow answer (the
-# drain time itself when it is longer).
-_HUNG_CALL_S = 2.0
+def _local_folder(logging_dir: str | os.PathLike[str] | None) -> tuple[str | None, str | None]:
+    """``(the local logging folder, the URL it was set to)``: trackers write local files, so
+    a remote ``project_dir`` leaves them without a folder (a ``file://`` URL is local)."""
+    directory = None if logging_dir is None else os.fspath(logging_dir)
+    if directory is None or "://" not in directory:
+        return directory, None
+    if directory.startswith("file://"):
+        return directory[len("file://") :], None
+    return None, directory
 
 
-def _wait_stop(
-    worker: Worker, event: threading.Event, deadline: float, drain: float, hung: float
-) -> str:
-    """Wait for ``event``: ``""`` once it is set, else the limit that ran out: ``"deadline"``,
-    or ``"drain"`` for a journaled worker that, past ``drain``, has been in one backend call
-    for ``hung`` seconds or more (a call that answers sooner, or the tracker's own
-    ``finish()``, is waited for until ``deadline``)."""
-    check = min(deadline, drain)
-    while not event.wait(max(0.0, check - time.monotonic())):
-        now = time.monotonic()
-        if now >= deadline:
-            return "deadline"
-        busy = worker.busy
-        if (
-            worker.journal is not None
-            and busy not in (None, "finish")
-            and now - worker.busy_since >= hung
-        ):
-            return "drain"
-        check = min(deadline, now + POLL_S)  # answering, idle or finishing: look again shortly
-    return ""
+def _build(
+    specs: list[type[GeneralTracker] | GeneralTracker],
+    project_name: str,
+    init_kwargs: Mapping[str, Mapping[str, Any]],
+    logging_dir: str | None,
+    policy: FailurePolicy,
+) -> Iterator[GeneralTracker]:
+    """The trackers of ``specs``, built one by one (instances as given). Every class is
+    checked against its call before any is built; one whose construction raises is reported
+    to ``policy`` (raised at once with ``on_error="raise"``) and left out."""
+    calls = []
+    for spec in specs:
+        arguments = None
+        if not isinstance(spec, GeneralTracker):
+            kwargs = init_kwargs.get(spec.name, {})
+            arguments = constructor_arguments(spec, project_name, logging_dir, kwargs)
+        calls.append((spec, arguments))
+    for spec, arguments in calls:
+        if isinstance(spec, GeneralTracker):
+            yield spec
+            continue
+        args, named = arguments or ((), {})
+        try:
+            tracker = spec(*args, **named)
+        except Exception as error:
+            policy.report(TrackerFailure(spec.name, "__init__", error))
+            policy.raise_pending()
+            continue
+        yield tracker
 
 
-def new_run_key() -> str:
-    """A new run key: 32 lowercase hexadecimal digits (random), a valid W&B run id and Comet
-    experiment key as it is."""
-    return uuid.uuid4().hex
+def _journal_settings(
+    logging_dir: str | None,
+    rank: str | None,
+    tracker: GeneralTracker,
+    project_name: str,
+    init_kwargs: Mapping[str, Mapping[str, Any]],
+) -> JournalSettings | None:
+    """Where ``tracker``'s journal goes (``logging_dir``: ``None`` without journals; ``rank``:
+    ``None`` on the main process) and the run ``accelkit track sync`` needs."""
+    if logging_dir is None:
+        return None
+    name = tracker.name if rank is None else f"{tracker.name}.rank{rank}"
+    run: dict[str, Any] = {"tracker": tracker.name, "project_name": project_name}
+    if init_kwargs.get(tracker.name):
+        run["init_kwargs"] = init_kwargs[tracker.name]
+    return JournalSettings(logging_dir, name, run)
 
 
-def _records_runs(tracker: GeneralTracker) -> bool:
-    """Whether ``tracker`` records its runs in checkpoints (its own ``run_reference``)."""
-    return type(tracker).run_reference is not GeneralTracker.run_reference
+class _ExitHook:
+    """The hub's ``finish`` at interpreter exit, registered once the trackers are made.
+
+    Registered after them (and moved again after each ``start()``: :meth:`move_last`), so it
+    runs before the backends' own exit hooks (``atexit`` is last-in, first-out) and their runs
+    still accept values. It also keeps the hub alive until exit, so a dropped ``Accelerator``
+    still flushes.
+    """
+
+    def __init__(self, hook: Callable[[], None]) -> None:
+        self._hook = hook
+        self._lock = threading.Lock()
+        self._armed = False
+
+    def arm(self) -> None:
+        with self._lock:
+            if not self._armed:
+                atexit.register(self._hook)
+                self._armed = True
+
+    def disarm(self) -> None:
+        with self._lock:
+            if self._armed:
+                atexit.unregister(self._hook)
+                self._armed = False
+
+    def move_last(self) -> None:
+        """Move the hook behind any registered since (a backend's ``start()`` may add its own:
+        wandb's tears its service down, after which ``finish()`` fails with "Connection
+        lost"). Called on a worker's thread when its ``start()`` returned."""
+        with self._lock:
+            if self._armed:
+                atexit.unregister(self._hook)
+                atexit.register(self._hook)

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from accelkit.trackers._files import make_run_folder, same_path, write_text
-from accelkit.trackers._reference import short
+from accelkit._text import short
+from accelkit.trackers.backends._files import make_run_folder, same_path, write_text
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.values import flatten, is_number, scalar_or_text, to_plain

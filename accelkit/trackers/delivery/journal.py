@@ -24,10 +24,11 @@ On disk (all plain text, written by :class:`Journal` only):
 =================== ==========================================================================
 
 Every file of a journal is untrusted input when it is read back (a resumed job, ``track sync``):
-opened without following links nor blocking on pipes (:mod:`accelkit.trackers._files`), read
-in bounded pieces (a line longer than 16 MiB is never held whole), each line parsed alone; a
-line that is not an entry (or longer than that) is reported with its file and line number and
-skipped, a link, a pipe or a device is reported and left alone. None of this ever raises into
+opened without following links nor blocking on pipes
+(:mod:`accelkit.trackers.backends._files`), read in bounded pieces (a line longer than 16 MiB
+is never held whole), each line parsed alone; a line that is not an entry (or longer than
+that) is reported with its file and line number and skipped, a link, a pipe or a device is
+reported and left alone. None of this ever raises into
 training: a journal that cannot be used is reported once and the tracker goes on without it.
 
 Disk use is bounded by ``max_bytes`` (default ``ACCELKIT_TRACKER_JOURNAL_MAX_MB`` or 1024 MB
@@ -44,18 +45,18 @@ import re
 import shutil
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from accelkit.trackers._files import (
+from accelkit._text import short
+from accelkit.trackers.backends._files import (
     TrackerFileError,
     check_regular,
     make_run_folder,
     open_regular,
     read_lines,
 )
-from accelkit.trackers._reference import short
 from accelkit.trackers.values import PLAIN_TYPES, to_plain
 
 __all__ = [
@@ -197,7 +198,7 @@ class Journal:
         in_doubt: ``None``, or the last ``seq`` of the entries a killed sender was sending
             (those after ``acked`` up to it): the backend may hold some of them (in order), so
             the next sender asks it before sending them again
-            (:func:`accelkit.trackers._worker.settle`).
+            (:func:`accelkit.trackers.delivery.send.settle`).
         problems: what was reported when the journal was read.
     """
 
@@ -212,9 +213,7 @@ class Journal:
         self.problems: list[str] = []
         self._segments: list[tuple[int, str, int]] = []  # (first seq, path, size)
         self._fd: int | None = None
-        self._ack_fd: int | None = None
-        self._ack_map: mmap.mmap | None = None
-        self._ack_map_failed = False
+        self._ack = AckRecord(os.path.join(folder, "acked"))
         self._cap_said = False
         self.dropped = 0
         self.in_doubt: int | None = None
@@ -256,37 +255,12 @@ class Journal:
                 last = max(last, entry.seq)
             last = max(last, segments[-1][0] - 1)
         self.next_seq = last + 1
-        self.acked = min(self._read_ack(), last)
-        if self.in_doubt is not None:
-            self.in_doubt = min(self.in_doubt, last) if self.in_doubt > self.acked else None
-
-    def _read_ack(self) -> int:
-        path = os.path.join(self.folder, "acked")
-        try:
-            if not check_regular(path, _ROLE):
-                return -1
-            descriptor = open_regular(path, os.O_RDONLY, _ROLE)
-            try:
-                data = os.read(descriptor, 64)
-            finally:
-                os.close(descriptor)
-        except OSError as error:
-            self._problem(f"{short(str(error), 300)}; treated as all delivered")
-            return 2**62
-        lines = data.decode("ascii", "replace").split("\n")
-        text = lines[0].strip()
-        if not text:
-            return -1
-        acked = _number(text)
-        if acked is None:
-            # Unknown: assume every entry was delivered, so nothing can be sent twice; the
-            # entries stay on disk for a user who knows better.
-            self._problem(f"{path}: not a number ({short(text, 40)}); treated as all delivered")
-            return 2**62
-        sending = _number(lines[1].strip()) if len(lines) > 1 else None
+        acked, sending = self._ack.read(self._problem)
         if sending is not None and sending > acked:
             self.in_doubt = sending
-        return acked
+        self.acked = min(acked, last)
+        if self.in_doubt is not None:
+            self.in_doubt = min(self.in_doubt, last) if self.in_doubt > self.acked else None
 
     def _problem(self, what: str) -> None:
         self.problems.append(what)
@@ -392,57 +366,12 @@ class Journal:
             except OSError:
                 pass
 
-    def _ack_file(self) -> int:
-        if self._ack_fd is None:
-            path = os.path.join(self.folder, "acked")
-            self._ack_fd = open_regular(path, os.O_WRONLY | os.O_CREAT, _ROLE)
-        return self._ack_fd
-
-    def _mark(self, acked: int, sending: int) -> None:
-        """Rewrite ``acked`` in place: into a shared memory map of the file when the system
-        allows one (no system call: the worker marks two per entry it sends), else one
-        ``pwrite``. Either way the bytes are in the page cache at once, so a process killed
-        right after still leaves them (a power cut may not: :meth:`sync` for that)."""
-        data = b"%020d\n%020d\n" % (acked, sending)
-        view = self._ack_map
-        if view is None:
-            if self._ack_map_failed:
-                os.pwrite(self._ack_file(), data, 0)
-                return
-            view = self._map_ack()
-            if view is None:
-                os.pwrite(self._ack_file(), data, 0)
-                return
-        view[:_ACK_SIZE] = data
-
-    def _map_ack(self) -> mmap.mmap | None:
-        path = os.path.join(self.folder, "acked")
-        try:
-            descriptor = open_regular(path, os.O_RDWR | os.O_CREAT, _ROLE)
-        except OSError:
-            self._ack_map_failed = True
-            return None
-        try:
-            if os.fstat(descriptor).st_size != _ACK_SIZE:
-                os.ftruncate(descriptor, _ACK_SIZE)
-            self._ack_map = mmap.mmap(
-                descriptor, _ACK_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
-            )
-        except (OSError, ValueError):
-            self._ack_map_failed = True  # a file system without shared maps: pwrite
-            os.close(descriptor)
-            return None
-        if self._ack_fd is not None:
-            os.close(self._ack_fd)
-        self._ack_fd = descriptor
-        return self._ack_map
-
     def sending(self, seq: int) -> None:
         """Record that the entries after ``acked`` up to ``seq`` are being sent (one entry,
         or a batch handed to ``log_batch``): a process killed before its :meth:`ack` leaves
         them *in doubt* (the backend may have taken them), which the next sender settles (see
         :attr:`in_doubt`)."""
-        self._mark(self.acked, seq)
+        self._ack.mark(self.acked, seq)
 
     def ack(self, seq: int, *, sync: bool = False) -> None:
         """Record that the backend accepted every entry up to ``seq``."""
@@ -450,36 +379,26 @@ class Journal:
             return
         self.acked = seq
         self.in_doubt = None
-        self._mark(seq, seq)
+        self._ack.mark(seq, seq)
         if sync:
             self.sync()
 
     def sync(self) -> None:
         """Flush the open segment and ``acked`` to the disk (``fsync``)."""
-        if self._ack_map is not None:
-            self._ack_map.flush()
-        for descriptor in (self._fd, self._ack_fd):
-            if descriptor is not None:
-                os.fsync(descriptor)
+        self._ack.sync()
+        if self._fd is not None:
+            os.fsync(self._fd)
 
     def close(self) -> None:
         """Sync and close the files."""
-        if self._ack_map is not None:
+        self._ack.close()
+        if self._fd is not None:
             try:
-                self._ack_map.flush()
+                os.fsync(self._fd)
             except OSError:
                 pass
-            self._ack_map.close()
-            self._ack_map = None
-        for name in ("_fd", "_ack_fd"):
-            descriptor = getattr(self, name)
-            if descriptor is not None:
-                try:
-                    os.fsync(descriptor)
-                except OSError:
-                    pass
-                os.close(descriptor)
-                setattr(self, name, None)
+            os.close(self._fd)
+            self._fd = None
 
     # ------------------------------------------------------------------ reading
 
@@ -586,6 +505,114 @@ class Journal:
         target = target if not suffix else f"{target}-{suffix}"
         os.rename(self.folder, target)
         return target
+
+
+class AckRecord:
+    """A journal's durable acknowledgement record, the file ``acked``: two lines of 20
+    digits, the ``seq`` of the last delivered entry and of the last entry (or batch) being
+    sent (:meth:`Journal.sending`, :meth:`Journal.ack`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._map: mmap.mmap | None = None
+        self._map_failed = False
+
+    def read(self, problem: Callable[[str], None]) -> tuple[int, int | None]:
+        """``(acked, sending)`` as recorded (``-1`` and ``None`` without a record); a record
+        that cannot be read is reported to ``problem`` and taken as all delivered."""
+        path = self.path
+        try:
+            if not check_regular(path, _ROLE):
+                return -1, None
+            descriptor = open_regular(path, os.O_RDONLY, _ROLE)
+            try:
+                data = os.read(descriptor, 64)
+            finally:
+                os.close(descriptor)
+        except OSError as error:
+            problem(f"{short(str(error), 300)}; treated as all delivered")
+            return 2**62, None
+        lines = data.decode("ascii", "replace").split("\n")
+        text = lines[0].strip()
+        if not text:
+            return -1, None
+        acked = _number(text)
+        if acked is None:
+            # Unknown: assume every entry was delivered, so nothing can be sent twice; the
+            # entries stay on disk for a user who knows better.
+            problem(f"{path}: not a number ({short(text, 40)}); treated as all delivered")
+            return 2**62, None
+        sending = _number(lines[1].strip()) if len(lines) > 1 else None
+        return acked, sending
+
+    def _file(self) -> int:
+        if self._fd is None:
+            self._fd = open_regular(self.path, os.O_WRONLY | os.O_CREAT, _ROLE)
+        return self._fd
+
+    def mark(self, acked: int, sending: int) -> None:
+        """Rewrite ``acked`` in place: into a shared memory map of the file when the system
+        allows one (no system call: the worker marks two per entry it sends), else one
+        ``pwrite``. Either way the bytes are in the page cache at once, so a process killed
+        right after still leaves them (a power cut may not: :meth:`sync` for that).
+        Raises ``OSError``."""
+        data = b"%020d\n%020d\n" % (acked, sending)
+        view = self._map
+        if view is None:
+            if self._map_failed:
+                os.pwrite(self._file(), data, 0)
+                return
+            view = self._open_map()
+            if view is None:
+                os.pwrite(self._file(), data, 0)
+                return
+        view[:_ACK_SIZE] = data
+
+    def _open_map(self) -> mmap.mmap | None:
+        try:
+            descriptor = open_regular(self.path, os.O_RDWR | os.O_CREAT, _ROLE)
+        except OSError:
+            self._map_failed = True
+            return None
+        try:
+            if os.fstat(descriptor).st_size != _ACK_SIZE:
+                os.ftruncate(descriptor, _ACK_SIZE)
+            self._map = mmap.mmap(
+                descriptor, _ACK_SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        except (OSError, ValueError):
+            self._map_failed = True  # a file system without shared maps: pwrite
+            os.close(descriptor)
+            return None
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = descriptor
+        return self._map
+
+    def sync(self) -> None:
+        """Flush the record to the disk (``fsync``)."""
+        if self._map is not None:
+            self._map.flush()
+        if self._fd is not None:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Sync (as far as it can) and close the file."""
+        if self._map is not None:
+            try:
+                self._map.flush()
+            except OSError:
+                pass
+            self._map.close()
+            self._map = None
+        if self._fd is not None:
+            try:
+                os.fsync(self._fd)
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd = None
 
 
 def _number(text: str) -> int | None:

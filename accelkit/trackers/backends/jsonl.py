@@ -26,8 +26,9 @@ from typing import IO, Any, Literal
 
 from typing_extensions import override
 
+from accelkit._text import short
 from accelkit.errors import ConfigurationError, UsageError
-from accelkit.trackers._files import (
+from accelkit.trackers.backends._files import (
     TrackerFileError,
     check_regular,
     create_exclusive,
@@ -39,7 +40,6 @@ from accelkit.trackers._files import (
     same_path,
     write_text,
 )
-from accelkit.trackers._reference import short
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.values import to_plain

@@ -1,7 +1,7 @@
 """Sending later what a run could not deliver: the work behind ``accelkit track sync``/``status``.
 
 A run whose backend did not come back (or a job killed while it was catching up) leaves
-undelivered entries in its trackers' journals (:mod:`accelkit.trackers.journal`).
+undelivered entries in its trackers' journals (:mod:`accelkit.trackers.delivery.journal`).
 :func:`sync` opens the same run again (the reference is in the journal's ``run.json``: the
 tracker's ``continue_run`` before its ``start``, as a resumed job does), sends the entries after
 the last acknowledged one in order with their original steps, recording each as delivered right
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from accelkit.trackers._files import TrackerFileError, inside
-from accelkit.trackers._reference import short
-from accelkit.trackers._worker import deliver
+from accelkit._text import short
+from accelkit.trackers.backends._files import TrackerFileError, inside
 from accelkit.trackers.base import GeneralTracker
-from accelkit.trackers.journal import Entry, Journal, JournalStatus, journal_folders
+from accelkit.trackers.delivery.journal import Entry, Journal, JournalStatus, journal_folders
+from accelkit.trackers.delivery.send import deliver
 from accelkit.trackers.registry import constructor_arguments, get_tracker_class
 
 __all__ = ["SyncResult", "check_run_paths", "status", "sync", "sync_folder"]

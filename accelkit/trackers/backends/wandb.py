@@ -12,7 +12,7 @@ import torch
 from typing_extensions import override
 
 from accelkit.errors import UsageError
-from accelkit.trackers._reference import continuable_id
+from accelkit.trackers.backends._reference import continuable_id
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import to_plain
 

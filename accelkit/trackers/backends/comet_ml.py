@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from accelkit.trackers._reference import continuable_id
+from accelkit.trackers.backends._reference import continuable_id
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import is_number, to_plain
 

@@ -27,8 +27,8 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import IO
 
+from accelkit._text import short
 from accelkit.errors import AccelkitError
-from accelkit.trackers._reference import short
 
 __all__ = [
     "TrackerFileError",

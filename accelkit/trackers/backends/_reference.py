@@ -12,10 +12,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-# The one escape of untrusted text (shared with the CLI); trackers import it from here.
 from accelkit._text import short
 
-__all__ = ["continuable_id", "short"]
+__all__ = ["continuable_id"]
 
 
 def continuable_id(

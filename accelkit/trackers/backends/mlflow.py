@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from accelkit._text import short
 from accelkit.errors import UsageError
-from accelkit.trackers._reference import short
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import flatten, is_number
 

@@ -19,7 +19,14 @@ from typing import Any
 
 from accelkit.errors import AccelkitError, ConfigurationError, warn_at_user_line
 
-__all__ = ["FailurePolicy", "TrackerError", "TrackerFailure", "TrackerWarning", "classify"]
+__all__ = [
+    "Backoff",
+    "FailurePolicy",
+    "TrackerError",
+    "TrackerFailure",
+    "TrackerWarning",
+    "classify",
+]
 
 _POLICIES = ("warn", "raise")
 # A tracker with this many values waiting while one backend call has run longer than the
@@ -55,6 +62,46 @@ def env_number(name: str, default: float) -> float:
             f"{default:g}). Set it to a number, or unset it."
         )
     return value
+
+
+_FIRST_RETRY_S = 0.5
+
+
+def _max_retry_s() -> float:
+    return env_number("ACCELKIT_TRACKER_RETRY_MAX_S", 30.0)
+
+
+class Backoff:
+    """When to try again a backend that does not answer (a tracker's start and its deliveries
+    share one): after 0.5 s, doubling up to ``ACCELKIT_TRACKER_RETRY_MAX_S`` (30 by default).
+
+    Attributes:
+        retry_at: the ``time.monotonic()`` of the next try (``0.0``: none scheduled).
+        outage: when the backend stopped answering (``None``: it answers).
+    """
+
+    def __init__(self) -> None:
+        self.retry_at = 0.0
+        self.outage: float | None = None
+        self._delay = min(_FIRST_RETRY_S, _max_retry_s())
+
+    def failed(self) -> bool:
+        """Schedule the next try; True for the first failure of an outage (to be said)."""
+        now = time.monotonic()
+        first = self.outage is None
+        if first:
+            self.outage = now
+        self.retry_at = now + self._delay
+        self._delay = min(self._delay * 2, _max_retry_s())
+        return first
+
+    def answered(self) -> float | None:
+        """The backend answered: start over; returns how long its outage lasted, if any."""
+        lasted = None if self.outage is None else time.monotonic() - self.outage
+        self.outage = None
+        self._delay = min(_FIRST_RETRY_S, _max_retry_s())
+        self.retry_at = 0.0
+        return lasted
 
 
 def classify(error: BaseException) -> str:

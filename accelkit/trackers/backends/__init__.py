@@ -1,0 +1,14 @@
+"""The built-in tracker backends, one module per service; none is imported until a run asks.
+
+- :mod:`~accelkit.trackers.backends.jsonl` -- ``JSONLTracker`` (no dependency) and ``read_jsonl``;
+- :mod:`~accelkit.trackers.backends.tensorboard` -- ``TensorBoardTracker``;
+- :mod:`~accelkit.trackers.backends.wandb` -- ``WandBTracker``;
+- :mod:`~accelkit.trackers.backends.comet_ml` -- ``CometMLTracker``;
+- :mod:`~accelkit.trackers.backends.mlflow` -- ``MLflowTracker``.
+
+Each imports its SDK when its run starts, never at import time. Beside them: ``_files`` (the
+local files a tracker writes, never followed nor blocked on; the journal uses it too) and
+``_reference`` (the check a hosted tracker runs on a checkpoint's run reference). A backend
+imports only ``trackers.base``, ``trackers.events``, ``trackers.values`` and these two; the
+registry (:mod:`accelkit.trackers.registry`) names them by module path.
+"""
