@@ -12,7 +12,26 @@ Public API: :class:`Replicator`, :class:`ReplicationReport`, :func:`replicate_ch
 :class:`Replicated`.
 """
 
-from accelkit.checkpointing.replication.copy import Replicated, replicate_checkpoint
-from accelkit.checkpointing.replication.replicator import ReplicationReport, Replicator
+from typing import TYPE_CHECKING
+
+from accelkit._lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from accelkit.checkpointing.replication.copy import Replicated, replicate_checkpoint
+    from accelkit.checkpointing.replication.replicator import ReplicationReport, Replicator
 
 __all__ = ["Replicated", "ReplicationReport", "Replicator", "replicate_checkpoint"]
+
+# Lazy: ``ProjectConfiguration`` imports this room's options (``replication.options``), and a
+# configuration must not import torch through the copy path (``accelkit --help`` stays cheap).
+_COPY = "accelkit.checkpointing.replication.copy"
+_REPLICATOR = "accelkit.checkpointing.replication.replicator"
+__getattr__ = lazy_getattr(
+    __name__,
+    {
+        "Replicated": _COPY,
+        "replicate_checkpoint": _COPY,
+        "ReplicationReport": _REPLICATOR,
+        "Replicator": _REPLICATOR,
+    },
+)
