@@ -234,6 +234,7 @@ def test_state_saved_on_the_last_batch_points_to_the_next_epoch() -> None:
         loader.load_state_dict({"epoch": 1})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_stateful_dataloader_resumes_mid_epoch(num_workers: int) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader

@@ -141,6 +141,7 @@ def _body_accelerator() -> list[int]:
     return seen
 
 
+@pytest.mark.slow
 def test_gather_for_metrics_drops_the_padding_of_a_dispatched_epoch() -> None:
     rank0, rank1 = run_distributed(_body_accelerator)
     assert rank0 == rank1

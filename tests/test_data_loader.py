@@ -190,6 +190,7 @@ def _both(seedable: bool) -> dict[str, Any]:
     return {package: _script(package, seedable) for package in ("accelerate", "accelkit")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2])
 @pytest.mark.parametrize("seedable", [False, True])
 def test_the_same_script_gives_the_references_batches(world_size: int, seedable: bool) -> None:

@@ -170,6 +170,7 @@ def test_a_preemption_exit_waits_for_the_remote_tier_and_says_so(
     assert any("is on the remote tier" in r.getMessage() for r in caplog.records), caplog.text
 
 
+@pytest.mark.slow
 def test_a_preemption_exit_waits_no_longer_than_its_deadline_for_a_dead_remote(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -232,6 +233,7 @@ def test_a_loop_that_asks_leaves_within_the_preemption_deadline_for_a_dead_remot
 
 # While step 10 runs (counter 9): in backward, between optimizer.step() and scheduler.step();
 # or in the evaluation after step 10 (counter 10). All save step 10, at the next batch.
+@pytest.mark.slow
 @pytest.mark.parametrize(("where", "at"), [("backward", 9), ("step", 9), ("eval", 10)])
 def test_unchanged_script_preempted_resumes_bitwise_equal(
     tmp_path: Path, where: str, at: int
@@ -249,6 +251,7 @@ def test_unchanged_script_preempted_resumes_bitwise_equal(
     assert resumed["digest"] == reference["digest"]
 
 
+@pytest.mark.slow
 def test_signal_during_an_async_save_commits_it_and_makes_no_second_checkpoint(
     tmp_path: Path,
 ) -> None:

@@ -104,6 +104,7 @@ def _read_only_mount_command(mount: Path) -> list[str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_read_only_file_system_fails_at_construction(tmp_path: Path) -> None:
     mount = tmp_path / "ro"
     mount.mkdir()
@@ -131,6 +132,7 @@ def test_read_only_file_system_fails_at_construction(tmp_path: Path) -> None:
     assert "project_dir=" in lines["project_in_ro"]
 
 
+@pytest.mark.slow
 def test_s3_project_dir_without_s3fs_fails_at_construction(tmp_path: Path) -> None:
     # A fresh interpreter where `import s3fs` fails, as if the package were not installed.
     script = textwrap.dedent(

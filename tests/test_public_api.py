@@ -22,6 +22,7 @@ def test_unknown_name_is_an_attribute_error() -> None:
         accelkit.Acelerator  # noqa: B018
 
 
+@pytest.mark.slow
 def test_import_does_not_load_optional_backends() -> None:
     code = (
         "import sys, accelkit\n"

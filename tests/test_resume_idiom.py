@@ -189,6 +189,7 @@ def _check(results: dict[str, Any], world: int) -> None:
     assert checked == len(SETUPS) * len(SAVE_POINTS) * len(STYLES)
 
 
+@pytest.mark.slow
 def test_every_resume_style_matches_an_uninterrupted_run_on_one_process(tmp_path: Path) -> None:
     results = _scenarios(str(tmp_path))
     _check(results, world=1)
@@ -201,6 +202,7 @@ def _distributed_scenarios(folder: str) -> dict[str, Any]:
     return _scenarios(folder)
 
 
+@pytest.mark.slow
 def test_every_resume_style_matches_an_uninterrupted_run_on_two_processes() -> None:
     with tempfile.TemporaryDirectory() as folder:
         per_rank = run_distributed(_distributed_scenarios, folder, world_size=2, timeout=300)

@@ -197,6 +197,7 @@ def _fsdp_state() -> tuple[str, str, bool]:
     )
 
 
+@pytest.mark.slow
 def test_fsdp_shows_in_the_accelerator_state() -> None:
     from tests.helpers.distributed import run_distributed
 

@@ -102,6 +102,7 @@ def test_an_idle_worker_settles_in_a_few_polls(worker) -> None:
     assert settle_collective_threads(timeout_s=10.0, quiet_polls=5, poll_s=0.002) is True
 
 
+@pytest.mark.slow
 def test_gives_up_at_the_timeout_on_a_worker_that_never_sleeps(worker) -> None:
     spinning = worker(lambda: _busy(3.0))
     spinning.go.set()

@@ -217,6 +217,7 @@ def _distributed_job() -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_and_every_function_runs() -> None:
     reference = _single_process_reference()
     results = run_distributed(_distributed_job, world_size=2)
@@ -240,6 +241,7 @@ def test_two_processes_match_one_and_every_function_runs() -> None:
     torch.testing.assert_close(sync0["weights_after_join"], sync1["weights_after_join"])
 
 
+@pytest.mark.slow
 def test_one_process_runs_the_same_loop() -> None:
     out = _full_loop("no")
     _check_full_loop(out, world=1)
@@ -255,6 +257,7 @@ def test_one_process_runs_the_same_loop() -> None:
 # ---------------------------------------------------------------- mixed precision, one process
 
 
+@pytest.mark.slow
 def test_fp16_on_cpu_scales_unscales_and_skips_on_inf() -> None:
     acc = Accelerator(mixed_precision="fp16", cpu=True)
     assert isinstance(acc.scaler, torch.amp.GradScaler)

@@ -119,6 +119,7 @@ def _worker(project: str) -> int:
     return sum(issubclass(w.category, UnresumedProjectWarning) for w in caught)
 
 
+@pytest.mark.slow
 def test_two_processes_warn_once_on_the_main_process(tmp_path: Path) -> None:
     _earlier_run(tmp_path, saves=1)
     assert run_distributed(_worker, str(tmp_path)) == [1, 0]

@@ -3,6 +3,7 @@ DataParallel and torch.compile, in any nesting."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from accelkit.checkpointing.objects.contents import unwrap_model as checkpoint_unwrap
@@ -10,6 +11,7 @@ from accelkit.training.loop import unwrap_model
 from accelkit.training.wrapping import peel
 
 
+@pytest.mark.slow
 def test_peel_reaches_the_module_through_every_wrapper() -> None:
     net = torch.nn.Linear(2, 2)
     compiled = torch.compile(net)

@@ -123,6 +123,7 @@ def _assert_state(got: Any, want: Any) -> None:
     assert got[3][0] == want[3][0] and torch.equal(got[3][1], want[3][1])
 
 
+@pytest.mark.slow
 def test_changes_after_the_call_do_not_reach_the_checkpoint(
     tmp_path: Path, gate: WriterGate
 ) -> None:
@@ -334,6 +335,7 @@ def _two_process_job(local: str, mode: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", WRITERS)
 def test_two_processes_commit_every_rank_file_then_load(tmp_path: Path, mode: str) -> None:
     local = str(tmp_path)

@@ -183,6 +183,7 @@ def test_exact_resume_after_an_overlapped_save_while_training_goes_on(
     acc.end_training()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fence", ["step", "wait_for_snapshot", "free_memory", "save_state"])
 def test_the_fence_waits_for_the_background_copy(tmp_path: Path, gate: Gate, fence: str) -> None:
     acc, model, optimizer, batches = _setup(

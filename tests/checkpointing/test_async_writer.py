@@ -110,6 +110,7 @@ def _kill_the_writer_mid_save(acc: Any, project: Path) -> tuple[int, Path, Any]:
     return first, folder, handle
 
 
+@pytest.mark.slow
 def test_a_killed_writer_fails_its_save_once_and_training_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -123,6 +123,7 @@ print(handle.result(timeout=120), flush=True)
 """
 
 
+@pytest.mark.slow
 def test_prune_is_refused_while_a_live_run_saves_then_works(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

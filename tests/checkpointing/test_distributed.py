@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.helpers.distributed import run_distributed
 
 
@@ -52,6 +54,7 @@ def _job(project: str) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 def test_two_processes_commit_once_with_every_rank_file(tmp_path: Any) -> None:
     project = str(tmp_path)
     r0, r1 = run_distributed(_job, project, world_size=2)

@@ -34,6 +34,7 @@ def _write(path: Path, data: bytes, piece: int) -> LocalFile:
     return file
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not direct_io_enabled(), reason="O_DIRECT needs Linux")
 @pytest.mark.parametrize("size", SIZES)
 def test_direct_writes_every_size_exactly(tmp_path: Path, size: int) -> None:

@@ -69,6 +69,7 @@ def _tree(path: str) -> dict[str, tuple[int, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_incomplete_folders_are_never_loaded_and_numbering_goes_past_them(root: Root) -> None:
     acc, *_ = _setup(root.url, storage_options=root.options)
     acc.save_state()

@@ -125,6 +125,7 @@ def test_outage_during_replication_is_survived_and_completes_later(
     assert capsys.readouterr().out.count("OK") == 3
 
 
+@pytest.mark.slow
 def test_hard_error_is_reported_once_and_training_goes_on(
     s3_server: S3Server, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -149,6 +150,7 @@ def test_hard_error_is_reported_once_and_training_goes_on(
     assert sorted(local) == ["checkpoint_0", "checkpoint_1", "checkpoint_2"]
 
 
+@pytest.mark.slow
 def test_lost_local_tier_resumes_from_remote_bitwise(s3_server: S3Server, tmp_path: Path) -> None:
     remote = s3_server.new_prefix()
     local = str(tmp_path / "run")
@@ -186,6 +188,7 @@ def test_newest_on_either_tier_intact_local_preferred(s3_server: S3Server, tmp_p
     assert fresh.load_state() == join(local, "checkpoints", "checkpoint_0")  # local preferred
 
 
+@pytest.mark.slow
 def test_retention_per_tier(s3_server: S3Server, tmp_path: Path) -> None:
     remote = s3_server.new_prefix()
     local = str(tmp_path / "run")
@@ -200,6 +203,7 @@ def test_retention_per_tier(s3_server: S3Server, tmp_path: Path) -> None:
     assert sorted(_states(local, {})) == ["checkpoint_4"]
 
 
+@pytest.mark.slow
 def test_local_retention_keeps_what_is_not_replicated(s3_server: S3Server, tmp_path: Path) -> None:
     remote = s3_server.new_prefix()
     local = str(tmp_path / "run")
@@ -297,6 +301,7 @@ def test_kill_during_upload_commits_nothing_remote_and_next_run_catches_up(
     assert cli(["ckpt", "verify", join(remote, "checkpoints"), *_flags(_options(s3_server))]) == 0
 
 
+@pytest.mark.slow
 def test_ckpt_ls_tier_and_sync(
     s3_server: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

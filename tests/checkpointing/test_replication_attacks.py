@@ -134,6 +134,7 @@ def _project(server: S3Server, tmp_path: Path) -> tuple[str, str, dict[str, Any]
     return local, remote, options, blob.data.clone()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_crafted_newer_remote_checkpoint_is_refused_by_load_state(
     s3_server: S3Server, tmp_path: Path, attack: str, caplog: pytest.LogCaptureFixture
@@ -153,6 +154,7 @@ def test_crafted_newer_remote_checkpoint_is_refused_by_load_state(
     assert not fs.exists(f"{_key(remote)}/escaped.bin") or attack == "path_outside"
 
 
+@pytest.mark.slow
 def test_crafted_manifest_claiming_a_higher_step_does_not_win(
     s3_server: S3Server, tmp_path: Path
 ) -> None:
@@ -167,6 +169,7 @@ def test_crafted_manifest_claiming_a_higher_step_does_not_win(
     fresh.end_training()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_ckpt_sync_refuses_a_crafted_remote_checkpoint(
     s3_server: S3Server, tmp_path: Path, attack: str, capsys: pytest.CaptureFixture[str]

@@ -40,6 +40,7 @@ def _committed(tmp_path: Path) -> str:
     return accelerator.save_state()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("in_flight", [1, 2])
 def test_replicator_holds_at_most_parts_in_flight_plus_one_part_buffers(
     s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_flight: int

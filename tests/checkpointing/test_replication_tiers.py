@@ -31,6 +31,7 @@ def _ls_json(
     return {row["name"]: row for row in json.loads(out.out)}, out.err
 
 
+@pytest.mark.slow
 def test_ls_shows_recorded_tiers_and_lag_without_remote(
     s3_server: S3Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

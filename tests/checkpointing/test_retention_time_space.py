@@ -268,12 +268,14 @@ def _simulate(rules: Rules, events: list[tuple[str, int, int]]) -> None:
 # Hypothesis explores and shrinks a failure to a short run; its generation costs ~2-4 ms a run
 # here, so it gets 1,500 of them, and the target of 10,000 runs is met by the sweep
 # below (the same simulation and oracle, runs drawn from a fixed seed: ~0.4 ms a run).
+@pytest.mark.slow
 @settings(max_examples=1_500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rules=_rules, events=_events)
 def test_random_runs_keep_every_promise(rules: Rules, events: list[tuple[str, int, int]]) -> None:
     _simulate(rules, events)
 
 
+@pytest.mark.slow
 def test_ten_thousand_seeded_runs_keep_every_promise() -> None:
     draw = random.Random(42)
     kinds = ["save"] * 4 + ["crash", "foreign", "prune", "wait", "damage"]

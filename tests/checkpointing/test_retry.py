@@ -175,6 +175,7 @@ def test_direct_remote_save_survives_an_outage(s3_server: S3Server) -> None:
         proxy.up()
 
 
+@pytest.mark.slow
 def test_reset_mid_upload_is_retried_per_file(s3_server: S3Server) -> None:
     with FaultProxy(("127.0.0.1", s3_server.port), seed=3) as proxy:
         options = _proxied(s3_server, proxy)

@@ -29,6 +29,7 @@ def part_size(monkeypatch: pytest.MonkeyPatch) -> int:
     return 5 * MIB
 
 
+@pytest.mark.slow
 def test_a_completion_whose_reply_was_lost_still_commits_the_file(
     s3_server: S3Server, part_size: int
 ) -> None:
@@ -74,6 +75,7 @@ NO_SUCH_UPLOAD = _response(b"404 Not Found", _NO_SUCH_UPLOAD)
 SLOW_DOWN = _response(b"503 Slow Down", _SLOW_DOWN)
 
 
+@pytest.mark.slow
 def test_a_lost_completion_answered_no_such_upload_on_retry_commits_our_object(
     s3_server: S3Server, part_size: int
 ) -> None:
@@ -95,6 +97,7 @@ def test_a_lost_completion_answered_no_such_upload_on_retry_commits_our_object(
     assert clean.read_bytes(url) == data
 
 
+@pytest.mark.slow
 def test_no_such_upload_without_our_object_fails_the_file(
     s3_server: S3Server, part_size: int
 ) -> None:

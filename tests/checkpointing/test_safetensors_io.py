@@ -168,6 +168,7 @@ _MEMORY_PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_save_streams_with_little_extra_memory(tmp_path: Any) -> None:
     out = subprocess.run(
         [sys.executable, "-c", _MEMORY_PROBE, str(tmp_path)],

@@ -115,6 +115,7 @@ def test_a_file_is_a_multipart_upload_read_back_whole(
     assert "-" not in str(fs.info(small, refresh=True)["ETag"])
 
 
+@pytest.mark.slow
 def test_a_part_cut_mid_body_is_resent_alone(
     s3_server: S3Server, small_parts: int, no_spool: None
 ) -> None:
@@ -164,6 +165,7 @@ def test_an_upload_past_its_retry_deadline_fails_with_no_object(
     assert not get_storage(s3_server.url(), s3_server.storage_options).exists(url)
 
 
+@pytest.mark.slow
 def test_a_cut_read_is_fetched_again(s3_server: S3Server, small_parts: int) -> None:
     url = join(s3_server.new_prefix(), "model.safetensors")
     data = os.urandom(3 * small_parts)
@@ -209,6 +211,7 @@ def test_a_damaged_object_fails_its_checksum_on_load(s3_server: S3Server) -> Non
         accelerator.load_state(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [1, 2])
 def test_parts_in_flight_bounds_an_uploads_memory(
     s3_server: S3Server, small_parts: int, monkeypatch: pytest.MonkeyPatch, limit: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.helpers.distributed import run_distributed
@@ -37,6 +38,7 @@ def _load_on_two(project: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 def test_checkpoint_of_one_process_loads_on_two(tmp_path: Path) -> None:
     project = str(tmp_path / "run")
     saved = _save_on_one(project)

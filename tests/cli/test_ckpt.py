@@ -124,6 +124,7 @@ def parse_table(text: str) -> list[dict[str, str]]:
 # --------------------------------------------------------------------------- ls
 
 
+@pytest.mark.slow
 def test_ls_table_and_json_agree(run: Run, cli: Callable[..., Result]) -> None:
     as_json = cli("ls", run.url, "--json", *run.cli_options)
     assert as_json.code == 0, as_json.err
@@ -172,6 +173,7 @@ def test_ls_table_and_json_agree(run: Run, cli: Callable[..., Result]) -> None:
     assert [i["name"] for i in json.loads(one.out)] == ["checkpoint_3"]
 
 
+@pytest.mark.slow
 def test_ls_shows_truncated_file_as_corrupt(run: Run, cli: Callable[..., Result]) -> None:
     url = join(run.ckpt("checkpoint_1"), "model.safetensors")
     run.storage.write_bytes(url, run.storage.read_bytes(url)[:-3])
@@ -192,6 +194,7 @@ def test_ls_shows_truncated_file_as_corrupt(run: Run, cli: Callable[..., Result]
     assert "not valid JSON" in verify.out
 
 
+@pytest.mark.slow
 def test_missing_path_is_an_error(run: Run, cli: Callable[..., Result]) -> None:
     missing = join(run.url, "no-such-run")
     for action in (["ls"], ["verify"], ["inspect"], ["prune", "--keep", "1", "--yes"]):
@@ -201,6 +204,7 @@ def test_missing_path_is_an_error(run: Run, cli: Callable[..., Result]) -> None:
         assert result.out == ""
 
 
+@pytest.mark.slow
 def test_folder_without_checkpoints_matches_nothing(run: Run, cli: Callable[..., Result]) -> None:
     result = cli("ls", run.ckpt("best"), *run.cli_options)
     assert result.code == 1
@@ -212,6 +216,7 @@ def test_folder_without_checkpoints_matches_nothing(run: Run, cli: Callable[...,
 # --------------------------------------------------------------------------- verify
 
 
+@pytest.mark.slow
 def test_verify_intact_then_corrupted_byte_and_missing_file(
     run: Run, cli: Callable[..., Result]
 ) -> None:
@@ -246,6 +251,7 @@ def test_verify_intact_then_corrupted_byte_and_missing_file(
     assert single.code == 1 and "checkpoint_1" in single.out
 
 
+@pytest.mark.slow
 def test_verify_incomplete_checkpoint_fails(run: Run, cli: Callable[..., Result]) -> None:
     result = cli("verify", run.ckpt("checkpoint_2"), *run.cli_options)
     assert result.code == 1
@@ -255,6 +261,7 @@ def test_verify_incomplete_checkpoint_fails(run: Run, cli: Callable[..., Result]
 # --------------------------------------------------------------------------- prune
 
 
+@pytest.mark.slow
 def test_prune_dry_run_deletes_nothing_then_prune_deletes_plan(
     run: Run, cli: Callable[..., Result]
 ) -> None:
@@ -303,6 +310,7 @@ def test_prune_says_why_it_keeps_checkpoints_the_script_named(
     assert sorted(p.name for p in folder.iterdir()) == ["step_10", "step_20", "step_30"]
 
 
+@pytest.mark.slow
 def test_prune_keep_best_and_keep_every(run: Run, cli: Callable[..., Result]) -> None:
     # losses: 1/(i+1), except checkpoint_0 which saved the best loss 0.01
     result = cli(
@@ -316,6 +324,7 @@ def test_prune_keep_best_and_keep_every(run: Run, cli: Callable[..., Result]) ->
     assert "Kept: checkpoint_0, checkpoint_3, checkpoint_4, checkpoint_5" in result.out
 
 
+@pytest.mark.slow
 def test_prune_refuses_without_confirmation_when_not_a_terminal(
     run: Run, cli: Callable[..., Result]
 ) -> None:
@@ -441,6 +450,7 @@ def test_symlinks_are_never_followed(tmp_path: Path, cli: Callable[..., Result])
     assert (ckpts / "checkpoint_0").is_symlink()
 
 
+@pytest.mark.slow
 def test_console_script_subprocess(tmp_path: Path) -> None:
     build_run(str(tmp_path))
     script = Path(sys.executable).with_name("accelkit")
@@ -509,6 +519,7 @@ def _run_on_terminal(argv: list[str], answer: bytes) -> tuple[int, str]:
     return proc.wait(timeout=120), b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow
 def test_prune_on_a_real_terminal_asks_and_shows_progress(tmp_path: Path) -> None:
     build_run(str(tmp_path))
     code, output = _run_on_terminal(["ckpt", "prune", str(tmp_path), "--keep", "1"], b"y\n")
@@ -523,6 +534,7 @@ class _TerminalErr(io.StringIO):
         return True
 
 
+@pytest.mark.slow
 def test_progress_bars_only_on_a_terminal(
     run: Run, cli: Callable[..., Result], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -575,6 +587,7 @@ def test_checkpoint_saved_by_two_processes(tmp_path: Path, cli: Callable[..., Re
     assert bad.code == 1 and rank_files[-1] in bad.out
 
 
+@pytest.mark.slow
 def test_closed_pipe_is_not_reported_as_an_error(tmp_path: Path) -> None:
     project = str(tmp_path / "run")
     build_run(project)

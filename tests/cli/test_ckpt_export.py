@@ -179,6 +179,7 @@ def test_a_damaged_file_fails_the_export_and_leaves_nothing(
     assert not (tmp_path / "hf").exists() and _leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_transformers_from_pretrained_gives_the_same_outputs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

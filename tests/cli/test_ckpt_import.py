@@ -56,6 +56,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return code, out, err
 
 
+@pytest.mark.slow
 def test_import_is_committed_verified_and_holds_the_same_state(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

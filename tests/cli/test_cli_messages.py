@@ -37,6 +37,7 @@ def _accelkit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
     )
 
 
+@pytest.mark.slow
 def test_unknown_flag_gets_the_subcommands_usage_and_its_nearest_flag() -> None:
     proc = _accelkit("ckpt", "ls", "X", "--jsn")
     assert proc.returncode == 2
@@ -48,6 +49,7 @@ def test_unknown_flag_gets_the_subcommands_usage_and_its_nearest_flag() -> None:
     assert "accelkit ckpt verify: error: unrecognized argument --jsn" in proc.stderr
 
 
+@pytest.mark.slow
 def test_refused_launch_flags_are_explained_by_launch_only() -> None:
     proc = _accelkit("ckpt", "ls", "X", "--use_deepspeed")
     assert proc.returncode == 2 and "DeepSpeed" not in proc.stderr
@@ -56,6 +58,7 @@ def test_refused_launch_flags_are_explained_by_launch_only() -> None:
     assert proc.returncode == 2 and "DeepSpeed is not supported" in proc.stderr
 
 
+@pytest.mark.slow
 def test_launch_without_a_script_names_what_is_missing(tmp_path: Path) -> None:
     proc = _accelkit("launch", "--cpu", "--num_processes", "2", cwd=tmp_path)
     assert proc.returncode == 2
@@ -71,6 +74,7 @@ def test_launch_without_a_script_names_what_is_missing(tmp_path: Path) -> None:
     assert proc.stdout.strip() == "['--lr', '1', '-m', 'x']"
 
 
+@pytest.mark.slow
 def test_top_level_help_names_every_ckpt_action() -> None:
     from accelkit.cli.main import build_parser
 
@@ -86,6 +90,7 @@ def test_top_level_help_names_every_ckpt_action() -> None:
         assert name in ckpt_line, name
 
 
+@pytest.mark.slow
 def test_config_without_a_terminal_says_what_it_wrote(tmp_path: Path) -> None:
     target = tmp_path / "cfg.yaml"
     proc = _accelkit("config", "--config_file", str(target))
@@ -123,6 +128,7 @@ time.sleep(2)  # rank 0 is still running when rank 1 fails: torchrun stops it (S
 """
 
 
+@pytest.mark.slow
 def test_a_failed_worker_is_named_in_the_last_line(tmp_path: Path) -> None:
     (tmp_path / "fails.py").write_text(FAILING)
     proc = _accelkit("launch", "--cpu", "--num_processes", "2", "fails.py", cwd=tmp_path)
@@ -141,6 +147,7 @@ def test_a_failed_worker_is_named_in_the_last_line(tmp_path: Path) -> None:
     assert proc.stderr.strip().splitlines()[-1] == "accelkit launch: rank 1 failed: exit code 3"
 
 
+@pytest.mark.slow
 def test_one_process_and_a_module_get_the_line_too(tmp_path: Path) -> None:
     package = tmp_path / "pkg"
     package.mkdir()

@@ -64,6 +64,7 @@ def _probe(argv: list[str]) -> tuple[int, list[str], str]:
     return int(result["code"] or 0), list(result["heavy"]), "\n".join(output)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
@@ -108,6 +109,7 @@ def test_env_cuda_line_agrees_with_torch() -> None:
     assert fast["torch"] == checked["torch"]
 
 
+@pytest.mark.slow
 def test_env_torch_flag_through_the_cli() -> None:
     code, heavy, output = _probe(["env", "--torch"])
     assert code == 0

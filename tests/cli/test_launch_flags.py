@@ -102,6 +102,7 @@ def _accelerate_options() -> list[tuple[str, argparse.Action]]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("option", "action"),
     _accelerate_options(),
@@ -220,6 +221,7 @@ def _accelerate_config_default(hf_home: Path, *args: str) -> Path:
     return hf_home / "accelerate" / "default_config.yaml"
 
 
+@pytest.mark.slow
 def test_reads_the_default_file_of_accelerate_config(_hf_home: Path, script: str) -> None:
     path = _accelerate_config_default(_hf_home, "--mixed_precision", "bf16")
     assert path.is_file()
@@ -236,6 +238,7 @@ def test_reads_the_default_file_of_accelerate_config(_hf_home: Path, script: str
     assert config is not None and config.mixed_precision == "bf16"
 
 
+@pytest.mark.slow
 def test_reads_an_accelerate_file_given_with_config_file(tmp_path: Path, script: str) -> None:
     path = tmp_path / "elsewhere" / "launch.yaml"
     _accelerate_config_default(tmp_path / "unused", "--config_file", str(path))
@@ -318,6 +321,7 @@ def _accelkit(*args: str, stdin: str = "", **env: str) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.slow
 def test_config_default_writes_a_file_both_tools_read(_hf_home: Path, script: str) -> None:
     proc = _accelkit("config", "default", "--mixed_precision", "fp16")
     assert proc.returncode == 0, proc.stderr
@@ -339,6 +343,7 @@ def test_config_default_writes_a_file_both_tools_read(_hf_home: Path, script: st
     assert yaml.safe_load(path.read_text())["mixed_precision"] == "fp16"
 
 
+@pytest.mark.slow
 def test_config_questions_write_what_launch_reads(tmp_path: Path, script: str) -> None:
     path = tmp_path / "asked.yaml"
     answers = "fsdp\n1\n2\nall\nbf16\nTRANSFORMER_BASED_WRAP\nBlock\nno\nno\n"
@@ -352,6 +357,7 @@ def test_config_questions_write_what_launch_reads(tmp_path: Path, script: str) -
     assert env["ACCELKIT_FSDP_RESHARD_AFTER_FORWARD"] == "false"
 
 
+@pytest.mark.slow
 def test_version() -> None:
     from accelkit import __version__
 
@@ -360,6 +366,7 @@ def test_version() -> None:
         assert proc.returncode == 0 and proc.stdout.strip() == f"accelkit {__version__}"
 
 
+@pytest.mark.slow
 def test_real_two_process_launch_from_a_config_file(tmp_path: Path) -> None:
     script = tmp_path / "world.py"
     script.write_text(

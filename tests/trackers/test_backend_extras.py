@@ -17,6 +17,7 @@ from accelkit.tracking import MLflowTracker
 from tests.trackers import readers
 
 
+@pytest.mark.slow
 def test_mlflow_artifacts_and_figures_are_stored_in_the_run(tmp_path: Path, mlflow_db: str) -> None:
     import matplotlib
 
@@ -74,6 +75,7 @@ def test_mlflow_artifact_methods_need_a_started_run() -> None:
         MLflowTracker("never-started").log_artifact("x")
 
 
+@pytest.mark.slow
 def test_wandb_log_table_is_written_and_read_back(tmp_path: Path) -> None:
     project = tmp_path / "project"
     accelerator = Accelerator(log_with="wandb", project_dir=str(project))
@@ -163,6 +165,7 @@ def test_mlflow_active_run_and_log_metrics_keywords_as_in_accelerate(
     assert (linked.dataset_name, linked.dataset_digest) == ("train-set", dataset.digest)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "variable", "inside"),
     [("wandb", "WANDB_DIR", "wandb"), ("comet_ml", "COMET_OFFLINE_DIRECTORY", "")],

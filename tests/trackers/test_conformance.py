@@ -38,6 +38,7 @@ class TestJSONL(TrackerContract):
         return readers.read_jsonl(logging_dir, run)
 
 
+@pytest.mark.slow
 class TestMLflow(TrackerContract):
     log_with, files, unwrapped = "mlflow", "mlflow.db", "Run"
 
@@ -53,6 +54,7 @@ class TestMLflow(TrackerContract):
         return readers.read_mlflow(f"sqlite:///{logging_dir}/mlflow.db", run)
 
 
+@pytest.mark.slow
 class TestWandbOffline(TrackerContract):
     log_with, files, unwrapped = "wandb", "wandb/offline-run-*/run-*.wandb", "Run"
 
@@ -60,6 +62,7 @@ class TestWandbOffline(TrackerContract):
         return readers.read_wandb(logging_dir, run)
 
 
+@pytest.mark.slow
 class TestCometOffline(TrackerContract):
     log_with, files, unwrapped = "comet_ml", "comet_ml/*.zip", "OfflineExperiment"
 

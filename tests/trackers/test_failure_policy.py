@@ -167,6 +167,7 @@ def test_a_worker_passes_log_kwargs_and_the_step_it_was_given() -> None:
 # ------------------------------------------------------------ where the warnings point (#28)
 
 
+@pytest.mark.slow
 def test_a_failure_on_a_trackers_thread_names_no_file_inside_accelkit(tmp_path: Path) -> None:
     broken = RecordingTracker("broken", fail_in="log")
     accelerator = Accelerator(log_with=[broken], project_dir=str(tmp_path))

@@ -27,6 +27,7 @@ def _tracker_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, TrackerWarning)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["start", "log", "finish"])
 def test_a_failing_tracker_is_reported_once_and_the_others_go_on(
     method: str, tmp_path: Path
@@ -309,6 +310,7 @@ class _HangsIn(GeneralTracker):
         self.logged.append((step, values))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lazily", [False, True], ids=["in_init", "at_first_use"])
 @pytest.mark.parametrize("method", ["start", "store_init_configuration"])
 def test_a_hung_start_without_a_journal_is_bounded_reported_and_skipped(
@@ -343,6 +345,7 @@ def test_a_hung_start_without_a_journal_is_bounded_reported_and_skipped(
     assert hung.logged == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lazily", [False, True], ids=["in_init", "at_first_use"])
 @pytest.mark.parametrize("method", ["start", "store_init_configuration"])
 def test_a_hung_start_with_a_journal_keeps_every_value(
@@ -386,6 +389,7 @@ def test_a_hung_start_with_a_journal_keeps_every_value(
     assert hung.logged == [(step, {"x": step}) for step in range(5)]
 
 
+@pytest.mark.slow
 def test_the_end_of_a_run_waits_the_drain_time_for_a_call_that_does_not_return(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

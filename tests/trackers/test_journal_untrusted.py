@@ -180,6 +180,7 @@ def _sparse(path: Path, head: bytes, tail: bytes = b"") -> None:
         file.write(tail)
 
 
+@pytest.mark.slow
 def test_a_sparse_2_gib_segment_line_is_never_read_whole(tmp_path: Path) -> None:
     folder = tmp_path / JOURNAL_FOLDER / "jsonl"
     folder.mkdir(parents=True)

@@ -34,6 +34,7 @@ def test_public_names() -> None:
     assert get_tracker_class(LoggerType.JSONL) is JSONLTracker
 
 
+@pytest.mark.slow
 def test_unknown_name_lists_the_available_ones() -> None:
     with pytest.raises(ValueError, match="Unknown tracker 'tensorbord'") as info:
         Accelerator(log_with="tensorbord")

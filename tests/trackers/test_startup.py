@@ -301,6 +301,7 @@ def test_a_checkpoint_from_before_run_keys_with_pending_runs_still_loads(tmp_pat
         "run_id": again.run_id}}}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_prune_while_a_run_opens_leaves_no_manifest_behind(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
