@@ -31,6 +31,9 @@ RANK = {
     "accelkit.errors": -1,
     "accelkit._units": 0,
     "accelkit.checkpointing.errors": 0,
+    # one delivery spine: the failure classifier, the backoff, the drain (storage,
+    # replication and the trackers stand on it)
+    "accelkit.delivery": 0,
     # the process runtime, FSDP2, the trackers
     "accelkit.runtime": 1,
     "accelkit.fsdp": 1,

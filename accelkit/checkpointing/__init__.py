@@ -18,7 +18,8 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.storage.verified` -- the one verified read: size and checksum
   checked against an expected entry while a file streams in.
 - :mod:`~accelkit.checkpointing.storage.retry` -- transient storage errors told from hard ones,
-  retried with backoff and jitter (``RetryPolicy``, ``RetryingStorage``).
+  retried with backoff and jitter (``RetryingStorage``; the classifier and ``RetryPolicy`` are
+  :mod:`accelkit.delivery`'s, shared with replication and the trackers).
 
 **Formats** -- what the files of a checkpoint are called and what they hold:
 

@@ -45,7 +45,7 @@ def _run_sync(args: argparse.Namespace) -> int:
     from accelkit.checkpointing.replication import ReplicationReport, Replicator
     from accelkit.checkpointing.replication.replicator import remote_options
     from accelkit.checkpointing.storage import get_storage
-    from accelkit.checkpointing.storage.retry import RetryPolicy
+    from accelkit.delivery.retry import RetryPolicy
 
     local = open_storage(args)
     options = dict(args.storage_options)

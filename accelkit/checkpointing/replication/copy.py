@@ -15,8 +15,8 @@ replication.replicator.Replicator` and ``accelkit ckpt sync``):
 6. write the manifest last (:func:`~accelkit.checkpointing.formats.manifest.write_manifest`,
    one PUT on an object store), so the remote checkpoint is committed only when complete.
 
-Every remote operation is retried under a :class:`~accelkit.checkpointing.storage.retry.
-RetryPolicy` (transient errors only), per file: an outage in the middle of a checkpoint redoes
+Every remote operation is retried under a :class:`~accelkit.delivery.retry.RetryPolicy`
+(transient errors only), per file: an outage in the middle of a checkpoint redoes
 the file it cut, not the ones already uploaded. Files are uploaded one at a time
 (:data:`UPLOAD_WORKERS`), each read from the local tier straight into the part buffers of its
 upload (an S3 remote: no read buffer, no copy; another storage gets one :data:`READ_CHUNK`
@@ -53,8 +53,9 @@ from accelkit.checkpointing.formats.manifest import FileEntry, Manifest, read_ma
 from accelkit.checkpointing.formats.manifest import write_manifest as _write_manifest
 from accelkit.checkpointing.storage import Storage, join, parts_in_flight
 from accelkit.checkpointing.storage.confined import confine
-from accelkit.checkpointing.storage.retry import RetryPolicy, copy_stream, retry_call
+from accelkit.checkpointing.storage.retry import copy_stream
 from accelkit.checkpointing.storage.verified import check_expected, open_verified
+from accelkit.delivery.retry import RetryPolicy, retry_call
 
 __all__ = [
     "READ_CHUNK",

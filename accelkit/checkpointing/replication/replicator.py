@@ -7,7 +7,7 @@ run lock (:class:`~accelkit.checkpointing.commit.lock.RunLock`), then applies th
 retention policy under the same lock (deletions as ``accelkit ckpt prune`` makes them).
 
 **Outages.** Transient errors are retried with exponential backoff and jitter for as long as
-the run lasts (:class:`~accelkit.checkpointing.storage.retry.RetryPolicy` with no deadline); a
+the run lasts (:class:`~accelkit.delivery.retry.RetryPolicy` with no deadline); a
 hard error (credentials, missing bucket, permission) stops replication and is reported once,
 with the fix. Training is never interrupted by either.
 
@@ -81,14 +81,8 @@ from accelkit.checkpointing.replication.copy import (
     same_checkpoint,
 )
 from accelkit.checkpointing.storage import Storage, join, protocol_of
-from accelkit.checkpointing.storage.retry import (
-    HARD,
-    TRANSIENT,
-    RetryPolicy,
-    classify,
-    hard_error_fix,
-    retry_call,
-)
+from accelkit.checkpointing.storage.retry import hard_error_fix
+from accelkit.delivery import HARD, TRANSIENT, Deadline, RetryPolicy, classify, drain, retry_call
 
 __all__ = ["UPLOAD_PART", "ReplicationReport", "Replicator", "remote_options"]
 
@@ -303,18 +297,20 @@ class Replicator:
             queue policy), ``False`` otherwise (a hard error stopped it, one failed, or time
             ran out).
         """
-        end = None if deadline is None else time.monotonic() + deadline
         with self._cond:
-            while True:
-                state = self._state
-                busy = bool(state.pending) or state.in_flight is not None
-                idle = not busy and (self._scanned or self._thread is None)
-                if idle or self.failure is not None:
-                    return idle and self.failure is None and not state.failed
-                remaining = None if end is None else end - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._cond.wait(timeout=0.5 if remaining is None else min(remaining, 0.5))
+            if not drain(
+                lambda: self._idle() or self.failure is not None,
+                Deadline(deadline),
+                self._cond.wait,
+            ):
+                return False
+            return self._idle() and self.failure is None and not self._state.failed
+
+    def _idle(self) -> bool:
+        """Nothing queued or in flight, and the first scan done (the lock held)."""
+        state = self._state
+        busy = bool(state.pending) or state.in_flight is not None
+        return not busy and (self._scanned or self._thread is None)
 
     def close(self, deadline: float | None) -> list[str]:
         """Drain the queue for up to ``deadline`` seconds, then stop the thread.

@@ -174,7 +174,7 @@ def no_retry(what: str, fn: Callable[[], T]) -> T:
 def _call(fs: Any, method: str, **kwargs: Any) -> Any:
     """``fs.call_s3(method, **kwargs)``, a failure always a :class:`~accelkit.checkpointing.
     storage.StorageError` (what s3fs or botocore raised becomes its cause: :func:`~accelkit.
-    checkpointing.storage.retry.classify` reads it there)."""
+    delivery.failures.classify` reads it there)."""
     try:
         return fs.call_s3(method, **kwargs)
     except StorageError:

@@ -215,7 +215,7 @@ def as_storage_error(exc: BaseException, what: str) -> StorageError:
     """``exc``, raised by a storage backend during ``what``, as a :class:`StorageError`.
 
     Raise the result ``from exc``: the backend's error stays on the chain, where
-    :func:`~accelkit.checkpointing.storage.retry.classify` reads botocore's error code. A
+    :func:`~accelkit.delivery.failures.classify` reads botocore's error code. A
     :class:`StorageError` is returned as it is.
 
     Args:

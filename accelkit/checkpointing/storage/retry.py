@@ -1,4 +1,4 @@
-"""Retries for transient storage errors: a policy, a classifier, and a storage that retries.
+"""Retries for transient storage errors: a storage that retries, and the fix of a hard error.
 
 An object store is somebody else's network service: connections are refused or reset, requests
 time out, servers answer 5xx or ask the client to slow down (``SlowDown``, 429). Those errors
@@ -6,11 +6,15 @@ are *transient*: the same request succeeds later. Others are *hard*: wrong crede
 missing bucket, a denied permission; retrying them only hides the fix, so they are raised at
 once, and :func:`hard_error_fix` says what to change.
 
+The policy, the classifier and the retried call are the delivery room's, shared with
+replication and the trackers (:mod:`accelkit.delivery`), and named here too:
+
 - :class:`RetryPolicy` -- exponential backoff with jitter, bounded by a total time per
   operation (``None``: keep trying; a caller that may stop passes ``should_stop``).
-- :func:`classify` -- ``"transient"``, ``"hard"`` or ``None`` (neither: let it rise as it is).
-  It reads exception classes and the status/code of a botocore ``ClientError`` found on the
-  chain (``__cause__``/``__context__``), never message text.
+- :func:`classify` -- ``"transient"``, ``"hard"`` or ``None`` for a storage (neither: let it
+  rise as it is; a ``ValueError`` is a bug here, not a refused value). It reads exception
+  classes and the status/code of a botocore ``ClientError`` found on the chain
+  (``__cause__``/``__context__``), never message text.
 - :func:`retry_call` -- call a function under a policy.
 - :class:`RetryingStorage` -- a storage whose every primitive is retried per call. A file
   written through it is retried request by request where the backend can
@@ -24,11 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import random
 import tempfile
-import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import IO, BinaryIO, Protocol, TypeVar, cast
 
 from typing_extensions import override
@@ -43,7 +44,16 @@ from accelkit.checkpointing.storage.base import (
     WrittenFile,
 )
 from accelkit.checkpointing.storage.checksum import DEFAULT_ALGORITHM, checksum_bytes
-from accelkit.errors import ConfigurationError
+from accelkit.delivery.failures import (
+    HARD,
+    HARD_CODES,
+    TRANSIENT,
+    causes,
+    classify,
+    error_code,
+    service_answer,
+)
+from accelkit.delivery.retry import RetryPolicy, retry_call
 
 __all__ = [
     "HARD",
@@ -61,64 +71,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TRANSIENT = "transient"
-HARD = "hard"
-
 T = TypeVar("T")
 
-# Exception classes (by name, from botocore, aiohttp, urllib3, s3fs) that mean "the network or
-# the server failed this time". Names, not imports: none of these packages is a dependency.
-_TRANSIENT_CLASSES = frozenset(
-    {
-        "EndpointConnectionError",
-        "ConnectTimeoutError",
-        "ReadTimeoutError",
-        "ConnectionClosedError",
-        "ResponseStreamingError",
-        "IncompleteReadError",
-        "ServerDisconnectedError",
-        "ClientConnectorError",
-        "ClientConnectionError",
-        "ClientOSError",
-        "ClientPayloadError",
-        "ServerTimeoutError",
-        "ProtocolError",
-        "ProxyConnectionError",
-        "HTTPClientError",
-    }
-)
-_HARD_CLASSES = frozenset(
-    {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"}
-)
-_TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "TooManyRequests",
-        "RequestLimitExceeded",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "InternalError",
-        "ServiceUnavailable",
-        "InternalServerError",
-        "BadGateway",
-        "GatewayTimeout",
-    }
-)
-_HARD_CODES = {
-    "InvalidAccessKeyId": "the access key is not known to the server",
-    "SignatureDoesNotMatch": "the secret key does not match the access key",
-    "ExpiredToken": "the session token has expired",
-    "InvalidToken": "the session token is not valid",
-    "AccessDenied": "the credentials may not do this",
-    "AllAccessDisabled": "access to the bucket is disabled",
-    "NoSuchBucket": "the bucket does not exist",
-    "InvalidBucketName": "the bucket name is not valid",
-    "AccountProblem": "the account has a problem",
-}
 _FIXES = {
     "credentials": (
         "check the key and secret in ProjectConfiguration(storage_options={'key': ..., "
@@ -130,193 +84,24 @@ _FIXES = {
         "s3:PutObject, s3:ListBucket, s3:DeleteObject)"
     ),
 }
-_MAX_CHAIN = 8
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    todo = [exc]
-    while todo and len(seen) < _MAX_CHAIN:
-        error = todo.pop(0)
-        if id(error) in seen:
-            continue
-        seen.add(id(error))
-        yield error
-        for nxt in (error.__cause__, error.__context__):
-            if nxt is not None:
-                todo.append(nxt)
-
-
-def _response(error: BaseException) -> tuple[str, int | None] | None:
-    response = getattr(error, "response", None)  # botocore's ClientError.response
-    if not isinstance(response, Mapping):
-        return None
-    code = str((response.get("Error") or {}).get("Code", ""))
-    status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-    return code, status if isinstance(status, int) else None
-
-
-def error_code(exc: BaseException) -> str:
-    """The first S3 error code (``"NoSuchUpload"``, ...) in ``exc``'s chain of causes, ``""`` if
-    none (s3fs re-raises botocore's errors as ``OSError``)."""
-    for error in _chain(exc):
-        answer = _response(error)
-        if answer is not None and answer[0]:
-            return answer[0]
-    return ""
-
-
-def _one(error: BaseException) -> str | None:
-    names = {cls.__name__ for cls in type(error).__mro__}
-    if names & _HARD_CLASSES:
-        return HARD
-    answer = _response(error)
-    if answer is not None:
-        code, status = answer
-        if code in _HARD_CODES or status in (401, 403):
-            return HARD
-        if code in _TRANSIENT_CODES or status == 429 or (status is not None and status >= 500):
-            return TRANSIENT
-        if code.isdigit() and (int(code) >= 500 or int(code) == 429):
-            return TRANSIENT
-    if names & _TRANSIENT_CLASSES:
-        return TRANSIENT
-    if isinstance(error, (ConnectionError, TimeoutError)):
-        return TRANSIENT
-    return None
-
-
-def classify(exc: BaseException) -> str | None:
-    """Whether ``exc`` is :data:`TRANSIENT` (retry it), :data:`HARD` (never retry; see
-    :func:`hard_error_fix`) or ``None`` (neither: a missing file, a bug; let it rise).
-
-    The whole chain of causes is read: s3fs re-raises botocore's errors as ``OSError``; a hard
-    cause anywhere wins over a transient one.
-    """
-    found: str | None = None
-    for error in _chain(exc):
-        kind = _one(error)
-        if kind == HARD:
-            return HARD
-        found = found or kind
-    return found
 
 
 def hard_error_fix(exc: BaseException) -> str:
     """What is wrong and how to fix it, for an error :func:`classify` calls hard."""
-    for error in _chain(exc):
-        answer = _response(error)
+    for error in causes(exc):
+        answer = service_answer(error)
         code = answer[0] if answer else ""
-        names = {cls.__name__ for cls in type(error).__mro__}
         if code in ("NoSuchBucket", "InvalidBucketName"):
-            return f"{_HARD_CODES[code]}: {_FIXES['bucket']}"
+            return f"{HARD_CODES[code]}: {_FIXES['bucket']}"
         if code in ("AccessDenied", "AllAccessDisabled", "AccountProblem") or (
-            answer and answer[1] == 403 and code not in _HARD_CODES
+            answer and answer[1] == 403 and code not in HARD_CODES
         ):
-            return f"{_HARD_CODES.get(code, 'access denied')}: {_FIXES['permission']}"
-        if code in _HARD_CODES or names & _HARD_CLASSES or (answer and answer[1] == 401):
-            what = _HARD_CODES.get(code, "no valid credentials")
+            return f"{HARD_CODES.get(code, 'access denied')}: {_FIXES['permission']}"
+        no_credentials = answer is None and classify(error, chain=False) == HARD  # botocore's
+        if code in HARD_CODES or no_credentials or (answer and answer[1] == 401):
+            what = HARD_CODES.get(code, "no valid credentials")
             return f"{what}: {_FIXES['credentials']}"
     return f"{_FIXES['credentials']}; {_FIXES['permission']}"
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How transient storage errors are retried: exponential backoff with jitter.
-
-    The n-th wait is ``min(max_delay, base_delay * multiplier**n)``, scaled by a random factor
-    in ``[1 - jitter, 1]`` (so many clients do not retry in step).
-
-    Args:
-        base_delay: the first wait, in seconds.
-        max_delay: the longest wait.
-        multiplier: growth of the wait per attempt.
-        jitter: fraction of each wait that is random (0: none; 1: "full jitter").
-        deadline: give up on one operation after this many seconds of retrying (``None``:
-            keep trying; the replicator stops when asked to).
-
-    Raises:
-        ConfigurationError: a negative delay, a multiplier below 1, a jitter outside ``[0, 1]``
-            (a ``ValueError``).
-    """
-
-    base_delay: float = 0.25
-    max_delay: float = 15.0
-    multiplier: float = 2.0
-    jitter: float = 0.5
-    deadline: float | None = 120.0
-
-    def __post_init__(self) -> None:
-        if self.base_delay < 0 or self.max_delay < self.base_delay:
-            raise ConfigurationError(
-                f"RetryPolicy needs 0 <= base_delay <= max_delay, got base_delay="
-                f"{self.base_delay!r}, max_delay={self.max_delay!r}."
-            )
-        if self.multiplier < 1:
-            raise ConfigurationError(
-                f"RetryPolicy.multiplier must be >= 1, got {self.multiplier!r}."
-            )
-        if not 0 <= self.jitter <= 1:
-            raise ConfigurationError(f"RetryPolicy.jitter must be in [0, 1], got {self.jitter!r}.")
-        if self.deadline is not None and self.deadline < 0:
-            raise ConfigurationError(
-                f"RetryPolicy.deadline must be >= 0 seconds or None, got {self.deadline!r}."
-            )
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """The wait after failed attempt number ``attempt`` (0-based)."""
-        raw = min(self.max_delay, self.base_delay * self.multiplier ** min(attempt, 64))
-        spread = (rng or random).random() * self.jitter
-        return raw * (1.0 - spread)
-
-
-def retry_call(
-    fn: Callable[[], T],
-    policy: RetryPolicy,
-    what: str,
-    should_stop: Callable[[], bool] | None = None,
-    on_retry: Callable[[BaseException, int, float], None] | None = None,
-    sleep: Callable[[float], object] = time.sleep,
-) -> T:
-    """Call ``fn`` until it succeeds, retrying :data:`TRANSIENT` errors under ``policy``.
-
-    A hard error, an error that is neither, or a transient one past the policy's deadline (or
-    once ``should_stop()`` is true) is raised as it is; the last transient one carries a note
-    saying how long it was retried.
-
-    Args:
-        fn: the operation (called again from the start on each attempt).
-        policy: the backoff.
-        what: names the operation in log lines (``"upload of s3://b/run/x"``).
-        should_stop: checked before each wait: true ends the retries.
-        on_retry: ``on_retry(error, attempt, wait)`` before each wait (default: a debug line).
-        sleep: how to wait (an ``Event.wait`` makes waits interruptible).
-    """
-    started = time.monotonic()
-    attempt = 0
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if classify(exc) != TRANSIENT:
-                raise
-            elapsed = time.monotonic() - started
-            wait = policy.delay(attempt)
-            over = policy.deadline is not None and elapsed + wait > policy.deadline
-            if over or (should_stop is not None and should_stop()):
-                note = getattr(exc, "add_note", None)  # Python >= 3.11
-                if note is not None:
-                    note(
-                        f"accelkit retried {what} for {elapsed:.1f} s ({attempt + 1} attempts) "
-                        "before giving up."
-                    )
-                raise
-            if on_retry is not None:
-                on_retry(exc, attempt, wait)
-            else:
-                logger.debug("%s failed (%s); retrying in %.2f s", what, exc, wait)
-            sleep(wait)
-            attempt += 1
 
 
 _SPOOL_CHUNK = 16 * 1024 * 1024

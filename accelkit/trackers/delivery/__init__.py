@@ -18,8 +18,10 @@
   batches where it can), settling entries in doubt, the replay ``accelkit track sync`` runs;
 - :mod:`~accelkit.trackers.delivery.journal` -- ``Journal``: the durable record per tracker,
   and ``AckRecord``, its acknowledgement file;
-- :mod:`~accelkit.trackers.delivery.failures` -- ``FailurePolicy``, ``classify``, ``Backoff``:
-  what a failure, a hang or an outage costs, and when to try again;
+- :mod:`~accelkit.trackers.delivery.failures` -- ``FailurePolicy``, ``classify``,
+  ``retry_policy``: what a failure, a hang or an outage costs, and when to try again (the
+  classifier, the backoff and the drain's deadline are :mod:`accelkit.delivery`'s, shared with
+  checkpoint storage and replication);
 - :mod:`~accelkit.trackers.delivery.sync` -- ``accelkit track status`` and ``sync``.
 
 Delivery stands on the registry and the tracker interface, never on a backend's module (the

@@ -17,15 +17,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from accelkit.delivery.drain import ReportOnce
+from accelkit.delivery.failures import HARD, REFUSED
+from accelkit.delivery.failures import classify as classify_failure
+from accelkit.delivery.retry import RetryPolicy
 from accelkit.errors import AccelkitError, ConfigurationError, warn_at_user_line
 
 __all__ = [
-    "Backoff",
     "FailurePolicy",
     "TrackerError",
     "TrackerFailure",
     "TrackerWarning",
     "classify",
+    "env_number",
+    "retry_policy",
 ]
 
 _POLICIES = ("warn", "raise")
@@ -36,11 +41,6 @@ _MAX_PENDING = 50_000
 _DRAIN_S = 10.0
 
 logger = logging.getLogger("accelkit.trackers")
-
-# Error codes (MLflow's ``error_code``, gRPC-style names) that retrying cannot fix.
-_REFUSED_CODES = frozenset({"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "INVALID_STATE"})
-_FATAL_CODES = frozenset({"UNAUTHENTICATED", "PERMISSION_DENIED", "RESOURCE_DOES_NOT_EXIST"})
-_FATAL_STATUS = frozenset({401, 403, 404})
 
 
 def env_number(name: str, default: float) -> float:
@@ -67,72 +67,32 @@ def env_number(name: str, default: float) -> float:
 _FIRST_RETRY_S = 0.5
 
 
-def _max_retry_s() -> float:
-    return env_number("ACCELKIT_TRACKER_RETRY_MAX_S", 30.0)
+def retry_policy() -> RetryPolicy:
+    """The backoff of a backend that does not answer (a tracker's start and its deliveries
+    share one): after 0.5 s, doubling up to ``ACCELKIT_TRACKER_RETRY_MAX_S`` (30 by default),
+    without jitter."""
+    longest = env_number("ACCELKIT_TRACKER_RETRY_MAX_S", 30.0)
+    return RetryPolicy(
+        base_delay=min(_FIRST_RETRY_S, longest), max_delay=longest, jitter=0.0, deadline=None
+    )
 
 
-class Backoff:
-    """When to try again a backend that does not answer (a tracker's start and its deliveries
-    share one): after 0.5 s, doubling up to ``ACCELKIT_TRACKER_RETRY_MAX_S`` (30 by default).
-
-    Attributes:
-        retry_at: the ``time.monotonic()`` of the next try (``0.0``: none scheduled).
-        outage: when the backend stopped answering (``None``: it answers).
-    """
-
-    def __init__(self) -> None:
-        self.retry_at = 0.0
-        self.outage: float | None = None
-        self._delay = min(_FIRST_RETRY_S, _max_retry_s())
-
-    def failed(self) -> bool:
-        """Schedule the next try; True for the first failure of an outage (to be said)."""
-        now = time.monotonic()
-        first = self.outage is None
-        if first:
-            self.outage = now
-        self.retry_at = now + self._delay
-        self._delay = min(self._delay * 2, _max_retry_s())
-        return first
-
-    def answered(self) -> float | None:
-        """The backend answered: start over; returns how long its outage lasted, if any."""
-        lasted = None if self.outage is None else time.monotonic() - self.outage
-        self.outage = None
-        self._delay = min(_FIRST_RETRY_S, _max_retry_s())
-        self.retry_at = 0.0
-        return lasted
-
-
-def classify(error: BaseException) -> str:
-    """What retrying can do about a backend's error, from its type and codes (never its text).
+def classify(error: BaseException) -> str | None:
+    """What retrying can do about a backend's error: the delivery room's
+    :func:`~accelkit.delivery.failures.classify` of the error itself (not its causes: a
+    client's handled errors stay on ``__context__``), Python's own types read as the client's
+    answer.
 
     Returns:
-        ``"refused"``: the backend refuses this value (``TypeError``, ``ValueError``,
+        ``REFUSED``: the backend refuses this value (``TypeError``, ``ValueError``,
         ``KeyError``, or an ``error_code`` such as ``INVALID_PARAMETER_VALUE``): only this entry
-        is skipped. ``"fatal"``: retrying cannot help the run at all (``PermissionError``,
+        is skipped. ``HARD``: retrying cannot help the run at all (``PermissionError``,
         ``UNAUTHENTICATED``/``PERMISSION_DENIED``/``RESOURCE_DOES_NOT_EXIST``, HTTP 401, 403,
         404): the tracker is reported and skipped, its journal kept for ``accelkit track
-        sync``. ``"retry"``: anything else (a connection refused, a timeout, a server error).
+        sync``. ``TRANSIENT`` or ``None``: retried (a connection refused, a timeout, a server
+        error, anything else).
     """
-    code = getattr(error, "error_code", None)
-    if isinstance(code, str):
-        if code in _FATAL_CODES:
-            return "fatal"
-        if code in _REFUSED_CODES:
-            return "refused"
-    status = getattr(error, "status_code", None) or getattr(
-        getattr(error, "response", None), "status_code", None
-    )
-    if isinstance(status, int) and status in _FATAL_STATUS:
-        return "fatal"
-    if isinstance(error, PermissionError):
-        return "fatal"
-    if isinstance(error, OSError):
-        return "retry"  # a connection refused or reset, a full disk that may be freed
-    if isinstance(error, (TypeError, ValueError, KeyError)):
-        return "refused"
-    return "retry"
+    return classify_failure(error, chain=False, builtin_types=True)
 
 
 class TrackerWarning(UserWarning):
@@ -161,7 +121,7 @@ class TrackerFailure:
             f"Tracker {self.name!r} failed in {self.method}(): {type(self.error).__name__}: "
             f"{self.error}. It is skipped from now on; the other trackers continue."
         )
-        if self.method == "start" and classify(self.error) != "retry":
+        if self.method == "start" and classify(self.error) in (HARD, REFUSED):
             text += (
                 " Retrying cannot fix this error (a credential, a setting or a value the "
                 f"backend refuses): correct init_kwargs[{self.name!r}] or the backend's "
@@ -240,8 +200,8 @@ class FailurePolicy:
         self._run_names: frozenset[str] = frozenset()
         self._run_start = 0  # index in _failures of this run's first failure
         self._all_failed_reported = False
-        self._retrying_said: set[str] = set()
-        self._refused_said: set[tuple[str, str]] = set()
+        self._retrying_said = ReportOnce()
+        self._refused_said = ReportOnce()
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle the settings only: recorded failures (their exceptions may not pickle), the
@@ -363,9 +323,7 @@ class FailurePolicy:
     def retrying(self, name: str, method: str, error: BaseException, journal: str | None) -> None:
         """Say that a tracker's backend stopped answering and is retried with backoff: warned
         for a tracker's first outage, logged for the next ones."""
-        with self._lock:
-            first = name not in self._retrying_said
-            self._retrying_said.add(name)
+        first = self._retrying_said.first(name)
         kept = (
             f"its values are kept in the journal {journal} and sent, in order, when it answers"
             if journal
@@ -389,11 +347,8 @@ class FailurePolicy:
     def refused(self, name: str, method: str, seq: int, step: int, error: BaseException) -> None:
         """Warn once per tracker and error type that the backend refused an entry, which is
         skipped (the others are sent)."""
-        key = (name, type(error).__name__)
-        with self._lock:
-            if key in self._refused_said:
-                return
-            self._refused_said.add(key)
+        if not self._refused_said.first((name, type(error).__name__)):
+            return
         _warn(
             f"Tracker {name!r} refused the values of {method}() at step {step} (journal entry "
             f"{seq}): {type(error).__name__}: {error}. Retrying cannot fix this, so those "

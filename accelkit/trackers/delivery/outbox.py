@@ -18,6 +18,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from accelkit.delivery.drain import Deadline
+from accelkit.delivery.failures import HARD, REFUSED
 from accelkit.trackers.delivery.failures import classify
 from accelkit.trackers.delivery.items import Checkpoint, Item, JournalSettings, Resume
 from accelkit.trackers.delivery.journal import Entry, Journal
@@ -317,7 +319,7 @@ class Outbox:
         if not (self.holds() or session.start_waiting):
             return
         # Within the hub's wait for finish, so the run ends without a warning.
-        deadline = time.monotonic() + session.policy.drain
+        deadline = Deadline(session.policy.drain)
         if session.start_waiting:
             self.try_start()
         self.deliver(force=True)
@@ -327,7 +329,7 @@ class Outbox:
             and (session.started or session.start_waiting)
         ):
             pause = max(0.0, session.backoff.retry_at - time.monotonic())
-            if time.monotonic() + pause > deadline:
+            if deadline.expired() or pause > (deadline.left() or 0.0):
                 break
             time.sleep(pause)
             if session.start_waiting:
@@ -420,12 +422,12 @@ class Outbox:
             session.degrade(f"on_checkpoint() failed ({type(error).__name__}: {error})")
             return "skip"
         verdict = classify(error)
-        if verdict == "refused":
+        if verdict == REFUSED:
             if len(group) > 1:
                 return "split"
             session.policy.refused(session.name, method, entry.seq, entry.step, error)
             return "skip"
-        if verdict == "fatal":
+        if verdict == HARD:
             session.fail(method, error)
             return "fatal"
         session.retry_later(method, error, self.folder)

@@ -3,7 +3,7 @@
 Every backend call a worker makes goes through here (:meth:`TrackerSession.call`), so the hub
 can see which call is running and since when (a hang), and a failure is reported once; so does
 ``start()`` (:meth:`TrackerSession.start`: tried again with the
-:class:`~accelkit.trackers.delivery.failures.Backoff` while it fails with an error retrying may
+:class:`~accelkit.delivery.retry.Backoff` while it fails with an error retrying may
 fix, when a journal keeps the values meanwhile), and the run's reference is taken after it.
 """
 
@@ -14,8 +14,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from accelkit.delivery.failures import HARD, REFUSED
+from accelkit.delivery.retry import Backoff
 from accelkit.trackers.base import GeneralTracker
-from accelkit.trackers.delivery.failures import Backoff, FailurePolicy, TrackerFailure, classify
+from accelkit.trackers.delivery.failures import (
+    FailurePolicy,
+    TrackerFailure,
+    classify,
+    retry_policy,
+)
 from accelkit.trackers.events import CheckpointEvent
 
 __all__ = ["TrackerSession"]
@@ -55,7 +62,7 @@ class TrackerSession:
         self.busy: str | None = None
         self.busy_since = 0.0
         self.start_waiting = False  # start() failed with a transient error: retried
-        self.backoff = Backoff()
+        self.backoff = Backoff(retry_policy)
         self._failed_lock = threading.Lock()
         self._degraded = False
 
@@ -78,7 +85,7 @@ class TrackerSession:
         try:
             self.tracker.start()
         except Exception as error:
-            if retry and classify(error) == "retry":
+            if retry and classify(error) not in (HARD, REFUSED):
                 self.start_waiting = True
                 self.retry_later("start", error, journal)
             else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
+from accelkit.delivery.drain import Deadline
 from accelkit.trackers.delivery.failures import FailurePolicy
 from accelkit.trackers.delivery.items import Mark, Stop
 from accelkit.trackers.delivery.worker import POLL_S, Worker
@@ -36,9 +37,9 @@ def wait_started(worker: Worker, done: threading.Event, policy: FailurePolicy) -
 
 def wait_opened(workers: list[Worker], timeout: float) -> None:
     """Wait (at most ``timeout`` seconds in all) for runs whose opening is queued."""
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     for worker in [worker for worker in workers if not worker.session.opened.is_set()]:
-        worker.session.opened.wait(max(0.0, deadline - time.monotonic()))
+        worker.session.opened.wait(deadline.left())
 
 
 def wait_for(
@@ -63,12 +64,11 @@ def wait_for(
         for worker in workers
         if worker.thread.is_alive() and not (worker.session.failed and worker.session.busy)
     ]
-    began = time.monotonic()
-    deadline = began + limit
+    deadline = Deadline(limit)
     # At the end of the run, a journaled tracker whose backend does not answer (a start()
     # or a delivery call that has not returned: a client retrying a server that is down)
     # is waited for the drain time only: what it holds is journaled below.
-    drain = began + policy.drain if kind is Stop else deadline
+    drain = Deadline(policy.drain) if kind is Stop else deadline
     hung = max(policy.drain, _HUNG_CALL_S)
     done = True
     for worker, event in events:
@@ -106,23 +106,22 @@ _HUNG_CALL_S = 2.0
 
 
 def _wait_stop(
-    worker: Worker, event: threading.Event, deadline: float, drain: float, hung: float
+    worker: Worker, event: threading.Event, deadline: Deadline, drain: Deadline, hung: float
 ) -> str:
     """Wait for ``event``: ``""`` once it is set, else the limit that ran out: ``"deadline"``,
     or ``"drain"`` for a journaled worker that, past ``drain``, has been in one backend call
     for ``hung`` seconds or more (a call that answers sooner, or the tracker's own
     ``finish()``, is waited for until ``deadline``)."""
-    check = min(deadline, drain)
-    while not event.wait(max(0.0, check - time.monotonic())):
-        now = time.monotonic()
-        if now >= deadline:
+    check = deadline.within(drain.left())
+    while not event.wait(check):
+        if deadline.expired():
             return "deadline"
         busy = worker.session.busy
         if (
             worker.outbox.journal is not None
             and busy not in (None, "finish")
-            and now - worker.session.busy_since >= hung
+            and time.monotonic() - worker.session.busy_since >= hung
         ):
             return "drain"
-        check = min(deadline, now + POLL_S)  # answering, idle or finishing: look again shortly
+        check = deadline.within(POLL_S)  # answering, idle or finishing: look again shortly
     return ""
