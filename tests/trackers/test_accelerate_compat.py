@@ -268,13 +268,15 @@ def _candidate(base: type, case: str) -> Any:
 
 
 def _register_outcome(register: Any, tracker_class: Any) -> tuple[str, bool]:
-    """What registering does: the exception type (or "ok") and whether it warned."""
+    """What registering does: the builtin exception a caller catches (ours are AccelkitError
+    subclasses of it), or "ok"; and whether it warned."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             register(tracker_class)
         except Exception as error:
-            return type(error).__name__, bool(caught)
+            builtin = next(c for c in type(error).__mro__ if c.__module__ == "builtins")
+            return builtin.__name__, bool(caught)
     return "ok", any(issubclass(w.category, UserWarning) for w in caught)
 
 
