@@ -229,7 +229,7 @@ def _worker_cpu_us(backend: str, journal: bool, entries: int, work: Path) -> flo
     hub = TrackerHub.create([backend], logging_dir=str(folder), journal=journal)
     hub.init("bench-worker-cpu", init_kwargs=kwargs)
     hub.flush()
-    (worker,) = hub._workers
+    (worker,) = hub._roster.workers
     clock = time.pthread_getcpuclockid(worker.thread.ident)  # type: ignore[arg-type]
     begin = time.clock_gettime(clock)
     chunk = 50  # a 50 ms poll of a 1 ms step: what the worker finds waiting

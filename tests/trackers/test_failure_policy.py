@@ -123,7 +123,7 @@ def test_the_hub_hands_its_policy_to_every_worker(tmp_path: Path) -> None:
     )
     hub.init("run")
     try:
-        policies = {id(worker.session.policy) for worker in hub._workers}
+        policies = {id(worker.session.policy) for worker in hub._roster.workers}
         assert policies == {id(hub._policy)}
         assert (hub.on_error, hub.timeout) == ("raise", 7)
     finally:
@@ -247,7 +247,7 @@ def test_an_overflow_found_in_log_points_at_the_users_log_line(
     try:
         hub.log({"x": 0}, step=0)
         deadline = time.monotonic() + 10
-        while hub._workers[0].session.busy != "log" and time.monotonic() < deadline:
+        while hub._roster.workers[0].session.busy != "log" and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.2)  # the log() call has now run past the timeout
         with warnings.catch_warnings(record=True) as caught:
@@ -261,7 +261,7 @@ def test_an_overflow_found_in_log_points_at_the_users_log_line(
         assert "'hung' failed in log()" in str(report.message)
         assert "ACCELKIT_TRACKER_MAX_PENDING" in str(report.message)
         assert (report.filename, report.lineno) == (__file__, line)
-        assert hub._workers[0].waiting() == 0  # the waiting values were dropped
+        assert hub._roster.workers[0].waiting() == 0  # the waiting values were dropped
     finally:
         gate.set()
         hub.finish()

@@ -7,8 +7,10 @@
 - :mod:`~accelkit.trackers.backends.mlflow` -- ``MLflowTracker``.
 
 Each imports its SDK when its run starts, never at import time. Beside them: ``_files`` (the
-local files a tracker writes, never followed nor blocked on; the journal uses it too) and
-``_reference`` (the check a hosted tracker runs on a checkpoint's run reference). A backend
-imports only ``trackers.base``, ``trackers.events``, ``trackers.values`` and these two; the
-registry (:mod:`accelkit.trackers.registry`) names them by module path.
+local files a tracker writes, never followed nor blocked on; the journal uses it too),
+``_reference`` (the check a hosted tracker runs on a checkpoint's run reference), and
+``_mlflow_runs`` (which run MLflow continues when a job resumes: run keys, references, finding
+and reopening the run). A backend imports only ``trackers.base``, ``trackers.events``,
+``trackers.values`` and these private helpers; the registry
+(:mod:`accelkit.trackers.registry`) names them by module path.
 """

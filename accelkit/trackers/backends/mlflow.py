@@ -6,17 +6,23 @@ import json
 import os
 import re
 import time
-import urllib.parse
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from accelkit._text import short
 from accelkit.errors import UsageError
+from accelkit.trackers.backends._mlflow_runs import (
+    MAX_KEY_LENGTH,
+    MAX_TAG_LENGTH,
+    RESUMED_AT_MS_TAG,
+    RESUMED_AT_STEP_TAG,
+    RUN_KEY,
+    RUN_KEY_TAG,
+    MLflowRuns,
+)
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import flatten, is_number
 
@@ -33,46 +39,14 @@ __all__ = [
     "MLflowTracker",
 ]
 
-RESUMED_AT_STEP_TAG = "accelkit.resumed_at_step"
-RUN_KEY_TAG = "accelkit.run_key"
-RESUMED_AT_MS_TAG = "accelkit.resumed_at_ms"
 CHECKPOINT_TAG_PREFIX = "accelkit.checkpoint."
 LATEST_CHECKPOINT_TAG = CHECKPOINT_TAG_PREFIX + "latest"
 LOADED_CHECKPOINT_TAG = CHECKPOINT_TAG_PREFIX + "loaded"
 
 _BAD_KEY_CHARS = re.compile(r"[^A-Za-z0-9_\-. /:]")
-_RUN_ID = re.compile(r"[0-9a-fA-F]{8,64}")
-_EXPERIMENT_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
-# A run key (letters and digits only: it goes into a search filter as it is).
-_RUN_KEY = re.compile(r"[0-9A-Za-z]{1,64}")
 _MAX_METRICS_PER_BATCH = 1000
 _MAX_PARAMS_PER_BATCH = 100
 _MAX_PARAM_LENGTH = 6000
-_MAX_KEY_LENGTH = 250
-# MLflow takes 8000 characters in a tag value since 2.x; older servers took 5000.
-_MAX_TAG_LENGTH = 5000
-_MAX_URI_LENGTH = 2000
-
-
-@dataclass(frozen=True)
-class _Continuation:
-    """A checkpoint's run reference, checked for shape (not yet against the store): a run id
-    and its experiment id, or (a checkpoint saved before the run opened) a run key and its
-    experiment's name."""
-
-    run_id: str | None
-    experiment_id: str | None
-    tracking_uri: str | None
-    step: int
-    run_key: str | None = None
-    experiment_name: str | None = None
-
-    @property
-    def label(self) -> str:
-        """The run, in words."""
-        if self.run_id is not None:
-            return repr(self.run_id)
-        return f"tagged {RUN_KEY_TAG}={self.run_key!r}"
 
 
 class MLflowTracker(GeneralTracker):
@@ -167,8 +141,7 @@ class MLflowTracker(GeneralTracker):
         self.artifact_location = artifact_location
         self.client: Any = None
         self.run: Any = None
-        self._continuation: _Continuation | None = None
-        self._run_key: str | None = None  # a new run is tagged with it (see name_run)
+        self._runs = MLflowRuns(self.experiment_name)  # which run a resumed job continues
         self._tag_warned = False
 
     @property
@@ -201,11 +174,11 @@ class MLflowTracker(GeneralTracker):
 
         uri, artifacts = self._resolve_uri()
         self.client = MlflowClient(tracking_uri=uri)
-        continuation, self._continuation = self._continuation, None
+        continuation = self._runs.take()
         if self.run_id is not None:
             self.run = self.client.get_run(self.run_id)
             if continuation is not None and continuation.run_id == self.run_id:
-                self._mark_resumed(self.run, continuation.step)
+                self._runs.mark_resumed(self.client, self.run, continuation.step)
             elif continuation is not None:
                 warnings.warn(
                     f"Tracker 'mlflow': the checkpoint's run {continuation.label} is not "
@@ -223,14 +196,14 @@ class MLflowTracker(GeneralTracker):
                 self.experiment_name, artifact_location=artifacts
             )
         if continuation is not None:
-            self.run = self._reopen(continuation, experiment_id)
+            self.run = self._runs.reopen(self.client, continuation, experiment_id)
             if self.run is not None:
                 self.run_id = self.run.info.run_id
                 return
         self.run = self._create_run(experiment_id)
         self.run_id = self.run.info.run_id
-        if continuation is not None and self._run_key is not None:  # named, never created
-            self._mark_resumed(self.run, continuation.step)
+        if continuation is not None and self._runs.key is not None:  # named, never created
+            self._runs.mark_resumed(self.client, self.run, continuation.step)
 
     def _create_run(self, experiment_id: str) -> Any:
         """A new run in ``experiment_id``, tagged with the run key (if any)."""
@@ -243,8 +216,8 @@ class MLflowTracker(GeneralTracker):
             parent = mlflow.active_run()
             if parent is not None:
                 tags.setdefault("mlflow.parentRunId", parent.info.run_id)
-        if self._run_key is not None:
-            tags[RUN_KEY_TAG] = self._run_key
+        if self._runs.key is not None:
+            tags[RUN_KEY_TAG] = self._runs.key
         return self.client.create_run(experiment_id, run_name=self.mlflow_run_name, tags=tags)
 
     @override
@@ -256,15 +229,11 @@ class MLflowTracker(GeneralTracker):
         Args:
             key: the run key.
         """
-        self._run_key = None
-        if self.run_id is not None or not _RUN_KEY.fullmatch(key):
+        self._runs.key = None
+        if self.run_id is not None or not RUN_KEY.fullmatch(key):
             return None
-        self._run_key = key
-        reference: dict[str, Any] = {"run_key": key, "experiment_name": self.experiment_name}
         uri, _ = self._resolve_uri()  # None: MLflow's default, known once the client exists
-        if uri is not None:
-            reference["tracking_uri"] = _display_uri(uri)
-        return reference
+        return self._runs.name(key, uri)
 
     @override
     def run_reference(self) -> dict[str, Any] | None:
@@ -276,15 +245,7 @@ class MLflowTracker(GeneralTracker):
         """
         if self.client is None or self.run is None:
             return None
-        reference = {
-            "run_id": self.run.info.run_id,
-            "experiment_id": str(self.run.info.experiment_id),
-            "tracking_uri": _display_uri(str(self.client.tracking_uri)),
-        }
-        key = self.run.data.tags.get(RUN_KEY_TAG)
-        if isinstance(key, str) and _RUN_KEY.fullmatch(key):  # as name_run named it
-            reference.update(run_key=key, experiment_name=self.experiment_name)
-        return reference
+        return self._runs.reference(self.client, self.run)
 
     @override
     def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
@@ -297,114 +258,7 @@ class MLflowTracker(GeneralTracker):
             reference: what :meth:`run_reference` returned when the checkpoint was saved.
             step: the checkpoint's last logged step, recorded in ``accelkit.resumed_at_step``.
         """
-        self._continuation = None
-        if reference is None:
-            return
-        problem, continuation = _parse_reference(reference, int(step))
-        if continuation is None:
-            warnings.warn(
-                f"Tracker 'mlflow': the checkpoint's run reference is malformed ({problem}); "
-                "it is ignored and a new run is started. Was the checkpoint's accelkit.json "
-                "edited?",
-                UserWarning,
-                stacklevel=2,
-            )
-            self._run_key = None  # a new run of its own: the key stays the checkpoint's run's
-            return
-        self._continuation = continuation
-
-    def _reopen(self, continuation: _Continuation, experiment_id: str) -> Any:
-        """The checkpoint's run, reopened, or ``None`` if it may not be (a warning) or was
-        named by its key and never created (no warning: :meth:`start` creates it)."""
-        run = self._find(continuation, experiment_id)
-        if run is None:
-            return None
-        if run.info.status != "RUNNING":
-            self.client.update_run(run.info.run_id, status="RUNNING")
-        self._mark_resumed(run, continuation.step)
-        return self.client.get_run(run.info.run_id)
-
-    def _find(self, continuation: _Continuation, experiment_id: str) -> Any:
-        """The checkpoint's run where this tracker logs now, or ``None`` (see :meth:`_reopen`;
-        the run key is forgotten after a warning: the new run is not the checkpoint's)."""
-        from mlflow.exceptions import MlflowException
-
-        here = _display_uri(str(self.client.tracking_uri))
-        if continuation.tracking_uri is not None and continuation.tracking_uri != here:
-            self._warn_new_run(
-                continuation,
-                f"it was logged to {continuation.tracking_uri!r} and this tracker logs to "
-                f"{here!r}; pass tracking_uri= (or MLFLOW_TRACKING_URI) to continue it there",
-            )
-            return None
-        if continuation.run_id is None:
-            if continuation.experiment_name != self.experiment_name:
-                self._warn_new_run(
-                    continuation,
-                    f"it belongs to experiment {continuation.experiment_name!r} and this "
-                    f"tracker logs to experiment {self.experiment_name!r}",
-                )
-                return None
-            self._run_key = continuation.run_key
-            return self._by_key(experiment_id, str(continuation.run_key))
-        try:
-            run = self.client.get_run(continuation.run_id)
-        except MlflowException as error:
-            self._warn_new_run(
-                continuation,
-                f"{here!r} has no such run ({error.error_code}); was it deleted?",
-            )
-            return None
-        if run.info.lifecycle_stage != "active":
-            self._warn_new_run(continuation, f"the run is {run.info.lifecycle_stage} at {here!r}")
-            return None
-        if str(run.info.experiment_id) != str(experiment_id) or (
-            continuation.experiment_id != str(experiment_id)
-        ):
-            self._warn_new_run(
-                continuation,
-                f"it belongs to experiment id {run.info.experiment_id!r} and this tracker logs "
-                f"to experiment {self.experiment_name!r} (id {experiment_id!r})",
-            )
-            return None
-        return run
-
-    def _by_key(self, experiment_id: str, key: str) -> Any:
-        """The active run of ``experiment_id`` tagged with run key ``key``, or ``None``."""
-        runs = self.client.search_runs(
-            [experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{key}'", max_results=2
-        )
-        if len(runs) > 1:
-            warnings.warn(
-                f"Tracker 'mlflow': experiment {self.experiment_name!r} has several runs tagged "
-                f"{RUN_KEY_TAG}={key!r}; continuing {runs[0].info.run_id!r}.",
-                UserWarning,
-                stacklevel=4,
-            )
-        return runs[0] if runs else None
-
-    def _mark_resumed(self, run: Any, step: int) -> None:
-        """Append the resume point to the run's ``accelkit.resumed_at_*`` tags."""
-        from mlflow.entities import RunTag
-
-        tags = run.data.tags
-        now = int(time.time() * 1000)
-        self.client.log_batch(
-            run.info.run_id,
-            tags=[
-                RunTag(RESUMED_AT_STEP_TAG, _append(tags.get(RESUMED_AT_STEP_TAG), str(step))),
-                RunTag(RESUMED_AT_MS_TAG, _append(tags.get(RESUMED_AT_MS_TAG), str(now))),
-            ],
-        )
-
-    def _warn_new_run(self, continuation: _Continuation, reason: str) -> None:
-        self._run_key = None  # the new run is not the checkpoint's: it does not take its key
-        warnings.warn(
-            f"Tracker 'mlflow': the checkpoint's run {continuation.label} is not continued: "
-            f"{reason}. Logging to a new run of experiment {self.experiment_name!r}.",
-            UserWarning,
-            stacklevel=3,
-        )
+        self._runs.expect(reference, step)
 
     @override
     def store_init_configuration(self, values: dict[str, Any]) -> None:
@@ -565,16 +419,16 @@ class MLflowTracker(GeneralTracker):
             for key, value in event.values.items()
         ]
         path = event.path
-        if len(path) > _MAX_TAG_LENGTH:
+        if len(path) > MAX_TAG_LENGTH:
             if not self._tag_warned:
                 self._tag_warned = True
                 warnings.warn(
                     f"Tracker 'mlflow': checkpoint path {path[:80]!r}... is longer than the "
-                    f"{_MAX_TAG_LENGTH} characters of an MLflow tag; its tags hold its end.",
+                    f"{MAX_TAG_LENGTH} characters of an MLflow tag; its tags hold its end.",
                     UserWarning,
                     stacklevel=2,
                 )
-            path = path[-_MAX_TAG_LENGTH:]
+            path = path[-MAX_TAG_LENGTH:]
         if event.kind == "save":
             label = event.name if event.iteration is None else str(event.iteration)
             keys = [LATEST_CHECKPOINT_TAG, _tag_key(CHECKPOINT_TAG_PREFIX + label)]
@@ -592,54 +446,5 @@ class MLflowTracker(GeneralTracker):
             self.client.set_terminated(self.run_id)
 
 
-def _parse_reference(
-    reference: dict[str, Any], step: int
-) -> tuple[str | None, _Continuation | None]:
-    """Check a checkpoint's reference for shape: ``(None, continuation)``, or ``(problem,
-    None)``."""
-    run_id = reference.get("run_id")
-    experiment_id = reference.get("experiment_id")
-    tracking_uri = reference.get("tracking_uri")
-    run_key = reference.get("run_key")
-    if run_key is not None and not (isinstance(run_key, str) and _RUN_KEY.fullmatch(run_key)):
-        return f"run_key {short(run_key)} is not a run key (1 to 64 letters and digits)", None
-    if tracking_uri is not None and (
-        not isinstance(tracking_uri, str) or len(tracking_uri) > _MAX_URI_LENGTH
-    ):
-        return f"tracking_uri {short(tracking_uri)} is not a tracking URI", None
-    if run_id is None and run_key is not None:  # named before the run opened
-        name = reference.get("experiment_name")
-        if not isinstance(name, str) or not 0 < len(name) <= _MAX_KEY_LENGTH:
-            return f"experiment_name {short(name)} is not an experiment name", None
-        return None, _Continuation(None, None, tracking_uri, step, run_key, name)
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-        return f"run_id {short(run_id)} is not an MLflow run id (8 to 64 hex digits)", None
-    if not isinstance(experiment_id, str) or not _EXPERIMENT_ID.fullmatch(experiment_id):
-        return (
-            f"experiment_id {short(experiment_id)} is not an MLflow experiment id "
-            "(1 to 64 letters, digits, '_' or '-')"
-        ), None
-    if tracking_uri is None:
-        return "tracking_uri None is not a tracking URI", None
-    return None, _Continuation(run_id, experiment_id, tracking_uri, step, run_key)
-
-
-def _display_uri(uri: str) -> str:
-    """``uri`` without user name and password (``http://user:pw@host`` -> ``http://host``)."""
-    parts = urllib.parse.urlsplit(uri)
-    if "@" not in parts.netloc:
-        return uri.rstrip("/") if parts.scheme in ("http", "https") else uri
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
-
-
 def _tag_key(key: str) -> str:
-    return _BAD_KEY_CHARS.sub("_", key)[:_MAX_KEY_LENGTH]
-
-
-def _append(previous: str | None, value: str) -> str:
-    """``previous,value``, dropping the oldest entries to stay within a tag's length."""
-    entries = [*(previous.split(",") if previous else []), value]
-    while len(entries) > 1 and len(",".join(entries)) > _MAX_TAG_LENGTH:
-        entries.pop(0)
-    return ",".join(entries)
+    return _BAD_KEY_CHARS.sub("_", key)[:MAX_KEY_LENGTH]

@@ -2,6 +2,8 @@
 
 - :mod:`~accelkit.trackers.delivery.hub` -- ``TrackerHub``: one ``log()`` fanned out to every
   tracker, the trackers' lifecycle (``init``, ``flush``, ``finish``, exit, pickling);
+- :mod:`~accelkit.trackers.delivery.roster` -- ``Roster``: the hub's workers, which of them
+  ``log()`` feeds, and when each tracker's run opens (at ``init``, or deferred to its first use);
 - :mod:`~accelkit.trackers.delivery.runs` -- ``RunPlan``: the run key, the step counter, the
   runs a loaded checkpoint continues, the references a checkpoint records;
 - :mod:`~accelkit.trackers.delivery.waits` -- the hub's bounded waits (a run's opening, a

@@ -83,15 +83,10 @@ from accelkit.trackers.delivery.failures import (
     TrackerWarning,
     env_number,
 )
-from accelkit.trackers.delivery.items import (
-    Checkpoint,
-    JournalSettings,
-    Log,
-    Mark,
-    Stop,
-)
+from accelkit.trackers.delivery.items import JournalSettings, Log, Mark, Stop
+from accelkit.trackers.delivery.roster import Roster
 from accelkit.trackers.delivery.runs import RunPlan, references
-from accelkit.trackers.delivery.waits import wait_for, wait_opened, wait_started
+from accelkit.trackers.delivery.waits import wait_for, wait_opened
 from accelkit.trackers.delivery.worker import Worker
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.registry import constructor_arguments, resolve_log_with
@@ -138,15 +133,11 @@ class TrackerHub:
         self.is_main_process = is_main_process
         self.requested_names = [spec.name for spec in specs]
         self._specs = [s for s in specs if is_main_process or not s.main_process_only]
-        self._workers: list[Worker] = []
-        self._live: list[Worker] = []
-        self._lock = threading.Lock()
         self._exit = _ExitHook(self._drain_at_exit)  # finish() at interpreter exit
         self._detached = False  # an unpickled copy: no trackers of its own
         self.defer_start = defer_start
-        self._unstarted: list[Worker] = []  # constructed, start() not queued yet (deferred)
-        self._config: Mapping[str, Any] | None = None  # stored again when a run is reopened
         self._runs = RunPlan()  # the run key, a loaded checkpoint's runs, early events
+        self._roster = Roster(self._runs, self._policy)  # the workers, when each run opens
 
     @classmethod
     def create(
@@ -199,31 +190,27 @@ class TrackerHub:
         """The hub's settings, without what belongs to this process.
 
         Worker threads, their queues, locks, the started trackers (open files, network runs)
-        and the tracker instances given to ``log_with`` stay behind, as do recorded failures
-        (their exceptions may not pickle: the policy pickles its settings only). The copy keeps
-        the settings, the requested tracker names and the step counter, and is detached (see
-        the module docstring).
+        and the tracker instances given to ``log_with`` stay behind (the roster pickles
+        empty), as do recorded failures (their exceptions may not pickle: the policy pickles
+        its settings only). The copy keeps the settings, the requested tracker names and the
+        step counter, and is detached (see the module docstring).
         """
         state = self.__dict__.copy()
-        for key in ("_workers", "_live", "_specs", "_unstarted"):
-            state[key] = []
-        state.update(_lock=None, _exit=None, _config=None)
-        state["_detached"] = True
+        state.update(_specs=[], _exit=None, _detached=True)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Restore a detached copy (see :meth:`__getstate__`)."""
         self.__dict__.update(state)
-        self._lock = threading.Lock()
         self._exit = _ExitHook(self._drain_at_exit)
 
     @property
     def trackers(self) -> list[GeneralTracker]:
         """The started trackers of this process, failed ones included (their runs are opened
         first if they were not yet)."""
-        self._open_runs(wait=True)
-        wait_opened(self._live, self.timeout)
-        return [worker.tracker for worker in self._workers]
+        self._roster.open(wait=True)
+        wait_opened(self._roster.live, self.timeout)
+        return [worker.tracker for worker in self._roster.workers]
 
     @property
     def run_key(self) -> str | None:
@@ -256,8 +243,7 @@ class TrackerHub:
 
     def _drop_failed(self) -> None:
         """Stop feeding failed trackers (the policy's ``on_skip``)."""
-        with self._lock:
-            self._live = [w for w in self._live if not w.session.failed]
+        self._roster.drop_failed()
 
     def init(
         self,
@@ -285,7 +271,7 @@ class TrackerHub:
                 "write the same run twice. Call init_trackers() on the original Accelerator, or "
                 "create a new Accelerator in this process."
             )
-        if self._workers:
+        if self._roster.workers:
             raise UsageError(
                 "init_trackers() was already called for this run; call end_training() before "
                 "starting new trackers."
@@ -300,7 +286,7 @@ class TrackerHub:
                 f"({[spec.name for spec in self._specs]}); they are ignored.",
                 stacklevel=3,
             )
-        self._config = config
+        self._roster.config = config
         journal = self.logging_dir if self.journal else None
         rank = None if self.is_main_process else os.environ.get("RANK", "0")
         built = _build(self._specs, project_name, init_kwargs, self.logging_dir, self._policy)
@@ -311,57 +297,14 @@ class TrackerHub:
                 _journal_settings(journal, rank, tracker, project_name, init_kwargs),
             )
             worker.session.on_started = self._exit.move_last
-            self._workers.append(worker)
-            self._unstarted.append(worker)
+            self._roster.add(worker)
         if not self.defer_start:
-            self._open_runs(wait=True)
+            self._roster.open(wait=True)
         else:
-            # A tracker instance given to log_with that does not continue runs (no
-            # continue_run of its own: Accelerate's custom trackers) is started here, as
-            # Accelerate does, since its owner may call its methods right after
-            # init_trackers. The others start in the background: at once when a checkpoint
-            # was loaded already, else at their first use, so that a load_state after
-            # init_trackers still continues their runs.
-            given = [
-                w
-                for w in self._unstarted
-                if any(w.tracker is s for s in self._specs)
-                and type(w.tracker).continue_run is GeneralTracker.continue_run
-            ]
-            if given:
-                self._open_runs(wait=True, only=given)
-            if self._runs.resume is not None:
-                self._open_runs(wait=False)
-        if self._workers:
+            self._roster.open_deferred(self._specs)
+        if self._roster.workers:
             self._exit.arm()
         self._policy.raise_pending()
-
-    def _open_runs(self, wait: bool, only: list[Worker] | None = None) -> None:
-        """Queue ``start`` (after ``continue_run`` when a checkpoint was loaded) and
-        ``store_init_configuration`` for every tracker not started yet (or those of ``only``);
-        with ``wait``, wait at most ``timeout`` seconds for each (a tracker that takes longer
-        is reported and skipped)."""
-        with self._lock:
-            if only is None:
-                workers, self._unstarted = self._unstarted, []
-            else:
-                workers = [w for w in self._unstarted if w in only]
-                self._unstarted = [w for w in self._unstarted if w not in only]
-            if not workers:
-                return
-            opened = []
-            config = self._config
-            for worker in workers:
-                start = self._runs.opening(worker, config, self._policy)
-                opened.append((worker, worker.signal(start)))
-                for event in self._runs.early:
-                    worker.put(Checkpoint(event))
-            if not self._unstarted:
-                self._runs.early = []
-            self._live = self._live + [worker for worker in workers if not worker.session.failed]
-        if wait:
-            for worker, done in opened:
-                wait_started(worker, done, self._policy)
 
     def log(
         self,
@@ -383,9 +326,9 @@ class TrackerHub:
             TrackerError: an earlier failure, with ``on_error="raise"``.
         """
         step = self._runs.advance(step)
-        if self._unstarted:  # the run's first use: open the backends' runs now
-            self._open_runs(wait=False)
-        live = self._live
+        if self._roster.unstarted:  # the run's first use: open the backends' runs now
+            self._roster.open(wait=False)
+        live = self._roster.live
         if not live:
             if self._policy.pending is not None:
                 self._policy.raise_pending()
@@ -412,8 +355,8 @@ class TrackerHub:
         Raises:
             TrackerError: a failure, with ``on_error="raise"``.
         """
-        self._open_runs(wait=False)
-        done = wait_for(list(self._live), Mark, self._limit(timeout), self._policy, "flush")
+        self._roster.open(wait=False)
+        done = wait_for(list(self._roster.live), Mark, self._limit(timeout), self._policy, "flush")
         self._policy.raise_pending()
         return done
 
@@ -429,8 +372,8 @@ class TrackerHub:
         Raises:
             TrackerError: a failure, with ``on_error="raise"``.
         """
-        self._open_runs(wait=False)  # a run with only its configuration is still a run
-        workers, self._workers, self._live = self._workers, [], []
+        self._roster.open(wait=False)  # a run with only its configuration is still a run
+        workers = self._roster.take()
         self._runs.end()
         self._exit.disarm()
         done = wait_for(workers, Stop, self._limit(timeout), self._policy, "finish")
@@ -453,15 +396,15 @@ class TrackerHub:
         Raises:
             ValueError: no tracker of this run has this name.
         """
-        self._open_runs(wait=False)
-        for worker in self._workers:
+        self._roster.open(wait=False)
+        for worker in self._roster.workers:
             if worker.name == name:
                 wait_for([worker], Mark, self.timeout, self._policy, "flush")
                 return worker.tracker.tracker if unwrap else worker.tracker
         if name in self.requested_names and (self._detached or not self.is_main_process):
             stand_in = NullTracker(name)
             return stand_in.tracker if unwrap else stand_in
-        started = [worker.name for worker in self._workers]
+        started = [worker.name for worker in self._roster.workers]
         hint = "" if started else " Call accelerator.init_trackers(...) first."
         raise ConfigurationError(
             f"No tracker named {name!r} in this run; the trackers are {started or 'none'} "
@@ -486,8 +429,8 @@ class TrackerHub:
         that its run is not left out. Opens the runs not opened yet (a checkpoint saved before
         the first ``log()``); failed trackers and those that name nothing are left out.
         """
-        self._open_runs(wait=False)
-        return references(self._live, self.timeout)
+        self._roster.open(wait=False)
+        return references(self._roster.live, self.timeout)
 
     def resume(self, runs: Mapping[str, Any], step: int, key: str | None = None) -> bool:
         """Continue the runs a loaded checkpoint names, after its last logged ``step``.
@@ -512,7 +455,7 @@ class TrackerHub:
         if self._runs.logged or self._detached:
             return False
         # A run is named once a tracker's opening was queued (init, then a first use).
-        self._runs.continue_from(runs, step, key, named=self._workers != self._unstarted)
+        self._runs.continue_from(runs, step, key, named=self._roster.named)
         return True
 
     def event(self, event: CheckpointEvent) -> None:
@@ -522,13 +465,7 @@ class TrackerHub:
         An event before the runs are open (a ``load_state`` before ``init_trackers`` or before
         the first ``log``) is kept and delivered right after they open.
         """
-        with self._lock:
-            live = self._live
-            early = self._unstarted or (not live and self._specs)
-            if early:
-                self._runs.keep(event)
-        for worker in live:
-            worker.put(Checkpoint(event))
+        self._roster.deliver(event, expected=bool(self._specs))
 
 
 def _local_folder(logging_dir: str | os.PathLike[str] | None) -> tuple[str | None, str | None]:
