@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,6 +57,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         relative = item.path.resolve().relative_to(_TESTS).as_posix()
         if relative.split("/", 1)[0] in _SLOW_FOLDERS or relative in _SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+
+
+#: The most workers ``-n auto`` starts: each may run a multi-process job and its own servers
+#: (SeaweedFS, MLflow), so more than this costs memory without making the suite faster.
+_MAX_WORKERS = 8
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto`` (pyproject's addopts): one worker per core, at most ``_MAX_WORKERS``;
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` overrides, as it does in pytest-xdist itself."""
+    given = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")
+    if given:
+        return int(given)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(cores or 1, _MAX_WORKERS))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
