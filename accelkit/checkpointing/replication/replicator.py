@@ -32,11 +32,13 @@ delete anyway is skipped with an info line: the remote tier was never meant to k
 oldest queued ones (:meth:`Replicator.release`, never the one in flight) and delete them, each
 named once (see :class:`~accelkit.checkpointing.commit.deletion.HoldBudget`).
 
-**Tier record.** The replicator keeps the local project's record of its remote tier
-(:mod:`~accelkit.checkpointing.formats.tier_record`: the location without credentials, each
-checkpoint committed there with its local and remote commit times), written when it starts,
-after each remote commit and when the remote listing changes; ``accelkit ckpt ls`` reads it
-for its TIER and LAG columns. A failure to write it is logged once, never fatal.
+**Its parts.** This class is the queue, its policy and the thread; what the thread does to the
+remote tier for one checkpoint (the copy and the remote retention under the remote run lock, the
+listing) is :class:`~accelkit.checkpointing.replication.remote.RemoteWriter`, and the local
+project's record of its remote tier (``accelkit ckpt ls``'s TIER and LAG columns) is
+:class:`~accelkit.checkpointing.replication.record.TierBook`, written when the thread starts,
+after each remote commit and when the remote listing changes (a failure to write it is logged
+once, never fatal).
 
 **Shutdown.** :meth:`Replicator.close` waits for the queue to drain up to a deadline and names
 what it leaves behind (``accelkit ckpt sync`` copies it later); the manager calls it from
@@ -60,29 +62,18 @@ from accelkit.checkpointing.catalog.listing import (
     list_checkpoints,
 )
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, select_for_deletion
-from accelkit.checkpointing.commit.deletion import apply_retention
-from accelkit.checkpointing.commit.lock import SAVE, RunLock
 from accelkit.checkpointing.formats.layout import (
     MANIFEST_NAME,
     checkpoints_dir,
     parse_checkpoint_name,
 )
-from accelkit.checkpointing.formats.manifest import Manifest, read_manifest
-from accelkit.checkpointing.formats.tier_record import (
-    TierEntry,
-    TierRecord,
-    public_location,
-    read_record,
-    write_record,
-)
-from accelkit.checkpointing.replication.copy import (
-    Replicated,
-    replicate_checkpoint,
-    same_checkpoint,
-)
+from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.replication.copy import Replicated, same_checkpoint
+from accelkit.checkpointing.replication.record import TierBook
+from accelkit.checkpointing.replication.remote import RemoteWriter
 from accelkit.checkpointing.storage import Storage, join, protocol_of
 from accelkit.checkpointing.storage.retry import hard_error_fix
-from accelkit.delivery import HARD, TRANSIENT, Deadline, RetryPolicy, classify, drain, retry_call
+from accelkit.delivery import HARD, TRANSIENT, Deadline, RetryPolicy, classify, drain
 
 __all__ = ["UPLOAD_PART", "ReplicationReport", "Replicator", "remote_options"]
 
@@ -201,8 +192,10 @@ class Replicator:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._scanned = False
-        self._record: TierRecord | None = None
-        self._record_failed = False
+        self._book = TierBook(local, local_project, remote_project)
+        self._writer = RemoteWriter(
+            local, remote, remote_project, policy, retry, self._book, self._stop
+        )
 
     # ------------------------------------------------------------------ the training side
 
@@ -428,12 +421,9 @@ class Replicator:
 
     # ------------------------------------------------------------------ the thread
 
-    def _sleep(self, seconds: float) -> None:
-        self._stop.wait(seconds)
-
     def _run(self) -> None:
         try:
-            self._open_record()
+            self._book.open()
             if not self._scanned:
                 self._catch_up()
             while True:
@@ -489,114 +479,16 @@ class Replicator:
                 self.submit(info.path, info.manifest)
 
     def _list_remote(self) -> list[CheckpointInfo]:
-        infos = retry_call(
-            lambda: committed_automatic(list_checkpoints(self.remote, self.remote_root)),
-            self.retry,
-            f"listing {self.remote_root}",
-            should_stop=self._stop.is_set,
-            sleep=self._sleep,
-        )
+        infos = self._writer.list()
         with self._cond:
             self._state.remote = infos
-        self._note_remote(infos)
         return infos
-
-    # ------------------------------------------------------------------ the tier record
-
-    def _open_record(self) -> None:
-        """Load the local project's record of its remote tier (or start one) and write it,
-        so that ``accelkit ckpt ls`` knows the remote tier from the first save on."""
-        location = public_location(self.remote_project)
-        try:
-            record = read_record(self.local, self.local_project)
-        except Exception as exc:
-            logger.info("Replication starts a new %s: %s", "tier record", exc)
-            record = None
-        if record is None or record.replicate_to != location:
-            record = TierRecord(location)
-        self._record = record
-        self._save_record()
-
-    def _note_remote(self, infos: Sequence[CheckpointInfo]) -> None:
-        """Keep the record's checkpoints to those committed on the remote tier (an earlier
-        copy whose time is unknown is recorded without one)."""
-        record = self._record
-        if record is None:
-            return
-        there = {info.name: info for info in infos}
-        before = dict(record.checkpoints)
-        record.checkpoints = {n: e for n, e in before.items() if n in there}
-        for name, info in there.items():
-            if name not in record.checkpoints and self._local_twin(info):
-                record.checkpoints[name] = TierEntry(info.created, None)
-        if record.checkpoints != before:
-            self._save_record()
-
-    def _local_twin(self, info: CheckpointInfo) -> bool:
-        """Whether the remote checkpoint ``info`` is the local one of its name, compared by
-        content (or the local tier has none of that name: it is on the remote tier only)."""
-        if info.manifest is None:
-            return False
-        try:
-            local = read_manifest(self.local, join(self.local_root, info.name))
-        except Exception:  # a damaged local one: not the same checkpoint
-            return False
-        return local is None or same_checkpoint(local, info.manifest)
-
-    def _note_replicated(self, job: _Job, at: float, already: bool) -> None:
-        record = self._record
-        if record is None:
-            return
-        if already and job.name in record.checkpoints:
-            return
-        record.checkpoints[job.name] = TierEntry(job.manifest.created, None if already else at)
-        self._save_record()
-
-    def _save_record(self) -> None:
-        record = self._record
-        if record is None:
-            return
-        record.updated = time.time()
-        try:
-            write_record(self.local, self.local_project, record)
-        except Exception as exc:  # the record is for display: never fatal
-            if not self._record_failed:
-                self._record_failed = True
-                logger.warning(
-                    "Replication could not write its record under %s: %s. `accelkit ckpt ls` "
-                    "then needs --remote to show the tiers.",
-                    self.local_project,
-                    exc,
-                )
 
     def _replicate(self, job: _Job) -> str:
         """Copy one checkpoint and apply the remote retention; ``"done"``, ``"skip"``
         (dropped after a non-transient error), ``"retry"`` (stopped mid-way) or ``"stop"``."""
-        lock = RunLock(self.remote, self.remote_project, role=SAVE)
-        target = join(self.remote_root, job.name)
         try:
-            retry_call(
-                lock.acquire,
-                self.retry,
-                f"the lock of {self.remote_project}",
-                should_stop=self._stop.is_set,
-                sleep=self._sleep,
-            )
-            try:
-                result = replicate_checkpoint(
-                    self.local,
-                    job.path,
-                    self.remote,
-                    target,
-                    self.retry,
-                    should_stop=self._stop.is_set,
-                    sleep=self._sleep,
-                )
-                committed_at = time.time()
-                self._note_replicated(job, committed_at, result.already)
-                apply_retention(self.remote, self.remote_root, self.policy, target)
-            finally:
-                lock.release()
+            result, committed_at = self._writer.copy(job.name, job.path, job.manifest)
             self._list_remote()
         except Exception as exc:
             if self._stop.is_set() and classify(exc) == TRANSIENT:
