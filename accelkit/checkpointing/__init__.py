@@ -90,8 +90,12 @@ Layers, bottom up; each imports only from the layers below it (and from
   another tier (verified reads, the manifest last).
 - :mod:`~accelkit.checkpointing.replication.options` -- ``ReplicationOptions``, the remote
   tier's settings (``ProjectConfiguration.replication``).
-- :mod:`~accelkit.checkpointing.replication.replicator` -- the background thread, its bounded
-  queue and the remote retention.
+- :mod:`~accelkit.checkpointing.replication.record` -- ``TierBook``, the replicator's upkeep of
+  the tier record (``.accelkit-replication.json``).
+- :mod:`~accelkit.checkpointing.replication.remote` -- ``RemoteWriter``, one checkpoint's copy
+  and the remote retention under the remote run lock, and the remote listing.
+- :mod:`~accelkit.checkpointing.replication.replicator` -- the background thread and its bounded
+  queue.
 - :mod:`~accelkit.checkpointing.replication.tier` -- the remote tier the manager composes
   (``RemoteTier``): the replicator, the remote resolve of ``load_state()``, the local budget,
   the drain at the end of the run.

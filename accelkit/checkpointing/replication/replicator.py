@@ -32,11 +32,15 @@ delete anyway is skipped with an info line: the remote tier was never meant to k
 oldest queued ones (:meth:`Replicator.release`, never the one in flight) and delete them, each
 named once (see :class:`~accelkit.checkpointing.commit.deletion.HoldBudget`).
 
-**Tier record.** The replicator keeps the local project's record of its remote tier
-(:mod:`~accelkit.checkpointing.formats.tier_record`: the location without credentials, each
-checkpoint committed there with its local and remote commit times), written when it starts,
-after each remote commit and when the remote listing changes; ``accelkit ckpt ls`` reads it
-for its TIER and LAG columns. A failure to write it is logged once, never fatal.
+**Its parts.** :class:`Replicator` is the thread (start, drain, close, failures reported
+once); its queue holds the jobs and applies the policy above (guarded by the thread's condition);
+what the thread does to the remote tier for one checkpoint (the copy and the remote retention
+under the remote run lock, the listing) is
+:class:`~accelkit.checkpointing.replication.remote.RemoteWriter`, and the local project's record
+of its remote tier (``accelkit ckpt ls``'s TIER and LAG columns) is
+:class:`~accelkit.checkpointing.replication.record.TierBook`, written when the thread starts,
+after each remote commit and when the remote listing changes (a failure to write it is logged
+once, never fatal).
 
 **Shutdown.** :meth:`Replicator.close` waits for the queue to drain up to a deadline and names
 what it leaves behind (``accelkit ckpt sync`` copies it later); the manager calls it from
@@ -60,29 +64,18 @@ from accelkit.checkpointing.catalog.listing import (
     list_checkpoints,
 )
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, select_for_deletion
-from accelkit.checkpointing.commit.deletion import apply_retention
-from accelkit.checkpointing.commit.lock import SAVE, RunLock
 from accelkit.checkpointing.formats.layout import (
     MANIFEST_NAME,
     checkpoints_dir,
     parse_checkpoint_name,
 )
-from accelkit.checkpointing.formats.manifest import Manifest, read_manifest
-from accelkit.checkpointing.formats.tier_record import (
-    TierEntry,
-    TierRecord,
-    public_location,
-    read_record,
-    write_record,
-)
-from accelkit.checkpointing.replication.copy import (
-    Replicated,
-    replicate_checkpoint,
-    same_checkpoint,
-)
+from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.replication.copy import Replicated, same_checkpoint
+from accelkit.checkpointing.replication.record import TierBook
+from accelkit.checkpointing.replication.remote import RemoteWriter
 from accelkit.checkpointing.storage import Storage, join, protocol_of
 from accelkit.checkpointing.storage.retry import hard_error_fix
-from accelkit.delivery import HARD, TRANSIENT, Deadline, RetryPolicy, classify, drain, retry_call
+from accelkit.delivery import HARD, TRANSIENT, Deadline, RetryPolicy, classify, drain
 
 __all__ = ["UPLOAD_PART", "ReplicationReport", "Replicator", "remote_options"]
 
@@ -146,7 +139,13 @@ class _Job:
 
 
 @dataclass
-class _State:
+class _Queue:
+    """The replicator's jobs and the queue policy (the module docstring); the replicator's
+    condition guards it."""
+
+    policy: RetentionPolicy
+    size: int
+    sync_command: str
     pending: dict[str, _Job] = field(default_factory=dict)
     in_flight: _Job | None = None
     done: set[str] = field(default_factory=set)
@@ -155,6 +154,81 @@ class _State:
     dropped: list[str] = field(default_factory=list)
     failed: dict[str, _Job] = field(default_factory=dict)
     remote: list[CheckpointInfo] = field(default_factory=list)
+
+    def add(self, job: _Job) -> None:
+        """Queue ``job`` (again, if it was skipped) and apply the queue policy."""
+        self.skipped.pop(job.name, None)
+        self.pending[job.name] = job
+        self._trim()
+
+    def unreplicated(self) -> list[_Job]:
+        """The jobs queued or in flight."""
+        jobs = list(self.pending.values())
+        if self.in_flight is not None:
+            jobs.append(self.in_flight)
+        return jobs
+
+    def release(self, path: str) -> bool:
+        """Skip the queued checkpoint ``path`` for the disk budget (``Replicator.release``)."""
+        for name, job in self.pending.items():
+            if job.path.rstrip("/") == path:
+                # HoldBudget names the deletion itself (a warning): no second line here.
+                self._skip(
+                    name,
+                    "the local disk budget deleted it (replicate_local_budget_bytes)",
+                    quiet=True,
+                )
+                self.dropped.append(name)
+                return True
+        return False
+
+    def left(self) -> list[str]:
+        """Names queued, in flight or failed, oldest first."""
+        jobs = self.unreplicated() + list(self.failed.values())
+        return [job.name for job in sorted(jobs, key=lambda j: j.iteration)]
+
+    def _trim(self) -> None:
+        """Apply the queue policy (under the condition's lock)."""
+        pending = self.pending
+        if len(pending) <= 1:
+            return
+        newest = max(pending.values(), key=lambda j: j.iteration).name
+        known: list[CheckpointInfo | _Job] = [*self.remote]
+        names = {info.name for info in known}
+        known += [job for job in pending.values() if job.name not in names]
+        known.sort(key=lambda c: (c.iteration or 0, c.created))
+        doomed = {c.name for c in select_for_deletion(known, self.policy)}
+        for name in sorted(pending, key=lambda n: pending[n].iteration):
+            if name != newest and name in doomed:
+                self.pending.pop(name)
+                logger.info(
+                    "Replication skips %s: the remote retention policy would delete it once "
+                    "newer ones are there; a newer checkpoint is queued.",
+                    name,
+                )
+        while len(pending) > self.size:
+            oldest = min(
+                (j for j in pending.values() if j.name != newest), key=lambda j: j.iteration
+            )
+            self._skip(
+                oldest.name,
+                f"the replication queue was full (replicate_queue_size={self.size})",
+            )
+
+    def _skip(self, name: str, why: str, quiet: bool = False) -> None:
+        """Take ``name`` off the queue although the remote tier was meant to keep it: said once
+        (unless the caller says it), and named again by :meth:`Replicator.close`."""
+        job = self.pending.pop(name)
+        self.skipped[name] = (job, why)
+        if not quiet:
+            logger.warning(
+                "Replication skips %s: %s; it is not replicated by this run (a newer checkpoint "
+                "is queued). It is committed on the local tier only, where retention no longer "
+                "holds it back; while it is there, `%s` copies it.",
+                name,
+                why,
+                self.sync_command,
+            )
 
 
 class Replicator:
@@ -196,13 +270,15 @@ class Replicator:
         self.failure: BaseException | None = None
         """The hard error that stopped replication, if any."""
         self._cond = threading.Condition()
-        self._state = _State()
+        self._queue = _Queue(policy, queue_size, self.sync_command())
         self._stop = threading.Event()
         self._closing = False
         self._thread: threading.Thread | None = None
         self._scanned = False
-        self._record: TierRecord | None = None
-        self._record_failed = False
+        self._book = TierBook(local, local_project, remote_project)
+        self._writer = RemoteWriter(
+            local, remote, remote_project, policy, retry, self._book, self._stop
+        )
 
     # ------------------------------------------------------------------ the training side
 
@@ -226,24 +302,19 @@ class Replicator:
         if iteration is None:
             return
         with self._cond:
-            if name in self._state.done:
+            if name in self._queue.done:
                 return
             job = _Job(name, path, manifest, iteration)
             if self.failure is not None:  # stopped by a hard error: named as left behind
-                self._state.failed[name] = job
+                self._queue.failed[name] = job
                 return
-            self._state.skipped.pop(name, None)
-            self._state.pending[name] = job
-            self._trim()
+            self._queue.add(job)
             self._cond.notify_all()
 
     def unreplicated(self) -> set[str]:
         """Paths of local checkpoints queued or in flight (local retention keeps them)."""
         with self._cond:
-            jobs = list(self._state.pending.values())
-            if self._state.in_flight is not None:
-                jobs.append(self._state.in_flight)
-            return {job.path.rstrip("/") for job in jobs}
+            return {job.path.rstrip("/") for job in self._queue.unreplicated()}
 
     def release(self, path: str) -> bool:
         """Drop the queued checkpoint ``path`` so that local retention may delete it (the disk
@@ -255,39 +326,23 @@ class Replicator:
         """
         path = path.rstrip("/")
         with self._cond:
-            for name, job in self._state.pending.items():
-                if job.path.rstrip("/") == path:
-                    # HoldBudget names the deletion itself (a warning): no second line here.
-                    self._skip(
-                        name,
-                        "the local disk budget deleted it (replicate_local_budget_bytes)",
-                        quiet=True,
-                    )
-                    self._state.dropped.append(name)
-                    return True
-            return False
+            return self._queue.release(path)
 
     def dropped(self) -> list[str]:
         """Names deleted from the local tier by the disk budget before they were replicated."""
         with self._cond:
-            return list(self._state.dropped)
+            return list(self._queue.dropped)
 
     def left(self) -> list[str]:
         """Names of the checkpoints not replicated (in flight, queued, or failed with an error
         that was reported), oldest first."""
         with self._cond:
-            return self._left()
-
-    def _left(self) -> list[str]:
-        jobs = list(self._state.pending.values()) + list(self._state.failed.values())
-        if self._state.in_flight is not None:
-            jobs.append(self._state.in_flight)
-        return [job.name for job in sorted(jobs, key=lambda j: j.iteration)]
+            return self._queue.left()
 
     def replicated(self) -> set[str]:
         """Names this replicator committed (or found committed) on the remote tier."""
         with self._cond:
-            return set(self._state.done)
+            return set(self._queue.done)
 
     def wait(self, deadline: float | None = None) -> bool:
         """Wait until nothing is queued or in flight, or ``deadline`` seconds have passed.
@@ -304,12 +359,12 @@ class Replicator:
                 self._cond.wait,
             ):
                 return False
-            return self._idle() and self.failure is None and not self._state.failed
+            return self._idle() and self.failure is None and not self._queue.failed
 
     def _idle(self) -> bool:
         """Nothing queued or in flight, and the first scan done (the lock held)."""
-        state = self._state
-        busy = bool(state.pending) or state.in_flight is not None
+        queue = self._queue
+        busy = bool(queue.pending) or queue.in_flight is not None
         return not busy and (self._scanned or self._thread is None)
 
     def close(self, deadline: float | None) -> list[str]:
@@ -327,9 +382,9 @@ class Replicator:
         self.wait(deadline)
         with self._cond:
             self._closing = True
-            left = self._left()
-            skipped = list(self._state.skipped.values())
-            done = set(self._state.done)
+            left = self._queue.left()
+            skipped = list(self._queue.skipped.values())
+            done = set(self._queue.done)
             self._stop.set()
             self._cond.notify_all()
         reasons: dict[str, str] = {}
@@ -381,59 +436,11 @@ class Replicator:
             )
         logger.warning("".join(parts))
 
-    # ------------------------------------------------------------------ the queue policy
-
-    def _trim(self) -> None:
-        """Apply the queue policy (under the condition's lock)."""
-        pending = self._state.pending
-        if len(pending) <= 1:
-            return
-        newest = max(pending.values(), key=lambda j: j.iteration).name
-        known: list[CheckpointInfo | _Job] = [*self._state.remote]
-        names = {info.name for info in known}
-        known += [job for job in pending.values() if job.name not in names]
-        known.sort(key=lambda c: (c.iteration or 0, c.created))
-        doomed = {c.name for c in select_for_deletion(known, self.policy)}
-        for name in sorted(pending, key=lambda n: pending[n].iteration):
-            if name != newest and name in doomed:
-                self._state.pending.pop(name)
-                logger.info(
-                    "Replication skips %s: the remote retention policy would delete it once "
-                    "newer ones are there; a newer checkpoint is queued.",
-                    name,
-                )
-        while len(pending) > self.queue_size:
-            oldest = min(
-                (j for j in pending.values() if j.name != newest), key=lambda j: j.iteration
-            )
-            self._skip(
-                oldest.name,
-                f"the replication queue was full (replicate_queue_size={self.queue_size})",
-            )
-
-    def _skip(self, name: str, why: str, quiet: bool = False) -> None:
-        """Take ``name`` off the queue although the remote tier was meant to keep it: said once
-        (unless the caller says it), and named again by :meth:`close`."""
-        job = self._state.pending.pop(name)
-        self._state.skipped[name] = (job, why)
-        if not quiet:
-            logger.warning(
-                "Replication skips %s: %s; it is not replicated by this run (a newer checkpoint "
-                "is queued). It is committed on the local tier only, where retention no longer "
-                "holds it back; while it is there, `%s` copies it.",
-                name,
-                why,
-                self.sync_command(),
-            )
-
     # ------------------------------------------------------------------ the thread
-
-    def _sleep(self, seconds: float) -> None:
-        self._stop.wait(seconds)
 
     def _run(self) -> None:
         try:
-            self._open_record()
+            self._book.open()
             if not self._scanned:
                 self._catch_up()
             while True:
@@ -441,27 +448,27 @@ class Replicator:
                     self._scanned = True
                     self._cond.notify_all()
                     while True:
-                        while not self._state.pending and not self._closing:
+                        while not self._queue.pending and not self._closing:
                             self._cond.wait()
                         if self._closing or self.failure is not None:
                             return
-                        job = max(self._state.pending.values(), key=lambda j: j.iteration)
+                        job = max(self._queue.pending.values(), key=lambda j: j.iteration)
                         # Let the save that queued it return before the upload takes the CPU.
                         remaining = job.queued_at + START_GRACE_S - time.monotonic()
                         if remaining <= 0:
                             break
                         self._cond.wait(remaining)
-                    del self._state.pending[job.name]
-                    self._state.in_flight = job
+                    del self._queue.pending[job.name]
+                    self._queue.in_flight = job
                 outcome = self._replicate(job)
                 with self._cond:
-                    self._state.in_flight = None
+                    self._queue.in_flight = None
                     if outcome == "done":
-                        self._state.done.add(job.name)
+                        self._queue.done.add(job.name)
                     elif outcome == "retry":  # interrupted: back into the queue
-                        self._state.pending.setdefault(job.name, job)
+                        self._queue.pending.setdefault(job.name, job)
                     else:  # failed: left behind (named by close())
-                        self._state.failed[job.name] = job
+                        self._queue.failed[job.name] = job
                     self._cond.notify_all()
                 if outcome in ("stop", "retry"):
                     return
@@ -489,114 +496,16 @@ class Replicator:
                 self.submit(info.path, info.manifest)
 
     def _list_remote(self) -> list[CheckpointInfo]:
-        infos = retry_call(
-            lambda: committed_automatic(list_checkpoints(self.remote, self.remote_root)),
-            self.retry,
-            f"listing {self.remote_root}",
-            should_stop=self._stop.is_set,
-            sleep=self._sleep,
-        )
+        infos = self._writer.list()
         with self._cond:
-            self._state.remote = infos
-        self._note_remote(infos)
+            self._queue.remote = infos
         return infos
-
-    # ------------------------------------------------------------------ the tier record
-
-    def _open_record(self) -> None:
-        """Load the local project's record of its remote tier (or start one) and write it,
-        so that ``accelkit ckpt ls`` knows the remote tier from the first save on."""
-        location = public_location(self.remote_project)
-        try:
-            record = read_record(self.local, self.local_project)
-        except Exception as exc:
-            logger.info("Replication starts a new %s: %s", "tier record", exc)
-            record = None
-        if record is None or record.replicate_to != location:
-            record = TierRecord(location)
-        self._record = record
-        self._save_record()
-
-    def _note_remote(self, infos: Sequence[CheckpointInfo]) -> None:
-        """Keep the record's checkpoints to those committed on the remote tier (an earlier
-        copy whose time is unknown is recorded without one)."""
-        record = self._record
-        if record is None:
-            return
-        there = {info.name: info for info in infos}
-        before = dict(record.checkpoints)
-        record.checkpoints = {n: e for n, e in before.items() if n in there}
-        for name, info in there.items():
-            if name not in record.checkpoints and self._local_twin(info):
-                record.checkpoints[name] = TierEntry(info.created, None)
-        if record.checkpoints != before:
-            self._save_record()
-
-    def _local_twin(self, info: CheckpointInfo) -> bool:
-        """Whether the remote checkpoint ``info`` is the local one of its name, compared by
-        content (or the local tier has none of that name: it is on the remote tier only)."""
-        if info.manifest is None:
-            return False
-        try:
-            local = read_manifest(self.local, join(self.local_root, info.name))
-        except Exception:  # a damaged local one: not the same checkpoint
-            return False
-        return local is None or same_checkpoint(local, info.manifest)
-
-    def _note_replicated(self, job: _Job, at: float, already: bool) -> None:
-        record = self._record
-        if record is None:
-            return
-        if already and job.name in record.checkpoints:
-            return
-        record.checkpoints[job.name] = TierEntry(job.manifest.created, None if already else at)
-        self._save_record()
-
-    def _save_record(self) -> None:
-        record = self._record
-        if record is None:
-            return
-        record.updated = time.time()
-        try:
-            write_record(self.local, self.local_project, record)
-        except Exception as exc:  # the record is for display: never fatal
-            if not self._record_failed:
-                self._record_failed = True
-                logger.warning(
-                    "Replication could not write its record under %s: %s. `accelkit ckpt ls` "
-                    "then needs --remote to show the tiers.",
-                    self.local_project,
-                    exc,
-                )
 
     def _replicate(self, job: _Job) -> str:
         """Copy one checkpoint and apply the remote retention; ``"done"``, ``"skip"``
         (dropped after a non-transient error), ``"retry"`` (stopped mid-way) or ``"stop"``."""
-        lock = RunLock(self.remote, self.remote_project, role=SAVE)
-        target = join(self.remote_root, job.name)
         try:
-            retry_call(
-                lock.acquire,
-                self.retry,
-                f"the lock of {self.remote_project}",
-                should_stop=self._stop.is_set,
-                sleep=self._sleep,
-            )
-            try:
-                result = replicate_checkpoint(
-                    self.local,
-                    job.path,
-                    self.remote,
-                    target,
-                    self.retry,
-                    should_stop=self._stop.is_set,
-                    sleep=self._sleep,
-                )
-                committed_at = time.time()
-                self._note_replicated(job, committed_at, result.already)
-                apply_retention(self.remote, self.remote_root, self.policy, target)
-            finally:
-                lock.release()
+            result, committed_at = self._writer.copy(job.name, job.path, job.manifest)
             self._list_remote()
         except Exception as exc:
             if self._stop.is_set() and classify(exc) == TRANSIENT:
@@ -604,7 +513,7 @@ class Replicator:
             return "stop" if self._failed(exc, f"replicating {job.name}") else "skip"
         lag = max(0.0, committed_at - job.manifest.created)
         with self._cond:
-            queued = len(self._state.pending)
+            queued = len(self._queue.pending)
         if self.on_replicated is not None:
             try:
                 self.on_replicated(ReplicationReport(result, lag, queued))
