@@ -400,6 +400,13 @@ def test_absurd_launch_sizes_are_refused_at_once(
 # --------------------------------------------------------------------------- class 5
 
 
+def _as_at_a_terminal() -> None:
+    """Ctrl-C as a person's shell leaves it: a job started in the background of a
+    non-interactive shell (a CI runner's ``cmd &``) inherits SIGINT ignored, and a command
+    rightly keeps an ignored SIGINT ignored, so the test would wait on it for nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(
     argv: list[str], tmp_path: Path, delay: float, terminal: bool, prompt: bytes | None = None
 ) -> tuple[int, str]:
@@ -408,7 +415,12 @@ def _interrupt(
     if terminal:  # a real terminal: the prompt waits on it as for a person
         controller, tty = pty.openpty()
         proc = subprocess.Popen(
-            [str(ACCELKIT), *argv], stdin=tty, stdout=tty, stderr=tty, env=_env(tmp_path)
+            [str(ACCELKIT), *argv],
+            stdin=tty,
+            stdout=tty,
+            stderr=tty,
+            env=_env(tmp_path),
+            preexec_fn=_as_at_a_terminal,
         )
         os.close(tty)
     else:
@@ -418,6 +430,7 @@ def _interrupt(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=_env(tmp_path),
+            preexec_fn=_as_at_a_terminal,
         )
     output = b""
     if prompt is None:

@@ -428,6 +428,11 @@ def test_mlflow_server_slow_to_open_the_run_save_does_not_wait_and_the_run_conti
         accelerator.init_trackers(experiment, init_kwargs={"mlflow": {"tracking_uri": proxy.url}})
         for step in range(3):
             accelerator.log({"x": float(step)}, step=step)
+        # The start's first request is in flight (held) before the save; on a loaded machine
+        # the tracker's thread may not have sent it yet when the logs return.
+        deadline = time.monotonic() + 60
+        while proxy.held < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
         began = time.perf_counter()
         accelerator.save_state()
         blocked = time.perf_counter() - began

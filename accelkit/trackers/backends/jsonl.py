@@ -173,7 +173,7 @@ class JSONLTracker(GeneralTracker):
         recorded = reference.get("path") if isinstance(reference, dict) else None
         if reference is not None and not same_path(recorded, self.path):
             warnings.warn(
-                f"Tracker 'jsonl': the checkpoint's run wrote to {short(recorded, 300)}, this job "
+                f"Tracker 'jsonl': the checkpoint's run wrote to {short(recorded, 200)}, this job "
                 f"writes to {os.path.abspath(self.path)!r}; continuing in this job's file "
                 "(dropping the rows logged after the checkpoint was saved: those after step "
                 f"{step}, the last step logged before it), the other one is left alone.",

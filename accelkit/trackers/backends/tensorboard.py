@@ -126,7 +126,7 @@ class TensorBoardTracker(GeneralTracker):
         recorded = reference.get("log_dir") if isinstance(reference, dict) else None
         if reference is not None and not same_path(recorded, self.log_dir):
             warnings.warn(
-                f"Tracker 'tensorboard': the checkpoint's run wrote to {short(recorded, 300)}, "
+                f"Tracker 'tensorboard': the checkpoint's run wrote to {short(recorded, 200)}, "
                 f"this job writes to {os.path.abspath(self.log_dir)!r}; continuing in this job's "
                 "folder (purging the points logged after the checkpoint was saved: those after "
                 f"step {step}, the last step logged before it), the other one is left alone.",
