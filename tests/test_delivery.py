@@ -1,4 +1,4 @@
-"""The delivery room: one failure classifier, one backoff, one drain.
+"""The delivery room: one failure classifier, one backoff, one drain, one exit order.
 
 Fed the exceptions the clients really raise (botocore's ``ClientError`` and its connection
 errors, requests' ``HTTPError`` and ``ConnectionError``, the OS's), wrapped the way s3fs wraps
@@ -7,9 +7,14 @@ them; the waits run on real events and threads. No server, no mock.
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +33,8 @@ from accelkit.delivery import (
     error_code,
 )
 from accelkit.trackers.delivery import failures as tracker_failures
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _client_error(code: str, status: int) -> Exception:
@@ -197,3 +204,61 @@ def test_report_once_across_threads() -> None:
         thread.join()
     assert firsts.count(True) == 1 and len(firsts) == 8
     assert said.first(("tracker", "TypeError"))
+
+
+# ---------------------------------------------------------------- the exit drains, in order
+
+_EXIT_ORDER = textwrap.dedent(
+    """
+    import concurrent.futures, sys
+    from accelkit.delivery.exit import REPLICATION, SAVES, TRACKERS, at_exit
+
+    def say(what):
+        return lambda: print(what, flush=True)
+
+    def fail():
+        raise RuntimeError("a drain that fails")
+
+    def save_commits():  # a save committing at exit starts the remote tier's drain
+        print("saves", flush=True)
+        at_exit(say("replication, registered during the exit"), REPLICATION)
+
+    at_exit(say("trackers"), TRACKERS)
+    at_exit(fail, REPLICATION, "the failing drain")
+    at_exit(say("replication"), REPLICATION)
+    at_exit(say("cancelled"), SAVES).cancel()
+    at_exit(save_commits, SAVES)
+    # a pool created after the registrations still takes work in the drains (move_last)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    at_exit(lambda: print(pool.submit(lambda: "a pool still works").result(), flush=True),
+            TRACKERS)
+    """
+)
+
+
+def test_exit_drains_run_in_phase_order_whoever_registered_first(tmp_path: Path) -> None:
+    # Saves in flight commit first (their checkpoints are queued for replication), then the
+    # replication queue drains, then the trackers report both: in a real interpreter exit.
+    script = tmp_path / "exits.py"
+    script.write_text(_EXIT_ORDER)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "saves",
+        "replication",
+        "replication, registered during the exit",
+        "trackers",
+        "a pool still works",
+    ]
+    assert "At exit, the failing drain failed" in done.stderr
+    assert "RuntimeError: a drain that fails" in done.stderr
+
+
+def test_an_exit_drain_needs_a_known_phase() -> None:
+    from accelkit.delivery.exit import at_exit
+
+    with pytest.raises(ValueError, match=r"phase=7: expected SAVES, REPLICATION or TRACKERS"):
+        at_exit(lambda: None, 7)

@@ -8,6 +8,8 @@
   answering).
 - :mod:`~accelkit.delivery.drain` -- one drain: ``Deadline``, ``drain(done, deadline, wait)``
   and ``ReportOnce``.
+- :mod:`~accelkit.delivery.exit` -- one exit drain: the saves in flight, then the replication
+  queue, then the trackers (``at_exit(callback, phase)``), in that order whoever registered first.
 
 A low room: it imports only ``accelkit.errors``, and no client library (botocore, requests) at
 all; their errors are read by class names and attributes.

@@ -607,3 +607,57 @@ def test_a_stalled_remote_does_not_hold_the_interpreter_at_exit(
     assert child.returncode == 0, err.decode(errors="replace")[-3000:]
     assert out.startswith(b"ended"), out  # end_training() returned, then the process exited
     assert b"not replicated: checkpoint_0" in err, err.decode(errors="replace")[-3000:]
+
+
+_SAVE_IN_FLIGHT_AT_EXIT = textwrap.dedent(
+    """
+    import os, sys, time, torch
+    from accelkit import Accelerator, ProjectConfiguration
+    from accelkit.checkpointing.commit import async_save
+
+    config = ProjectConfiguration(project_dir=sys.argv[1], automatic_checkpoint_naming=True,
+                                  replicate_to=sys.argv[2], async_save=True,
+                                  async_writer="thread", replicate_deadline_seconds=60.0)
+    accelerator = Accelerator(project_config=config, cpu=True, log_with="jsonl")
+    accelerator.init_trackers("exit")
+    model = accelerator.prepare(torch.nn.Linear(6000, 6000))
+    accelerator.save_state()
+    accelerator.wait_for_checkpoints()
+    first = os.path.join(sys.argv[2], "checkpoints", "checkpoint_0", "accelkit.json")
+    while not os.path.exists(first):  # replicated: the queue is idle again
+        time.sleep(0.05)
+    with torch.no_grad():
+        model.weight += 1
+    accelerator.save_state()
+    # no end_training(): the interpreter exits with the second save still being written
+    print("in flight:", any(t.is_alive() for t in list(async_save._IN_FLIGHT)))
+    """
+)
+
+
+def test_a_save_in_flight_at_exit_is_replicated_and_reported(tmp_path: Path) -> None:
+    # The exit drains run in order: the save in flight commits, then the replication queue
+    # drains (with that checkpoint), then the trackers report both. Before, the replication
+    # drain (registered later, so run first) closed an idle queue and the last checkpoint
+    # stayed local without a word.
+    script = tmp_path / "exits.py"
+    script.write_text(_SAVE_IN_FLIGHT_AT_EXIT)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    local, remote = tmp_path / "local", tmp_path / "remote"
+    done = subprocess.run(
+        [sys.executable, str(script), str(local), str(remote)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "in flight: True" in done.stdout, "the save finished before the exit: a bigger state"
+    names = sorted(p.name for p in (remote / "checkpoints").iterdir())
+    assert names == ["checkpoint_0", "checkpoint_1"], done.stderr
+    assert (remote / "checkpoints" / "checkpoint_1" / "accelkit.json").is_file()
+    # the trackers drained last: both events of the last checkpoint reached them
+    lines = (local / "exit" / "metrics.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
+    last = [e["event"] for e in events if e.get("path", "").endswith("checkpoint_1")]
+    assert last == ["checkpoint_save", "checkpoint_replicate"], lines

@@ -65,7 +65,6 @@ Public API: :class:`AsyncCheckpoint` (the handle), :class:`AsyncSaver` (the driv
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures.thread  # noqa: F401  (its exit hook must be registered before ours)
 import logging
 import threading
@@ -89,6 +88,7 @@ from accelkit.checkpointing.commit.writer_process import (
     shared_writer,
 )
 from accelkit.checkpointing.storage import LocalStorage, Storage
+from accelkit.delivery.exit import SAVES, at_exit
 from accelkit.errors import ConfigurationError
 from accelkit.training.optim import AcceleratedOptimizer
 
@@ -466,11 +466,6 @@ def _finish_saves_at_exit() -> None:
     close_writers()  # then the writer processes (they exit at the end of their pipe)
 
 
-# Registered through threading's own exit hooks (as concurrent.futures does), which run before
-# the interpreter joins threads and, being registered later, before the thread pools that write
-# and fsync files shut down; plain atexit would run too late for them.
-_register = getattr(threading, "_register_atexit", None)
-if _register is not None:
-    _register(_finish_saves_at_exit)
-else:  # pragma: no cover - every supported Python has it
-    atexit.register(_finish_saves_at_exit)
+# The first of the exit drains (accelkit.delivery.exit): a save in flight commits before the
+# replication and tracker drains run, so its checkpoint is replicated and reported.
+at_exit(_finish_saves_at_exit, SAVES, "waiting for the checkpoint saves in flight")

@@ -17,9 +17,7 @@ Public API: :class:`RemoteTier`, :class:`TierSettings`.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import threading
 import weakref
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
@@ -44,6 +42,7 @@ from accelkit.checkpointing.replication.replicator import (
 )
 from accelkit.checkpointing.restore.sequence import LoadResult, LoadSequence
 from accelkit.checkpointing.storage import Storage, get_storage
+from accelkit.delivery.exit import REPLICATION, ExitHook, at_exit
 
 __all__ = ["RemoteTier", "TierSettings"]
 
@@ -99,6 +98,7 @@ class RemoteTier:
         self.dropped = dropped
         self.replicator: Replicator | None = None
         self.drain_deadline: Callable[[], float | None] | None = None
+        self._exit: ExitHook | None = None  # the replicator's drain at interpreter exit
 
     # ------------------------------------------------------------------ the manager's hooks
 
@@ -155,7 +155,7 @@ class RemoteTier:
                 on_replicated=self.replicated(),
             )
             self.replicator.start()
-            _close_at_exit(self)
+            self._exit = _close_at_exit(self)
         return self.replicator
 
     def wait(self, deadline: float | None = None) -> bool:
@@ -176,6 +176,9 @@ class RemoteTier:
         replicator, self.replicator = self.replicator, None
         if replicator is None:
             return []
+        if self._exit is not None:
+            self._exit.cancel()  # drained here: nothing left for the exit
+            self._exit = None
         if deadline is None and self.drain_deadline is not None:
             deadline = self.drain_deadline()
         limit = self.settings.replication.deadline_seconds if deadline is None else deadline
@@ -239,7 +242,7 @@ class RemoteTier:
         return None
 
 
-def _close_at_exit(tier: RemoteTier) -> None:
+def _close_at_exit(tier: RemoteTier) -> ExitHook:
     """Drain ``tier``'s queue at interpreter exit (up to its deadline), without keeping it
     alive."""
     ref = weakref.ref(tier)
@@ -249,11 +252,6 @@ def _close_at_exit(tier: RemoteTier) -> None:
         if alive is not None:
             alive.close()
 
-    # Before concurrent.futures' own exit hook: after it, no thread pool (fsspec's event loop
-    # resolves names in one) takes new work, so an upload could not even connect. Those hooks run
-    # in reverse order of registration, at the start of interpreter shutdown.
-    register = getattr(threading, "_register_atexit", None)
-    if register is None:  # pragma: no cover - CPython has had it since 3.9
-        atexit.register(close)
-    else:
-        register(close)
+    # After the saves in flight commit (their checkpoints are queued here), before the trackers
+    # drain (they report what was replicated): accelkit.delivery.exit's order.
+    return at_exit(close, REPLICATION, "draining the replication queue")

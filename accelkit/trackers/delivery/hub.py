@@ -67,13 +67,13 @@ of trackers writing the same run. See :meth:`TrackerHub.__getstate__`.
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from accelkit.delivery.exit import TRACKERS, ExitHook, at_exit, move_last
 from accelkit.errors import ConfigurationError, UsageError
 from accelkit.trackers.base import GeneralTracker, NullTracker
 from accelkit.trackers.delivery.failures import (
@@ -531,34 +531,33 @@ def _journal_settings(
 class _ExitHook:
     """The hub's ``finish`` at interpreter exit, registered once the trackers are made.
 
-    Registered after them (and moved again after each ``start()``: :meth:`move_last`), so it
-    runs before the backends' own exit hooks (``atexit`` is last-in, first-out) and their runs
-    still accept values. It also keeps the hub alive until exit, so a dropped ``Accelerator``
-    still flushes.
+    It is the last of accelkit's exit drains (:mod:`accelkit.delivery.exit`: after the saves
+    in flight and the replication queue, whose checkpoint events it delivers), which run
+    before ``atexit``'s hooks, so the backends' own exit hooks (wandb's tears its service down,
+    after which ``finish()`` fails with "Connection lost") run after it and their runs still
+    accept values. After each ``start()`` the drains move behind any threading exit hook the
+    backend registered (:meth:`move_last`). It also keeps the hub alive until exit, so a
+    dropped ``Accelerator`` still flushes.
     """
 
     def __init__(self, hook: Callable[[], None]) -> None:
         self._hook = hook
         self._lock = threading.Lock()
-        self._armed = False
+        self._registered: ExitHook | None = None
 
     def arm(self) -> None:
         with self._lock:
-            if not self._armed:
-                atexit.register(self._hook)
-                self._armed = True
+            if self._registered is None:
+                self._registered = at_exit(self._hook, TRACKERS, "finishing the trackers")
 
     def disarm(self) -> None:
         with self._lock:
-            if self._armed:
-                atexit.unregister(self._hook)
-                self._armed = False
+            if self._registered is not None:
+                self._registered.cancel()
+                self._registered = None
 
     def move_last(self) -> None:
-        """Move the hook behind any registered since (a backend's ``start()`` may add its own:
-        wandb's tears its service down, after which ``finish()`` fails with "Connection
-        lost"). Called on a worker's thread when its ``start()`` returned."""
-        with self._lock:
-            if self._armed:
-                atexit.unregister(self._hook)
-                atexit.register(self._hook)
+        """Run the exit drains before the threading exit hooks a backend's ``start()`` may
+        have registered (a thread pool's, after which it takes no work). Called on a worker's
+        thread when its ``start()`` returned."""
+        move_last()
