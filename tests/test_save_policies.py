@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,9 @@ from accelkit.runtime.saving import (
     OnPreemption,
     Progress,
     SavePolicy,
+    SavePolicyError,
 )
+from tests.helpers.distributed import run_distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +41,9 @@ class AtSteps:
         return progress.steps in self.steps and progress.steps != progress.last_save_step
 
 
-def _train(accelerator: Accelerator, steps: int) -> list[int]:
-    """``steps`` optimizer steps, saving when ``should_save()`` says; the steps saved at."""
+def _train(accelerator: Accelerator, steps: int, pause: float = 0.0) -> list[int]:
+    """``steps`` optimizer steps (``pause`` seconds each at least), saving when
+    ``should_save()`` says; the steps saved at."""
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.utils.data.TensorDataset(torch.randn(steps, 2))
@@ -51,6 +55,7 @@ def _train(accelerator: Accelerator, steps: int) -> list[int]:
         accelerator.backward(model(x).sum())
         optimizer.step()
         optimizer.zero_grad()
+        time.sleep(pause)
         if accelerator.should_save():
             accelerator.save_state()
             saved.append(accelerator.gradient_state.optimizer_steps)
@@ -163,3 +168,52 @@ def test_the_preemption_part_assigns_attributes_only_on_itself() -> None:
         and not (isinstance(attribute.value, ast.Name) and attribute.value.id == "self")
     ]
     assert foreign == []
+
+
+class RaisesAtStep:
+    """A user's shared policy (it reads the main process's view) whose ``due()`` raises."""
+
+    reason, shared = "interval", True
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def due(self, progress: Progress) -> bool:
+        if progress.steps >= self.step:
+            raise OSError("the policy's file is gone")
+        return False
+
+
+def _train_with_a_failing_shared_policy(project: str) -> tuple[str, str, bool, int]:
+    accelerator = Accelerator(
+        cpu=True,
+        project_config=ProjectConfiguration(project_dir=project),
+        save_policy=RaisesAtStep(3),
+    )
+    try:
+        _train(accelerator, 40, pause=0.06)  # a round at each step (ROUND_SECONDS)
+    except SavePolicyError as error:
+        cause = error.__cause__
+        steps = accelerator.gradient_state.optimizer_steps
+        return type(error).__name__, str(error), isinstance(cause, OSError), steps
+    return "no error", "", False, accelerator.gradient_state.optimizer_steps
+
+
+def test_a_shared_policy_that_raises_stops_every_process_at_one_boundary(tmp_path: Path) -> None:
+    # Asked on the main process only, its failure is agreed: the other process raises at the
+    # same boundary instead of waiting in the next collective for a process that left.
+    results = run_distributed(
+        _train_with_a_failing_shared_policy, str(tmp_path), world_size=2, timeout=90
+    )
+    (main_kind, main_text, main_cause, main_steps), (kind, text, cause, steps) = results
+    assert main_kind == kind == "SavePolicyError"
+    assert "OSError" in main_text and "the policy's file is gone" in main_text and main_cause
+    assert "raised on the main process" in text and not cause
+    assert main_steps == steps and 3 <= steps < 40
+
+
+def test_a_policy_that_raises_on_one_process_raises_from_the_loop(tmp_path: Path) -> None:
+    kind, text, cause, steps = _train_with_a_failing_shared_policy(str(tmp_path))
+    # one process: nothing to agree; raised at the boundary where it was asked
+    assert (kind, cause, steps) == ("SavePolicyError", True, 3)
+    assert "OSError" in text and "Fix the policy" in text

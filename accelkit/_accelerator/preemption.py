@@ -318,7 +318,7 @@ class Preemption:
             self._unhook()
             self._unhook = None
         self.flag.restore()
-        self.decider.agreement.close()
+        self.decider.close()
 
 
 def _policy(

@@ -25,13 +25,14 @@ a data-parallel script does anyway, and what its gradient all-reduces already re
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from accelkit._text import short
-from accelkit.errors import ConfigurationError
+from accelkit.errors import AccelkitError, ConfigurationError
 from accelkit.runtime.preemption import Agreement, SignalFlag
 
 __all__ = [
@@ -48,9 +49,12 @@ __all__ = [
     "Progress",
     "SaveDecider",
     "SavePolicy",
+    "SavePolicyError",
     "check_interval",
     "policy_from_settings",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Why a checkpoint was made (the manifest's ``reason``), lowest priority first: a save that
 #: several policies ask for records the highest.
@@ -302,7 +306,14 @@ ROUND_BUDGET = 0.002
 MAX_ROUND_SECONDS = 1.0
 
 # The agreed tensor's slots (all reduced with MAX).
-_PREEMPT, _DUE, _ASKED, _SIGNAL, _EVERY, _DUE_REASON = range(6)
+_PREEMPT, _DUE, _ASKED, _SIGNAL, _EVERY, _DUE_REASON, _FAILED = range(7)
+
+
+class SavePolicyError(AccelkitError, RuntimeError):
+    """A save policy's ``due()`` raised. With ``shared = True`` it is asked on the main process
+    only, so the others learn it through the agreement and raise this too, at the same step
+    boundary (none is left waiting in the next collective); the main process's error carries
+    the policy's exception as its cause."""
 
 
 class SaveDecider:
@@ -363,6 +374,8 @@ class SaveDecider:
         self._polled_time = 0.0
         self._round_cost = 0.0  # seconds a round takes on the main process (smoothed)
         self.round_every = 1  # optimizer steps between rounds (agreed; see boundary())
+        self._policy_error: Exception | None = None  # a shared policy's due() raised (main)
+        self._policy_told = False  # ... and every process raised it
 
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Measure shared policies' seconds with ``clock`` from now on (tests give each process
@@ -443,7 +456,11 @@ class SaveDecider:
             if self.asked:
                 self._self_managed = True
             if self._shared and not self._shared_due:
-                self._shared_due = self._shared_reason(steps)
+                try:
+                    self._shared_due = self._shared_reason(steps)
+                except Exception as exc:  # as on several processes: named, with its cause
+                    self._policy_error = exc
+                    self._policy_failed()
             return
         if steps != self._steps_seen:
             self._steps_seen, self._step_at = steps, self._boundaries
@@ -471,11 +488,16 @@ class SaveDecider:
             self._polled_time = now
         self._polled_steps, self._polled_at = steps, self._boundaries
         due_tag = due_reason = 0
-        if self._shared and self.is_main:
-            due_reason = self._shared_reason(steps)
+        if self._shared and self.is_main and self._policy_error is None:
+            try:
+                due_reason = self._shared_reason(steps)
+            except Exception as exc:  # told to every process at this round, raised by all
+                self._policy_error = exc
             if due_reason:
                 due_tag = self.saves + 1  # "due, unless a save has been made since"
+        failed = int(self._policy_error is not None)
         local = [int(flag.raised), due_tag, int(self.asked), flag.signum, every, due_reason]
+        local.append(failed)
         if self.is_main:
             started = time.perf_counter()
             agreed = self.agreement.poll(local)
@@ -484,6 +506,8 @@ class SaveDecider:
             self._round_cost = cost if not self._round_cost else 0.8 * self._round_cost + 0.2 * cost
         else:
             agreed = self.agreement.poll(local)
+        if agreed[_FAILED]:
+            self._policy_failed()
         if agreed[_EVERY]:
             self.round_every = agreed[_EVERY]
         if agreed[_PREEMPT] and not self._preempted:
@@ -493,6 +517,37 @@ class SaveDecider:
             self._self_managed = True
         if agreed[_DUE] == self.saves + 1:
             self._shared_due = agreed[_DUE_REASON]
+
+    def _policy_failed(self) -> None:
+        """The agreed round says the main process's shared policy raised: raise on every
+        process, at the same boundary."""
+        self._policy_told = True
+        error = self._policy_error
+        if error is not None:
+            raise SavePolicyError(
+                f"save_policy {short(self.policy)}: its due() raised {type(error).__name__}: "
+                f"{short(error)}. Every process stops at this step boundary. Fix the policy "
+                "(a shared policy is asked on the main process only)."
+            ) from error
+        raise SavePolicyError(
+            f"save_policy {short(self.policy)}: its due() raised on the main process (see its "
+            "traceback there). Every process stops at this step boundary."
+        )
+
+    def close(self) -> None:
+        """The end of the run: finish the agreement (its round in flight, its group). A shared
+        policy's failure that no round told yet (the loop ended first) is logged here."""
+        self.agreement.close()
+        error = self._policy_error
+        if error is not None and not self._policy_told:
+            logger.error(
+                "save_policy %s: its due() raised %s: %s after the last step boundary that "
+                "could tell every process; the run ended without the saves it would have asked "
+                "for. Fix the policy.",
+                short(self.policy),
+                type(error).__name__,
+                short(error),
+            )
 
     def due_reason(self, steps: int) -> str | None:
         """The reason of the policies due at ``steps`` (as agreed at the last boundary), the
