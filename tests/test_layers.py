@@ -30,6 +30,7 @@ RANK = {
     # with the root's ConfigurationError)
     "accelkit.errors": -1,
     "accelkit._units": 0,
+    "accelkit._env": 0,
     "accelkit.checkpointing.errors": 0,
     # one delivery spine: the failure classifier, the backoff, the drain (storage,
     # replication and the trackers stand on it)
@@ -70,7 +71,7 @@ RANK = {
     "accelkit.cli": 13,
     "accelkit.testing": 13,
 }
-# The package root holds only these modules: the face, Accelerate's paths and four leaves.
+# The package root holds only these modules: the face, Accelerate's paths and five leaves.
 ROOT_MODULES = {
     "__init__",
     "accelerator",
@@ -84,6 +85,7 @@ ROOT_MODULES = {
     "_text",
     "_lazy",
     "_units",
+    "_env",
     "errors",
 }
 BACKENDS = ("tensorboard", "wandb", "comet_ml", "mlflow", "jsonl")

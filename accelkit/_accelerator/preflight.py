@@ -27,6 +27,7 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from accelkit._env import number
 from accelkit.errors import ConfigurationError
 from accelkit.runtime import ops
 
@@ -35,8 +36,6 @@ if TYPE_CHECKING:
     from accelkit.runtime.state import PartialState
 
 __all__ = ["ConfigurationError", "check_run", "logging_dir_problem", "project_dir_problem"]
-
-_DEFAULT_TIMEOUT_S = 30.0
 
 
 def check_run(config: ProjectConfiguration, has_trackers: bool, state: PartialState) -> None:
@@ -150,7 +149,7 @@ def _storage_problem(url: str, storage_options: dict[str, Any] | None) -> str | 
         storage = get_storage(url, storage_options)
     except ValueError as error:
         return f"project_dir {url!r} cannot be used: {error}"
-    timeout = float(os.environ.get("ACCELKIT_PREFLIGHT_TIMEOUT", _DEFAULT_TIMEOUT_S))
+    timeout = number("ACCELKIT_PREFLIGHT_TIMEOUT")
     outcome: list[BaseException | None] = []
 
     def probe() -> None:

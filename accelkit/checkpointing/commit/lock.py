@@ -52,6 +52,7 @@ import time
 import uuid
 from typing import Any
 
+from accelkit._env import number
 from accelkit._text import short
 from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointError
 from accelkit.checkpointing.formats.jsonio import load_json
@@ -71,7 +72,7 @@ __all__ = [
 ]
 
 LOCK_NAME = ".accelkit-run.lock"
-STALE_AFTER_S = float(os.environ.get("ACCELKIT_LOCK_STALE_S", "3600"))
+STALE_AFTER_S = number("ACCELKIT_LOCK_STALE_S")
 PRUNE_WAIT_S = 300.0
 SAVE = "save"
 PRUNE = "prune"

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import BinaryIO
 
+from accelkit._env import switch
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage._pools import first_failure, thread_pool
 from accelkit.checkpointing.storage._writeback import start_writeback
@@ -79,7 +80,7 @@ _free_lock = threading.Lock()
 def direct_io_enabled() -> bool:
     """Whether new local files are tried with ``O_DIRECT`` (``ACCELKIT_DIRECT_IO=0`` turns it
     off; it needs Linux)."""
-    return bool(_O_DIRECT) and os.environ.get("ACCELKIT_DIRECT_IO", "1") != "0"
+    return bool(_O_DIRECT) and switch("ACCELKIT_DIRECT_IO")
 
 
 def _take_stage() -> mmap.mmap:
