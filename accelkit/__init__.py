@@ -38,6 +38,7 @@ _PUBLIC = {
     "GeneralTracker": "accelkit.trackers",
     "LoggerType": "accelkit.trackers",
     "register_tracker": "accelkit.trackers",
+    "TrackerOptions": "accelkit.trackers",
     "DataLoaderConfiguration": "accelkit.data.preparation",
     "skip_first_batches": "accelkit.data.preparation",
     "set_seed": "accelkit.runtime.random",
@@ -107,6 +108,9 @@ if TYPE_CHECKING:
     )
     from accelkit.trackers import (
         LoggerType as LoggerType,
+    )
+    from accelkit.trackers import (
+        TrackerOptions as TrackerOptions,
     )
     from accelkit.trackers import (
         register_tracker as register_tracker,

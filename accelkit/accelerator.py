@@ -37,7 +37,7 @@ from accelkit._accelerator.settings import Settings
 from accelkit._accelerator.training import Training
 from accelkit.data.preparation import DataLoaderConfiguration, resolve_config
 from accelkit.runtime.state import AcceleratorState, DistributedType, refuse_out_of_scope_plugins
-from accelkit.trackers import GeneralTracker, TrackerHub
+from accelkit.trackers import GeneralTracker, TrackerHub, TrackerOptions
 from accelkit.training.optim import GradientAccumulationPlugin
 
 if TYPE_CHECKING:
@@ -107,6 +107,10 @@ class Accelerator:
             ``AnyOf``, or the user's own), instead of ``ProjectConfiguration``'s
             ``save_every_steps``/``save_every_seconds``. An accelkit extension (Accelerate's
             scripts decide in their own loop).
+        tracker_options: the trackers' waits, retries and journal
+            (:class:`~accelkit.trackers.TrackerOptions`; fields left ``None`` take their
+            environment variable (``docs/reference/environment.md``), else the default). An
+            accelkit extension.
         dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
             :mod:`accelkit.training.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
         deepspeed_plugin: accepted by name for compatibility and refused with ``ValueError``
@@ -149,6 +153,7 @@ class Accelerator:
         logging_dir: str | os.PathLike[str] | None = None,
         tracker_errors: str = "warn",
         save_policy: SavePolicy | None = None,
+        tracker_options: TrackerOptions | None = None,
     ) -> None:
         refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
         self.kwargs_handlers = list(kwargs_handlers or [])
@@ -218,6 +223,7 @@ class Accelerator:
             is_main_process=self.state.is_main_process,
             on_error=tracker_errors,
             defer_start=self.project_configuration.continue_tracker_runs,
+            options=tracker_options,
         )
         self._experiment = ExperimentLink(
             self._trackers,

@@ -5,6 +5,7 @@ Importing this package imports no tracking SDK; each backend imports its SDK whe
 
 from accelkit.trackers.base import GeneralTracker, on_main_process
 from accelkit.trackers.delivery.hub import TrackerError, TrackerFailure, TrackerHub, TrackerWarning
+from accelkit.trackers.delivery.options import TrackerOptions
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.registry import (
     LoggerType,
@@ -24,6 +25,7 @@ __all__ = [
     "TrackerError",
     "TrackerFailure",
     "TrackerHub",
+    "TrackerOptions",
     "TrackerNotBuiltInError",
     "TrackerWarning",
     "available_trackers",

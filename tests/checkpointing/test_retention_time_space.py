@@ -464,7 +464,16 @@ def test_ckpt_prune_time_and_size_flags(tmp_path: Path, capsys: pytest.CaptureFi
     accelerator = _accelerator(tmp_path)
     now = time.time()
     day = math.floor(now / 86400) * 86400
-    ages = [day - 2 * 86400 + 1, day - 2 * 86400 + 2, day - 86400 + 1, now - 1800, now - 60]
+    # The two recent ones stay inside today even when the test runs just after midnight UTC
+    # (otherwise checkpoint_3 joins yesterday's day and --keep-one-every keeps checkpoint_2).
+    recent = max(now - 1800, day + 1)
+    ages = [
+        day - 2 * 86400 + 1,
+        day - 2 * 86400 + 2,
+        day - 86400 + 1,
+        recent,
+        max(now - 60, recent),
+    ]
     for i, created in enumerate(ages):
         accelerator.save_state()
         _commit_time(tmp_path / "checkpoints" / f"checkpoint_{i}", created)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from accelkit._env import number
 from accelkit.delivery.drain import ReportOnce
 from accelkit.delivery.failures import HARD, REFUSED
 from accelkit.delivery.failures import classify as classify_failure
@@ -29,49 +30,23 @@ __all__ = [
     "TrackerFailure",
     "TrackerWarning",
     "classify",
-    "env_number",
     "retry_policy",
 ]
 
 _POLICIES = ("warn", "raise")
-# A tracker with this many values waiting while one backend call has run longer than the
-# timeout is hung: it is reported and skipped rather than let its queue grow without bound.
-_MAX_PENDING = 50_000
-# Seconds the end of a run keeps trying a journaled tracker whose backend does not answer.
-_DRAIN_S = 10.0
 
 logger = logging.getLogger("accelkit.trackers")
-
-
-def env_number(name: str, default: float) -> float:
-    """The non-negative number in environment variable ``name`` (``default`` when unset).
-
-    Raises:
-        ValueError: the variable holds something else; the message names it and the fix.
-    """
-    text = os.environ.get(name)
-    if text is None or not text.strip():
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ConfigurationError(
-            f"{name}={text!r}: expected a non-negative number of seconds or values (default "
-            f"{default:g}). Set it to a number, or unset it."
-        )
-    return value
 
 
 _FIRST_RETRY_S = 0.5
 
 
-def retry_policy() -> RetryPolicy:
+def retry_policy(longest: float | None = None) -> RetryPolicy:
     """The backoff of a backend that does not answer (a tracker's start and its deliveries
-    share one): after 0.5 s, doubling up to ``ACCELKIT_TRACKER_RETRY_MAX_S`` (30 by default),
-    without jitter."""
-    longest = env_number("ACCELKIT_TRACKER_RETRY_MAX_S", 30.0)
+    share one): after 0.5 s, doubling up to ``longest`` seconds (``None``:
+    ``ACCELKIT_TRACKER_RETRY_MAX_S``, 30 by default), without jitter."""
+    if longest is None:
+        longest = number("ACCELKIT_TRACKER_RETRY_MAX_S")
     return RetryPolicy(
         base_delay=min(_FIRST_RETRY_S, longest), max_delay=longest, jitter=0.0, deadline=None
     )
@@ -163,6 +138,8 @@ class FailurePolicy:
             ``ACCELKIT_TRACKER_DRAIN_S`` or 10, at most half of ``timeout``.
         on_skip: called (without arguments, on the thread that found the failure) once a
             failure is recorded.
+        retry_max: the longest wait between two tries of a backend that does not answer
+            (``None``: ``ACCELKIT_TRACKER_RETRY_MAX_S`` when a retry is scheduled, or 30).
 
     Attributes:
         pending: the failure :meth:`raise_pending` raises next (``on_error="raise"``), or
@@ -180,6 +157,7 @@ class FailurePolicy:
         max_pending: int | None = None,
         drain: float | None = None,
         on_skip: Callable[[], None] | None = None,
+        retry_max: float | None = None,
     ) -> None:
         if on_error not in _POLICIES:
             raise ConfigurationError(
@@ -188,12 +166,13 @@ class FailurePolicy:
         self.on_error = on_error
         self.timeout = timeout
         if max_pending is None:
-            max_pending = int(env_number("ACCELKIT_TRACKER_MAX_PENDING", _MAX_PENDING))
+            max_pending = int(number("ACCELKIT_TRACKER_MAX_PENDING"))
         self.max_pending = max_pending
         if drain is None:
-            drain = env_number("ACCELKIT_TRACKER_DRAIN_S", _DRAIN_S)
+            drain = number("ACCELKIT_TRACKER_DRAIN_S")
         self.drain = min(drain, timeout / 2)
         self.on_skip = on_skip
+        self.retry_max = retry_max
         self._lock = threading.Lock()
         self._failures: list[TrackerFailure] = []
         self.pending: TrackerFailure | None = None
@@ -209,7 +188,12 @@ class FailurePolicy:
         return (
             FailurePolicy,
             (self.on_error,),
-            {"timeout": self.timeout, "max_pending": self.max_pending, "drain": self.drain},
+            {
+                "timeout": self.timeout,
+                "max_pending": self.max_pending,
+                "drain": self.drain,
+                "retry_max": self.retry_max,
+            },
         )
 
     @property
@@ -258,7 +242,8 @@ class FailurePolicy:
         """The failure of a tracker whose run did not open within ``timeout`` seconds."""
         error = TimeoutError(
             f"{method}() did not return within {self.timeout:g} s; the tracker is left behind. "
-            "If the backend is just slow to start, raise ACCELKIT_TRACKER_TIMEOUT (seconds)"
+            "If the backend is just slow to start, raise TrackerOptions(timeout=...) or "
+            "ACCELKIT_TRACKER_TIMEOUT (seconds)"
         )
         return TrackerFailure(name, method, error)
 
@@ -267,7 +252,8 @@ class FailurePolicy:
         state = f"busy in {busy}()" if busy else "not draining its queue"
         error = TimeoutError(
             f"{waiting} values waiting ({state}): the backend is hung or far slower than the "
-            "training loop. Raise ACCELKIT_TRACKER_MAX_PENDING if it is only slow"
+            "training loop. Raise TrackerOptions(max_pending=...) or "
+            "ACCELKIT_TRACKER_MAX_PENDING if it is only slow"
         )
         return TrackerFailure(name, "log", error)
 
@@ -331,7 +317,8 @@ class FailurePolicy:
         )
         message = (
             f"Tracker {name!r} failed in {method}() ({type(error).__name__}: {error}); it is "
-            f"retried with backoff (up to ACCELKIT_TRACKER_RETRY_MAX_S seconds apart) and {kept}."
+            f"retried with backoff (at most {retry_policy(self.retry_max).max_delay:g} s apart) "
+            f"and {kept}."
         )
         if first:
             _warn(message, TrackerWarning)

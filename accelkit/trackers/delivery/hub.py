@@ -73,17 +73,19 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from accelkit._env import number, switch
+from accelkit._text import short
 from accelkit.delivery.exit import TRACKERS, ExitHook, at_exit, move_last
-from accelkit.errors import ConfigurationError, UsageError
+from accelkit.errors import ConfigurationError, UsageError, WrongTypeError
 from accelkit.trackers.base import GeneralTracker, NullTracker
 from accelkit.trackers.delivery.failures import (
     FailurePolicy,
     TrackerError,
     TrackerFailure,
     TrackerWarning,
-    env_number,
 )
 from accelkit.trackers.delivery.items import JournalSettings, Log, Mark, Stop
+from accelkit.trackers.delivery.options import TrackerOptions
 from accelkit.trackers.delivery.roster import Roster
 from accelkit.trackers.delivery.runs import RunPlan, references
 from accelkit.trackers.delivery.waits import wait_for, wait_opened
@@ -124,11 +126,25 @@ class TrackerHub:
         timeout: float = 60.0,
         defer_start: bool = False,
         journal: bool | None = None,
+        options: TrackerOptions | None = None,
     ) -> None:
+        options = options or TrackerOptions()
         if journal is None:
-            journal = os.environ.get("ACCELKIT_TRACKER_JOURNAL", "1") not in ("0", "false", "")
+            journal = options.journal
+        if journal is None:
+            journal = switch("ACCELKIT_TRACKER_JOURNAL")
         self.journal = bool(journal) and logging_dir is not None
-        self._policy = FailurePolicy(on_error, timeout=timeout, on_skip=self._drop_failed)
+        self._journal_max_bytes = (
+            None if options.journal_max_mb is None else int(options.journal_max_mb * 2**20)
+        )
+        self._policy = FailurePolicy(
+            on_error,
+            timeout=timeout,
+            max_pending=options.max_pending,
+            drain=options.drain_seconds,
+            on_skip=self._drop_failed,
+            retry_max=options.retry_max_seconds,
+        )
         self.logging_dir = logging_dir
         self.is_main_process = is_main_process
         self.requested_names = [spec.name for spec in specs]
@@ -150,6 +166,7 @@ class TrackerHub:
         timeout: float | None = None,
         defer_start: bool = False,
         journal: bool | None = None,
+        options: TrackerOptions | None = None,
     ) -> TrackerHub:
         """Check ``log_with`` and build the hub (nothing is started until :meth:`init`).
 
@@ -161,8 +178,10 @@ class TrackerHub:
             timeout: the most seconds ``flush``/``finish`` wait for the trackers; default
                 ``ACCELKIT_TRACKER_TIMEOUT`` or 60.
             defer_start: open the backends' runs at their first use, not in ``init``.
-            journal: keep a journal per tracker (``None``: ``ACCELKIT_TRACKER_JOURNAL``, on
-                by default).
+            journal: keep a journal per tracker (``None``: ``options.journal``, else
+                ``ACCELKIT_TRACKER_JOURNAL``, on by default).
+            options: the waits, retries and journal (:class:`TrackerOptions`); ``timeout`` and
+                ``journal``, when given, win over its fields.
 
         Returns:
             The hub.
@@ -174,8 +193,15 @@ class TrackerHub:
         """
         directory, remote = _local_folder(logging_dir)
         specs = resolve_log_with(log_with, directory, remote_logging_dir=remote)
+        if options is not None and not isinstance(options, TrackerOptions):
+            raise WrongTypeError(
+                f"tracker_options={short(options)}: expected a TrackerOptions "
+                "(from accelkit import TrackerOptions)."
+            )
+        if timeout is None and options is not None:
+            timeout = options.timeout
         if timeout is None:
-            timeout = env_number("ACCELKIT_TRACKER_TIMEOUT", 60.0)
+            timeout = number("ACCELKIT_TRACKER_TIMEOUT")
         return cls(
             specs,
             logging_dir=directory,
@@ -184,6 +210,7 @@ class TrackerHub:
             timeout=timeout,
             defer_start=defer_start,
             journal=journal,
+            options=options,
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -294,7 +321,9 @@ class TrackerHub:
             worker = Worker(
                 tracker,
                 self._policy,
-                _journal_settings(journal, rank, tracker, project_name, init_kwargs),
+                _journal_settings(
+                    journal, rank, tracker, project_name, init_kwargs, self._journal_max_bytes
+                ),
             )
             worker.session.on_started = self._exit.move_last
             self._roster.add(worker)
@@ -516,6 +545,7 @@ def _journal_settings(
     tracker: GeneralTracker,
     project_name: str,
     init_kwargs: Mapping[str, Mapping[str, Any]],
+    max_bytes: int | None,
 ) -> JournalSettings | None:
     """Where ``tracker``'s journal goes (``logging_dir``: ``None`` without journals; ``rank``:
     ``None`` on the main process) and the run ``accelkit track sync`` needs."""
@@ -525,7 +555,7 @@ def _journal_settings(
     run: dict[str, Any] = {"tracker": tracker.name, "project_name": project_name}
     if init_kwargs.get(tracker.name):
         run["init_kwargs"] = init_kwargs[tracker.name]
-    return JournalSettings(logging_dir, name, run)
+    return JournalSettings(logging_dir, name, run, max_bytes)
 
 
 class _ExitHook:

@@ -27,6 +27,8 @@ class JournalSettings(NamedTuple):
     process)."""
     run: Mapping[str, Any]
     """The project name and constructor arguments, for ``accelkit track sync``."""
+    max_bytes: int | None = None
+    """The journal's disk cap (``None``: ``ACCELKIT_TRACKER_JOURNAL_MAX_MB`` or 1024 MB)."""
 
 
 class Resume(NamedTuple):

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from accelkit._env import number
 from accelkit._text import short
 from accelkit.trackers.backends._files import (
     TrackerFileError,
@@ -153,7 +154,7 @@ class JournalStatus:
 
 def default_max_bytes() -> int:
     """The per-tracker cap: ``ACCELKIT_TRACKER_JOURNAL_MAX_MB`` (default 1024) megabytes."""
-    return int(float(os.environ.get("ACCELKIT_TRACKER_JOURNAL_MAX_MB", "1024")) * 2**20)
+    return int(number("ACCELKIT_TRACKER_JOURNAL_MAX_MB") * 2**20)
 
 
 def journal_folders(logging_dir: str) -> list[str]:
@@ -356,7 +357,8 @@ class Journal:
                         f"Tracker journal {self.folder} reached its cap of "
                         f"{self.max_bytes / 2**20:g} MB while its backend was not accepting "
                         f"values: the oldest undelivered entries (from seq {first}) are removed "
-                        "and the newest kept. Raise ACCELKIT_TRACKER_JOURNAL_MAX_MB to keep more.",
+                        "and the newest kept. Raise TrackerOptions(journal_max_mb=...) or "
+                        "ACCELKIT_TRACKER_JOURNAL_MAX_MB to keep more.",
                         JournalWarning,
                         stacklevel=2,
                     )

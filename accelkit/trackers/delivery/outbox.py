@@ -450,7 +450,7 @@ def _same_run(recorded: object, reference: Mapping[str, Any] | None) -> bool:
 def _open_journal(settings: JournalSettings, resume: Resume | None) -> Journal:
     """The tracker's journal: the resumed run's own (cut after its checkpoint's step), else a
     new one, a previous run's (for ``accelkit track sync``) or a damaged one set aside."""
-    journal = Journal.open(settings.logging_dir, settings.name)
+    journal = Journal.open(settings.logging_dir, settings.name, max_bytes=settings.max_bytes)
     if journal.next_seq or journal.problems:
         run = None if journal.problems else journal.read_run()
         if (
@@ -462,7 +462,9 @@ def _open_journal(settings: JournalSettings, resume: Resume | None) -> Journal:
             journal.load()
         else:
             journal.set_aside()
-            journal = Journal.open(settings.logging_dir, settings.name)
+            journal = Journal.open(
+                settings.logging_dir, settings.name, max_bytes=settings.max_bytes
+            )
     return journal
 
 

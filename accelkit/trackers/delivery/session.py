@@ -62,7 +62,7 @@ class TrackerSession:
         self.busy: str | None = None
         self.busy_since = 0.0
         self.start_waiting = False  # start() failed with a transient error: retried
-        self.backoff = Backoff(retry_policy)
+        self.backoff = Backoff(lambda: retry_policy(policy.retry_max))
         self._failed_lock = threading.Lock()
         self._degraded = False
 
