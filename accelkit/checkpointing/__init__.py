@@ -151,6 +151,7 @@ __all__ = [
     "RetentionOptions",
     "RetentionPolicy",
     "SaveOptions",
+    "TieredCheckpointManager",
     "load_checkpoint_in_model",
     "save_model",
 ]
@@ -162,6 +163,7 @@ _LAZY = {
     "RetentionPolicy": "accelkit.checkpointing.catalog.retention",
     "load_checkpoint_in_model": "accelkit.checkpointing.formats.model_io",
     "save_model": "accelkit.checkpointing.formats.model_io",
+    "TieredCheckpointManager": "accelkit.checkpointing.tiered",
 }
 __getattr__ = lazy_getattr(__name__, _LAZY)
 
@@ -171,3 +173,4 @@ if TYPE_CHECKING:
     from accelkit.checkpointing.errors import CheckpointError
     from accelkit.checkpointing.formats.model_io import load_checkpoint_in_model, save_model
     from accelkit.checkpointing.manager import CheckpointManager
+    from accelkit.checkpointing.tiered import TieredCheckpointManager

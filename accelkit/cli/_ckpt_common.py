@@ -42,6 +42,7 @@ from accelkit.checkpointing.storage import (
     join,
     protocol_of,
 )
+from accelkit.errors import WrongTypeError
 
 __all__ = [
     "Fail",
@@ -201,6 +202,9 @@ def command(
             # A message may embed names from the checkpoint, raised by code far below.
             say(f"accelkit ckpt {name}: error: {exc}", err=True)
             return exc.code
+        except WrongTypeError as exc:  # a TypeError accelkit raised on purpose, with its fix
+            say(f"accelkit ckpt {name}: error: {exc}", err=True)
+            return 2
         except (*_BUGS, BrokenPipeError):
             raise  # a defect of ours (keep the traceback), or a closed pipe (main handles it)
         except Exception as exc:

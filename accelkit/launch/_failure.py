@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from accelkit._text import escape
+from accelkit.runtime.preemption import signal_name
 
 __all__ = [
     "ENV_ERROR_FILE",
@@ -214,13 +215,8 @@ def failure_line(failure: Failure) -> str:
     message = failure.message.strip()
     if not message:
         if failure.exitcode > 128:
-            import signal
-
-            try:
-                name = signal.Signals(failure.exitcode - 128).name
-                message = f"killed by {name} (exit code {failure.exitcode})"
-            except ValueError:
-                message = f"exit code {failure.exitcode}"
+            name = signal_name(failure.exitcode - 128)
+            message = f"killed by {name} (exit code {failure.exitcode})"
         else:
             message = f"exit code {failure.exitcode}"
     message = escape(message)

@@ -58,6 +58,8 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+from accelkit.runtime.preemption import signal_name
+
 __all__ = [
     "ENV_PARENT_PID",
     "FORWARD_SIGNALS",
@@ -95,13 +97,6 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def _say(message: str) -> None:
     print(f"accelkit launch: {message}", file=sys.stderr, flush=True)
-
-
-def _name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def die_with_parent() -> bool:
@@ -252,7 +247,7 @@ class _Stopper:
                 sent += 1
             except (ProcessLookupError, PermissionError):
                 pass
-        _say(f"{_name(signum)}: forwarded to {sent} worker process(es)")
+        _say(f"{signal_name(signum)}: forwarded to {sent} worker process(es)")
 
     def on_signal(self, signum: int) -> None:
         if signum in FORWARD_SIGNALS:
@@ -261,7 +256,7 @@ class _Stopper:
         if self.signum is None:
             self.signum = signum
             _say(
-                f"{_name(signum)}: stopping {self.what} with SIGTERM; SIGKILL in "
+                f"{signal_name(signum)}: stopping {self.what} with SIGTERM; SIGKILL in "
                 f"{self.grace_s:g} s or at the next signal"
             )
             if self.proc.poll() is None:
@@ -275,7 +270,7 @@ class _Stopper:
                 _signal_group(self.proc.pid, signal.SIGTERM)
             self.deadline = time.monotonic() + self.grace_s
         elif not self.killed:
-            _say(f"{_name(signum)} again: killing {self.what} now")
+            _say(f"{signal_name(signum)} again: killing {self.what} now")
             self.kill()
         # Later signals of a burst change nothing: the job is being killed already.
 
@@ -412,10 +407,13 @@ def run_child(
         for sig in [sig for sig in recorder.pending if sig in FORWARD_SIGNALS]:
             # Nothing to hand it on to yet (and nothing to save): it is dropped.
             recorder.pending.remove(sig)
-            _say(f"{_name(sig)} before {what} started: no worker to forward it to; ignored")
+            _say(f"{signal_name(sig)} before {what} started: no worker to forward it to; ignored")
         if recorder.pending:  # stopped before the job started: do not start it
             first = recorder.pending[0]
-            _say(f"{_name(first)} before {what} started; not starting it; exit code {128 + first}")
+            _say(
+                f"{signal_name(first)} before {what} started; not starting it; "
+                f"exit code {128 + first}"
+            )
             return 128 + first
         proc = subprocess.Popen(
             list(cmd), env={**env, ENV_PARENT_PID: str(os.getpid())}, start_new_session=True
@@ -458,8 +456,11 @@ def run_child(
         # checkpoint and chose their exit code: the one a requeue script tests for. (The child
         # exits with it, or, torchrun, with 128 + signal; any other code is a failure that a
         # record cannot hide.)
-        _say(f"stopped by {_name(stop.signum)}; the job saved its checkpoint; exit code {saved}")
+        _say(
+            f"stopped by {signal_name(stop.signum)}; the job saved its checkpoint; "
+            f"exit code {saved}"
+        )
         return saved
     code = 128 + stop.signum
-    _say(f"stopped by {_name(stop.signum)}; exit code {code}")
+    _say(f"stopped by {signal_name(stop.signum)}; exit code {code}")
     return code

@@ -127,7 +127,7 @@ def test_a_killed_writer_fails_its_save_once_and_training_goes_on(
         model[0].weight.add_(1.0)  # training goes on
     second = acc.save_state(async_save=True)  # reports the crash (once), does not raise
     warnings = [r for r in caplog.records if "writer process died" in r.getMessage()]
-    assert len(warnings) == 1 and "signal 9" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "killed by SIGKILL" in warnings[0].getMessage()
     assert "checkpoint_1" in warnings[0].getMessage()
     assert second.result(timeout=120).endswith("checkpoint_2")
     assert _writer(acc).pid not in (None, first)  # a new writer

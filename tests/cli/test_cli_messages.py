@@ -164,3 +164,29 @@ def test_one_process_and_a_module_get_the_line_too(tmp_path: Path) -> None:
     assert last.startswith("accelkit launch: rank 0 failed: ValueError: xxx")
     assert last.endswith("...") and len(last) < 500  # cut to a sane length
     assert "runpy" not in proc.stderr
+
+
+def test_a_wrong_type_error_is_a_message_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A ``WrongTypeError`` is accelkit refusing input on purpose (with its fix): the ckpt
+    commands print it on one line and exit 2; a plain ``TypeError`` is still a bug of ours and
+    keeps its traceback."""
+
+    from accelkit.cli._ckpt_common import command
+    from accelkit.errors import WrongTypeError
+
+    def refuse(args: argparse.Namespace) -> int:
+        raise WrongTypeError("keep=<list>: expected a whole number; pass --keep 3")
+
+    def bug(args: argparse.Namespace) -> int:
+        raise TypeError("unsupported operand")
+
+    args = argparse.Namespace(path="/runs/x")
+    assert command("ls", refuse)(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "accelkit ckpt ls: error: keep=<list>: expected a whole number; pass --keep 3"
+    )
+    with pytest.raises(TypeError, match="unsupported operand"):
+        command("ls", bug)(args)

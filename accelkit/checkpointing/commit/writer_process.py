@@ -54,6 +54,7 @@ import torch
 
 from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.storage import Storage, WrittenFile
+from accelkit.runtime.preemption import signal_name
 
 __all__ = [
     "CHUNK_BYTES",
@@ -501,7 +502,7 @@ class WriterProcess:
                 code = proc.wait()
         self._close_channels()
         how = (
-            f"killed by signal {-code} ({signal.Signals(-code).name})"
+            f"killed by {signal_name(-code)}"
             if code is not None and code < 0
             else f"exit status {code}"
         )
