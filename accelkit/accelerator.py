@@ -192,18 +192,6 @@ class Accelerator:
         self._settings = Settings(
             self.state, self.dataloader_config, self.kwargs_handlers, log_with
         )
-        self._training = Training(
-            self._processes,
-            self._prepared,
-            self.gradient_state,
-            self.dataloader_config,
-            self.kwargs_handlers,
-            device_placement=device_placement,
-            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
-            fsdp=fsdp,
-            dynamo_plugin=self.dynamo_plugin,
-        )
-        self._ddp_kwargs = self._training.ddp_kwargs
         self.project_configuration = _ckpt_config.resolve_project_configuration(
             project_config, project_dir, logging_dir
         )
@@ -217,6 +205,23 @@ class Accelerator:
             self.project_configuration,
             _training.unwrap_model,
         )
+        self._training = Training(
+            self._processes,
+            self._prepared,
+            self.gradient_state,
+            self.dataloader_config,
+            self.kwargs_handlers,
+            device_placement=device_placement,
+            step_scheduler_with_optimizer=step_scheduler_with_optimizer,
+            fsdp=fsdp,
+            dynamo_plugin=self.dynamo_plugin,
+            # Checkpoints of an earlier run that training would collide with: warned about at
+            # the first backward() (or save_state()) unless load_state() ran first.
+            on_first_backward=self._checkpointing.before_training,
+            # free_memory() must not drop tensors an overlapped save is still copying.
+            before_release=self._checkpointing.wait_for_snapshot,
+        )
+        self._ddp_kwargs = self._training.ddp_kwargs
         self._trackers = TrackerHub.create(
             log_with,
             logging_dir=self.project_configuration.logging_dir,
@@ -246,12 +251,7 @@ class Accelerator:
         _preflight.check_run(
             self.project_configuration, bool(self._trackers.requested_names), self.state
         )
-        # Checkpoints of an earlier run that training would collide with: warned about at the
-        # first backward() (or save_state()) unless load_state() ran first.
         self._checkpointing.look_for_earlier_checkpoints()
-        self._training.on_first_backward = self._checkpointing.before_training
-        # free_memory() must not drop tensors an overlapped save is still copying.
-        self._training.before_release = self._checkpointing.wait_for_snapshot
 
     # Who this process is (AcceleratorState), process control, collectives (accelkit.runtime.ops).
 

@@ -46,6 +46,10 @@ class Training:
         step_scheduler_with_optimizer: step prepared schedulers with the optimizer.
         fsdp: the FSDP runtime when models are sharded, else None.
         dynamo_plugin: how prepared models are compiled.
+        on_first_backward: called once, at the first ``backward()``: training starts there (the
+            facade checks that a resumable project is resumed, before the first optimizer step).
+        before_release: called by ``free_memory()`` first (waits for an overlapped save's
+            background copy).
     """
 
     def __init__(
@@ -60,6 +64,8 @@ class Training:
         step_scheduler_with_optimizer: bool,
         fsdp: _fsdp.FSDPRuntime | None,
         dynamo_plugin: _dynamo.TorchDynamoPlugin,
+        on_first_backward: Callable[[], None] | None = None,
+        before_release: Callable[[], None] | None = None,
     ) -> None:
         self.processes = processes
         self.prepared = prepared
@@ -71,11 +77,8 @@ class Training:
         self.fsdp = fsdp
         ddp = _kwargs.DistributedDataParallelKwargs
         self.ddp_kwargs = _kwargs.collect(kwargs_handlers, ddp)
-        # Called once, at the first backward(): training starts there (the facade checks
-        # that a resumable project is resumed, before the first optimizer step).
-        self.on_first_backward: Callable[[], None] | None = None
-        # Called by free_memory() first: waits for an overlapped save's background copy.
-        self.before_release: Callable[[], None] | None = None
+        self.on_first_backward = on_first_backward
+        self.before_release = before_release
         self.ddp_handler: _kwargs.DistributedDataParallelKwargs | None = _kwargs.find(
             kwargs_handlers, ddp
         )
