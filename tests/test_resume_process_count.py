@@ -174,13 +174,12 @@ def test_an_older_position_without_the_global_record_applies_per_process() -> No
 # ------------------------------------------------------------------- real multi-process jobs
 
 
-def _accelerator(workers: int, stateful: bool) -> tuple[Any, Any]:
+def _accelerator(workers: int, stateful: bool, dispatch: bool = False) -> tuple[Any, Any]:
     from accelkit import Accelerator, DataLoaderConfiguration, set_seed
 
     set_seed(0)
-    acc = Accelerator(
-        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful)
-    )
+    config = DataLoaderConfiguration(use_stateful_dataloader=stateful, dispatch_batches=dispatch)
+    acc = Accelerator(cpu=True, dataloader_config=config)
     loader = DataLoader(torch.arange(SAMPLES), batch_size=BATCH, shuffle=True, num_workers=workers)
     return acc, acc.prepare(loader)
 
@@ -196,12 +195,18 @@ def _steps(acc: Any, loader: Any, limit: int | None = None) -> list[int]:
 
 
 def _job(
-    folder: str, save_epoch: int, save_after: int, workers: int, stateful: bool, style: str
+    folder: str,
+    save_epoch: int,
+    save_after: int,
+    workers: int,
+    stateful: bool,
+    style: str,
+    dispatch: bool = False,
 ) -> dict[str, Any]:
     """``style``: "full" (uninterrupted), "save" (stop and save after ``save_after`` steps of
     epoch ``save_epoch``; 0: after the whole epoch), "load" (iterate the loader after
     ``load_state``) or "skip" (``skip_first_batches`` with the saving run's count)."""
-    acc, loader = _accelerator(workers, stateful)
+    acc, loader = _accelerator(workers, stateful, dispatch)
     epochs: list[list[int]] = []
     if style in ("full", "save"):
         for epoch in range(EPOCHS):
@@ -230,13 +235,14 @@ def _resume(
     workers: int = 0,
     stateful: bool = False,
     style: str = "load",
+    dispatch: bool = False,
 ) -> tuple[list[list[int]], list[list[int]], dict[str, Any]]:
     """The uninterrupted run's epochs, the saving run's, and the resumed run's result."""
     folder = str(tmp_path / "ckpt")
     args = (folder, save_epoch, save_after, workers, stateful)
-    full = run_distributed(_job, *args, "full", world_size=saved_on, timeout=300)[0]
-    saved = run_distributed(_job, *args, "save", world_size=saved_on, timeout=300)[0]
-    resumed = run_distributed(_job, *args, style, world_size=resumed_on, timeout=300)
+    full = run_distributed(_job, *args, "full", dispatch, world_size=saved_on, timeout=300)[0]
+    saved = run_distributed(_job, *args, "save", dispatch, world_size=saved_on, timeout=300)[0]
+    resumed = run_distributed(_job, *args, style, dispatch, world_size=resumed_on, timeout=300)
     assert all(r == resumed[0] for r in resumed)  # gathered: every process saw the same steps
     return full["epochs"], saved["epochs"], resumed[0]
 
@@ -308,6 +314,13 @@ def _load_old(folder: str) -> list[int]:
     acc, loader = _accelerator(0, False)
     acc.load_state(folder)
     return _steps(acc, loader)
+
+
+@pytest.mark.slow
+def test_a_dispatching_loader_resumes_on_another_count(tmp_path: Path) -> None:
+    # dispatch_batches: the main process reads the user's batches (2, then 3, per step).
+    full, saved, resumed = _resume(tmp_path, 2, 3, dispatch=True)
+    _check_exactly_once(full, saved, resumed)
 
 
 def _strip_global_record(folder: Path) -> None:
