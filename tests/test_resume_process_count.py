@@ -57,8 +57,12 @@ def _rank_loaders(processes: int, *, split: bool = False, iterable: bool = False
 
 
 def _global_order(loaders: list[Any], steps: int | None = None) -> list[int]:
-    """The samples of the next ``steps`` steps (all, if None), rank after rank per step."""
-    iterators = [iter(loader) for loader in loaders]
+    """The samples of the next ``steps`` steps of a new pass (all, if None), rank after rank."""
+    return _take([iter(loader) for loader in loaders], steps)
+
+
+def _take(iterators: list[Any], steps: int | None = None) -> list[int]:
+    """The samples of the next ``steps`` steps of ``iterators`` (all, if None)."""
     out: list[int] = []
     taken = 0
     while steps is None or taken < steps:
@@ -102,7 +106,8 @@ def test_a_position_saved_after_a_resume_on_another_count_carries_on() -> None:
     two = _rank_loaders(2)
     for loader in two:
         loader.load_state_dict(one[0].state_dict())
-    middle = _global_order(two, 1)
+    passes = [iter(loader) for loader in two]
+    middle = _take(passes, 1)
     state = two[0].state_dict()
     assert state[GLOBAL_POSITION]["units"] == 5
     for processes in (3, 2):
@@ -115,6 +120,9 @@ def test_a_position_saved_after_a_resume_on_another_count_carries_on() -> None:
         # epoch's first samples, as in an uninterrupted run (``even_batches``).
         padding = order[SAMPLES:]
         assert padding == list(range(len(padding))) and len(padding) < processes * BATCH
+    rest = _take(passes)  # the rest of the epoch on 2: the next one starts at its beginning
+    assert (before + middle + rest)[:SAMPLES] == list(range(SAMPLES))
+    assert two[0].state_dict()[GLOBAL_POSITION]["units"] == 0
 
 
 def test_a_save_right_after_a_load_keeps_the_saved_position() -> None:

@@ -475,7 +475,7 @@ class PreparedLoaderMixin:
                     on_boundary("batch" if upcoming is not _END else "end", self)
                 current = upcoming
             pos.epoch += 1
-            pos.yielded = 0
+            pos.start_pass(0, 0)
             pos.end = False
             self._len_skip = 0
         finally:
