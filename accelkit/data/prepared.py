@@ -544,7 +544,7 @@ class PreparedLoaderMixin:
             out[GLOBAL_POSITION] = dict(pos.pending_global)
         if pos.restored:
             randomness = pos.pending_randomness
-        elif not pos.end and pos.yielded > 0:  # the epoch's draws, to replay it
+        elif not pos.end and (pos.yielded > 0 or pos.base_units > 0):  # to replay the epoch
             randomness = pos.randomness
         else:  # between epochs: where the next epoch's draws start
             randomness = self._shuffling.record()
