@@ -9,9 +9,9 @@
   states are the same on every process, a dataloader position records the epoch's global
   place (see :mod:`accelkit.data.prepared`), and the random states of processes the saving run
   did not have are seeded from ``(step, iteration, rank)`` (deterministic, but not the
-  continuation an equal process count gives). A dataloader position without the global record
-  (an older checkpoint) is per process: that load warns, naming the process count to resume
-  with.
+  continuation an equal process count gives), so such a load warns once, on the main process,
+  naming the process count that continues bit for bit; for a dataloader position without the
+  global record (an older checkpoint, a per-process count) the warning names its file.
 - **apply**: the sharded state first, a collective that reshards to this run's process count
   (:func:`~accelkit.checkpointing.sharded.load_sharded`, which checks its files before DCP
   loads into the live parameters), then the rest
@@ -92,8 +92,8 @@ class NativeReader:
             self._report_process_count()
 
     def _report_process_count(self) -> None:
-        """Say what a load on another number of processes carries over, and warn where a
-        dataloader position cannot be (an older checkpoint's per-process count)."""
+        """Warn about a load on another number of processes: what it carries over, and, for an
+        older checkpoint's per-process dataloader count, what it cannot."""
         source, saved = self.source, self.manifest.world_size
         loaders = self._plain.dataloaders
         per_process = [
@@ -118,13 +118,16 @@ class NativeReader:
                 saved,
             )
         else:
-            logger.info(
+            logger.warning(
                 "%s was saved by %d process(es) and this run has %d: the dataloaders continue "
-                "the epoch at its global position; processes without saved random states are "
-                "seeded deterministically from the checkpoint and their rank.",
+                "the epoch at its global position (every sample once, in the saved order), but "
+                "per-process random streams (dropout) cannot: processes without saved random "
+                "states are seeded deterministically from the checkpoint and their rank. "
+                "Resume with --num_processes %d for a bitwise continuation.",
                 source.path,
                 saved,
                 source.world_size,
+                saved,
             )
 
     def apply(self) -> Manifest:
