@@ -229,7 +229,13 @@ def test_state_saved_on_the_last_batch_points_to_the_next_epoch() -> None:
         data_seed=3,
     )
     states = [loader.state_dict() for _ in loader]
-    assert states[-1] == {"epoch": 1, "batches_yielded": 0, "seed": 3}
+    assert states[-1] == {
+        "epoch": 1,
+        "batches_yielded": 0,
+        "seed": 3,
+        # The start of the next epoch in the global order, too.
+        "global_position": {"num_processes": 1, "units": 0, "unit": "batches", "unit_size": 2},
+    }
     with pytest.raises(KeyError, match="batches_yielded"):
         loader.load_state_dict({"epoch": 1})
 

@@ -2,9 +2,10 @@
 
 ``accelkit.data`` is a public path: its names are those of :mod:`.preparation`. The room's
 modules: :mod:`.preparation` (``prepare_data_loader``, ``DataLoaderConfiguration``,
-``skip_first_batches``), :mod:`.prepared` (the prepared loader classes), :mod:`.sampling`
-(samplers that shard), :mod:`.dispatch` (the main process reads, every process gets its slice)
-and :mod:`.batches` (nested batches: structure, slices, size).
+``skip_first_batches``), :mod:`.prepared` (the prepared loader classes), :mod:`.position`
+(where a pass is in its epoch's global order and shuffling, for a resume on any process count),
+:mod:`.sampling` (samplers that shard), :mod:`.dispatch` (the main process reads, every process
+gets its slice) and :mod:`.batches` (nested batches: structure, slices, size).
 """
 
 from __future__ import annotations

@@ -17,6 +17,16 @@ uninterrupted run:
 In the reference the skip is applied on every pass of the skipping loader, and with a stateful
 dataloader the restored position also applies to the next pass of the original one, so the epoch
 after the resumed one loses its first ``n`` batches; here neither happens.
+
+**Another number of processes.** A saved position also records where the epoch is in its
+*global* order (``"global_position"``: how many batches of the user's batch sampler, or samples
+of an iterable dataset, every process together has consumed, and on how many processes). A
+loader restored on another number of processes starts its next pass there, before the batches
+are dealt to the processes, so every sample of the epoch is seen exactly once and in the saving
+run's global order; the shuffling generator is matched by its role (the shared generator of a
+multi-process run, or the per-pass seed of a one-process run), so the resumed epoch's order is
+the interrupted one's. A position without that record (an older checkpoint) is per process and
+is applied as it is (the checkpoint reader warns when the process count differs).
 """
 
 from __future__ import annotations
@@ -32,13 +42,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from accelkit.data.dispatch import Dispatch, dispatched_batches
+from accelkit.data.position import GLOBAL_POSITION, GlobalOrder, Shuffling
 from accelkit.data.sampling import (
     BatchSamplerShard,
     IterableDatasetShard,
     RecordedRandomSampler,
     SeedableRandomSampler,
 )
-from accelkit.errors import ConfigurationError, DependencyError
+from accelkit.errors import DependencyError
 from accelkit.runtime import ops
 from accelkit.runtime.preemption import spare_child_processes
 from accelkit.training.optim import GradientState
@@ -93,10 +104,13 @@ class _Position:
     """
 
     __slots__ = (
+        "base_units",
+        "base_yielded",
         "end",
         "epoch",
         "offset",
         "pending",
+        "pending_global",
         "pending_inner",
         "pending_offset",
         "pending_randomness",
@@ -119,17 +133,47 @@ class _Position:
         # The shuffling randomness of the current pass as it was when the pass started.
         self.randomness: dict[str, Any] | None = None
         self.pending_randomness: dict[str, Any] | None = None
+        # The restored global record (None: none, or an older checkpoint's per-process count).
+        self.pending_global: dict[str, Any] | None = None
+        # Where the current pass started in the epoch's global order (units of the global
+        # record) and the value of ``yielded`` then: the global position is computed from them.
+        self.base_units = 0
+        self.base_yielded = 0
 
-    def take_pending(self) -> tuple[bool, int, dict[str, Any] | None, int, dict[str, Any] | None]:
+    def load_torchdata(self, state_dict: dict[str, Any]) -> None:
+        """Resume from a ``StatefulDataLoader`` state (the epoch is kept: it holds none)."""
+        self.restored = True
+        self.pending = self.yielded = _torchdata_yielded(state_dict)
+        self.end = False
+        self.pending_inner = self.snapshot = dict(state_dict)
+        self.pending_offset = self.offset = 0
+        self.pending_randomness = None
+        self.pending_global = None
+
+    def start_pass(self, yielded: int, units: int) -> None:
+        """The pass starts ``yielded`` batches of this process, ``units`` of the global order,
+        into its epoch."""
+        self.yielded = self.base_yielded = yielded
+        self.base_units = units
+
+    def units(self, per_step: int) -> int:
+        """Where the pass is in its epoch's global order (``per_step`` units per batch)."""
+        return self.base_units + (self.yielded - self.base_yielded) * per_step
+
+    def take_pending(
+        self,
+    ) -> tuple[bool, int, dict[str, Any] | None, int, dict[str, Any] | None, dict[str, Any] | None]:
         out = (
             self.restored,
             self.pending,
             self.pending_inner,
             self.pending_offset,
             self.pending_randomness,
+            self.pending_global,
         )
         self.restored, self.pending, self.pending_inner, self.pending_offset = False, 0, None, 0
         self.pending_randomness = None
+        self.pending_global = None
         return out
 
 
@@ -200,6 +244,10 @@ class PreparedLoaderMixin:
         self._len_skip = skip or 0  # what len() leaves out until that pass is over
         self._premade = False  # premake_iterator made the first pass's iterator
         self._drawn = False  # that iterator's draw stands for this loader's first pass
+        self._shuffling = Shuffling(recipe.recorded_sampler, recipe.loader_kwargs.get("generator"))
+        self._order = GlobalOrder(
+            recipe.dispatch, shard, recipe.iterable_shard, recipe.dispatch_batching
+        )
         # The device copy is decided once here, not per batch.
         self._on_device = device_is_remote(recipe.device)
 
@@ -274,32 +322,6 @@ class PreparedLoaderMixin:
             length = self._recipe.dispatch.length(length)
         return max(0, length - self._len_skip)
 
-    def _generators(self) -> list[torch.Generator]:
-        """The generators whose states at the start of a pass decide its randomness."""
-        found: list[torch.Generator] = []
-        recorded = self._recipe.recorded_sampler
-        for generator in (
-            None if recorded is None else recorded.generator,
-            self._recipe.loader_kwargs.get("generator"),
-        ):
-            if generator is not None and all(generator is not g for g in found):
-                found.append(generator)
-        return found
-
-    def _restore_randomness(self, randomness: dict[str, Any] | None, resumed: bool) -> None:
-        """Put back the generator states (and, for a resumed pass, the drawn sampler seed) a
-        restored position recorded; then record this pass's starting states."""
-        generators = self._generators()
-        if randomness is not None:
-            for generator, saved in zip(generators, randomness["generator_states"]):
-                generator.set_state(_generator_state(saved, generator))
-            if resumed and self._recipe.recorded_sampler is not None:
-                self._recipe.recorded_sampler.replay_seed = randomness.get("sampler_seed")
-        self._pos.randomness = {
-            "generator_states": [g.get_state() for g in generators],
-            "sampler_seed": None,
-        }
-
     def _begin(self) -> tuple[int, bool]:
         """Prepare a pass; return how many batches ``__iter__`` must read and drop, and whether
         the pass resumes one that a checkpoint interrupted (its random draws were made then)."""
@@ -311,24 +333,42 @@ class PreparedLoaderMixin:
             self._iterable_shard.set_epoch(pos.epoch)
         elif self._recipe.dispatch is not None and hasattr(self._recipe.dataset, "set_epoch"):
             self._recipe.dataset.set_epoch(pos.epoch)
-        restored, pending, inner, offset, randomness = pos.take_pending()
-        resumed = restored and pending > 0
+        restored, pending, inner, offset, randomness, carried = pos.take_pending()
+        order = self._order
+        # units: where the pass starts in the epoch's global order, when the restored position
+        # was saved on another number of processes (None: the per-process count applies).
+        units = None if carried is None else order.carried_units(carried)
+        resumed = restored and (pending > 0 if units is None else units > 0)
         if restored or pos.epoch != 0 or self._skip:
             self._drop_premade()
         self._premade = False
-        self._restore_randomness(randomness, resumed)
+        pos.randomness = self._shuffling.restore(randomness, resumed)
         explicit, self._skip = self._skip, None
         self._len_skip = explicit or 0
+        per_step = order.units_per_step
         skip = pending
         if explicit is not None:
-            if restored and explicit != pending:
-                _warn_skip_mismatch(explicit, pending, pos.epoch)
-            if explicit != pending:
-                inner, offset = None, 0  # the saved StatefulDataLoader state is another place
-            skip = explicit
-        pos.yielded = skip
+            # skip_first_batches with the restored count (of the saving run's processes, or
+            # converted to this run's) is the restored position, wherever it is.
+            same = units is not None and explicit in (pending, units // per_step)
+            if not same:
+                if restored and explicit != pending:
+                    _warn_skip_mismatch(explicit, pending, pos.epoch)
+                if explicit != pending:
+                    inner, offset = None, 0  # the saved StatefulDataLoader state is another place
+                skip, units = explicit, None
         pos.end = False
         self.remainder = self._recipe.remainder
+        order.skip(units or 0)
+        if units is not None:
+            # Another process count: the saved StatefulDataLoader state is one process's share
+            # of another division; the samplers start the pass at the global position instead.
+            pos.start_pass(units // per_step, units)
+            pos.offset = pos.yielded if self._stateful else 0
+            if self._shard is not None:
+                self._shard.pass_skip = 0
+            return 0, resumed
+        pos.start_pass(skip, skip * per_step)
         drop = 0
         sampler_skip = 0
         if self._stateful and inner is not None and resumed:
@@ -435,7 +475,7 @@ class PreparedLoaderMixin:
                     on_boundary("batch" if upcoming is not _END else "end", self)
                 current = upcoming
             pos.epoch += 1
-            pos.yielded = 0
+            pos.start_pass(0, 0)
             pos.end = False
             self._len_skip = 0
         finally:
@@ -451,6 +491,8 @@ class PreparedLoaderMixin:
             self.remainder = size
 
         main = base if dispatch.process_index == 0 else None
+        if main is not None:
+            main = self._order.skipped(main)
         return dispatched_batches(main, dispatch, on_round)
 
     def _mark_end(self) -> None:
@@ -482,6 +524,12 @@ class PreparedLoaderMixin:
         epoch. With ``use_stateful_dataloader`` it also holds the ``StatefulDataLoader`` state
         (under ``"stateful_dataloader"``; None before the first batch) and how many batches the
         sampler skipped before that state started counting (``"sampler_offset"``).
+
+        ``"global_position"`` records the same place in the epoch's global order, for a resume
+        on another number of processes: ``num_processes`` (of this run), ``units`` (what every
+        process together has consumed of the epoch), ``unit`` (``"batches"`` of the user's
+        batch sampler, or ``"samples"`` of an iterable dataset) and ``unit_size`` (samples per
+        unit; None when batches vary in size).
         """
         pos = self._pos
         out: dict[str, Any] = {
@@ -489,13 +537,17 @@ class PreparedLoaderMixin:
             "batches_yielded": 0 if pos.end else pos.yielded,
             "seed": None if self._random_sampler is None else self._random_sampler.seed,
         }
+        if not pos.restored:
+            units = 0 if pos.end else pos.units(self._order.units_per_step)
+            out[GLOBAL_POSITION] = self._order.record(units)
+        elif pos.pending_global is not None:  # not iterated since the load: as it was saved
+            out[GLOBAL_POSITION] = dict(pos.pending_global)
         if pos.restored:
             randomness = pos.pending_randomness
-        elif not pos.end and pos.yielded > 0:  # the epoch's draws, to replay it
+        elif not pos.end and (pos.yielded > 0 or pos.base_units > 0):  # to replay the epoch
             randomness = pos.randomness
         else:  # between epochs: where the next epoch's draws start
-            states = [g.get_state() for g in self._generators()]
-            randomness = {"generator_states": states, "sampler_seed": None}
+            randomness = self._shuffling.record()
         if randomness and (
             randomness["generator_states"] or randomness["sampler_seed"] is not None
         ):
@@ -523,7 +575,7 @@ class PreparedLoaderMixin:
         self._drop_premade()
         self._drawn = bool(isinstance(state_dict, dict) and state_dict.get("first_pass_drawn"))
         if self._stateful and _is_torchdata_state(state_dict):
-            self._load_torchdata_state(state_dict)
+            self._pos.load_torchdata(state_dict)
             return
         for key in ("epoch", "batches_yielded"):
             if key not in state_dict:
@@ -543,17 +595,8 @@ class PreparedLoaderMixin:
         pos.pending_inner = pos.snapshot = inner
         pos.pending_offset = pos.offset = int(state_dict.get("sampler_offset") or 0)
         pos.pending_randomness = state_dict.get("randomness")
-
-    def _load_torchdata_state(self, state_dict: dict[str, Any]) -> None:
-        """Resume from a ``StatefulDataLoader`` state (the epoch is kept: it holds none)."""
-        pos = self._pos
-        yielded = _torchdata_yielded(state_dict)
-        pos.restored = True
-        pos.pending = pos.yielded = yielded
-        pos.end = False
-        pos.pending_inner = pos.snapshot = dict(state_dict)
-        pos.pending_offset = pos.offset = 0
-        pos.pending_randomness = None
+        carried = state_dict.get(GLOBAL_POSITION)
+        pos.pending_global = dict(carried) if isinstance(carried, dict) else None
 
     # ------------------------------------------------------------- skipping
 
@@ -604,23 +647,6 @@ def _warn_skip_mismatch(explicit: int, pending: int, epoch: int) -> None:
         "iterate the dataloader itself (it resumes on its own after load_state).",
         stacklevel=4,
     )
-
-
-def _generator_state(saved: Any, generator: torch.Generator) -> torch.Tensor:
-    """``saved`` as a state ``generator`` accepts (a compact copy: a checkpoint's tensors may be
-    views into a mapped file).
-
-    Raises:
-        ValueError: if ``saved`` is not a generator state of the right size.
-    """
-    size = generator.get_state().numel()
-    if not isinstance(saved, torch.Tensor) or saved.dtype != torch.uint8 or saved.numel() != size:
-        raise ConfigurationError(
-            f"the dataloader state's generator state is {type(saved).__name__} "
-            f"{getattr(saved, 'dtype', '')} {tuple(getattr(saved, 'shape', ()))}, expected a "
-            f"uint8 tensor of {size} elements; load a checkpoint saved by the same script."
-        )
-    return saved.reshape(-1).clone()
 
 
 def _rebuild_pickled(

@@ -177,6 +177,11 @@ class BatchSamplerShard(Sampler[list[int]]):
     Attributes:
         pass_skip: batches to leave out at the start of the current pass, on top of
             ``skip_batches`` (a prepared dataloader sets it before each pass; not in ``len()``).
+        pass_skip_global: batches *of the wrapped batch sampler* to leave out at the start of
+            the current pass, before they are dealt or split: a position of the epoch's global
+            order, the same on any number of processes (a run resumed on another process count
+            starts there). The skipped batches still count as the epoch's first ones for the
+            padding of the last round.
 
     Raises:
         ValueError: for ``split_batches`` with a batch size not divisible by ``P``.
@@ -200,6 +205,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         self.drop_last: bool = bool(getattr(batch_sampler, "drop_last", False))
         self.skip_batches = skip_batches
         self.pass_skip = 0
+        self.pass_skip_global = 0
         if split_batches and num_processes > 1:
             _check_split(self.batch_size, num_processes)
 
@@ -227,7 +233,9 @@ class BatchSamplerShard(Sampler[list[int]]):
         # iterator is made (a StatefulDataLoader may make one early, for its state_dict()).
         skip = self.skip_batches + self.pass_skip
         if self.num_processes == 1:
-            batches: Iterator[list[int]] = iter(self.batch_sampler)
+            batches: Iterator[list[int]] = itertools.islice(
+                iter(self.batch_sampler), self.pass_skip_global, None
+            )
         elif self.split_batches:
             batches = self._iter_split()
         else:
@@ -240,9 +248,13 @@ class BatchSamplerShard(Sampler[list[int]]):
         size, rank, bs = self.num_processes, self.process_index, self.batch_size
         head: list[list[int]] = []  # the first round's batches, to wrap around to
         round_: list[list[int]] = []
+        left_out = self.pass_skip_global
         for batch in self.batch_sampler:
             if len(head) < size:
                 head.append(batch)
+            if left_out:
+                left_out -= 1
+                continue
             round_.append(batch)
             if len(round_) == size and (bs is None or len(batch) == bs):
                 yield round_[rank]
@@ -266,9 +278,13 @@ class BatchSamplerShard(Sampler[list[int]]):
         assert bs is not None
         per = bs // size
         head: list[list[int]] = []
+        left_out = self.pass_skip_global
         for batch in self.batch_sampler:
             if not head:
                 head.append(batch)
+            if left_out:
+                left_out -= 1
+                continue
             if len(batch) < bs:
                 if self.drop_last:
                     return
@@ -304,6 +320,9 @@ class IterableDatasetShard(IterableDataset[Any]):
     (``even_batches``), dropped (``drop_last``), or cut unevenly.
 
     Attributes:
+        pass_skip_samples: samples of the stream to leave out at the start of the current pass
+            (a position of the epoch's global order, the same on any number of processes; they
+            still count as the epoch's first samples for the padding of the last buffer).
         last_remainder: after a full pass, the real samples in the final buffer (0 if it was not
             padded), so ``gather_for_metrics`` can drop the padding even without ``len()``.
     """
@@ -325,6 +344,7 @@ class IterableDatasetShard(IterableDataset[Any]):
         self.process_index = process_index
         self.drop_last = drop_last
         self.even_batches = even_batches
+        self.pass_skip_samples = 0
         self.last_remainder = -1
 
     def set_epoch(self, epoch: int) -> None:
@@ -345,9 +365,13 @@ class IterableDatasetShard(IterableDataset[Any]):
         head: list[Any] = []
         buffer: list[Any] = []
         self.last_remainder = -1
+        left_out = self.pass_skip_samples
         for item in self.dataset:
             if len(head) < self.batch_size:
                 head.append(item)
+            if left_out:
+                left_out -= 1
+                continue
             buffer.append(item)
             if len(buffer) == self.batch_size:
                 yield from buffer[lo:hi]

@@ -2,14 +2,16 @@
 :class:`~accelkit.checkpointing.restore.sequence.LoadSequence` for folders in state ``committed``.
 
 - **check**: sharded (FSDP) state is loaded only into sharded models and the reverse
-  (:func:`~accelkit.checkpointing.sharded.check_load_compatible`); a checkpoint saved by another
-  number of processes, without sharded state, loads with a warning (its weights and optimizer
-  states are the same on every process; the random states of processes the saving run did not
-  have are seeded from ``(step, iteration, rank)``: deterministic, but not the continuation an
-  equal process count gives).
+  (:func:`~accelkit.checkpointing.sharded.check_load_compatible`).
 - **read**: :func:`~accelkit.checkpointing.objects.contents.read_contents` reads and checks the
   files of the objects that are not sharded (sizes and, with ``verify``, checksums against the
-  manifest).
+  manifest). A checkpoint saved by another number of processes loads: its weights and optimizer
+  states are the same on every process, a dataloader position records the epoch's global
+  place (see :mod:`accelkit.data.prepared`), and the random states of processes the saving run
+  did not have are seeded from ``(step, iteration, rank)`` (deterministic, but not the
+  continuation an equal process count gives), so such a load warns once, on the main process,
+  naming the process count that continues bit for bit; for a dataloader position without the
+  global record (an older checkpoint, a per-process count) the warning names its file.
 - **apply**: the sharded state first, a collective that reshards to this run's process count
   (:func:`~accelkit.checkpointing.sharded.load_sharded`, which checks its files before DCP
   loads into the live parameters), then the rest
@@ -36,6 +38,7 @@ from accelkit.checkpointing.sharded import (
     load_sharded,
     sharded_targets,
 )
+from accelkit.data.position import GLOBAL_POSITION
 
 __all__ = ["NativeReader"]
 
@@ -60,8 +63,7 @@ class NativeReader:
         self._loaded = LoadedContents()
 
     def check(self, objects: TrainingObjects) -> None:
-        """Refuse sharded state for unsharded models and the reverse; warn about another
-        process count.
+        """Refuse sharded state for unsharded models and the reverse.
 
         Raises:
             CheckpointMismatchError: naming what is missing and what to do.
@@ -72,17 +74,6 @@ class NativeReader:
         targets = sharded_targets(objects.models, objects.optimizers)
         check_load_compatible(source.storage, source.path, targets)
         self._targets = targets
-        if self.manifest.world_size != source.world_size and not targets:
-            logger.warning(
-                "%s was saved by %d process(es) and this run has %d: processes without saved "
-                "random states are seeded deterministically, and a mid-epoch dataloader "
-                "position refers to the old process count. Resume with --num_processes %d for "
-                "an exact continuation.",
-                source.path,
-                self.manifest.world_size,
-                source.world_size,
-                self.manifest.world_size,
-            )
 
     def read(self, objects: TrainingObjects) -> None:
         """Read and check the files of every object that is not sharded; change nothing.
@@ -97,6 +88,47 @@ class NativeReader:
         self._loaded = read_contents(
             source.storage, source.path, self.manifest, self._plain, source.rank, source.verify
         )
+        if self.manifest.world_size != source.world_size and source.is_main:
+            self._report_process_count()
+
+    def _report_process_count(self) -> None:
+        """Warn about a load on another number of processes: what it carries over, and, for an
+        older checkpoint's per-process dataloader count, what it cannot."""
+        source, saved = self.source, self.manifest.world_size
+        loaders = self._plain.dataloaders
+        per_process = [
+            file
+            for obj, state, file in self._loaded.states
+            if any(obj is loader for loader in loaders)
+            and isinstance(state, dict)
+            and "batches_yielded" in state
+            and GLOBAL_POSITION not in state
+        ]
+        if per_process:
+            logger.warning(
+                "%s was saved by %d process(es) and this run has %d, and its dataloader "
+                "position (%s) is a per-process count from before accelkit recorded the "
+                "epoch's global position: the resumed epoch may repeat or leave out samples. "
+                "Resume with --num_processes %d for an exact continuation (checkpoints saved "
+                "from now on resume exactly on any number of processes).",
+                source.path,
+                saved,
+                source.world_size,
+                ", ".join(per_process),
+                saved,
+            )
+        else:
+            logger.warning(
+                "%s was saved by %d process(es) and this run has %d: the dataloaders continue "
+                "the epoch at its global position (every sample once, in the saved order), but "
+                "per-process random streams (dropout) cannot: processes without saved random "
+                "states are seeded deterministically from the checkpoint and their rank. "
+                "Resume with --num_processes %d for a bitwise continuation.",
+                source.path,
+                saved,
+                source.world_size,
+                saved,
+            )
 
     def apply(self) -> Manifest:
         """Load the sharded state (every process together), then restore the rest.
