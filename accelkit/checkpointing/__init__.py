@@ -32,6 +32,8 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.formats.safetensors_io` -- the safetensors format, streamed.
 - :mod:`~accelkit.checkpointing.formats.dcp_metadata` -- DCP's ``.metadata`` read with an exact
   allow-list, every field checked.
+- :mod:`~accelkit.checkpointing.formats.dcp_chunks` -- where each tensor of DCP's sharded
+  state lies (chunks, files, byte ranges), checked; one chunk read from its byte range.
 - :mod:`~accelkit.checkpointing.formats.state_io` -- state dicts without pickle.
 - :mod:`~accelkit.checkpointing.formats.model_io` -- model weights, sharded; ``save_model`` and
   ``load_checkpoint_in_model``.

@@ -34,11 +34,14 @@ _DESCRIPTION = (
     "model.safetensors.index.json), as transformers' save_pretrained lays them out. Each file "
     "of CKPT is read once and checked against its manifest checksum; one tensor is in memory "
     "at a time. OUT is written into a hidden folder beside it and renamed when complete: a "
-    "failed export leaves nothing. Tied weights (one tensor under two names) are written "
-    "under each name. OUT gets weights only: copy the model's config.json (and tokenizer) in "
-    "for from_pretrained. A project or checkpoints folder stands for its newest committed "
-    "checkpoint. Exits 0 when exported, 1 if CKPT is not a committed accelkit checkpoint or "
-    "is damaged, 2 on bad usage (CKPT missing, OUT not empty without --force)."
+    "failed export leaves nothing. An FSDP2 checkpoint (the model as sharded state in sharded/) "
+    "exports the same way, in one process: each tensor is planned from DCP's index and each "
+    "chunk read from its byte range of the .distcp files, one chunk at a time. Tied weights "
+    "(one tensor under two names) are written under each name. OUT gets weights only: copy "
+    "the model's config.json (and tokenizer) in for from_pretrained. A project or checkpoints "
+    "folder stands for its newest committed checkpoint. Exits 0 when exported, 1 if CKPT is "
+    "not a committed accelkit checkpoint or is damaged, 2 on bad usage (CKPT missing, OUT not "
+    "empty without --force)."
 )
 
 

@@ -22,8 +22,17 @@
 - ``dtype`` casts floating-point tensors only (integer buffers such as ``position_ids`` keep
   theirs), as ``transformers``' ``torch_dtype`` does.
 
-FSDP checkpoints whose model is stored as sharded state (``sharded/``, DCP) are refused by
-name: load it into the model and call ``save_model``, or see :func:`export_hf`.
+**FSDP2 checkpoints** (the model stored as sharded state in ``sharded/``, written by
+``torch.distributed.checkpoint``) are exported the same way, with no running job and no
+process group: DCP's ``.metadata`` is read with its allow-list
+(:mod:`~accelkit.checkpointing.formats.dcp_metadata`), each tensor planned from it (its chunks,
+the files and byte ranges holding them, checked to tile the tensor:
+:mod:`~accelkit.checkpointing.formats.dcp_chunks`), then each ``.distcp`` file is read once,
+in order, checked against its manifest checksum, and each chunk, loaded alone from exactly its
+byte range (zip and pickle checked as data, then ``torch.load(weights_only=True)``), is cast
+and written at its place in the output tensors. The memory this needs is one chunk twice (its
+bytes and the tensor) plus one piece: for a checkpoint saved by N >= 2 processes, at most
+about the largest tensor.
 
 Public API: :func:`export_hf` -> :class:`ExportResult`, :data:`EXPORT_DTYPES`.
 """
@@ -43,7 +52,19 @@ import torch
 from accelkit.checkpointing.catalog.inspect import read_safetensors_header
 from accelkit.checkpointing.catalog.listing import ACCELERATE, latest_checkpoint
 from accelkit.checkpointing.errors import CheckpointPathError, CorruptCheckpointError
-from accelkit.checkpointing.formats.dcp_metadata import has_sharded_state
+from accelkit.checkpointing.formats.dcp_chunks import (
+    ChunkRead,
+    TensorPlan,
+    chunk_runs,
+    load_chunk,
+    plan_tensors,
+)
+from accelkit.checkpointing.formats.dcp_metadata import (
+    DCP_METADATA_NAME,
+    SHARDED_DIRNAME,
+    has_sharded_state,
+    parse_metadata,
+)
 from accelkit.checkpointing.formats.layout import (
     CHECKPOINTS_DIRNAME,
     KINDS,
@@ -71,6 +92,11 @@ from accelkit.checkpointing.restore.loading import check_loadable
 from accelkit.checkpointing.storage import Storage, get_storage, join, protocol_of
 from accelkit.checkpointing.storage.base import StorageExistsError
 from accelkit.checkpointing.storage.confined import confine
+from accelkit.checkpointing.storage.verified import (
+    VerifiedReader,
+    open_verified,
+    read_verified_bytes,
+)
 from accelkit.errors import ConfigurationError
 
 __all__ = ["EXPORT_DTYPES", "ExportResult", "export_hf"]
@@ -230,9 +256,9 @@ def export_hf(
 
     Raises:
         CheckpointError: ``checkpoint`` is not a committed checkpoint (missing, incomplete,
-            written by Hugging Face accelerate, the model stored as FSDP sharded state), with
-            the fix; :class:`CorruptCheckpointError` for a damaged file (nothing is left in
-            ``out``).
+            written by Hugging Face accelerate), with the fix; :class:`CorruptCheckpointError`
+            for a damaged file, or sharded state whose index, byte ranges or chunks do not
+            hold together (nothing is left in ``out``).
         FileExistsError: ``out`` exists and is not empty (and ``force`` is not set) or is a
             file.
         ValueError: a bad ``dtype``, ``max_shard_size`` or ``model``, or a remote ``out``.
@@ -255,29 +281,36 @@ def export_hf(
     storage = confine(storage, source)  # no link inside the checkpoint is followed
     entries = info.manifest.file_map()
     indexes = _model_indexes(list(entries))
-    if model not in indexes:
-        if has_sharded_state(storage, source):
-            raise CheckpointPathError(
-                f"{source} holds its model as FSDP sharded state (sharded/, written by "
-                "torch.distributed.checkpoint): exporting that is not supported yet. Load the "
-                "checkpoint into the model (load_state) and call accelerator.save_model(model, "
-                "OUT), which gathers the full weights into Hugging Face files."
-            )
-        have = ", ".join(str(i) for i in indexes) or "none"
-        raise ConfigurationError(
-            f"model {model} is not in {source}: it holds model(s) {have}. Pass --model with one "
-            "of them."
-        )
     stem = KINDS["model"].name(model)
-    plan = _read_plan(storage, source, stem, entries)
-    names, aliases, headers = plan
-    stored = {t.name: (t, h.url) for h in headers for t in h.tensors}
     metas: dict[str, torch.Tensor] = {}
-    for name in names:
-        t, url = stored[name]
-        metas[name] = torch.empty(
-            t.shape, dtype=_out_dtype(tensor_dtype(url, t), target_dtype), device="meta"
+    sharded: list[TensorPlan] | None = None
+    if model in indexes:
+        names, aliases, headers = _read_plan(storage, source, stem, entries)
+        stored = {t.name: (t, h.url) for h in headers for t in h.tensors}
+        for name in names:
+            t, url = stored[name]
+            metas[name] = torch.empty(
+                t.shape, dtype=_out_dtype(tensor_dtype(url, t), target_dtype), device="meta"
+            )
+    else:
+        found, more = (
+            _sharded_plan(storage, source, stem, entries)
+            if has_sharded_state(storage, source)
+            else (None, [])
         )
+        if found is None:
+            have = ", ".join(str(i) for i in sorted({*indexes, *more})) or "none"
+            raise ConfigurationError(
+                f"model {model} is not in {source}: it holds model(s) {have}. Pass --model with "
+                "one of them."
+            )
+        sharded, names, aliases, headers = found, [], {}, []
+        for plan in sharded:
+            name = plan.name[len(stem) + 1 :]
+            names.append(name)
+            metas[name] = torch.empty(
+                plan.shape, dtype=_out_dtype(plan.dtype, target_dtype), device="meta"
+            )
     for alias, name in aliases.items():
         metas[alias] = metas[name]
     shards = plan_shards(metas, limit)
@@ -308,7 +341,10 @@ def export_hf(
             os.ftruncate(tgt.fd, tgt.size)
             if not tgt.left:
                 _close(tgt)
-        read_bytes = _stream(storage, headers, entries, where, metas)
+        if sharded is None:
+            read_bytes = _stream(storage, headers, entries, where, metas)
+        else:
+            read_bytes = _stream_sharded(storage, source, sharded, entries, where, metas)
         if len(targets) > 1:
             total = sum(m.numel() * m.element_size() for m in metas.values())
             index = {
@@ -405,6 +441,115 @@ def _stream(
                         _close(tgt)
             read += header.file_size
     return read
+
+
+def _sharded_plan(
+    storage: Storage, source: str, stem: str, entries: Mapping[str, FileEntry]
+) -> tuple[list[TensorPlan] | None, list[int]]:
+    """``(the plan of model ``stem``'s tensors or None if it is not there, the indexes of the
+    models the sharded state holds)``, from ``.metadata`` (checked against its manifest
+    entry, then read with the allow-list) and the files' sizes alone."""
+    url = join(source, SHARDED_DIRNAME)
+    meta_url = join(url, DCP_METADATA_NAME)
+    expected = entries.get(f"{SHARDED_DIRNAME}/{DCP_METADATA_NAME}")
+    metadata = parse_metadata(read_verified_bytes(storage, meta_url, expected), meta_url)
+    regex = KINDS["model"].regex(("",), shards=False)
+    more = sorted(
+        {
+            int(m.group(1) or 0)
+            for key in metadata.state_dict_metadata
+            if (m := regex.match(key.split(".", 1)[0]))
+        }
+    )
+    if not any(key.startswith(stem + ".") for key in metadata.state_dict_metadata):
+        return None, more
+    sizes = storage.walk_files(url)
+    return plan_tensors(metadata, url, stem + ".", sizes), more
+
+
+def _stream_sharded(
+    storage: Storage,
+    source: str,
+    plans: list[TensorPlan],
+    entries: Mapping[str, FileEntry],
+    where: Mapping[str, list[tuple[_Target, str]]],
+    metas: Mapping[str, torch.Tensor],
+) -> int:
+    """Read each ``.distcp`` file once, in order, verified against its manifest entry; load
+    each chunk of a planned tensor from its byte range and write it where it goes in every
+    output name of its tensor; the bytes read."""
+    url = join(source, SHARDED_DIRNAME)
+    by_file: dict[str, list[tuple[ChunkRead, TensorPlan, str]]] = {}
+    left: dict[str, int] = {}
+    for plan in plans:
+        name = plan.name.split(".", 1)[1]
+        left[name] = len(plan.chunks)
+        for chunk in plan.chunks:
+            by_file.setdefault(chunk.file, []).append((chunk, plan, name))
+    for name, count in left.items():
+        if not count:  # an empty tensor with no chunk: its place is already written
+            _done(where[name])
+    read = 0
+    for file in sorted(by_file):
+        file_url = join(url, file)
+        with open_verified(storage, file_url, entries.get(f"{SHARDED_DIRNAME}/{file}")) as f:
+            position = 0
+            for chunk, plan, name in sorted(by_file[file], key=lambda item: item[0].start):
+                _skip(f, chunk.start - position, file_url, plan.name)
+                data = _read_range(f, chunk.length, file_url, plan.name)
+                tensor = load_chunk(data, file_url, plan.name, chunk, plan.dtype)
+                del data
+                flat = tensor.reshape(-1)
+                runs = list(chunk_runs(plan.shape, chunk.offsets, chunk.sizes))
+                for tgt, out_name in where[name]:
+                    meta = metas[out_name]
+                    base = tgt.starts[out_name]
+                    for out_first, first, count in runs:
+                        piece = flat[first : first + count]
+                        _write_tensor(
+                            tgt, base + out_first * meta.element_size(), piece, meta.dtype
+                        )
+                del tensor, flat
+                position = chunk.start + chunk.length
+                left[name] -= 1
+                if not left[name]:
+                    _done(where[name])
+        read += f.size
+    return read
+
+
+def _done(outs: list[tuple[_Target, str]]) -> None:
+    for tgt, _ in outs:
+        tgt.left -= 1
+        if not tgt.left:
+            _close(tgt)
+
+
+def _skip(f: VerifiedReader, count: int, url: str, name: str) -> None:
+    while count > 0:
+        got = len(f.read(min(count, _PIECE)))
+        if not got:
+            raise _truncated(url, name)
+        count -= got
+
+
+def _read_range(f: VerifiedReader, count: int, url: str, name: str) -> bytearray:
+    data = bytearray(count)
+    view = memoryview(data)
+    got = 0
+    while got < count:
+        n = f.readinto(view[got:])
+        if not n:
+            raise _truncated(url, name)
+        got += n
+    return data
+
+
+def _truncated(url: str, name: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{url}: tensor {name!r}: the file ends before the tensor's bytes: it is truncated. "
+        "Nothing was exported; export an earlier checkpoint (`accelkit ckpt verify` checks them)."
+    )
 
 
 def _described(header: SafetensorsHeader) -> list[tuple[Any, ...]]:
