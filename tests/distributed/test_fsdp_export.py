@@ -363,3 +363,62 @@ def test_export_memory_is_about_one_chunk_not_the_model(tmp_path: Path) -> None:
     # file reads' buffers, the allocator's slack); the whole model would be 192 MiB or more.
     assert report["grown_kib"] * 1024 < ROWS * COLS * 4 + 96 * 2**20 < model, report
     assert (out / "model.safetensors").stat().st_size > model // 2
+
+
+# ------------------------------------------------------------------ transformers
+
+
+def _gpt2_config() -> Any:
+    import transformers
+
+    return transformers.GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=16,
+        vocab_size=64,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+
+
+def _gpt2_job(project: str) -> dict[str, Any]:
+    import transformers
+
+    from accelkit import Accelerator, ProjectConfiguration
+    from accelkit.fsdp.runtime import FullyShardedDataParallelPlugin
+
+    accelerator = Accelerator(
+        fsdp_plugin=FullyShardedDataParallelPlugin(transformer_cls_names_to_wrap=["GPT2Block"]),
+        project_config=ProjectConfiguration(project, automatic_checkpoint_naming=True),
+    )
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(_gpt2_config())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    tokens = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(3))
+    accelerator.backward(model(tokens, labels=tokens).loss)
+    optimizer.step()
+    saved = accelerator.save_state()
+    model.eval()
+    with torch.no_grad():
+        logits = model(tokens).logits
+    return {"saved": saved, "tokens": tokens, "logits": logits}
+
+
+@pytest.mark.slow
+def test_transformers_from_pretrained_loads_an_fsdp2_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    r0, _ = run_distributed(_gpt2_job, str(tmp_path / "run"), timeout=240)
+    out = tmp_path / "hf"
+    code, _, err = _cli(capsys, r0["saved"], str(out), "--max-shard-size", "8KB")
+    assert code == 0, err
+    assert (out / "model.safetensors.index.json").exists()
+    _gpt2_config().save_pretrained(out)
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(out)
+    with torch.no_grad():
+        logits = loaded(r0["tokens"]).logits
+    assert torch.allclose(logits, r0["logits"], atol=1e-5)
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
