@@ -422,3 +422,33 @@ def test_transformers_from_pretrained_loads_an_fsdp2_export(
         logits = loaded(r0["tokens"]).logits
     assert torch.allclose(logits, r0["logits"], atol=1e-5)
     assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
+
+
+def test_export_from_an_fsspec_url_and_a_metadata_changed_behind_the_manifest(
+    saved: tuple[Path, dict[str, torch.Tensor]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import fsspec
+
+    path, full = saved
+    memory = fsspec.filesystem("memory")
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        memory.pipe(f"/fsdp-export/ckpt/{file.relative_to(path).as_posix()}", file.read_bytes())
+    try:
+        code, _, err = _cli(capsys, "memory://fsdp-export/ckpt", str(tmp_path / "hf"))
+        assert code == 0, err
+    finally:
+        memory.rm("/fsdp-export", recursive=True)
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    assert exported.keys() == full.keys()
+    assert all(torch.equal(exported[k], v) for k, v in full.items())
+
+    # DCP's index is checked against its manifest entry before it is unpickled.
+    folder = _copy(path, tmp_path)
+    metadata = _metadata(folder)
+    _drop_chunk(metadata)
+    (folder / "sharded" / ".metadata").write_bytes(pickle.dumps(metadata))
+    code, _, err = _cli(capsys, str(folder), str(tmp_path / "again"))
+    assert code == 1 and ".metadata" in err, err
+    assert not (tmp_path / "again").exists() and _leftovers(tmp_path) == []
