@@ -28,7 +28,7 @@ def test_import_does_not_load_optional_backends() -> None:
         "import sys, accelkit\n"
         "from accelkit import Accelerator\n"
         "Accelerator(cpu=True)\n"
-        "heavy = {'wandb', 'mlflow', 'comet_ml', 'tensorboard', 's3fs', 'torchdata',"
+        "heavy = {'wandb', 'mlflow', 'comet_ml', 'tensorboard', 's3fs', 'torchdata', 'trackio',"
         " 'accelerate'}\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )

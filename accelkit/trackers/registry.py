@@ -32,7 +32,6 @@ __all__ = [
     "DVCLiveTracker",
     "NOT_BUILT_IN",
     "SwanLabTracker",
-    "TrackioTracker",
     "TRACKER_CLASSES",
     "TrackerClassTable",
     "LoggerType",
@@ -67,7 +66,7 @@ class _LoggerTypeMeta(enum.EnumMeta):
 class LoggerType(str, enum.Enum, metaclass=_LoggerTypeMeta):
     """Tracker names, those of Accelerate's ``LoggerType`` (and accelkit's ``JSONL``).
 
-    ``AIM``, ``TRACKIO``, ``CLEARML``, ``DVCLIVE`` and ``SWANLAB`` are not built into accelkit:
+    ``AIM``, ``CLEARML``, ``DVCLIVE`` and ``SWANLAB`` are not built into accelkit:
     selecting one fails with a message saying how to add it as a `GeneralTracker` (a tracker
     registered under that name, or provided by an entry point, is used instead).
     """
@@ -100,7 +99,6 @@ class TrackerNotBuiltInError(ConfigurationError, NotImplementedError):
 # name -> the package a GeneralTracker for it would call.
 NOT_BUILT_IN: dict[str, str] = {
     "aim": "aim",
-    "trackio": "trackio",
     "clearml": "clearml",
     "dvclive": "dvclive",
     "swanlab": "swanlab",
@@ -159,16 +157,9 @@ class SwanLabTracker(_NotBuiltIn):
     name = "swanlab"
 
 
-class TrackioTracker(_NotBuiltIn):
-    """Not built in (Accelerate's ``TrackioTracker``); creating one raises and says what to do."""
-
-    name = "trackio"
-
-
 # The stand-in classes, by tracker name (the names of NOT_BUILT_IN).
 _NOT_BUILT_IN_CLASSES: dict[str, type[GeneralTracker]] = {
-    cls.name: cls
-    for cls in (AimTracker, TrackioTracker, ClearMLTracker, DVCLiveTracker, SwanLabTracker)
+    cls.name: cls for cls in (AimTracker, ClearMLTracker, DVCLiveTracker, SwanLabTracker)
 }
 
 
@@ -187,6 +178,7 @@ _BUILTINS: dict[str, _Builtin] = {
     "comet_ml": _Builtin("accelkit.trackers.backends.comet_ml", "CometMLTracker", ("comet_ml",)),
     "mlflow": _Builtin("accelkit.trackers.backends.mlflow", "MLflowTracker", ("mlflow",)),
     "jsonl": _Builtin("accelkit.trackers.backends.jsonl", "JSONLTracker", ()),
+    "trackio": _Builtin("accelkit.trackers.backends.trackio", "TrackioTracker", ("trackio",)),
 }
 
 _registered: dict[str, type[GeneralTracker]] = {}

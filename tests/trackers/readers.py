@@ -137,6 +137,31 @@ def read_comet(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
     return scalars, config
 
 
+def trackio_logs(logging_dir: str, project: str) -> dict[str, list[dict[str, Any]]]:
+    """Every run of trackio ``project`` under ``logging_dir``: its name -> its logged rows (each
+    with ``step``), read from trackio's local database with trackio's ``SQLiteStorage``."""
+    from accelkit.trackers.backends.trackio import use_trackio_folder
+
+    use_trackio_folder(os.path.join(logging_dir, "trackio"))
+    from trackio.sqlite_storage import SQLiteStorage
+
+    return {name: SQLiteStorage.get_logs(project, name) for name in SQLiteStorage.get_runs(project)}
+
+
+def read_trackio(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    """The single run of trackio project ``run`` in ``<logging_dir>/trackio``."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    ((name, rows),) = trackio_logs(logging_dir, run).items()
+    scalars: Scalars = {}
+    for row in rows:
+        for key, value in row.items():
+            if key not in ("step", "timestamp") and isinstance(value, (int, float)):
+                scalars.setdefault(key, []).append((row["step"], value))
+    config = SQLiteStorage.get_run_config(run, name) or {}
+    return scalars, _flat(config)
+
+
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in config.items():

@@ -4,7 +4,8 @@
 - :mod:`~accelkit.trackers.backends.tensorboard` -- ``TensorBoardTracker``;
 - :mod:`~accelkit.trackers.backends.wandb` -- ``WandBTracker``;
 - :mod:`~accelkit.trackers.backends.comet_ml` -- ``CometMLTracker``;
-- :mod:`~accelkit.trackers.backends.mlflow` -- ``MLflowTracker``.
+- :mod:`~accelkit.trackers.backends.mlflow` -- ``MLflowTracker``;
+- :mod:`~accelkit.trackers.backends.trackio` -- ``TrackioTracker``.
 
 Each imports its SDK when its run starts, never at import time. Beside them: ``_files`` (the
 local files a tracker writes, never followed nor blocked on; the journal uses it too),
