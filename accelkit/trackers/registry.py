@@ -31,7 +31,6 @@ __all__ = [
     "ClearMLTracker",
     "DVCLiveTracker",
     "NOT_BUILT_IN",
-    "SwanLabTracker",
     "TRACKER_CLASSES",
     "TrackerClassTable",
     "LoggerType",
@@ -66,7 +65,7 @@ class _LoggerTypeMeta(enum.EnumMeta):
 class LoggerType(str, enum.Enum, metaclass=_LoggerTypeMeta):
     """Tracker names, those of Accelerate's ``LoggerType`` (and accelkit's ``JSONL``).
 
-    ``AIM``, ``CLEARML``, ``DVCLIVE`` and ``SWANLAB`` are not built into accelkit:
+    ``AIM``, ``CLEARML`` and ``DVCLIVE`` are not built into accelkit:
     selecting one fails with a message saying how to add it as a `GeneralTracker` (a tracker
     registered under that name, or provided by an entry point, is used instead).
     """
@@ -101,7 +100,6 @@ NOT_BUILT_IN: dict[str, str] = {
     "aim": "aim",
     "clearml": "clearml",
     "dvclive": "dvclive",
-    "swanlab": "swanlab",
 }
 
 
@@ -151,15 +149,9 @@ class DVCLiveTracker(_NotBuiltIn):
     name = "dvclive"
 
 
-class SwanLabTracker(_NotBuiltIn):
-    """Not built in (Accelerate's ``SwanLabTracker``); creating one raises and says what to do."""
-
-    name = "swanlab"
-
-
 # The stand-in classes, by tracker name (the names of NOT_BUILT_IN).
 _NOT_BUILT_IN_CLASSES: dict[str, type[GeneralTracker]] = {
-    cls.name: cls for cls in (AimTracker, ClearMLTracker, DVCLiveTracker, SwanLabTracker)
+    cls.name: cls for cls in (AimTracker, ClearMLTracker, DVCLiveTracker)
 }
 
 
@@ -179,6 +171,7 @@ _BUILTINS: dict[str, _Builtin] = {
     "mlflow": _Builtin("accelkit.trackers.backends.mlflow", "MLflowTracker", ("mlflow",)),
     "jsonl": _Builtin("accelkit.trackers.backends.jsonl", "JSONLTracker", ()),
     "trackio": _Builtin("accelkit.trackers.backends.trackio", "TrackioTracker", ("trackio",)),
+    "swanlab": _Builtin("accelkit.trackers.backends.swanlab", "SwanLabTracker", ("swanlab",)),
 }
 
 _registered: dict[str, type[GeneralTracker]] = {}

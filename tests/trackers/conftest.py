@@ -17,7 +17,8 @@ from accelkit.trackers import registry
 from tests.helpers.distributed import free_port
 
 # No test may send a packet off this machine: wandb offline, Comet offline without its
-# error-reporting host and cloud metadata probes, MLflow without telemetry, trackio local.
+# error-reporting host and cloud metadata probes, MLflow without telemetry, trackio local,
+# SwanLab offline (no API key).
 OFFLINE_ENV = {
     "WANDB_MODE": "offline",
     "WANDB_SILENT": "true",
@@ -41,6 +42,10 @@ _CLOUD_ENV = (
     "TRACKIO_DIR",
     "TRACKIO_SPACE_ID",
     "TRACKIO_SERVER_URL",
+    "SWANLAB_API_KEY",
+    "SWANLAB_MODE",
+    "SWANLAB_LOG_DIR",
+    "SWANLAB_LOGDIR",
 )
 
 # The variables are set for the whole session too (session fixtures and the SDKs' own

@@ -17,6 +17,7 @@ from typing_extensions import override
 
 from accelkit._text import short
 from accelkit.errors import UsageError
+from accelkit.trackers.backends._images import as_numpy, hwc_uint8
 from accelkit.trackers.backends._reference import continuable_id
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.values import is_number, to_plain
@@ -191,7 +192,7 @@ class TrackioTracker(GeneralTracker):
 
         for key, value in values.items():
             if _is_array(value):
-                values[key] = trackio.Histogram(_as_numpy(value).reshape(-1))
+                values[key] = trackio.Histogram(as_numpy(value).reshape(-1))
             elif not _storable(value, trackio):
                 self.warn_skipped(key, value, "logged to trackio as its text")
                 values[key] = str(value)
@@ -208,9 +209,9 @@ class TrackioTracker(GeneralTracker):
         for key, value in values.items():
             if isinstance(value, list):
                 for index, image in enumerate(value):
-                    images[f"{key}/{index}"] = trackio.Image(_hwc(image))
+                    images[f"{key}/{index}"] = trackio.Image(hwc_uint8(image))
             else:
-                images[key] = trackio.Image(_hwc(value))
+                images[key] = trackio.Image(hwc_uint8(value))
         self.run.log(images, step=step, **kwargs)
 
     @override
@@ -291,12 +292,6 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.size > 1 and value.dtype.kind in "biuf"
 
 
-def _as_numpy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    return value
-
-
 def _storable(value: Any, trackio: Any) -> bool:
     """Whether trackio stores ``value`` itself: JSON data and its own media and table types."""
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -317,16 +312,3 @@ def _trackio_media(trackio: Any) -> type:
 
     media: type = TrackioMedia
     return media
-
-
-def _hwc(image: Any) -> Any:
-    """A CHW tensor or array as HWC ``uint8`` (what trackio takes; floats are read as 0-1, as
-    TensorBoard reads them), anything else as it is."""
-    image = _as_numpy(image)
-    if not isinstance(image, np.ndarray):
-        return image
-    if image.ndim == 3 and image.shape[0] in (1, 3, 4) and image.shape[-1] not in (1, 3, 4):
-        image = np.moveaxis(image, 0, -1)
-    if image.dtype.kind == "f":
-        image = (np.clip(image, 0.0, 1.0) * 255).round()
-    return image.astype(np.uint8)
