@@ -78,8 +78,10 @@ class TrackioTracker(GeneralTracker):
     the logging directory). Read it back with ``trackio show`` (with ``TRACKIO_DIR`` set to
     that folder) or ``trackio.sqlite_storage.SQLiteStorage``. The configuration is stored as
     plain data (tensors to numbers or lists, paths to text); numbers and strings are logged as
-    they are, anything trackio cannot store (other than its own media objects) as its text,
-    with one warning per key.
+    they are, tensors and arrays of several numbers as ``trackio.Histogram``, anything else
+    trackio cannot store (other than its own media, tables and markdown) as its text, with one
+    warning per key. trackio keeps one folder per process: two runs of one process logging
+    to trackio at once with different logging directories both write to the later one's.
 
     Experiment continuity: trackio finds a run by its name, so a new run is named
     ``accelkit-<run key>`` (:meth:`name_run`; a ``name`` in ``init_kwargs`` wins) and every
@@ -106,7 +108,6 @@ class TrackioTracker(GeneralTracker):
         self.run: Any = None
         self._name: str | None = None  # the run name a new run gets (see name_run)
         self._resume_step: int | None = None
-        self._folder: str | None = None
 
     @property
     @override
