@@ -1,11 +1,11 @@
 """``accelerate.tracking``'s public names, for scripts ported by changing their imports.
 
 The tracker classes (``TensorBoardTracker``, ``WandBTracker``, ``CometMLTracker``,
-``MLflowTracker``, ``GeneralTracker``), ``on_main_process``, ``register_tracker_class``,
-``filter_trackers`` and ``get_available_trackers`` keep Accelerate's signatures. Accelerate's
-trackers that accelkit does not build in (``AimTracker``, ``ClearMLTracker``,
-``DVCLiveTracker``, ``SwanLabTracker``, ``TrackioTracker``) import, and fail when created with
-a message saying how to add them as a `GeneralTracker`.
+``MLflowTracker``, ``TrackioTracker``, ``SwanLabTracker``, ``GeneralTracker``),
+``on_main_process``, ``register_tracker_class``, ``filter_trackers`` and
+``get_available_trackers`` keep Accelerate's signatures. Accelerate's trackers that accelkit
+does not build in (``AimTracker``, ``ClearMLTracker``, ``DVCLiveTracker``) import, and fail
+when created with a message saying how to add them as a `GeneralTracker`.
 
 accelkit's own API for the same things is :mod:`accelkit.trackers` (``register_tracker``,
 ``installed_trackers``, ``TrackerHub``).
@@ -21,7 +21,9 @@ from accelkit.errors import ConfigurationError
 from accelkit.trackers.backends.comet_ml import CometMLTracker
 from accelkit.trackers.backends.jsonl import JSONLTracker
 from accelkit.trackers.backends.mlflow import MLflowTracker
+from accelkit.trackers.backends.swanlab import SwanLabTracker
 from accelkit.trackers.backends.tensorboard import TensorBoardTracker
+from accelkit.trackers.backends.trackio import TrackioTracker
 from accelkit.trackers.backends.wandb import WandBTracker
 from accelkit.trackers.base import GeneralTracker, on_main_process
 from accelkit.trackers.registry import (
@@ -30,9 +32,7 @@ from accelkit.trackers.registry import (
     ClearMLTracker,
     DVCLiveTracker,
     LoggerType,
-    SwanLabTracker,
     TrackerNotBuiltInError,
-    TrackioTracker,
     installed_trackers,
     register_tracker,
     resolve_log_with,

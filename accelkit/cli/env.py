@@ -34,6 +34,8 @@ _PACKAGES = (
     "wandb",
     "comet_ml",
     "mlflow",
+    "trackio",
+    "swanlab",
     "torchdata",
 )
 

@@ -31,8 +31,6 @@ __all__ = [
     "ClearMLTracker",
     "DVCLiveTracker",
     "NOT_BUILT_IN",
-    "SwanLabTracker",
-    "TrackioTracker",
     "TRACKER_CLASSES",
     "TrackerClassTable",
     "LoggerType",
@@ -67,7 +65,7 @@ class _LoggerTypeMeta(enum.EnumMeta):
 class LoggerType(str, enum.Enum, metaclass=_LoggerTypeMeta):
     """Tracker names, those of Accelerate's ``LoggerType`` (and accelkit's ``JSONL``).
 
-    ``AIM``, ``TRACKIO``, ``CLEARML``, ``DVCLIVE`` and ``SWANLAB`` are not built into accelkit:
+    ``AIM``, ``CLEARML`` and ``DVCLIVE`` are not built into accelkit:
     selecting one fails with a message saying how to add it as a `GeneralTracker` (a tracker
     registered under that name, or provided by an entry point, is used instead).
     """
@@ -100,10 +98,8 @@ class TrackerNotBuiltInError(ConfigurationError, NotImplementedError):
 # name -> the package a GeneralTracker for it would call.
 NOT_BUILT_IN: dict[str, str] = {
     "aim": "aim",
-    "trackio": "trackio",
     "clearml": "clearml",
     "dvclive": "dvclive",
-    "swanlab": "swanlab",
 }
 
 
@@ -153,22 +149,9 @@ class DVCLiveTracker(_NotBuiltIn):
     name = "dvclive"
 
 
-class SwanLabTracker(_NotBuiltIn):
-    """Not built in (Accelerate's ``SwanLabTracker``); creating one raises and says what to do."""
-
-    name = "swanlab"
-
-
-class TrackioTracker(_NotBuiltIn):
-    """Not built in (Accelerate's ``TrackioTracker``); creating one raises and says what to do."""
-
-    name = "trackio"
-
-
 # The stand-in classes, by tracker name (the names of NOT_BUILT_IN).
 _NOT_BUILT_IN_CLASSES: dict[str, type[GeneralTracker]] = {
-    cls.name: cls
-    for cls in (AimTracker, TrackioTracker, ClearMLTracker, DVCLiveTracker, SwanLabTracker)
+    cls.name: cls for cls in (AimTracker, ClearMLTracker, DVCLiveTracker)
 }
 
 
@@ -187,6 +170,8 @@ _BUILTINS: dict[str, _Builtin] = {
     "comet_ml": _Builtin("accelkit.trackers.backends.comet_ml", "CometMLTracker", ("comet_ml",)),
     "mlflow": _Builtin("accelkit.trackers.backends.mlflow", "MLflowTracker", ("mlflow",)),
     "jsonl": _Builtin("accelkit.trackers.backends.jsonl", "JSONLTracker", ()),
+    "trackio": _Builtin("accelkit.trackers.backends.trackio", "TrackioTracker", ("trackio",)),
+    "swanlab": _Builtin("accelkit.trackers.backends.swanlab", "SwanLabTracker", ("swanlab",)),
 }
 
 _registered: dict[str, type[GeneralTracker]] = {}

@@ -17,7 +17,8 @@ from accelkit.trackers import registry
 from tests.helpers.distributed import free_port
 
 # No test may send a packet off this machine: wandb offline, Comet offline without its
-# error-reporting host and cloud metadata probes, MLflow without telemetry.
+# error-reporting host and cloud metadata probes, MLflow without telemetry, trackio local,
+# SwanLab offline (no API key).
 OFFLINE_ENV = {
     "WANDB_MODE": "offline",
     "WANDB_SILENT": "true",
@@ -27,10 +28,25 @@ OFFLINE_ENV = {
     "COMET_AUTO_LOG_ENV_DETAILS": "false",
     "COMET_DISABLE_AUTO_LOGGING": "1",
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    # trackio imports huggingface_hub: no Hub request, no telemetry
+    "HF_HUB_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
     "DO_NOT_TRACK": "1",
     "GIT_PYTHON_REFRESH": "quiet",
 }
-_CLOUD_ENV = ("WANDB_API_KEY", "COMET_API_KEY", "MLFLOW_TRACKING_URI", "WANDB_DIR")
+_CLOUD_ENV = (
+    "WANDB_API_KEY",
+    "COMET_API_KEY",
+    "MLFLOW_TRACKING_URI",
+    "WANDB_DIR",
+    "TRACKIO_DIR",
+    "TRACKIO_SPACE_ID",
+    "TRACKIO_SERVER_URL",
+    "SWANLAB_API_KEY",
+    "SWANLAB_MODE",
+    "SWANLAB_LOG_DIR",
+    "SWANLAB_LOGDIR",
+)
 
 # The variables are set for the whole session too (session fixtures and the SDKs' own
 # background processes read the environment once); the autouse fixture re-asserts them.

@@ -137,6 +137,77 @@ def read_comet(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
     return scalars, config
 
 
+def trackio_logs(logging_dir: str, project: str) -> dict[str, list[dict[str, Any]]]:
+    """Every run of trackio ``project`` under ``logging_dir``: its name -> its logged rows (each
+    with ``step``), read from trackio's local database with trackio's ``SQLiteStorage``."""
+    from accelkit.trackers.backends.trackio import use_trackio_folder
+
+    use_trackio_folder(os.path.join(logging_dir, "trackio"))
+    from trackio.sqlite_storage import SQLiteStorage
+
+    return {name: SQLiteStorage.get_logs(project, name) for name in SQLiteStorage.get_runs(project)}
+
+
+def read_trackio(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    """The single run of trackio project ``run`` in ``<logging_dir>/trackio``."""
+    from trackio.sqlite_storage import SQLiteStorage
+
+    ((name, rows),) = trackio_logs(logging_dir, run).items()
+    scalars: Scalars = {}
+    for row in rows:
+        for key, value in row.items():
+            if key not in ("step", "timestamp") and isinstance(value, (int, float)):
+                scalars.setdefault(key, []).append((row["step"], value))
+    config = SQLiteStorage.get_run_config(run, name) or {}
+    return scalars, _flat(config)
+
+
+def swanlab_runs(logging_dir: str) -> list[dict[str, Any]]:
+    """Every SwanLab run folder under ``<logging_dir>/swanlog``, oldest first, read with
+    SwanLab's own ``DataStoreReader``: ``{"id", "project", "scalars": {key: [(step, value)]},
+    "media": {key: [step]}, "config": {...}, "torn": <the file ends in a torn record>}``."""
+    import yaml
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreError, DataStoreReader
+
+    runs = []
+    for folder in sorted(glob.glob(os.path.join(logging_dir, "swanlog", "run-*"))):
+        (path,) = glob.glob(os.path.join(folder, "run-*.swanlab"))
+        reader = DataStoreReader()
+        reader.open(path)
+        run: dict[str, Any] = {"scalars": {}, "media": {}, "torn": False}
+        while True:
+            try:
+                data = reader.scan()
+            except (DataStoreError, AssertionError):  # the torn end of a killed job's file
+                run["torn"] = True
+                break
+            if data is None:
+                break
+            record = Record()
+            record.ParseFromString(data)
+            kind = record.WhichOneof(Record.DESCRIPTOR.oneofs[0].name)
+            if kind == "start":
+                run["id"], run["project"] = record.start.id, record.start.project
+            elif kind == "scalar":
+                scalar = record.scalar
+                run["scalars"].setdefault(scalar.key, []).append((scalar.step, scalar.value.number))
+            elif kind == "media":
+                run["media"].setdefault(record.media.key, []).append(record.media.step)
+        with open(os.path.join(folder, "files", "config.yaml"), encoding="utf-8") as file:
+            stored = yaml.safe_load(file) or {}
+        run["config"] = {key: entry["value"] for key, entry in stored.items()}
+        runs.append(run)
+    return runs
+
+
+def read_swanlab(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    """The single SwanLab run folder under ``<logging_dir>/swanlog`` (of project ``run``)."""
+    (found,) = swanlab_runs(logging_dir)
+    assert found["project"] == run, found["project"]
+    return found["scalars"], _flat(found["config"])
+
+
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in config.items():

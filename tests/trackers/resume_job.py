@@ -66,6 +66,8 @@ def _flush_to_disk(accelerator: Accelerator) -> None:
         backend = tracker.tracker
         if tracker.name in ("tensorboard", "jsonl") and backend is not None:
             backend.flush()  # a SummaryWriter, an open file
+        elif tracker.name == "trackio" and backend is not None:
+            backend._flush_queues_inline()  # its sender thread writes the database in batches
 
 
 def main() -> None:

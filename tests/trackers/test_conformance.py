@@ -3,7 +3,8 @@ in ``examples/custom_tracker.py``) pass the shipped contract
 (:class:`accelkit.testing.TrackerContract`).
 
 Each backend writes for real (TensorBoard event files, a sqlite MLflow store, an offline wandb
-run, an offline Comet archive, JSON lines, custom CSVs) and is read back with its own reader.
+run, an offline Comet archive, a trackio database, an offline SwanLab run, JSON lines, custom
+CSVs) and is read back with its own reader.
 """
 
 from __future__ import annotations
@@ -68,6 +69,22 @@ class TestCometOffline(TrackerContract):
 
     def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
         return readers.read_comet(logging_dir, run)
+
+
+@pytest.mark.slow
+class TestTrackio(TrackerContract):
+    log_with, files, unwrapped = "trackio", "trackio/conformance.db", "Run"
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_trackio(logging_dir, run)
+
+
+@pytest.mark.slow
+class TestSwanLabOffline(TrackerContract):
+    log_with, files, unwrapped = "swanlab", "swanlog/run-*/run-*.swanlab", "Run"
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_swanlab(logging_dir, run)
 
 
 class TestCustomTracker(TrackerContract):
