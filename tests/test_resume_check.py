@@ -31,8 +31,10 @@ N = 24
 SAVED_AFTER = 3
 
 
-def _loader(batch: int = 2, shuffle: bool = True, sampler_seed: int | None = None) -> Any:
-    data = torch.arange(N)
+def _loader(
+    batch: int = 2, shuffle: bool = True, sampler_seed: int | None = None, n: int = N
+) -> Any:
+    data = torch.arange(n)
     if sampler_seed is not None:  # a sampler of the user's own, kept as it is by prepare()
         sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=sampler_seed)
         return DataLoader(data, batch_size=batch, sampler=sampler)
@@ -130,6 +132,16 @@ def test_another_shuffle_is_named_as_sampler_and_data_order(folder: str) -> None
     assert "dataloader 0 data order differs" in texts[0]
 
 
+def test_a_dataset_of_another_length_is_named(folder: str) -> None:
+    _save(folder)
+    texts, _, _ = _resume(folder, n=N + 4)
+    assert len(texts) == 1
+    assert (
+        "sampler RecordedRandomSampler over 24 samples -> RecordedRandomSampler over 28"
+        in (texts[0])
+    )
+
+
 def test_a_sampler_seed_the_checkpoint_does_not_restore_is_named(folder: str) -> None:
     expected = _save(folder, sampler_seed=1)
     texts, ids, _ = _resume(folder, sampler_seed=1)
@@ -139,6 +151,20 @@ def test_a_sampler_seed_the_checkpoint_does_not_restore_is_named(folder: str) ->
     assert "DistributedSampler over 24 samples, seed 1 -> DistributedSampler over 24" in texts[0]
     assert "data order differs" in texts[0]
     assert ids != expected  # what the warning was about
+
+
+def test_a_long_pass_is_compared_by_its_position_and_randomness(
+    folder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Above MAX_SAMPLES the next indices are not replayed; the position and the shuffling
+    # randomness it continues from stand for them.
+    import accelkit.data.lookahead as lookahead
+
+    monkeypatch.setattr(lookahead, "MAX_SAMPLES", 10)
+    expected = _save(folder, sampler_seed=1)
+    assert _resume(folder, strict=True, sampler_seed=1)[:2] == ([], expected)
+    texts, _, _ = _resume(folder, batch=4, sampler_seed=1)
+    assert len(texts) == 1 and "dataloader 0 batch size 2 -> 4" in texts[0]
 
 
 def test_a_random_number_drawn_before_the_first_batch_is_named(folder: str) -> None:

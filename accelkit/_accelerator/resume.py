@@ -21,8 +21,10 @@ component                          holds
 ``dataloader <i> data order``      a digest of the sample indices of the next
                                    :data:`LOOKAHEAD` batches
                                    (:func:`accelkit.data.lookahead.upcoming_batches`;
-                                   of the position where indices are not known
-                                   ahead: iterable datasets, dispatched batches)
+                                   of the position and its shuffling randomness
+                                   where indices are not known ahead: iterable
+                                   datasets, dispatched batches, passes longer than
+                                   ``lookahead.MAX_SAMPLES``)
 ``RNG stream <name>``              a digest of the Python, NumPy, torch (and CUDA)
                                    generator states
 =================================  ==================================================
@@ -134,9 +136,10 @@ class ResumeCheck:
             record[f"dataloader {i} batch size"] = "unknown" if size is None else str(size)
             record[f"dataloader {i} sampler"] = sampler_summary(loader)
             batches = upcoming_batches(loader, LOOKAHEAD)
-            if batches is None:
+            if batches is None:  # the position, and the randomness its pass draws from
                 state = loader.state_dict()
-                batches = [["position", state.get("epoch"), state.get("batches_yielded")]]
+                keys = ("epoch", "batches_yielded", "seed", "randomness")
+                batches = [["position", *(state.get(key) for key in keys)]]
             record[f"dataloader {i} data order"] = digest(batches)
         record.update(rng_components())
         return record
