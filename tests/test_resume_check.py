@@ -10,6 +10,7 @@ every process. A checkpoint saved without a fingerprint loads without either.
 
 from __future__ import annotations
 
+import pickle
 import tempfile
 import warnings
 from pathlib import Path
@@ -181,6 +182,17 @@ def test_strict_resume_raises_at_the_first_batch(folder: str) -> None:
     with pytest.raises(ResumeMismatchError, match=r"dataloader 0 batch size 2 -> 4") as info:
         _resume(folder, strict=True, batch=4)
     assert isinstance(info.value, RuntimeError) and not isinstance(info.value, ValueError)
+
+
+def test_a_loader_pickled_before_the_first_batch_carries_no_armed_check(folder: str) -> None:
+    _save(folder)
+    acc, _, _, dl = _prepared(strict=True, batch=4)
+    acc.load_state(folder)
+    copy = pickle.loads(pickle.dumps(dl))
+    next(iter(copy))  # the copy's hook is inert: nothing compared, nothing raised
+    assert pickle.loads(pickle.dumps(acc)).num_processes == 1
+    with pytest.raises(ResumeMismatchError, match="batch size 2 -> 4"):
+        next(iter(dl))
 
 
 def test_strict_resume_must_be_a_bool() -> None:

@@ -59,6 +59,7 @@ from accelkit.runtime import ops
 if TYPE_CHECKING:
     from accelkit._accelerator.prepared_objects import PreparedObjects
     from accelkit.runtime.state import AcceleratorState
+    from accelkit.training.boundary import BoundaryHook
     from accelkit.training.optim import GradientState
 
 __all__ = ["LOOKAHEAD", "ResumeCheck"]
@@ -151,7 +152,12 @@ class ResumeCheck:
         self._disarm()
         self._expected = saved
         self._path = path
-        self._remove = self.gradient_state.on_boundary.register(self._at_boundary)
+        self._remove = self.gradient_state.on_boundary.register(_ArmedHook(self))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a pickled accelerator) is not armed: the remover is a closure, and the one
+        # comparison of a resume is the original's.
+        return {**self.__dict__, "_remove": None, "_expected": None}
 
     def _disarm(self) -> None:
         remove, self._remove = self._remove, None
@@ -159,6 +165,8 @@ class ResumeCheck:
             remove()
 
     def _at_boundary(self, where: str, source: object) -> None:
+        if self._remove is None:  # a copy's hook, or one already removed
+            return
         self._disarm()
         saved, self._expected = self._expected, None
         found = None if saved is None else self._differences(saved)
@@ -188,6 +196,32 @@ class ResumeCheck:
             saved = {k: v for k, v in saved.items() if shared(k)}
             now = {k: v for k, v in now.items() if shared(k)}
         return differences(saved, now)
+
+
+class _ArmedHook:
+    """The boundary hook of an armed :class:`ResumeCheck`. A pickled copy (a prepared loader
+    carries its accelerator's boundary hooks) is a hook that does nothing: the check belongs to
+    the run that loaded the checkpoint, and pickling it from the hook would pickle the loader
+    inside its own reconstruction."""
+
+    __slots__ = ("check",)
+
+    def __init__(self, check: ResumeCheck) -> None:
+        self.check = check
+
+    def __call__(self, where: str, source: object) -> None:
+        self.check._at_boundary(where, source)
+
+    def __reduce__(self) -> tuple[Callable[[], BoundaryHook], tuple[()]]:
+        return _inert_hook, ()
+
+
+def _ignore(where: str, source: object) -> None:
+    """A boundary hook that does nothing (what a pickled :class:`_ArmedHook` becomes)."""
+
+
+def _inert_hook() -> BoundaryHook:
+    return _ignore
 
 
 def _message(path: str, reports: list[Any], world: int, strict: bool) -> str | None:
