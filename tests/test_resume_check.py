@@ -271,5 +271,6 @@ def test_another_world_size_is_named(folder: str) -> None:
     assert len(texts) == 1
     assert "world size 2 -> 1" in texts[0]
     assert "launch as many processes as the saved run (2)" in texts[0]
+    assert "continue the epoch at its global position" in texts[0]
     # Across process counts one process's data share and random streams are not compared.
     assert "RNG stream" not in texts[0] and "data order" not in texts[0]

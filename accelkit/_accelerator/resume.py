@@ -249,11 +249,21 @@ def _message(path: str, reports: list[Any], world: int, strict: bool) -> str | N
                 if text not in fixes:
                     fixes.append(text)
                 break
+    if all(d.component == WORLD_SIZE for d in first.values()):
+        why = (
+            "The dataloaders continue the epoch at its global position, but each process's "
+            "random streams (dropout) are not the saved run's, so it would differ from an "
+            "uninterrupted run."
+        )
+    else:
+        why = (
+            "Its first steps would consume other data or random numbers than the saved run's "
+            "next steps, so it would differ silently from an uninterrupted run."
+        )
     message = (
         f"The run resumed from {path} does not continue the saved run: "
         + "; ".join(items)
-        + ". Its first steps would consume other data or random numbers than the saved run's "
-        "next steps, so it would differ silently from an uninterrupted run. To resume exactly, "
+        + f". {why} To resume exactly, "
         + "; ".join(fixes)
         + "."
     )
