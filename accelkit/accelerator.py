@@ -33,6 +33,7 @@ from accelkit._accelerator.experiment import ExperimentLink
 from accelkit._accelerator.preemption import Preemption
 from accelkit._accelerator.prepared_objects import PreparedObjects
 from accelkit._accelerator.processes import Processes
+from accelkit._accelerator.resume import ResumeCheck
 from accelkit._accelerator.settings import Settings
 from accelkit._accelerator.training import Training
 from accelkit.data.preparation import DataLoaderConfiguration, resolve_config
@@ -111,6 +112,12 @@ class Accelerator:
             (:class:`~accelkit.trackers.TrackerOptions`; fields left ``None`` take their
             environment variable (``docs/reference/environment.md``), else the default). An
             accelkit extension.
+        strict_resume: at the first step after :meth:`load_state`, raise
+            :class:`~accelkit.checkpointing.errors.ResumeMismatchError` (on every process)
+            instead of warning when the run would not consume what the saved run's next step
+            would have: another data order, batch size, sampler, random stream or world size
+            (each checkpoint records a fingerprint of them; see
+            :mod:`accelkit._accelerator.resume`). An accelkit extension.
         dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
             :mod:`accelkit.training.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
         deepspeed_plugin: accepted by name for compatibility and refused with ``ValueError``
@@ -154,6 +161,7 @@ class Accelerator:
         tracker_errors: str = "warn",
         save_policy: SavePolicy | None = None,
         tracker_options: TrackerOptions | None = None,
+        strict_resume: bool = False,
     ) -> None:
         refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
         self.kwargs_handlers = list(kwargs_handlers or [])
@@ -204,6 +212,7 @@ class Accelerator:
             self.gradient_state,
             self.project_configuration,
             _training.unwrap_model,
+            ResumeCheck(self.state, self.gradient_state, self._prepared, strict=strict_resume),
         )
         self._training = Training(
             self._processes,

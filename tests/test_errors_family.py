@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from accelkit.checkpointing import storage
+from accelkit.checkpointing.errors import ResumeMismatchError
 from accelkit.errors import (
     AccelkitError,
     ConfigurationError,
@@ -252,6 +253,7 @@ def test_the_walk_finds_a_bare_builtin_raise(source: str, caught: bool) -> None:
         (storage.StoragePermissionError, PermissionError),
         (storage.StorageConnectionError, ConnectionError),
         (storage.StorageTimeoutError, TimeoutError),
+        (ResumeMismatchError, RuntimeError),
     ],
 )
 def test_each_family_keeps_the_builtin_a_caller_catches(

@@ -29,7 +29,8 @@ PUBLIC_SURFACE = {
         "project_config=None, gradient_accumulation_plugin=None, "
         "step_scheduler_with_optimizer=True, kwargs_handlers=None, dynamo_backend=None, "
         "dynamo_plugin=None, deepspeed_plugins=None, parallelism_config=None, "
-        "logging_dir=None, tracker_errors='warn', save_policy=None, tracker_options=None)"
+        "logging_dir=None, tracker_errors='warn', save_policy=None, tracker_options=None, "
+        "strict_resume=False)"
     ),
     "accumulate": "(self, *models)",
     "autocast": "(self, autocast_handler=None)",

@@ -31,6 +31,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from accelkit import Accelerator, DataLoaderConfiguration, set_seed
+from accelkit.checkpointing.errors import ResumeMismatchWarning
 from tests.helpers.distributed import run_distributed
 
 N, BATCH, EPOCHS = 16, 2, 4
@@ -125,15 +126,18 @@ def _resume(
     """Finish the run from the checkpoint; ``start`` is the epoch the script resumes in and
     ``skip`` the batches it thinks were done in it (what a script computes from its step)."""
     acc, model, optimizer, loader = _setup(stateful, accumulation, seedable)
-    acc.load_state(folder)
     out: dict[str, Any] = {"ids": [], "syncs": [], "rng": []}
-    if style == "reassign":
-        loader = acc.skip_first_batches(loader, skip)
-    for epoch in range(start, EPOCHS):
-        active = loader
-        if style == "skip" and epoch == start:
-            active = acc.skip_first_batches(loader, skip)
-        _epoch(acc, model, optimizer, active, out)
+    with warnings.catch_warnings():
+        # An exact resume never trips the resume check (tests/test_resume_check.py).
+        warnings.simplefilter("error", ResumeMismatchWarning)
+        acc.load_state(folder)
+        if style == "reassign":
+            loader = acc.skip_first_batches(loader, skip)
+        for epoch in range(start, EPOCHS):
+            active = loader
+            if style == "skip" and epoch == start:
+                active = acc.skip_first_batches(loader, skip)
+            _epoch(acc, model, optimizer, active, out)
     out["weights"] = _weights(model)
     return out
 

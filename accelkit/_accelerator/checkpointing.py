@@ -25,6 +25,7 @@ from accelkit.errors import AccelkitError, WrongTypeError, warn_at_user_line
 
 if TYPE_CHECKING:
     from accelkit._accelerator.prepared_objects import PreparedObjects
+    from accelkit._accelerator.resume import ResumeCheck
     from accelkit.checkpointing.config import ProjectConfiguration
     from accelkit.training.optim import GradientState
 
@@ -71,6 +72,8 @@ class Checkpointing:
         gradient_state: the accumulation state; its step is saved and restored.
         project_configuration: where checkpoints go and how model files are written.
         unwrap_model: peels what ``prepare`` put around a model (for :meth:`save_model`).
+        resume: records the resume fingerprint each save writes and compares it at the first
+            step after each load; ``None``: checkpoints get no fingerprint.
     """
 
     def __init__(
@@ -80,8 +83,10 @@ class Checkpointing:
         gradient_state: GradientState,
         project_configuration: ProjectConfiguration,
         unwrap_model: Callable[[torch.nn.Module], torch.nn.Module],
+        resume: ResumeCheck | None = None,
     ) -> None:
         self.manager = manager
+        self.resume = resume
         self.prepared = prepared
         self.gradient_state = gradient_state
         self.project_configuration = project_configuration
@@ -239,6 +244,8 @@ class Checkpointing:
             self.before_training()
         step = self.gradient_state.optimizer_steps
         objects = self.training_objects()
+        if self.resume is not None:
+            objects.fingerprint = self.resume.record()
         reason = next(
             (r for r in (o.reason(step) for o in self._observers) if r is not None), "user"
         )
@@ -331,6 +338,8 @@ class Checkpointing:
         self.gradient_state.optimizer_steps = result.manifest.step
         self.gradient_state.micro_step = 0
         self.last_path = result.path
+        if self.resume is not None:
+            self.resume.expect(result.path, result.fingerprint)
         for observer in self._observers:
             observer.loaded(result.path, result.manifest.step)
         return result.path

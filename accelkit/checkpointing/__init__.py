@@ -53,6 +53,8 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.objects` -- the layer's face (no names of its own).
 - :mod:`~accelkit.checkpointing.objects.rng` -- random generator states.
 - :mod:`~accelkit.checkpointing.objects.contents` -- what a training checkpoint holds.
+- :mod:`~accelkit.checkpointing.objects.fingerprint` -- the resume fingerprint: a record of what
+  one process's next steps consume, compared at the first step after a resume.
 
 **Catalog** -- the checkpoints of a project as a list, and what to keep of them:
 

@@ -15,6 +15,8 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointPathError",
     "CorruptCheckpointError",
+    "ResumeMismatchError",
+    "ResumeMismatchWarning",
     "UnresumedProjectWarning",
 ]
 
@@ -47,6 +49,21 @@ class CheckpointPathError(CheckpointError, ValueError):
     """The path given names no checkpoint that can be used as asked: nothing there, a file, a
     project folder, a save that never finished, a folder a new save may not take, folders that
     differ between processes. A ``ValueError``, as Accelerate raises for such a path."""
+
+
+class ResumeMismatchError(CheckpointError, RuntimeError):
+    """With ``Accelerator(strict_resume=True)``: the first step after ``load_state()`` would not
+    consume what the saved run's next step would have (another data order, batch size, sampler,
+    random stream or world size), so the resumed run would silently differ from an
+    uninterrupted one. Raised on every process at that step, naming what differs and the fix.
+    A ``RuntimeError``: the run, not an argument, is in the wrong state."""
+
+
+class ResumeMismatchWarning(UserWarning):
+    """The first step after ``load_state()`` does not consume what the saved run's next step
+    would have (see :class:`ResumeMismatchError`, raised instead with
+    ``Accelerator(strict_resume=True)``). Warned once, on the main process, naming what differs
+    and on which processes."""
 
 
 class UnresumedProjectWarning(UserWarning):

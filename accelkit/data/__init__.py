@@ -5,7 +5,8 @@ modules: :mod:`.preparation` (``prepare_data_loader``, ``DataLoaderConfiguration
 ``skip_first_batches``), :mod:`.prepared` (the prepared loader classes), :mod:`.position`
 (where a pass is in its epoch's global order and shuffling, for a resume on any process count),
 :mod:`.sampling` (samplers that shard), :mod:`.dispatch` (the main process reads, every process
-gets its slice) and :mod:`.batches` (nested batches: structure, slices, size).
+gets its slice), :mod:`.batches` (nested batches: structure, slices, size) and
+:mod:`.lookahead` (the sample indices a loader hands out next, without handing them out).
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.interop.accelerate_format import AccelerateReader
 from accelkit.checkpointing.listener import CommitReport, LoadReport, SafeListener
 from accelkit.checkpointing.objects.contents import TrainingObjects
+from accelkit.checkpointing.objects.fingerprint import Fingerprint
 from accelkit.checkpointing.restore.native import NativeReader
 from accelkit.checkpointing.restore.sequence import (
     PHASES,
@@ -105,6 +106,10 @@ class Recording:
     def apply(self) -> Manifest:
         self.events.append("apply")
         return self.reader.apply()
+
+    @property
+    def fingerprint(self) -> Fingerprint | None:
+        return self.reader.fingerprint
 
 
 def _recorded(open_reader: OpenReader, events: list[str]) -> OpenReader:

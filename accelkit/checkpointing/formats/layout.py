@@ -15,8 +15,9 @@ Public API:
   ``model.safetensors.index.json``.
 - :func:`object_stem(kind, index) <object_stem>` -- ``optimizer``, ``optimizer_1``,
   ``scheduler``, ``scaler``; :func:`dataloader_stem`, :func:`custom_stem`,
-  :func:`random_states_stem` -- ``dataloader_<i>``, ``custom_checkpoint_<i>``,
-  ``random_states_<rank>``. A stem ``S`` is stored as ``S.json`` (structure) plus
+  :func:`random_states_stem`, :func:`resume_fingerprint_stem` -- ``dataloader_<i>``,
+  ``custom_checkpoint_<i>``, ``random_states_<rank>``, ``resume_fingerprint_<rank>``. A stem
+  ``S`` is stored as ``S.json`` (structure) plus
   ``S.safetensors`` (tensors, if any) plus, as a last resort, ``S.pt``.
 - :func:`is_state_file(name) <is_state_file>` -- whether a file name is one that
   ``save_state`` writes (used to remove files of an earlier save into the same folder).
@@ -66,6 +67,7 @@ __all__ = [
     "object_stem",
     "parse_checkpoint_name",
     "random_states_stem",
+    "resume_fingerprint_stem",
     "shard_names",
     "weights_pattern",
 ]
@@ -148,6 +150,7 @@ KINDS: Mapping[str, ObjectKind] = MappingProxyType(
         "dataloader": ObjectKind("dataloader", _STATE_SUFFIXES, ALWAYS),
         "custom": ObjectKind("custom_checkpoint", _STATE_SUFFIXES, ALWAYS),
         "random_states": ObjectKind("random_states", _STATE_SUFFIXES, ALWAYS),
+        "resume_fingerprint": ObjectKind("resume_fingerprint", _STATE_SUFFIXES, ALWAYS),
     }
 )
 """Every kind of file ``save_state`` writes; every file-name pattern derives from it."""
@@ -242,6 +245,12 @@ def custom_stem(index: int) -> str:
 def random_states_stem(rank: int) -> str:
     """Stem of process ``rank``'s random generator states: ``random_states_<rank>``."""
     return KINDS["random_states"].name(rank)
+
+
+def resume_fingerprint_stem(rank: int) -> str:
+    """Stem of process ``rank``'s resume fingerprint (what its next steps consume):
+    ``resume_fingerprint_<rank>``."""
+    return KINDS["resume_fingerprint"].name(rank)
 
 
 def is_state_file(name: str) -> bool:

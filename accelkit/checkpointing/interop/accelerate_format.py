@@ -79,6 +79,7 @@ from accelkit.checkpointing.objects.contents import (
     fallback_rng_seed,
     unwrap_model,
 )
+from accelkit.checkpointing.objects.fingerprint import Fingerprint
 from accelkit.checkpointing.objects.rng import check_rng_state
 from accelkit.checkpointing.restore.sequence import LoadSource
 from accelkit.checkpointing.storage import Storage, join
@@ -643,6 +644,12 @@ class AccelerateReader:
         self._checkpoint = read_accelerate(source.storage, source.path, ranks=[source.rank])
         self._loaded = _plan(self._checkpoint, objects, source.rank)
         self._objects = objects
+
+    @property
+    def fingerprint(self) -> Fingerprint | None:
+        """Always ``None``: accelerate's folders record no resume fingerprint (nothing is
+        compared at the first step after the load)."""
+        return None
 
     def apply(self) -> Manifest:
         """Restore the live objects from what :meth:`read` planned.

@@ -14,6 +14,8 @@ file                        holds
 ``dataloader_<i>.*``        each dataloader's position (``state_dict()``)
 ``custom_checkpoint_<i>.*`` each object given to ``register_for_checkpointing``
 ``random_states_<rank>.*``  each process's Python/NumPy/torch/CUDA generator states
+``resume_fingerprint_<r>``  each process's record of what its next steps consume
+                            (:mod:`.fingerprint`; older checkpoints have none)
 ==========================  =============================================================
 
 Public API:
@@ -45,6 +47,7 @@ from accelkit.checkpointing.formats.layout import (
     model_file,
     object_stem,
     random_states_stem,
+    resume_fingerprint_stem,
 )
 from accelkit.checkpointing.formats.manifest import FileEntry, Manifest
 from accelkit.checkpointing.formats.model_io import (
@@ -53,6 +56,7 @@ from accelkit.checkpointing.formats.model_io import (
     write_model_files,
 )
 from accelkit.checkpointing.formats.state_io import read_state, write_state
+from accelkit.checkpointing.objects.fingerprint import Fingerprint, check_fingerprint
 from accelkit.checkpointing.objects.rng import capture_rng_state, check_rng_state, restore_rng_state
 from accelkit.checkpointing.storage import Storage, WrittenFile, join
 from accelkit.runtime.random import set_seed
@@ -93,6 +97,8 @@ class TrainingObjects:
         model_load_kwargs: keyword arguments for each model's ``load_state_dict`` when
             loading (``strict=False``: keys the checkpoint or the model lacks are left out,
             shapes are still checked; ``assign``).
+        fingerprint: when saving, this process's resume fingerprint (written as
+            ``resume_fingerprint_<rank>``; see :mod:`.fingerprint`), or ``None`` for none.
     """
 
     models: Sequence[torch.nn.Module] = ()
@@ -102,6 +108,7 @@ class TrainingObjects:
     scaler: Any = None
     custom: Sequence[Any] = ()
     model_load_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    fingerprint: Fingerprint | None = None
 
 
 @dataclass
@@ -115,6 +122,8 @@ class LoadedContents:
     # Set when this process has no saved random states (the run has more processes than the
     # one that saved): the generators are seeded with it instead, the same way every time.
     rng_fallback_seed: int | None = None
+    # This process's resume fingerprint; None for a checkpoint saved without one.
+    fingerprint: Fingerprint | None = None
 
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -171,6 +180,8 @@ def snapshot_contents(
             snap.states.append((dataloader_stem(i), loader.state_dict()))
         snap.states += [(custom_stem(i), o.state_dict()) for i, o in enumerate(objects.custom)]
     snap.states.append((random_states_stem(rank), capture_rng_state()))
+    if objects.fingerprint is not None:
+        snap.states.append((resume_fingerprint_stem(rank), dict(objects.fingerprint)))
     return snap
 
 
@@ -357,6 +368,11 @@ def read_contents(
             f"{manifest.world_size} process(es) saved it. Restore the file, or load another "
             "checkpoint."
         )
+    fingerprint = resume_fingerprint_stem(rank)
+    if fingerprint + STRUCTURE_SUFFIX in entries:
+        source = join(folder, fingerprint + STRUCTURE_SUFFIX)
+        record = read_state(storage, folder, fingerprint, _only(expected, names))
+        out.fingerprint = check_fingerprint(record, source)
     return out
 
 

@@ -31,6 +31,7 @@ from accelkit.checkpointing.objects.contents import (
     apply_contents,
     read_contents,
 )
+from accelkit.checkpointing.objects.fingerprint import Fingerprint
 from accelkit.checkpointing.restore.sequence import LoadSource
 from accelkit.checkpointing.sharded import (
     ShardedTargets,
@@ -129,6 +130,11 @@ class NativeReader:
                 source.world_size,
                 saved,
             )
+
+    @property
+    def fingerprint(self) -> Fingerprint | None:
+        """This process's resume fingerprint, once :meth:`read` ran (``None``: none saved)."""
+        return self._loaded.fingerprint
 
     def apply(self) -> Manifest:
         """Load the sharded state (every process together), then restore the rest.

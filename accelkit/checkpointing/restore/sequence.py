@@ -74,6 +74,7 @@ from accelkit.checkpointing.errors import (
 )
 from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.objects.contents import TrainingObjects
+from accelkit.checkpointing.objects.fingerprint import Fingerprint
 from accelkit.checkpointing.restore.loading import agree_on_load, check_loadable, check_owner
 from accelkit.checkpointing.storage import Storage
 from accelkit.checkpointing.storage.confined import confine
@@ -154,10 +155,13 @@ class LoadResult:
     Attributes:
         path: the checkpoint's folder or URL.
         manifest: its manifest (an Accelerate folder gets one made up by its reader).
+        fingerprint: this process's resume fingerprint as the checkpoint recorded it (see
+            :mod:`accelkit.checkpointing.objects.fingerprint`); ``None`` when it has none.
     """
 
     path: str
     manifest: Manifest
+    fingerprint: Fingerprint | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,12 @@ class FolderReader(Protocol):
         Returns:
             The checkpoint's manifest (or one describing it).
         """
+        ...
+
+    @property
+    def fingerprint(self) -> Fingerprint | None:
+        """This process's resume fingerprint, read in phase 4 (``None``: the folder has
+        none)."""
         ...
 
 
@@ -380,7 +390,7 @@ class LoadSequence:
         self._begin(MEET)
         self.process.wait_for_everyone()
         self.completed.append(MEET)
-        return LoadResult(path, manifest)
+        return LoadResult(path, manifest, reader.fingerprint)
 
     def _check(self, storage: Storage, path: str) -> CheckpointInfo:
         """Phase 3's agreed part: the folder is loadable, and by this process."""
