@@ -37,9 +37,14 @@ tracker the reference its run left in the checkpoint (``continue_run`` before ``
 sets the step counter past the checkpoint's last logged step. That works whichever of
 ``init_trackers`` and ``load_state`` comes first because, with ``defer_start`` (what
 ``Accelerator`` uses unless ``ProjectConfiguration(continue_tracker_runs=False)``), ``init``
-only builds the trackers and their runs are opened at their first use: the first ``log``,
-``flush``, ``get``, ``trackers``, a checkpoint save, or ``finish``. A start failure is then
-reported at that use, like a failure in ``log``. :meth:`TrackerHub.references` gives the
+only builds the trackers ``log_with`` named and their runs are opened at their first use: the
+first ``log``, ``flush``, ``get``, ``trackers``, a checkpoint save, or ``finish``. A start
+failure is then reported at that use, like a failure in ``log``. Tracker instances given to
+``log_with`` are started by ``init``, as Accelerate does (their owner may call their methods
+right after ``init_trackers``); a ``load_state`` before anything was logged makes each that
+continues runs give up the run it opened for the checkpoint's (``finish``, then
+``discard_run``, which deletes a run holding nothing but its configuration, then
+``continue_run`` and ``start``). :meth:`TrackerHub.references` gives the
 references for a new checkpoint (see "Run keys") and :meth:`TrackerHub.event` queues a
 checkpoint event (:mod:`accelkit.trackers.events`) for every tracker's worker.
 
@@ -467,9 +472,14 @@ class TrackerHub:
         Sets the step counter to ``step + 1`` (so ``log()`` without a step continues the
         numbering) and the run key to the checkpoint's. Trackers whose runs are not open yet
         (``init`` has not been called, or nothing used them since) get
-        ``continue_run(reference, step)`` before their ``start()``. Trackers already logging
-        are left as they are: a checkpoint loaded in the middle of a run (to evaluate the
-        best one, or to roll back) must not rewrite the curves logged so far.
+        ``continue_run(reference, step)`` before their ``start()``. A tracker instance given
+        to ``log_with``, which ``init`` started (as Accelerate does), gives up the new run it
+        opened there, with nothing logged to it yet: ``finish()``, ``discard_run()`` (a run
+        that is kept is said once, by name), then ``continue_run`` and ``start()`` again,
+        waited for (at most ``timeout`` seconds each) so that its owner may use it at once.
+        Trackers already logging are left as they are: a checkpoint loaded in the middle of a
+        run (to evaluate the best one, or to roll back) must not rewrite the curves logged so
+        far.
 
         Args:
             runs: tracker name -> the reference the checkpoint recorded for it.
@@ -483,8 +493,12 @@ class TrackerHub:
         """
         if self._runs.logged or self._detached:
             return False
+        # The instances init started give their runs up for the checkpoint's.
+        given_up = self._roster.give_up(self.timeout)
         # A run is named once a tracker's opening was queued (init, then a first use).
         self._runs.continue_from(runs, step, key, named=self._roster.named)
+        if given_up:  # their owners may use them right after load_state, as after init
+            self._roster.open(wait=True, only=given_up)
         return True
 
     def event(self, event: CheckpointEvent) -> None:
