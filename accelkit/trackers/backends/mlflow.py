@@ -133,8 +133,7 @@ class MLflowTracker(GeneralTracker):
         super().__init__(experiment_name or "", directory)
         self.experiment_name = experiment_name or "Default"
         self.mlflow_run_name = run_name
-        self.run_id = run_id
-        self._given_run_id = run_id  # the user's run: never discarded
+        self.run_id = self._given_run_id = run_id  # the given run is never discarded
         self.tags = parsed_tags
         self.nested_run = bool(nested_run)
         self.description = description
@@ -153,8 +152,7 @@ class MLflowTracker(GeneralTracker):
 
     @property
     def active_run(self) -> Any:
-        """The open run (an ``mlflow.entities.Run``; ``None`` before ``start``), under
-        Accelerate's name: ``tracker.active_run.info.run_id``."""
+        """The open ``mlflow.entities.Run`` (``None`` before ``start``): Accelerate's name."""
         return self.run
 
     def _resolve_uri(self) -> tuple[str | None, str | None]:
@@ -263,26 +261,9 @@ class MLflowTracker(GeneralTracker):
 
     @override
     def discard_run(self) -> bool:
-        """Delete the run :meth:`start` created, given up for a checkpoint's run, when it
-        holds no metric and no artifact (its params and tags only), and forget it.
-
-        A run given as ``run_id`` (or ``MLFLOW_RUN_ID``) is never deleted: the next
-        :meth:`start` logs to it again. The run is deleted as MLflow's UI deletes one (its
-        lifecycle stage set to ``deleted``).
-
-        Returns:
-            ``True`` if the run was deleted (or is the given one); ``False`` if it holds
-            values and is kept.
-        """
-        run, self.run = self.run, None
-        self.run_id = self._given_run_id
-        if self._given_run_id is not None or run is None or self.client is None:
-            return True
-        run_id = run.info.run_id
-        if self.client.get_run(run_id).data.metrics or self.client.list_artifacts(run_id):
-            return False
-        self.client.delete_run(run_id)
-        return True
+        """Delete the new run if it holds params and tags only (``MLflowRuns.discard``)."""
+        run, self.run, self.run_id = self.run, None, self._given_run_id
+        return self._given_run_id is not None or self._runs.discard(self.client, run)
 
     @override
     def store_init_configuration(self, values: dict[str, Any]) -> None:

@@ -472,14 +472,9 @@ class TrackerHub:
         Sets the step counter to ``step + 1`` (so ``log()`` without a step continues the
         numbering) and the run key to the checkpoint's. Trackers whose runs are not open yet
         (``init`` has not been called, or nothing used them since) get
-        ``continue_run(reference, step)`` before their ``start()``. A tracker instance given
-        to ``log_with``, which ``init`` started (as Accelerate does), gives up the new run it
-        opened there, with nothing logged to it yet: ``finish()``, ``discard_run()`` (a run
-        that is kept is said once, by name), then ``continue_run`` and ``start()`` again,
-        waited for (at most ``timeout`` seconds each) so that its owner may use it at once.
-        Trackers already logging are left as they are: a checkpoint loaded in the middle of a
-        run (to evaluate the best one, or to roll back) must not rewrite the curves logged so
-        far.
+        ``continue_run(reference, step)`` before their ``start()`` (the instances ``init``
+        started give their new runs up first: :meth:`Roster.give_up`). Runs already logging
+        are left alone: a checkpoint loaded mid-run (to evaluate it) keeps the curves so far.
 
         Args:
             runs: tracker name -> the reference the checkpoint recorded for it.
@@ -493,12 +488,10 @@ class TrackerHub:
         """
         if self._runs.logged or self._detached:
             return False
-        # The instances init started give their runs up for the checkpoint's.
-        given_up = self._roster.give_up(self.timeout)
+        given_up = self._roster.give_up(self.timeout)  # the instances init started
         # A run is named once a tracker's opening was queued (init, then a first use).
         self._runs.continue_from(runs, step, key, named=self._roster.named)
-        if given_up:  # their owners may use them right after load_state, as after init
-            self._roster.open(wait=True, only=given_up)
+        self._roster.open(wait=True, only=given_up)  # usable when load_state returns
         return True
 
     def event(self, event: CheckpointEvent) -> None:

@@ -110,28 +110,6 @@ class Outbox:
                     self._record([(self.journal.entry("config", -1, config), config)])
             self.deliver()
 
-    def give_up(self) -> None:
-        """Give up the run opened at ``init_trackers`` for a checkpoint's (see
-        :meth:`TrackerSession.give_up <accelkit.trackers.delivery.session.TrackerSession.give_up>`).
-
-        Its journal holds at most the run's configuration, which the next :meth:`open_run`
-        stores in the checkpoint's run: it is closed with every entry marked delivered, so
-        neither this run nor ``accelkit track sync`` sends it to the given-up run (the next
-        opening then removes it).
-        """
-        with self.lock:
-            journal, self.journal = self.journal, None
-            self._pending.clear()
-            self._on_disk = False
-            self._singly = 0
-        if journal is not None:
-            try:
-                journal.ack(journal.next_seq - 1)
-                journal.close()
-            except OSError:
-                pass  # the next opening sets a journal it cannot read aside
-        self.session.give_up()
-
     def try_start(self) -> bool:
         """``start()`` once more (see :meth:`TrackerSession.start`); once the run is open, its
         reference is recorded in the journal."""
@@ -247,10 +225,17 @@ class Outbox:
             except OSError:
                 pass
 
-    def close(self) -> None:
-        """Close the journal at the end of the run, saying how many entries it still holds."""
+    def close(self, given_up: bool = False) -> None:
+        """Close the journal at the end of the run, saying how many entries it still holds;
+        ``given_up``: the run was given up for a checkpoint's (``GiveUp``): its entries,
+        the configuration at most, which the next :meth:`open_run` stores again, are marked
+        delivered, so nothing ever sends them to that run (that opening removes the journal)."""
         with self.lock:  # after an adoption in flight has written its entries
             closing = self.journal
+            if given_up:
+                self._pending.clear()
+                if closing is not None:
+                    closing.ack(closing.next_seq - 1)
             if closing is None:
                 return
             left = closing.next_seq - 1 - closing.acked

@@ -189,7 +189,8 @@ class Worker:
             return False
         if isinstance(item, GiveUp):
             if not session.failed:
-                self.outbox.give_up()
+                self.outbox.close(given_up=True)
+                session.give_up()
             item.done.set()
             return False
         if isinstance(item, Stop):
