@@ -19,6 +19,7 @@ import torch
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.formats.manifest import Manifest, ManifestError
 from accelkit.trackers import GeneralTracker
+from accelkit.trackers.delivery.journal import journal_folders
 from accelkit.trackers.events import CheckpointEvent
 from tests.helpers.distributed import run_distributed
 
@@ -134,6 +135,11 @@ def test_a_resumed_job_continues_the_run_in_either_call_order(tmp_path: Path, or
             # discarded; the checkpoint's run is open when load_state returns.
             assert tracker.kinds() == ["start", "finish", "discard_run", "continue_run", "start"]
             assert ("discard_run", "second") in tracker.calls
+            # The given-up run's journal (its configuration only) is gone, not set aside
+            # for `accelkit track sync`: one journal, the continued run's.
+            [journal] = journal_folders(str(tmp_path / "project"))
+            run = json.loads((Path(journal) / "run.json").read_text())
+            assert run["reference"] == {"run": "first"}
         else:
             accelerator.load_state()
             accelerator.init_trackers("run")
