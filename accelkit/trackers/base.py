@@ -6,9 +6,10 @@ A tracker class is constructed as Accelerate constructs it: ``cls(run_name, logg
 ``start()`` opens the backend's run (this is where the backend's SDK is imported, so importing
 accelkit never imports wandb, mlflow, comet_ml or tensorboard), ``store_init_configuration()``
 records the hyperparameters, ``log()`` records values at a step and ``finish()`` closes the run.
-Four optional methods connect a tracker to checkpoints: ``name_run()`` (name the run from the
+Five optional methods connect a tracker to checkpoints: ``name_run()`` (name the run from the
 run key before it opens), ``run_reference()`` (what a checkpoint records to continue the run),
-``continue_run()`` (reopen that run on resume) and ``on_checkpoint()`` (a checkpoint was saved
+``continue_run()`` (reopen that run on resume), ``discard_run()`` (delete a run given up for a
+checkpoint's before anything was logged to it) and ``on_checkpoint()`` (a checkpoint was saved
 or loaded).
 
 Custom trackers subclass `GeneralTracker`, set the class attributes ``name``,
@@ -235,6 +236,27 @@ class GeneralTracker:
                 tracker still forgets the points after ``step`` in its own folder).
             step: the last logging step the checkpoint covers; the resumed job logs after it.
         """
+
+    def discard_run(self) -> bool:
+        """Delete the run :meth:`start` opened, given up for a checkpoint's run before anything
+        was logged to it, and forget it, so that the next :meth:`start` opens another.
+
+        A tracker instance given to ``Accelerator(log_with=...)`` is started by
+        ``init_trackers``, as Accelerate does (its owner may call its methods at once). When
+        ``load_state`` then loads a checkpoint before anything was logged, that run is given
+        up for the checkpoint's: accelkit calls :meth:`finish`, then this method, then
+        :meth:`continue_run` and :meth:`start`. Called on the tracker's worker thread.
+
+        It should delete the run only when it holds nothing but its configuration (values the
+        owner logged to it directly keep it), and never a run the tracker was told to log to
+        (a run id given to its constructor: the next :meth:`start` continues that same run).
+
+        Returns:
+            ``True`` when nothing of that run is left apart from the run logged to next (it was
+            deleted, or the next :meth:`start` continues the same run or folder); ``False``
+            (the default) when it is kept: accelkit then warns once, naming it.
+        """
+        return False
 
     def on_checkpoint(self, event: CheckpointEvent) -> None:
         """Record that a checkpoint was saved or loaded (see :mod:`accelkit.trackers.events`).

@@ -10,7 +10,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from accelkit.trackers import GeneralTracker
+from accelkit.trackers import GeneralTracker, register_tracker
 
 
 class CSVTracker(GeneralTracker):
@@ -164,3 +164,17 @@ class SlowStartTracker(GeneralTracker):
         with open(os.path.join(self.folder, f"{self.run_id}.txt"), "a") as file:
             for key, value in values.items():
                 file.write(f"{step} {key} {value}\n")
+
+
+def by_name(tracker: GeneralTracker) -> str:
+    """Register ``tracker`` under its name and return the name, for ``log_with``: the hub
+    builds it as it builds a named tracker (its run opens at its first use, in the
+    background), where an instance given to ``log_with`` is started by ``init_trackers``, as
+    Accelerate starts it. Building the registered class gives back ``tracker`` itself."""
+
+    class Named(type(tracker)):  # type: ignore[misc]
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            return tracker  # not a Named: its __init__ is not called again
+
+    register_tracker(Named, overwrite=True)
+    return tracker.name

@@ -19,6 +19,7 @@ import torch
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.formats.manifest import Manifest, ManifestError
 from accelkit.trackers import GeneralTracker
+from accelkit.trackers.delivery.journal import journal_folders
 from accelkit.trackers.events import CheckpointEvent
 from tests.helpers.distributed import run_distributed
 
@@ -60,6 +61,13 @@ class RunTracker(GeneralTracker):
 
     def on_checkpoint(self, event: CheckpointEvent) -> None:
         self._note("on_checkpoint", event)
+
+    def finish(self) -> None:
+        self._note("finish")
+
+    def discard_run(self) -> bool:
+        self._note("discard_run", self.run_id)
+        return True
 
     def kinds(self) -> list[str]:
         return [call[0] for call in self.calls if call[0] != "run_reference"]
@@ -114,26 +122,64 @@ def test_a_resumed_job_continues_the_run_in_either_call_order(tmp_path: Path, or
     _first_job(tmp_path)
     tracker = RunTracker("second")
     accelerator = _accelerator(tmp_path, tracker)
-    if order.startswith("init_first"):
-        accelerator.init_trackers("run")
-        assert tracker.calls == []  # nothing opened before the load
-        # Accelerate's examples: load_state(args.resume_from_checkpoint), a path.
-        path = tmp_path / "project" / "checkpoints" / "checkpoint_0"
-        accelerator.load_state(str(path) if order.endswith("explicit_path") else None)
-    else:
-        accelerator.load_state()
-        accelerator.init_trackers("run")
-    accelerator.log({"y": 1})  # no step: continues after the checkpoint's step
-    accelerator.end_training()
-    kinds = tracker.kinds()
-    assert kinds[:2] == ["continue_run", "start"], kinds
-    assert tracker.calls[0] == ("continue_run", {"run": "first"}, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is left behind: no warning
+        if order.startswith("init_first"):
+            accelerator.init_trackers("run")
+            # An instance is started by init_trackers, as Accelerate starts it.
+            assert tracker.kinds() == ["start"]
+            # Accelerate's examples: load_state(args.resume_from_checkpoint), a path.
+            path = tmp_path / "project" / "checkpoints" / "checkpoint_0"
+            accelerator.load_state(str(path) if order.endswith("explicit_path") else None)
+            # The run it opened, with nothing logged, was given up for the checkpoint's and
+            # discarded; the checkpoint's run is open when load_state returns.
+            assert tracker.kinds() == ["start", "finish", "discard_run", "continue_run", "start"]
+            assert ("discard_run", "second") in tracker.calls
+            # The given-up run's journal (its configuration only) is gone, not set aside
+            # for `accelkit track sync`: one journal, the continued run's.
+            [journal] = journal_folders(str(tmp_path / "project"))
+            run = json.loads((Path(journal) / "run.json").read_text())
+            assert run["reference"] == {"run": "first"}
+        else:
+            accelerator.load_state()
+            accelerator.init_trackers("run")
+            assert tracker.kinds()[:2] == ["continue_run", "start"]
+        accelerator.log({"y": 1})  # no step: continues after the checkpoint's step
+        accelerator.end_training()
+    assert tracker.kinds().count("start") == (2 if order.startswith("init_first") else 1)
+    assert ("continue_run", {"run": "first"}, 4) in tracker.calls
     assert tracker.run_id == "first"
     assert ("log", 5, {"y": 1}) in tracker.calls
     [load] = tracker.events()
     assert load.kind == "load" and load.step == 4
     assert load.values["checkpoint/resumed_step"] == 4.0
     assert load.path.endswith("checkpoint_0")
+
+
+def test_an_instance_given_up_after_init_names_the_checkpoints_run_and_key(
+    tmp_path: Path,
+) -> None:
+    _first_job(tmp_path)
+    first_key = _manifest(tmp_path)["experiment"]["key"]
+
+    class Keeping(RunTracker):  # a tracker that cannot delete a run (the default)
+        def discard_run(self) -> bool:
+            self._note("discard_run", self.run_id)
+            return GeneralTracker.discard_run(self)
+
+    tracker = Keeping("second")
+    accelerator = _accelerator(tmp_path, tracker)
+    accelerator.init_trackers("run")
+    with pytest.warns(UserWarning, match=r"Tracker 'runs'.*\{'run': 'second'\}.*left as it is"):
+        accelerator.load_state()
+    accelerator.log({"y": 1})
+    accelerator.save_state()
+    accelerator.end_training()
+    # The next checkpoint names the continued run, under the first job's run key.
+    record = _manifest(tmp_path, 1)["experiment"]
+    assert record["key"] == first_key
+    assert record["runs"] == {"runs": {"run": "first"}}
+    assert tracker.kinds().count("start") == 2
 
 
 def test_a_load_in_the_middle_of_a_run_leaves_its_runs_alone(tmp_path: Path) -> None:
@@ -230,9 +276,9 @@ def test_the_default_on_checkpoint_logs_the_numbers_at_the_saves_step(tmp_path: 
 def test_a_tracker_failing_at_checkpoints_never_fails_the_save(tmp_path: Path, method: str) -> None:
     tracker = RunTracker(fail_in=method)
     accelerator = _accelerator(tmp_path, tracker)
-    accelerator.init_trackers("run")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        accelerator.init_trackers("run")  # starts the instance (run_reference follows)
         accelerator.log({"x": 1}, step=0)
         path = accelerator.save_state()
         accelerator.log({"x": 2}, step=1)
@@ -258,7 +304,7 @@ def test_a_save_makes_no_backend_call_on_the_training_thread(tmp_path: Path) -> 
     accelerator.save_state()
     accelerator.end_training()
     after = tracker.calls[calls_before:]
-    assert [call[0] for call in after] == ["on_checkpoint"]
+    assert [call[0] for call in after] == ["on_checkpoint", "finish"]  # finish: end_training
     assert tracker.threads == {"accelkit-tracker-runs"}
 
 
@@ -304,7 +350,8 @@ def _two_process_job(project: str, resume: bool) -> dict[str, Any]:
     accelerator.log({"y": 1})
     logged_at = accelerator._trackers.last_step
     accelerator.end_training()
-    return {"logged_at": logged_at, "first_call": tracker.calls[:1]}
+    continued = [call for call in tracker.calls if call[0] == "continue_run"]
+    return {"logged_at": logged_at, "continued": continued}
 
 
 @pytest.mark.slow
@@ -314,8 +361,8 @@ def test_every_process_continues_at_the_checkpoints_step(tmp_path: Path) -> None
     main, other = run_distributed(_two_process_job, project, True, world_size=2)
     # Every process counts on from the checkpoint's step, so they agree on the next step.
     assert main["logged_at"] == other["logged_at"] == 12
-    assert main["first_call"] == [("continue_run", {"run": "first"}, 11)]
-    assert other["first_call"] == []  # only the main process has the tracker
+    assert main["continued"] == [("continue_run", {"run": "first"}, 11)]
+    assert other["continued"] == []  # only the main process has the tracker
 
 
 def _epoch_logging_job(

@@ -196,6 +196,72 @@ def test_no_continue_starts_a_new_run(mlflow_db: str, tmp_path: Path) -> None:
     assert len(_history(mlflow_db, run_id, "loss")) == 5
 
 
+def _resume_with_an_instance(
+    project: Path, uri: str, experiment: str, *, before_load: Any = None
+) -> MLflowTracker:
+    """A job given an MLflowTracker instance, calling init_trackers before load_state (the
+    order of Accelerate's examples); ``before_load(tracker)`` uses the instance in between."""
+    tracker = MLflowTracker(experiment, tracking_uri=uri)
+    accelerator = Accelerator(
+        log_with=tracker,
+        project_config=ProjectConfiguration(
+            project_dir=str(project), automatic_checkpoint_naming=True
+        ),
+    )
+    accelerator.init_trackers(experiment, config={"lr": 0.1})
+    # Started by init_trackers, as Accelerate starts it: its owner may use it at once.
+    assert tracker.active_run is not None
+    if before_load is not None:
+        before_load(tracker)
+    accelerator.load_state()
+    accelerator.log({"loss": 50.0})
+    accelerator.end_training()
+    return tracker
+
+
+def test_an_instance_started_by_init_trackers_continues_the_checkpoints_run_after_a_load(
+    mlflow_db: str, tmp_path: Path
+) -> None:
+    from mlflow import MlflowClient
+
+    project = tmp_path / "project"
+    run_id, _ = _save_one_run(project, mlflow_db, "instance")
+    opened: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is left behind: no warning
+        tracker = _resume_with_an_instance(
+            project,
+            mlflow_db,
+            "instance",
+            before_load=lambda t: opened.append(t.active_run.info.run_id),
+        )
+    # The run init_trackers opened held only its params: given up for the checkpoint's run
+    # and deleted, so the experiment shows the one run, continued.
+    assert opened and opened[0] != run_id
+    client = MlflowClient(tracking_uri=mlflow_db)
+    assert client.get_run(opened[0]).info.lifecycle_stage == "deleted"
+    (run,) = _runs(mlflow_db, "instance")
+    assert run.info.run_id == run_id == tracker.active_run.info.run_id
+    assert run.data.tags[RESUMED_AT_STEP_TAG] == "4"
+    assert [(m.step, m.value) for m in _history(mlflow_db, run_id, "loss")][-1] == (5, 50.0)
+
+
+def test_a_run_the_owner_logged_to_before_the_load_is_kept_with_a_warning(
+    mlflow_db: str, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    run_id, _ = _save_one_run(project, mlflow_db, "kept")
+    with pytest.warns(UserWarning, match=r"was finished and is left as it is"):
+        _resume_with_an_instance(
+            project, mlflow_db, "kept", before_load=lambda t: t.log({"direct": 1.0}, step=0)
+        )
+    runs = {run.info.run_id: run for run in _runs(mlflow_db, "kept")}
+    assert len(runs) == 2 and run_id in runs  # the owner's values are never deleted
+    other = next(key for key in runs if key != run_id)
+    assert [m.value for m in _history(mlflow_db, other, "direct")] == [1.0]
+    assert [(m.step, m.value) for m in _history(mlflow_db, run_id, "loss")][-1] == (5, 50.0)
+
+
 def _tracker(uri: str, experiment: str = "direct") -> MLflowTracker:
     return MLflowTracker(experiment, tracking_uri=uri)
 

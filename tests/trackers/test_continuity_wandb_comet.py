@@ -21,12 +21,14 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from accelkit import Accelerator, ProjectConfiguration
 from accelkit.trackers.backends.comet_ml import CometMLTracker, _experiment_elsewhere
 from accelkit.trackers.backends.wandb import WandBTracker
 from tests.trackers.conftest import job_env
@@ -267,6 +269,45 @@ def test_wandb_ignores_bad_references_and_lets_the_users_id_win(
         assert own.run.id == "mine0001" and RESUMED not in dict(own.run.config)
     finally:
         own.finish()
+    assert not list(workdir.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["wandb", "comet_ml"])
+def test_an_instance_started_by_init_trackers_leaves_no_offline_run_after_a_load(
+    tmp_path: Path, workdir: Path, name: str
+) -> None:
+    """Issue #41 item 5: an instance is started by init_trackers, as Accelerate starts it; a
+    load_state before anything was logged gives its new run up for the checkpoint's, and
+    the offline run it wrote (its configuration only) is deleted."""
+    project = tmp_path / "project"
+    config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
+    first = Accelerator(log_with=name, project_config=config)
+    first.init_trackers("run")
+    first.log({"loss": 1.0}, step=0)
+    first.save_state()
+    first.end_training()
+    reference = _manifest(project, 0)["runs"][name]
+
+    kind = WandBTracker if name == "wandb" else CometMLTracker
+    tracker = kind("run", str(project))
+    second = Accelerator(log_with=tracker, project_config=config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # nothing is left behind: no warning
+        second.init_trackers("run", config={"lr": 0.1})
+        opened = tracker.run.id if name == "wandb" else tracker.experiment.get_key()
+        second.load_state()
+    second.log({"loss": 2.0})
+    second.end_training()
+    if name == "wandb":
+        assert opened != reference["run_id"]
+        ids = {run["run"]["run_id"] for run in _wandb_runs(project)}
+        assert ids == {reference["run_id"]}  # the folder of the run opened at init is gone
+    else:
+        assert opened != reference["experiment_key"]
+        names = [archive for archive, _, _ in _comet_archives(project)]
+        assert not [archive for archive in names if archive.startswith(opened)], names
+        assert any(archive.startswith(reference["experiment_key"]) for archive in names)
     assert not list(workdir.iterdir())
 
 

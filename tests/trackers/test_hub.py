@@ -15,7 +15,13 @@ import torch
 from typing_extensions import override
 
 from accelkit import Accelerator, ProjectConfiguration
-from accelkit.trackers import GeneralTracker, TrackerError, TrackerHub, TrackerWarning
+from accelkit.trackers import (
+    GeneralTracker,
+    TrackerError,
+    TrackerHub,
+    TrackerWarning,
+    register_tracker,
+)
 from accelkit.trackers.backends.jsonl import read_jsonl
 from accelkit.trackers.base import NullTracker
 from accelkit.trackers.delivery.journal import Journal
@@ -68,30 +74,47 @@ def test_raise_policy_raises_at_init_for_start_failures_when_runs_open_eagerly()
 
 
 def test_raise_policy_raises_start_failures_at_the_first_use_when_runs_open_lazily() -> None:
-    # The default: runs of trackers that continue runs open at their first use, so that a
+    # The default: runs of the trackers log_with names open at their first use, so that a
     # load_state() after init_trackers() can continue the checkpoint's runs.
+    built: list[RecordingTracker] = []
+
     class Continuing(RecordingTracker):
+        name = "broken"
+
+        def __init__(self, run_name: str = "") -> None:
+            super().__init__("broken", fail_in="start")
+            built.append(self)
+
         @override
         def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
             pass
 
-    broken = Continuing("broken", fail_in="start")
-    accelerator = Accelerator(log_with=[broken], tracker_errors="raise")
+    register_tracker(Continuing)
+    accelerator = Accelerator(log_with=["broken"], tracker_errors="raise")
     accelerator.init_trackers("run")
+    [broken] = built
     assert broken.calls == []  # not started yet
     accelerator.log({"x": 1}, step=0)
     with pytest.raises(TrackerError, match="'broken' failed in start"):
         accelerator.end_training()
 
 
-def test_a_tracker_instance_without_continuity_is_started_by_init_trackers() -> None:
-    # As Accelerate does (#30): its owner may call its methods right after init_trackers.
-    tracker = RecordingTracker("mine")
+@pytest.mark.parametrize("continues_runs", [False, True])
+def test_a_tracker_instance_is_started_by_init_trackers(continues_runs: bool) -> None:
+    # As Accelerate does (#30, #41): its owner may call its methods right after init_trackers,
+    # whether or not it continues runs (which a later load_state still does: test_continuity).
+    class Continuing(RecordingTracker):
+        @override
+        def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
+            pass
+
+    kind = Continuing if continues_runs else RecordingTracker
+    tracker = kind("mine")
     accelerator = Accelerator(log_with=[tracker])
     accelerator.init_trackers("run", config={"a": 1})
     assert [call[0] for call in tracker.calls][:2] == ["start", "config"]
     accelerator.end_training()
-    broken = RecordingTracker("broken", fail_in="start")
+    broken = kind("broken", fail_in="start")
     accelerator = Accelerator(log_with=[broken], tracker_errors="raise")
     with pytest.raises(TrackerError, match="'broken' failed in start"):
         accelerator.init_trackers("run")

@@ -31,7 +31,7 @@ import pytest
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.cli.main import main as cli
 from tests.trackers.conftest import OFFLINE_ENV, job_env
-from tests.trackers.custom import SlowStartTracker
+from tests.trackers.custom import SlowStartTracker, by_name
 from tests.trackers.test_continuity_wandb_comet import _comet_archives
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,9 +53,13 @@ def _manifest(project: Path, number: int = 0) -> dict[str, Any]:
 
 
 def _accelerator(project: Path, tracker: Any, **options: Any) -> Accelerator:
+    """An Accelerator logging to ``tracker``; a slow tracker is named in ``log_with`` (an
+    instance would be started, and waited for, by ``init_trackers``, as Accelerate does)."""
     config = ProjectConfiguration(
         project_dir=str(project), automatic_checkpoint_naming=True, **options
     )
+    if isinstance(tracker, SlowStartTracker):
+        tracker = by_name(tracker)
     return Accelerator(log_with=tracker, project_config=config)
 
 
@@ -132,11 +136,11 @@ def test_a_tracker_that_cannot_name_its_run_is_recorded_once_open(tmp_path: Path
 _KILLED_JOB = """
 import os, signal, sys, threading
 from accelkit import Accelerator, ProjectConfiguration
-from tests.trackers.custom import SlowStartTracker
+from tests.trackers.custom import SlowStartTracker, by_name
 project, runs = sys.argv[1], sys.argv[2]
 tracker = SlowStartTracker(runs, gate=threading.Event(), limit=600)  # never opens
 config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
-accelerator = Accelerator(log_with=tracker, project_config=config)
+accelerator = Accelerator(log_with=by_name(tracker), project_config=config)
 accelerator.init_trackers("run")
 accelerator.log({"x": 0.0}, step=0)
 accelerator.save_state()

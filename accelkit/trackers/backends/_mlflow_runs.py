@@ -90,6 +90,18 @@ class MLflowRuns:
             reference["tracking_uri"] = display_uri(uri)
         return reference
 
+    def discard(self, client: Any, run: Any) -> bool:
+        """Delete ``run``, given up for a checkpoint's run, when it holds no metric and no
+        artifact (its params and tags only), as MLflow's UI deletes one (lifecycle stage
+        ``deleted``); ``True`` once nothing of it is left, ``False`` when it is kept."""
+        if run is None or client is None:
+            return True
+        run_id = run.info.run_id
+        if client.get_run(run_id).data.metrics or client.list_artifacts(run_id):
+            return False
+        client.delete_run(run_id)
+        return True
+
     def reference(self, client: Any, run: Any) -> dict[str, Any]:
         """The open ``run``'s reference: its ids and the tracking URI (without user name and
         password), and its run key and experiment name if :meth:`name` tagged it."""

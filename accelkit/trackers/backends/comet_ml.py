@@ -80,6 +80,7 @@ class CometMLTracker(GeneralTracker):
         self.experiment: Any = None
         self._resume: tuple[str, int] | None = None
         self._key: str | None = None  # the key a new experiment gets (see name_run)
+        self._logged = False  # values were logged through this tracker (see discard_run)
 
     @property
     @override
@@ -115,6 +116,7 @@ class CometMLTracker(GeneralTracker):
         self.experiment = comet_ml.start(
             project_name=self.run_name, experiment_config=config, **kwargs
         )
+        self._logged = False
 
     def _start_continued(
         self, comet_ml: Any, config: Any, kwargs: dict[str, Any], key: str, step: int
@@ -153,6 +155,7 @@ class CometMLTracker(GeneralTracker):
 
     @override
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        self._logged = True
         metrics = {}
         for key, value in values.items():
             if is_number(value):
@@ -170,6 +173,7 @@ class CometMLTracker(GeneralTracker):
     @override
     def log_images(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Log images: each value is anything ``Experiment.log_image`` accepts."""
+        self._logged = True
         for key, image in values.items():
             self.experiment.log_image(image, name=key, step=step, **kwargs)
 
@@ -177,6 +181,30 @@ class CometMLTracker(GeneralTracker):
     def finish(self) -> None:
         if self.experiment is not None:
             self.experiment.end()
+
+    @override
+    def discard_run(self) -> bool:
+        """Delete the offline archive of the experiment :meth:`start` created, given up for a
+        checkpoint's run, when no value was logged to it (through this tracker or its
+        ``experiment``'s metrics: its parameters only), and forget the experiment.
+
+        An online experiment is kept (deleting it needs Comet's API and key): accelkit names
+        it in a warning.
+
+        Returns:
+            ``True`` if the archive was deleted; ``False`` if the experiment is kept.
+        """
+        experiment, self.experiment = self.experiment, None
+        if experiment is None:
+            return True
+        folder = getattr(experiment, "offline_directory", None)
+        if self._logged or getattr(experiment, "metrics", None) or not folder:
+            return False
+        archive = os.path.join(folder, f"{experiment.get_key()}.zip")
+        if not os.path.isfile(archive):
+            return False
+        os.remove(archive)
+        return True
 
     @override
     def name_run(self, key: str) -> dict[str, Any] | None:
@@ -234,6 +262,7 @@ class CometMLTracker(GeneralTracker):
         """Log the event's numbers at its step and keep the checkpoint's path."""
         if self.experiment is None:
             return
+        self._logged = True
         if event.values:
             self.experiment.log_metrics(dict(event.values), step=event.step)
         key = _PATH_KEYS[event.kind]

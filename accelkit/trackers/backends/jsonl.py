@@ -160,6 +160,12 @@ class JSONLTracker(GeneralTracker):
         return {"path": os.path.abspath(self.path)}
 
     @override
+    def discard_run(self) -> bool:
+        """Nothing to delete: the run is this tracker's ``metrics.jsonl``, which the continued run
+        keeps (its next :meth:`start` drops what was logged after the checkpoint)."""
+        return True
+
+    @override
     def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
         """Make the next :meth:`start` drop this file's rows logged after ``step``.
 

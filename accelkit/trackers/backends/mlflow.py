@@ -133,7 +133,7 @@ class MLflowTracker(GeneralTracker):
         super().__init__(experiment_name or "", directory)
         self.experiment_name = experiment_name or "Default"
         self.mlflow_run_name = run_name
-        self.run_id = run_id
+        self.run_id = self._given_run_id = run_id  # the given run is never discarded
         self.tags = parsed_tags
         self.nested_run = bool(nested_run)
         self.description = description
@@ -152,8 +152,7 @@ class MLflowTracker(GeneralTracker):
 
     @property
     def active_run(self) -> Any:
-        """The open run (an ``mlflow.entities.Run``; ``None`` before ``start``), under
-        Accelerate's name: ``tracker.active_run.info.run_id``."""
+        """The open ``mlflow.entities.Run`` (``None`` before ``start``): Accelerate's name."""
         return self.run
 
     def _resolve_uri(self) -> tuple[str | None, str | None]:
@@ -259,6 +258,12 @@ class MLflowTracker(GeneralTracker):
             step: the checkpoint's last logged step, recorded in ``accelkit.resumed_at_step``.
         """
         self._runs.expect(reference, step)
+
+    @override
+    def discard_run(self) -> bool:
+        """Delete the new run if it holds params and tags only (``MLflowRuns.discard``)."""
+        run, self.run, self.run_id = self.run, None, self._given_run_id
+        return self._given_run_id is not None or self._runs.discard(self.client, run)
 
     @override
     def store_init_configuration(self, values: dict[str, Any]) -> None:

@@ -113,6 +113,12 @@ class TensorBoardTracker(GeneralTracker):
         return {"log_dir": os.path.abspath(self.log_dir)}
 
     @override
+    def discard_run(self) -> bool:
+        """Nothing to delete: the run is this tracker's run folder, which the continued run
+        keeps (its next :meth:`start` drops what was logged after the checkpoint)."""
+        return True
+
+    @override
     def continue_run(self, reference: dict[str, Any] | None, step: int) -> None:
         """Make the next :meth:`start` purge the points logged after ``step`` in this run folder.
 

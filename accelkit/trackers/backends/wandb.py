@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,11 @@ class WandBTracker(GeneralTracker):
         self._key: str | None = None  # the run id a new run gets (see name_run)
         # Checkpoint numbers waiting for the run to reach their step (see on_checkpoint).
         self._pending: dict[str, Any] = {}
+        # What discard_run reads: values were logged through this tracker, the run's step
+        # when it finished, its offline folder.
+        self._logged = False
+        self._ended_step: int | None = None
+        self._folder: str | None = None
 
     @property
     @override
@@ -120,6 +126,8 @@ class WandBTracker(GeneralTracker):
             self.run = self._init_continued(wandb, kwargs, *resume)
         if not self.run.disabled:
             self.run.define_metric("checkpoint/*", step_metric=CHECKPOINT_STEP)
+        self._logged, self._ended_step = False, None
+        self._folder = self.run.settings.sync_dir if self.run.offline else None
 
     def _init_continued(self, wandb: Any, kwargs: dict[str, Any], run_id: str, step: int) -> Any:
         """Open run ``run_id`` again; a new run (and a warning) when W&B refuses it."""
@@ -153,6 +161,7 @@ class WandBTracker(GeneralTracker):
                 values[key] = str(value)
         if self._pending:
             values, self._pending = {**self._pending, **values}, {}
+        self._logged = True
         self.run.log(values, step=step, **kwargs)
 
     @override
@@ -164,6 +173,7 @@ class WandBTracker(GeneralTracker):
             key: [wandb.Image(v) for v in value] if isinstance(value, list) else wandb.Image(value)
             for key, value in values.items()
         }
+        self._logged = True
         self.run.log(images, step=step, **kwargs)
 
     def log_table(
@@ -194,6 +204,7 @@ class WandBTracker(GeneralTracker):
             )
         names: list[str | int] | None = None if columns is None else list(columns)
         table = wandb.Table(columns=names, data=data, dataframe=dataframe)
+        self._logged = True
         self.run.log({table_name: table}, step=step, **kwargs)
 
     @override
@@ -202,7 +213,35 @@ class WandBTracker(GeneralTracker):
             if self._pending:
                 self.run.log(self._pending, commit=False)
                 self._pending = {}
+            if not (self._logged or self.run.disabled):
+                # A run finished empty may be discarded (discard_run): whether values were
+                # logged to it directly (run.log) is only known before it finishes.
+                try:
+                    self._ended_step = self.run.step
+                except Exception:  # W&B's service did not answer: the run is kept
+                    self._ended_step = None
             self.run.finish()
+
+    @override
+    def discard_run(self) -> bool:
+        """Delete the offline run folder :meth:`start` made, given up for a checkpoint's run,
+        when nothing was logged to it (neither through this tracker nor to its ``run``
+        directly: its configuration only), and forget the run.
+
+        An online run is kept (deleting it needs W&B's API and credentials): accelkit names
+        it in a warning.
+
+        Returns:
+            ``True`` if the run was deleted (or W&B was disabled); ``False`` if it is kept.
+        """
+        run, self.run = self.run, None
+        folder, self._folder = self._folder, None
+        if run is None or run.disabled:
+            return True
+        if self._logged or self._ended_step != 0 or folder is None:
+            return False
+        shutil.rmtree(folder, ignore_errors=True)
+        return not os.path.exists(folder)
 
     @override
     def name_run(self, key: str) -> dict[str, Any] | None:
@@ -268,6 +307,7 @@ class WandBTracker(GeneralTracker):
             return
         values: dict[str, Any] = dict(event.values)
         values[CHECKPOINT_STEP] = event.step
+        self._logged = True
         if self.run.step < event.step:
             # A run continued offline counts from 0 again: rather than a row of its own at
             # that step, the numbers join the next row the job logs.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelkit._env import number
+from accelkit._text import short
 from accelkit.delivery.drain import ReportOnce
 from accelkit.delivery.failures import HARD, REFUSED
 from accelkit.delivery.failures import classify as classify_failure
@@ -303,6 +304,19 @@ class FailurePolicy:
         _warn(
             f"Tracker {name!r}: {what}; its checkpoint records are skipped, its values are "
             "still logged.",
+            UserWarning,
+        )
+
+    def left_behind(self, name: str, reference: Any, error: str | None) -> None:
+        """Warn that the run a tracker opened at ``init_trackers`` and gave up for a
+        checkpoint's run is kept (``error``: why ``discard_run()`` failed; ``None``: it kept
+        the run, which holds values or cannot be deleted)."""
+        why = f"discard_run() failed ({error})" if error else "the tracker kept it"
+        _warn(
+            f"Tracker {name!r}: load_state() continues the checkpoint's run, so the run this "
+            f"tracker opened in init_trackers() ({short(reference, 200)}) was finished and is "
+            f"left as it is ({why}). Call load_state() before init_trackers() to open only the "
+            "checkpoint's run.",
             UserWarning,
         )
 

@@ -37,9 +37,14 @@ tracker the reference its run left in the checkpoint (``continue_run`` before ``
 sets the step counter past the checkpoint's last logged step. That works whichever of
 ``init_trackers`` and ``load_state`` comes first because, with ``defer_start`` (what
 ``Accelerator`` uses unless ``ProjectConfiguration(continue_tracker_runs=False)``), ``init``
-only builds the trackers and their runs are opened at their first use: the first ``log``,
-``flush``, ``get``, ``trackers``, a checkpoint save, or ``finish``. A start failure is then
-reported at that use, like a failure in ``log``. :meth:`TrackerHub.references` gives the
+only builds the trackers ``log_with`` named and their runs are opened at their first use: the
+first ``log``, ``flush``, ``get``, ``trackers``, a checkpoint save, or ``finish``. A start
+failure is then reported at that use, like a failure in ``log``. Tracker instances given to
+``log_with`` are started by ``init``, as Accelerate does (their owner may call their methods
+right after ``init_trackers``); a ``load_state`` before anything was logged makes each that
+continues runs give up the run it opened for the checkpoint's (``finish``, then
+``discard_run``, which deletes a run holding nothing but its configuration, then
+``continue_run`` and ``start``). :meth:`TrackerHub.references` gives the
 references for a new checkpoint (see "Run keys") and :meth:`TrackerHub.event` queues a
 checkpoint event (:mod:`accelkit.trackers.events`) for every tracker's worker.
 
@@ -467,9 +472,9 @@ class TrackerHub:
         Sets the step counter to ``step + 1`` (so ``log()`` without a step continues the
         numbering) and the run key to the checkpoint's. Trackers whose runs are not open yet
         (``init`` has not been called, or nothing used them since) get
-        ``continue_run(reference, step)`` before their ``start()``. Trackers already logging
-        are left as they are: a checkpoint loaded in the middle of a run (to evaluate the
-        best one, or to roll back) must not rewrite the curves logged so far.
+        ``continue_run(reference, step)`` before their ``start()`` (the instances ``init``
+        started give their new runs up first: :meth:`Roster.give_up`). Runs already logging
+        are left alone: a checkpoint loaded mid-run (to evaluate it) keeps the curves so far.
 
         Args:
             runs: tracker name -> the reference the checkpoint recorded for it.
@@ -483,8 +488,10 @@ class TrackerHub:
         """
         if self._runs.logged or self._detached:
             return False
+        given_up = self._roster.give_up(self.timeout)  # the instances init started
         # A run is named once a tracker's opening was queued (init, then a first use).
         self._runs.continue_from(runs, step, key, named=self._roster.named)
+        self._roster.open(wait=True, only=given_up)  # usable when load_state returns
         return True
 
     def event(self, event: CheckpointEvent) -> None:

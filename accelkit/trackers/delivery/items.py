@@ -2,7 +2,8 @@
 
 :data:`Log` (values at a step), :class:`Mark` (set an event once everything before it is done:
 a flush), :class:`Stop` (finish the tracker), :class:`Start` (open the run: continue a
-checkpoint's run if one was loaded, start, store the configuration) and :class:`Checkpoint` (a
+checkpoint's run if one was loaded, start, store the configuration), :class:`GiveUp` (finish
+and discard the run opened at ``init_trackers`` for a checkpoint's) and :class:`Checkpoint` (a
 :class:`~accelkit.trackers.events.CheckpointEvent`); with them, what a worker is built with
 (:class:`JournalSettings`) and what a resumed run continues (:class:`Resume`).
 """
@@ -15,7 +16,17 @@ from typing import Any, NamedTuple, TypeAlias
 
 from accelkit.trackers.events import CheckpointEvent
 
-__all__ = ["Checkpoint", "Item", "JournalSettings", "Log", "Mark", "Resume", "Start", "Stop"]
+__all__ = [
+    "Checkpoint",
+    "GiveUp",
+    "Item",
+    "JournalSettings",
+    "Log",
+    "Mark",
+    "Resume",
+    "Start",
+    "Stop",
+]
 
 
 class JournalSettings(NamedTuple):
@@ -60,6 +71,13 @@ class Start(NamedTuple):
     resume: Resume | None
 
 
+class GiveUp(NamedTuple):
+    """Give up the open run for a checkpoint's: ``finish``, then ``discard_run``; its journal
+    is closed with nothing left to send (the next :class:`Start` opens the checkpoint's run)."""
+
+    done: threading.Event
+
+
 class Mark(NamedTuple):
     """Set ``done`` once every item before it is handled (a flush)."""
 
@@ -78,4 +96,4 @@ class Checkpoint(NamedTuple):
     event: CheckpointEvent
 
 
-Item: TypeAlias = "Log | Start | Mark | Stop | Checkpoint"
+Item: TypeAlias = "Log | Start | GiveUp | Mark | Stop | Checkpoint"

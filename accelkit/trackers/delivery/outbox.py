@@ -225,10 +225,17 @@ class Outbox:
             except OSError:
                 pass
 
-    def close(self) -> None:
-        """Close the journal at the end of the run, saying how many entries it still holds."""
+    def close(self, given_up: bool = False) -> None:
+        """Close the journal at the end of the run, saying how many entries it still holds;
+        ``given_up``: the run was given up for a checkpoint's (``GiveUp``): its entries,
+        the configuration at most, which the next :meth:`open_run` stores again, are marked
+        delivered, so nothing ever sends them to that run (that opening removes the journal)."""
         with self.lock:  # after an adoption in flight has written its entries
             closing = self.journal
+            if given_up:
+                self._pending.clear()
+                if closing is not None:
+                    closing.ack(closing.next_seq - 1)
             if closing is None:
                 return
             left = closing.next_seq - 1 - closing.acked

@@ -17,9 +17,9 @@ from typing import Any
 
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.delivery.failures import FailurePolicy
-from accelkit.trackers.delivery.items import Checkpoint
+from accelkit.trackers.delivery.items import Checkpoint, GiveUp
 from accelkit.trackers.delivery.runs import RunPlan
-from accelkit.trackers.delivery.waits import wait_started
+from accelkit.trackers.delivery.waits import wait_given_up, wait_started
 from accelkit.trackers.delivery.worker import Worker
 from accelkit.trackers.events import CheckpointEvent
 
@@ -45,6 +45,8 @@ class Roster:
         self.live: list[Worker] = []
         self.unstarted: list[Worker] = []
         self.config: Mapping[str, Any] | None = None
+        # The instances started by init that continue runs (a later load gives theirs up).
+        self.opened_at_init: list[Worker] = []
         self._runs = runs
         self._policy = policy
         self._lock = threading.Lock()
@@ -53,7 +55,7 @@ class Roster:
         """Without workers, configuration or lock: they belong to the process that started
         them (see ``TrackerHub.__getstate__``)."""
         state = self.__dict__.copy()
-        state.update(workers=[], live=[], unstarted=[], config=None, _lock=None)
+        state.update(workers=[], live=[], unstarted=[], opened_at_init=[], config=None, _lock=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -63,7 +65,7 @@ class Roster:
     @property
     def named(self) -> bool:
         """Whether some tracker's opening was queued (its run is named from then on)."""
-        return self.workers != self.unstarted
+        return any(w not in self.unstarted for w in self.workers)
 
     def add(self, worker: Worker) -> None:
         """A built tracker's worker; its run opens at :meth:`open`."""
@@ -101,23 +103,41 @@ class Roster:
         """The openings ``init`` queues with ``defer_start``; ``given``: what ``log_with``
         named, instances included.
 
-        A tracker instance given to ``log_with`` that does not continue runs (no
-        ``continue_run`` of its own: Accelerate's custom trackers) is started here, as
-        Accelerate does, since its owner may call its methods right after ``init_trackers``.
-        The others start in the background: at once when a checkpoint was loaded already,
-        else at their first use, so that a ``load_state`` after ``init_trackers`` still
-        continues their runs.
+        A tracker instance given to ``log_with`` is started here, as Accelerate does, since
+        its owner may call its methods right after ``init_trackers`` (continuing the
+        checkpoint's run when one was loaded already; a ``load_state`` afterwards gives its
+        run up for the checkpoint's: :meth:`give_up`). The trackers ``log_with`` named are
+        started in the background: at once when a checkpoint was loaded already, else at
+        their first use, so that a ``load_state`` after ``init_trackers`` continues their
+        runs without any run opened before it.
         """
-        instances = [
-            w
-            for w in self.unstarted
-            if any(w.tracker is s for s in given)
-            and type(w.tracker).continue_run is GeneralTracker.continue_run
-        ]
+        instances = [w for w in self.unstarted if any(w.tracker is s for s in given)]
         if instances:
             self.open(wait=True, only=instances)
+            if self._runs.resume is None:  # new runs, which a later load gives up
+                self.opened_at_init = [w for w in instances if _continues_runs(w.tracker)]
         if self._runs.resume is not None:
             self.open(wait=False)
+
+    def give_up(self, timeout: float) -> list[Worker]:
+        """Give up the runs the tracker instances opened at ``init`` (:meth:`open_deferred`)
+        for a loaded checkpoint's, before anything was logged: each live one finishes its run
+        and discards it (``GiveUp``) and waits, at most ``timeout`` seconds in all, and is
+        unstarted again, so that its next opening continues the checkpoint's run. Trackers
+        that do not continue runs keep theirs.
+
+        Returns:
+            The workers given up (their openings are the caller's to queue).
+        """
+        with self._lock:
+            workers = [w for w in self.opened_at_init if w in self.live]
+            self.opened_at_init = []
+            if not workers:
+                return []
+            self.live = [w for w in self.live if w not in workers]
+            self.unstarted = self.unstarted + workers
+        wait_given_up([(w, w.signal(GiveUp)) for w in workers], timeout, self._policy)
+        return [w for w in workers if not w.session.failed]
 
     def drop_failed(self) -> None:
         """Stop feeding failed trackers (the policy's ``on_skip``)."""
@@ -127,6 +147,7 @@ class Roster:
     def take(self) -> list[Worker]:
         """Every worker, handed over at the end of the run (the roster is empty after)."""
         workers, self.workers, self.live = self.workers, [], []
+        self.opened_at_init = []
         return workers
 
     def deliver(self, event: CheckpointEvent, expected: bool) -> None:
@@ -138,3 +159,8 @@ class Roster:
                 self._runs.keep(event)
         for worker in live:
             worker.put(Checkpoint(event))
+
+
+def _continues_runs(tracker: GeneralTracker) -> bool:
+    """Whether ``tracker`` continues a checkpoint's run (its own ``continue_run``)."""
+    return type(tracker).continue_run is not GeneralTracker.continue_run

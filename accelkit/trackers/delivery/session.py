@@ -115,6 +115,33 @@ class TrackerSession:
             self.reference = None
             self.degrade(f"run_reference() failed ({type(error).__name__}: {error})")
 
+    def give_up(self) -> None:
+        """Give up the open run for a checkpoint's: ``finish()`` it, then ``discard_run()``
+        (a run that is kept is said once, by name), and forget it; the next :meth:`start`
+        opens the checkpoint's run. Nothing is called on a run that never opened (its start
+        still retried)."""
+        self.start_waiting = False
+        self.backoff.retry_at = 0.0
+        if not self.started:
+            return
+        reference = self.reference
+        self.started = False
+        self.reference = None
+        if not self.call("finish", self.tracker.finish):
+            return
+        self.busy = "discard_run"
+        self.busy_since = time.monotonic()
+        try:
+            gone = bool(self.tracker.discard_run())
+        except Exception as error:
+            gone = False
+            self.policy.left_behind(self.name, reference, f"{type(error).__name__}: {error}")
+            return
+        finally:
+            self.busy = None
+        if not gone:
+            self.policy.left_behind(self.name, reference, None)
+
     # ------------------------------------------------------------------ calls and failures
 
     def call(self, method: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:

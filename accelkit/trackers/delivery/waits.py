@@ -16,7 +16,7 @@ from accelkit.trackers.delivery.failures import FailurePolicy
 from accelkit.trackers.delivery.items import Mark, Stop
 from accelkit.trackers.delivery.worker import POLL_S, Worker
 
-__all__ = ["wait_for", "wait_opened", "wait_started"]
+__all__ = ["wait_for", "wait_given_up", "wait_opened", "wait_started"]
 
 
 def wait_started(worker: Worker, done: threading.Event, policy: FailurePolicy) -> None:
@@ -33,6 +33,20 @@ def wait_started(worker: Worker, done: threading.Event, policy: FailurePolicy) -
     # `accelkit track sync`): not skipped.
     worker.adopt()
     policy.late(worker.name, "open its run", policy.timeout, worker.session.busy, journal.folder)
+
+
+def wait_given_up(
+    given_up: list[tuple[Worker, threading.Event]], timeout: float, policy: FailurePolicy
+) -> None:
+    """Wait (at most ``timeout`` seconds in all) for workers giving up their runs (each
+    ``done``); one that is late is said once and not waited for (its next opening is queued
+    behind, so it still continues the checkpoint's run when it answers)."""
+    deadline = Deadline(timeout)
+    for worker, done in given_up:
+        if not done.wait(deadline.left()):
+            policy.late(
+                worker.name, "give its run up for the checkpoint's", timeout, worker.session.busy
+            )
 
 
 def wait_opened(workers: list[Worker], timeout: float) -> None:

@@ -20,6 +20,7 @@ from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.delivery.failures import FailurePolicy
 from accelkit.trackers.delivery.items import (
     Checkpoint,
+    GiveUp,
     Item,
     JournalSettings,
     Log,
@@ -167,7 +168,7 @@ class Worker:
     def _handle(self, item: Item) -> bool:
         """Process one queued item; True once the tracker is finished."""
         session = self.session
-        if not isinstance(item, (Checkpoint, Start, Stop, Mark)):
+        if not isinstance(item, (Checkpoint, Start, Stop, Mark, GiveUp)):
             if not session.failed:
                 values, step, kwargs, pending = item
                 values = resolve(values) if pending else dict(values)
@@ -184,6 +185,12 @@ class Worker:
             if not session.failed:
                 self.outbox.open_run(item.config, item.resume)
             session.opened.set()
+            item.done.set()
+            return False
+        if isinstance(item, GiveUp):
+            if not session.failed:
+                self.outbox.close(given_up=True)
+                session.give_up()
             item.done.set()
             return False
         if isinstance(item, Stop):
