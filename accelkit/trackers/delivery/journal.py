@@ -301,19 +301,31 @@ class Journal:
         return run
 
     def write(self, entries: list[Entry]) -> None:
-        """Write ``entries`` (made by :meth:`entry`) in one ``write``; rolls segments and keeps
-        the cap."""
+        """Write ``entries`` (made by :meth:`entry`), one ``write`` per segment they fill; rolls
+        segments and keeps the cap.
+
+        A batch larger than a segment (a backlog drained at once) is split where the segment
+        fills up, so that the cap can remove its oldest part too.
+        """
         if not entries:
             return
-        data = "".join(_line(entry) for entry in entries).encode()
-        if self._fd is None or (self._segments and self._segments[-1][2] >= self.segment_bytes):
-            self._roll(entries[0].seq)
-        assert self._fd is not None
-        os.write(self._fd, data)
-        first, path, size = self._segments[-1]
-        self._segments[-1] = (first, path, size + len(data))
-        if sum(segment[2] for segment in self._segments) > self.max_bytes:
-            self._keep_cap()
+        lines = [_line(entry).encode() for entry in entries]
+        start = 0
+        while start < len(lines):
+            if self._fd is None or (self._segments and self._segments[-1][2] >= self.segment_bytes):
+                self._roll(entries[start].seq)
+            room = self.segment_bytes - self._segments[-1][2]
+            end, size = start, 0
+            while end < len(lines) and (end == start or size + len(lines[end]) <= room):
+                size += len(lines[end])
+                end += 1
+            assert self._fd is not None
+            os.write(self._fd, b"".join(lines[start:end]))
+            first, path, written = self._segments[-1]
+            self._segments[-1] = (first, path, written + size)
+            start = end
+            if sum(segment[2] for segment in self._segments) > self.max_bytes:
+                self._keep_cap()
 
     def entry(
         self,
