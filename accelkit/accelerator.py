@@ -35,6 +35,7 @@ from accelkit._accelerator.prepared_objects import PreparedObjects
 from accelkit._accelerator.processes import Processes
 from accelkit._accelerator.settings import Settings
 from accelkit._accelerator.training import Training
+from accelkit._accelerator.watchdog import HangWatch
 from accelkit.data.preparation import DataLoaderConfiguration, resolve_config
 from accelkit.runtime.state import AcceleratorState, DistributedType, refuse_out_of_scope_plugins
 from accelkit.trackers import GeneralTracker, TrackerHub, TrackerOptions
@@ -79,6 +80,10 @@ def _preemption_part(accelerator: Accelerator) -> Preemption:
     return accelerator._preemption
 
 
+def _watchdog_part(accelerator: Accelerator) -> HangWatch:
+    return accelerator._watchdog
+
+
 class Accelerator:
     """Run the same training loop on 1 CPU, 1 GPU, N processes or N machines.
 
@@ -111,6 +116,11 @@ class Accelerator:
             (:class:`~accelkit.trackers.TrackerOptions`; fields left ``None`` take their
             environment variable (``docs/reference/environment.md``), else the default). An
             accelkit extension.
+        hang_timeout_seconds: seconds a process may go without a step boundary before it
+            counts as hung: every process then writes its Python stacks, the trackers get a
+            ``watchdog/hang`` event and the job exits with ``preemption_exit_code`` (75); see
+            :meth:`not_a_hang` and ``docs/guides/watchdog.md``. ``None`` (default): no
+            watchdog. An accelkit extension.
         dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
             :mod:`accelkit.training.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
         deepspeed_plugin: accepted by name for compatibility and refused with ``ValueError``
@@ -154,6 +164,7 @@ class Accelerator:
         tracker_errors: str = "warn",
         save_policy: SavePolicy | None = None,
         tracker_options: TrackerOptions | None = None,
+        hang_timeout_seconds: float | None = None,
     ) -> None:
         refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
         self.kwargs_handlers = list(kwargs_handlers or [])
@@ -241,6 +252,15 @@ class Accelerator:
             self._checkpointing,
             self.end_training,
             save_policy,
+        )
+        # The hang watchdog (hang_timeout_seconds): a thread counting step boundaries.
+        self._watchdog = HangWatch(
+            hang_timeout_seconds,
+            self.project_configuration,
+            self.state,
+            self.gradient_state,
+            self.log,
+            self._trackers.finish,
         )
         # Unusable folders or storage fail here, not at the first log or save an epoch later.
         _preflight.check_run(
@@ -466,6 +486,7 @@ class Accelerator:
     wait_for_checkpoints = forward(Checkpointing.wait_for_checkpoints, _checkpointing_part)
     wait_for_snapshot = forward(Checkpointing.wait_for_snapshot, _checkpointing_part)
     should_save = forward(Preemption.should_save, _preemption_part)
+    not_a_hang = forward(HangWatch.not_a_hang, _watchdog_part)
 
     @property
     def preemption_requested(self) -> bool:
@@ -545,6 +566,7 @@ class Accelerator:
         """Wait for pending saves, drain the replication queue (up to
         ``ProjectConfiguration.replicate_deadline_seconds``, naming what is left behind), then
         finish every tracker and the preemption handling; call once at the end of the script."""
+        self._watchdog.close()  # waiting for saves and trackers makes no step progress
         try:
             self._checkpointing.wait_for_checkpoints()
         finally:
