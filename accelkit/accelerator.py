@@ -35,7 +35,7 @@ from accelkit._accelerator.prepared_objects import PreparedObjects
 from accelkit._accelerator.processes import Processes
 from accelkit._accelerator.settings import Settings
 from accelkit._accelerator.training import Training
-from accelkit._accelerator.watchdog import HangWatch
+from accelkit._accelerator.watchdog import HangWatch, StragglerWatch
 from accelkit.data.preparation import DataLoaderConfiguration, resolve_config
 from accelkit.runtime.state import AcceleratorState, DistributedType, refuse_out_of_scope_plugins
 from accelkit.trackers import GeneralTracker, TrackerHub, TrackerOptions
@@ -121,6 +121,12 @@ class Accelerator:
             ``watchdog/hang`` event and the job exits with ``preemption_exit_code`` (75); see
             :meth:`not_a_hang` and ``docs/guides/watchdog.md``. ``None`` (default): no
             watchdog. An accelkit extension.
+        straggler_fraction: report a rank (once, a warning and a ``straggler/*`` tracker event
+            naming it and its host) whose step, outside ``backward()``, stays this fraction
+            slower than the other ranks' median (0.2: 20%) over ``straggler_steps`` optimizer
+            steps; the times ride on the save decisions' per-step agreement. ``None``
+            (default): no report. An accelkit extension.
+        straggler_steps: see ``straggler_fraction``.
         dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
             :mod:`accelkit.training.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
         deepspeed_plugin: accepted by name for compatibility and refused with ``ValueError``
@@ -165,6 +171,8 @@ class Accelerator:
         save_policy: SavePolicy | None = None,
         tracker_options: TrackerOptions | None = None,
         hang_timeout_seconds: float | None = None,
+        straggler_fraction: float | None = None,
+        straggler_steps: int = 50,
     ) -> None:
         refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
         self.kwargs_handlers = list(kwargs_handlers or [])
@@ -243,6 +251,14 @@ class Accelerator:
             gradient_state=self.gradient_state,
         )
         self._checkpoints.listener = self._experiment
+        # Stragglers: their step times ride on the preemption part's agreement.
+        self._stragglers = StragglerWatch(
+            straggler_fraction,
+            straggler_steps,
+            self.state,
+            self._training.backward_seconds,
+            self.log,
+        )
         # Save decisions and preemption signals (ProjectConfiguration.save_every_*,
         # preemption_signals): last, once everything a preemption exit cleans up exists.
         self._preemption = Preemption(
@@ -252,6 +268,7 @@ class Accelerator:
             self._checkpointing,
             self.end_training,
             save_policy,
+            self._stragglers.rider,
         )
         # The hang watchdog (hang_timeout_seconds): a thread counting step boundaries.
         self._watchdog = HangWatch(

@@ -1,5 +1,6 @@
-"""The hang watchdog's part of the :class:`~accelkit.Accelerator`: ``hang_timeout_seconds`` and
-``not_a_hang()``.
+"""The watchdog's part of the :class:`~accelkit.Accelerator`: ``hang_timeout_seconds`` and
+``not_a_hang()`` (:class:`HangWatch`), ``straggler_fraction`` and ``straggler_steps``
+(:class:`StragglerWatch`).
 
 The watchdog itself lives in :mod:`accelkit.runtime.watchdog`; this part connects it to the run
 through the hooks the run offers: a hook on the step boundaries (``GradientState.on_boundary``,
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from accelkit.runtime.preemption import ENV_PREEMPTION_FILE, write_exit_record
+from accelkit.runtime.stragglers import Straggler, StragglerDetector, check_straggler_settings
 from accelkit.runtime.watchdog import HangReport, Watchdog, check_hang_timeout
 
 if TYPE_CHECKING:
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     from accelkit.runtime.state import AcceleratorState
     from accelkit.training.optim import GradientState
 
-__all__ = ["HangWatch", "stack_folder"]
+__all__ = ["HangWatch", "StragglerWatch", "stack_folder"]
 
 logger = logging.getLogger("accelkit.watchdog")
 
@@ -173,3 +175,83 @@ def _store(world_size: int) -> Any:
         return _get_default_store()
     except (ImportError, RuntimeError, ValueError):
         return None
+
+
+class StragglerWatch:
+    """``Accelerator(straggler_fraction=, straggler_steps=)`` for one run: the detector of
+    :mod:`accelkit.runtime.stragglers`, whose times ride on the preemption part's agreement
+    (:attr:`rider`), and its report (a warning naming the rank and its host, and a
+    ``straggler/*`` tracker event, from the main process).
+
+    Args:
+        fraction: how much slower than the others' median counts (``None``: no report).
+        steps: over how many optimizer steps.
+        state: this process's identity.
+        backward_seconds: turns the timing of ``backward()`` on and returns its reader.
+        log: ``Accelerator.log``.
+
+    Raises:
+        ConfigurationError: a setting the report cannot use.
+    """
+
+    def __init__(
+        self,
+        fraction: float | None,
+        steps: int,
+        state: AcceleratorState,
+        backward_seconds: Callable[[], Callable[[], float]],
+        log: Callable[[dict[str, Any]], None],
+    ) -> None:
+        check_straggler_settings(fraction, steps)
+        self.state = state
+        self.log = log
+        self.rider: StragglerDetector | None = None
+        self.hosts: list[str] = []
+        if fraction is None or state.num_processes <= 1:
+            return
+        self.hosts = _hosts(state.num_processes)
+        self.rider = StragglerDetector(
+            rank=state.process_index,
+            world_size=state.num_processes,
+            fraction=float(fraction),
+            steps=steps,
+            waiting=backward_seconds(),
+            report=self.report,
+        )
+
+    def report(self, straggler: Straggler) -> None:
+        """Say it once (main process): a warning and a tracker event naming rank and host."""
+        if not self.state.is_main_process:
+            return
+        host = self.hosts[straggler.rank] if straggler.rank < len(self.hosts) else "?"
+        logger.warning(
+            "accelkit: straggler: rank %d on %s took %.3f s per step on its own (outside "
+            "backward) over the last %d optimizer steps, against a median of %.3f s for the "
+            "other ranks; every rank waits for it at each step",
+            straggler.rank,
+            host,
+            straggler.step_seconds,
+            straggler.steps,
+            straggler.median_seconds,
+        )
+        self.log(
+            {
+                "straggler/rank": straggler.rank,
+                "straggler/host": host,
+                "straggler/step_seconds": round(straggler.step_seconds, 6),
+                "straggler/median_seconds": round(straggler.median_seconds, 6),
+            }
+        )
+
+
+def _hosts(world_size: int) -> list[str]:
+    """Every rank's host name, gathered once when the run starts (not per step)."""
+    import socket
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [socket.gethostname()] * world_size
+    hosts: list[Any] = [None] * world_size
+    dist.all_gather_object(hosts, socket.gethostname())
+    return [str(host) for host in hosts]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,33 @@ def test_a_slow_but_moving_job_is_never_flagged(tmp_path: Path) -> None:
     assert "hang" not in proc.stderr
     assert not [values for values in _events(project) if "watchdog/hang" in values]
     assert len(_events(project)) == 25  # every step logged: it ran to its end
+
+
+def _straggler_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "accelkit: straggler:" in line]
+
+
+@pytest.mark.slow
+def test_a_straggler_is_reported_once(tmp_path: Path) -> None:
+    # Rank 1 sleeps 0.2 s in every step's forward, for 60 steps, with a window of 20 steps.
+    project = tmp_path / "project"
+    proc = _launch(project, "straggler", "--timeout", "60", "--steps", "60", "--window", "20")
+    assert proc.returncode == 0, proc.stderr
+    [line] = _straggler_lines(proc.stderr)
+    assert f"rank 1 on {socket.gethostname()}" in line
+    events = [values for values in _events(project) if "straggler/rank" in values]
+    assert len(events) == 1
+    assert events[0]["straggler/rank"] == 1
+    assert events[0]["straggler/host"] == socket.gethostname()
+    assert events[0]["straggler/step_seconds"] >= 0.2  # type: ignore[operator]
+
+
+@pytest.mark.slow
+def test_a_jittery_job_has_no_straggler(tmp_path: Path) -> None:
+    # Every rank's step varies at random by 0 to 0.1 s, each on its own: none is reported.
+    project = tmp_path / "project"
+    proc = _launch(project, "even", "--timeout", "60", "--steps", "60", "--window", "20")
+    assert proc.returncode == 0, proc.stderr
+    assert not _straggler_lines(proc.stderr)
+    assert not [values for values in _events(project) if "straggler/rank" in values]
+    assert len(_events(project)) == 60  # it ran to its end

@@ -10,7 +10,7 @@ Modes:
 * ``jitter``: a slow but moving job, every step from 0 to 2/3 of the timeout, with an
   evaluation of twice the timeout inside ``not_a_hang()``: it must finish (exit 0);
 * ``straggler``: rank 1 sleeps ``--slow`` seconds in every step's forward (a slow rank);
-* ``even``: both ranks with the same random jitter (no straggler).
+* ``even``: every rank jitters at random, on its own, from 0 to 0.1 s a step: no straggler.
 
 The trackers log to ``PROJECT`` with the built-in ``jsonl`` tracker. Self-contained: it imports
 only accelkit and torch.
@@ -49,10 +49,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--slow", type=float, default=0.2)
     parser.add_argument("--fraction", type=float, default=0.5)
+    parser.add_argument("--window", type=int, default=20)
     args = parser.parse_args()
     kwargs = {}
     if args.mode in ("straggler", "even"):
-        kwargs = {"straggler_fraction": args.fraction, "straggler_steps": 5}
+        kwargs = {"straggler_fraction": args.fraction, "straggler_steps": args.window}
     accelerator = Accelerator(
         project_dir=args.project,
         log_with="jsonl",
@@ -65,7 +66,7 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = torch.utils.data.DataLoader(_Data(), batch_size=4)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    jitter = random.Random(rank if args.mode == "jitter" else 0)
+    jitter = random.Random(rank)  # each rank's own jitter
     for step, (x, y) in enumerate(loader):
         if step >= args.steps:
             break
