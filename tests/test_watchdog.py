@@ -93,3 +93,39 @@ def test_before_the_first_step_the_clock_does_not_run(tmp_path: Path) -> None:
     finally:
         watchdog.close()
     assert exit.code is None and not reports
+
+
+def test_a_hang_seen_by_one_rank_makes_a_moving_rank_write_its_stacks(tmp_path: Path) -> None:
+    # Two watchdogs on one store (the process group's, in a real job): rank 0 stops, rank 1
+    # keeps moving, and still writes its stacks and exits when rank 0 reports the hang.
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    exits = [_Exit(), _Exit()]
+    reports: list[list[HangReport]] = [[], []]
+    dogs = [
+        Watchdog(
+            0.5 if rank == 0 else 3600,
+            rank=rank,
+            world_size=2,
+            stack_folder=str(tmp_path / "hangs"),
+            on_hang=reports[rank].append,
+            store=store,
+            exit=exits[rank],
+            grace_seconds=30,
+        )
+        for rank in (0, 1)
+    ]
+    for dog in dogs:
+        dog.start()
+        dog.beat()
+    give_up = time.monotonic() + 60  # a bound on the loop, not an assertion on time
+    while not exits[1].done.wait(0.05) and time.monotonic() < give_up:
+        dogs[1].beat()  # rank 1 moves on
+    assert exits[1].done.is_set()
+    assert exits[0].done.wait(30)
+    assert exits[0].code == exits[1].code == 75
+    assert reports[1][0].detected_by == 0  # told by rank 0, not its own clock
+    assert reports[0][0].detected_by == 0
+    rank1 = (tmp_path / "hangs" / "hang-stacks-rank1.txt").read_text()
+    assert "rank 0 saw no step progress" in rank1.splitlines()[0]
