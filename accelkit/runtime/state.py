@@ -162,7 +162,7 @@ def attempt_store(timeout: Any = None) -> Any:
     run = os.environ.get("TORCHELASTIC_RUN_ID", "")
     wait = timeout if isinstance(timeout, datetime.timedelta) else default_pg_timeout
     client = dist.TCPStore(host, port, world_size, is_master=False, timeout=wait)
-    return dist.PrefixStore(f"accelkit/{run}/attempt_{attempt}/", client)
+    return dist.PrefixStore(f"accelkit/{run}/attempt_{attempt}", client)
 
 
 # The collective backend of each device type accelkit drives: NCCL on CUDA (RCCL under ROCm,
