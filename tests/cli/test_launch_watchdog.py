@@ -25,7 +25,9 @@ def _no_user_config(
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
 
 
-def _launch(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _launch(
+    project: Path, *args: str, options: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -35,6 +37,7 @@ def _launch(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
             "--cpu",
             "--num_processes",
             "2",
+            *options,
             str(JOB),
             str(project),
             *args,
@@ -124,3 +127,15 @@ def test_a_jittery_job_has_no_straggler(tmp_path: Path) -> None:
     assert not _straggler_lines(proc.stderr)
     assert not [values for values in _events(project) if "straggler/rank" in values]
     assert len(_events(project)) == 60  # it ran to its end
+
+
+@pytest.mark.slow
+def test_a_hung_group_is_not_restarted(tmp_path: Path) -> None:
+    # Under --max_restarts the group that stopped for a hang is not run again (it would hang
+    # again where it stopped, after the same steps): exit 75 for the requeue, said once.
+    project = tmp_path / "project"
+    proc = _launch(project, "collective", "--timeout", "3", options=("--max_restarts", "1"))
+    assert proc.returncode == 75, proc.stderr
+    assert "stopped for a hang (hang_timeout_seconds)" in proc.stderr
+    assert "not restarting them (1 restart(s) left unused)" in proc.stderr
+    assert len([v for v in _events(project) if "watchdog/hang" in v]) == 1  # one attempt only
