@@ -36,6 +36,7 @@ from accelkit._accelerator.processes import Processes
 from accelkit._accelerator.resume import ResumeCheck
 from accelkit._accelerator.settings import Settings
 from accelkit._accelerator.training import Training
+from accelkit._accelerator.watchdog import HangWatch, StragglerWatch
 from accelkit.data.preparation import DataLoaderConfiguration, resolve_config
 from accelkit.runtime.state import AcceleratorState, DistributedType, refuse_out_of_scope_plugins
 from accelkit.trackers import GeneralTracker, TrackerHub, TrackerOptions
@@ -80,6 +81,10 @@ def _preemption_part(accelerator: Accelerator) -> Preemption:
     return accelerator._preemption
 
 
+def _watchdog_part(accelerator: Accelerator) -> HangWatch:
+    return accelerator._watchdog
+
+
 class Accelerator:
     """Run the same training loop on 1 CPU, 1 GPU, N processes or N machines.
 
@@ -118,6 +123,17 @@ class Accelerator:
             would have: another data order, batch size, sampler, random stream or world size
             (each checkpoint records a fingerprint of them; see
             :mod:`accelkit._accelerator.resume`). An accelkit extension.
+        hang_timeout_seconds: seconds a process may go without a step boundary before it
+            counts as hung: every process then writes its Python stacks, the trackers get a
+            ``watchdog/hang`` event and the job exits with ``preemption_exit_code`` (75); see
+            :meth:`not_a_hang` and ``docs/guides/watchdog.md``. ``None`` (default): no
+            watchdog. An accelkit extension.
+        straggler_fraction: report a rank (once, a warning and a ``straggler/*`` tracker event
+            naming it and its host) whose step, outside ``backward()``, stays this fraction
+            slower than the other ranks' median (0.2: 20%) over ``straggler_steps`` optimizer
+            steps; the times ride on the save decisions' per-step agreement. ``None``
+            (default): no report. An accelkit extension.
+        straggler_steps: see ``straggler_fraction``.
         dynamo_backend: compile prepared models with ``torch.compile`` and this backend (see
             :mod:`accelkit.training.dynamo`); or ``dynamo_plugin``, a ``TorchDynamoPlugin``.
         deepspeed_plugin: accepted by name for compatibility and refused with ``ValueError``
@@ -162,6 +178,9 @@ class Accelerator:
         save_policy: SavePolicy | None = None,
         tracker_options: TrackerOptions | None = None,
         strict_resume: bool = False,
+        hang_timeout_seconds: float | None = None,
+        straggler_fraction: float | None = None,
+        straggler_steps: int = 50,
     ) -> None:
         refuse_out_of_scope_plugins(deepspeed_plugin=deepspeed_plugins)
         self.kwargs_handlers = list(kwargs_handlers or [])
@@ -246,6 +265,14 @@ class Accelerator:
             gradient_state=self.gradient_state,
         )
         self._checkpoints.listener = self._experiment
+        # Stragglers: their step times ride on the preemption part's agreement.
+        self._stragglers = StragglerWatch(
+            straggler_fraction,
+            straggler_steps,
+            self.state,
+            self._training.backward_seconds,
+            self.log,
+        )
         # Save decisions and preemption signals (ProjectConfiguration.save_every_*,
         # preemption_signals): last, once everything a preemption exit cleans up exists.
         self._preemption = Preemption(
@@ -255,6 +282,16 @@ class Accelerator:
             self._checkpointing,
             self.end_training,
             save_policy,
+            self._stragglers.rider,
+        )
+        # The hang watchdog (hang_timeout_seconds): a thread counting step boundaries.
+        self._watchdog = HangWatch(
+            hang_timeout_seconds,
+            self.project_configuration,
+            self.state,
+            self.gradient_state,
+            self.log,
+            self._trackers.finish,
         )
         # Unusable folders or storage fail here, not at the first log or save an epoch later.
         _preflight.check_run(
@@ -475,6 +512,7 @@ class Accelerator:
     wait_for_checkpoints = forward(Checkpointing.wait_for_checkpoints, _checkpointing_part)
     wait_for_snapshot = forward(Checkpointing.wait_for_snapshot, _checkpointing_part)
     should_save = forward(Preemption.should_save, _preemption_part)
+    not_a_hang = forward(HangWatch.not_a_hang, _watchdog_part)
 
     @property
     def preemption_requested(self) -> bool:
@@ -554,6 +592,7 @@ class Accelerator:
         """Wait for pending saves, drain the replication queue (up to
         ``ProjectConfiguration.replicate_deadline_seconds``, naming what is left behind), then
         finish every tracker and the preemption handling; call once at the end of the script."""
+        self._watchdog.close()  # waiting for saves and trackers makes no step progress
         try:
             self._checkpointing.wait_for_checkpoints()
         finally:

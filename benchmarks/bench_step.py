@@ -34,6 +34,7 @@ from benchmarks.common import Target, alternate, median, print_table, section, w
 
 FEATURES, HIDDEN, CLASSES, BATCH = 64, 256, 10, 64
 PREEMPTION_CASE = "accelkit prepared + preemption_signals, save_every_steps, should_save()"
+WATCHDOG_CASE = "accelkit prepared + hang_timeout_seconds (the watchdog)"
 
 
 def _mlp() -> torch.nn.Module:
@@ -86,7 +87,11 @@ _TRACKERS = ["jsonl", "tensorboard", "mlflow", "wandb"]
 
 
 def _prepared_case(
-    batches: int, use_accumulate: bool, journal: bool | None = None, preemption: bool = False
+    batches: int,
+    use_accumulate: bool,
+    journal: bool | None = None,
+    preemption: bool = False,
+    watchdog: bool = False,
 ) -> Callable[[int], list[float]]:
     """The prepared step; with ``journal`` set, it also logs the loss to 4 trackers (jsonl,
     TensorBoard, MLflow on sqlite, wandb offline) with the tracker journal on or off; with
@@ -121,7 +126,12 @@ def _prepared_case(
         os.environ.pop("ACCELKIT_TRACKER_JOURNAL")
         assert accelerator._trackers.journal is journal
     else:
-        accelerator = Accelerator(cpu=True, mixed_precision="no", project_config=config)
+        accelerator = Accelerator(
+            cpu=True,
+            mixed_precision="no",
+            project_config=config,
+            hang_timeout_seconds=3600 if watchdog else None,
+        )
     step_number = [0]
     model = _mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -357,6 +367,7 @@ def main(argv: list[str] | None = None) -> None:
             "accelkit prepared": lambda: _prepared_case(16, use_accumulate=False),
             "accelkit prepared + accumulate()": lambda: _prepared_case(16, use_accumulate=True),
             PREEMPTION_CASE: lambda: _prepared_case(16, use_accumulate=False, preemption=True),
+            WATCHDOG_CASE: lambda: _prepared_case(16, use_accumulate=False, watchdog=True),
         },
         "trackers": {
             "+ log to 4 trackers, journal off": lambda: _prepared_case(16, False, journal=False),
@@ -412,6 +423,10 @@ def main(argv: list[str] | None = None) -> None:
     results[PREEMPTION_CASE]["hook_alone_us"] = hook_us
     results[PREEMPTION_CASE]["hook_alone_pct_of_prepared_step"] = hook_pct
     print(f"preemption + should_save() vs the prepared step: {preempt:+.2f}%")
+    # Issue 39: the hang watchdog's step-boundary hook (one increment per boundary).
+    watch = (medians[WATCHDOG_CASE] / medians["accelkit prepared"] - 1.0) * 100.0
+    results[WATCHDOG_CASE]["overhead_vs_prepared_pct"] = watch
+    print(f"hang watchdog vs the prepared step: {watch:+.2f}%")
     print(f"  its hooks alone (no compute): {hook_us:.2f} us per step = {hook_pct:.2f}% of it")
     with section("2 processes (gloo, DDP): the prepared step without and with preemption"):
         two = _two_processes(max(4, rounds // 4), steps)

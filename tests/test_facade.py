@@ -30,7 +30,8 @@ PUBLIC_SURFACE = {
         "step_scheduler_with_optimizer=True, kwargs_handlers=None, dynamo_backend=None, "
         "dynamo_plugin=None, deepspeed_plugins=None, parallelism_config=None, "
         "logging_dir=None, tracker_errors='warn', save_policy=None, tracker_options=None, "
-        "strict_resume=False)"
+        "strict_resume=False, hang_timeout_seconds=None, straggler_fraction=None, "
+        "straggler_steps=50)"
     ),
     "accumulate": "(self, *models)",
     "autocast": "(self, autocast_handler=None)",
@@ -111,6 +112,7 @@ PUBLIC_SURFACE = {
     "save": "(self, obj, f, safe_serialization=False)",
     "save_iteration": "property",
     "should_save": "(self)",  # issue 25
+    "not_a_hang": "(self)",  # issue 39: the watchdog's "not a hang" block
     "save_model": "(self, model, save_directory, max_shard_size='10GB', safe_serialization=True)",
     "save_state": "(self, output_dir=None, safe_serialization=True, *, async_save=None, **kwargs)",
     # An instance attribute before the parts existed; now a property over the registry.

@@ -202,3 +202,40 @@ def test_fsdp_shows_in_the_accelerator_state() -> None:
     from tests.helpers.distributed import run_distributed
 
     assert run_distributed(_fsdp_state) == [("FSDP", "FSDP", True)] * 2
+
+
+def test_each_restart_attempt_keeps_its_keys_apart_in_the_agents_store(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # torchrun's agent hosts one store for the whole job (here: this process); a restarted
+    # group used to read the dead group's keys there (issue #39).
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from accelkit.runtime.state import attempt_store
+    from tests.helpers.distributed import free_port
+
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    assert attempt_store() is None  # no agent's store: torch's own env:// store is right
+    port = free_port()
+    agent = dist.TCPStore(
+        "127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False
+    )
+    for name, value in {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": "2",
+        "TORCHELASTIC_RUN_ID": "job7",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+    }.items():
+        monkeypatch.setenv(name, value)
+    first = attempt_store(timedelta(seconds=30))
+    first.set("rank_1", "address of a worker that died")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    second = attempt_store(timedelta(seconds=30))
+    assert not second.check(["rank_1"])  # the dead group's key is not the restarted one's
+    second.set("rank_1", "a live address")
+    assert agent.get("accelkit/job7/attempt_0/rank_1") == b"address of a worker that died"
+    assert agent.get("accelkit/job7/attempt_1/rank_1") == b"a live address"

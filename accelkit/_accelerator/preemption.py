@@ -43,6 +43,7 @@ from accelkit.runtime.preemption import (
 from accelkit.runtime.saving import (
     AnyOf,
     OnPreemption,
+    RoundRider,
     SaveDecider,
     SavePolicy,
     check_policy,
@@ -72,6 +73,9 @@ class Preemption:
             committed): ``Accelerator.end_training``.
         save_policy: the user's :class:`~accelkit.runtime.saving.SavePolicy`, instead of
             ``save_every_steps``/``save_every_seconds`` (``None``: those settings).
+        rider: values that ride on the agreement's rounds (the straggler report's step
+            times); with one, the rounds run at the step boundaries even without
+            ``preemption_signals``.
 
     Raises:
         ConfigurationError: ``save_policy`` is not a save policy, or is given together with
@@ -86,6 +90,7 @@ class Preemption:
         checkpointing: Checkpointing,
         finish: Callable[[], None],
         save_policy: SavePolicy | None = None,
+        rider: RoundRider | None = None,
     ) -> None:
         self.config = config
         self.state = state
@@ -96,10 +101,14 @@ class Preemption:
         self.watching = bool(signals)
         self.flag = SignalFlag(signals)
         self.decider = SaveDecider(
-            Agreement(state.num_processes, _agreement_group(state.num_processes, signals)),
+            Agreement(
+                state.num_processes,
+                _agreement_group(state.num_processes, bool(signals) or rider is not None),
+            ),
             self.flag,
             _policy(config, save_policy, preemption=self.watching),
             is_main=state.is_main_process,
+            rider=rider,
         )
         self.policies = self.decider.policy is not None
         self.automatic = self.watching and config.automatic_checkpoint_naming
@@ -116,6 +125,7 @@ class Preemption:
         self._unhook: Callable[[], None] | None = None
         if self.watching:
             self.flag.install()
+        if self.watching or rider is not None:
             self._unhook = gradient_state.on_boundary.register(self.boundary)
 
     # ------------------------------------------------------------------ the script asks
@@ -347,11 +357,13 @@ def _policy(
     return AnyOf(save_policy, OnPreemption()) if preemption else save_policy
 
 
-def _agreement_group(world_size: int, signals: tuple[int, ...]) -> object:
+def _agreement_group(world_size: int, rounds: bool) -> object:
     """A gloo group of its own for the agreement (``None``: the default group), so that its
-    small all_reduce never queues behind, or holds up, the training's gradient all-reduces.
-    Created on every process alike (the settings are the same everywhere)."""
-    if world_size <= 1 or not signals:
+    small all_reduce never queues behind, or holds up, the training's gradient all-reduces;
+    ``rounds``: the agreement runs at every step boundary (preemption signals are watched, or
+    values ride on it). Created on every process alike (the settings are the same
+    everywhere)."""
+    if world_size <= 1 or not rounds:
         return None
     import torch.distributed as dist
 

@@ -9,6 +9,7 @@ What each prepared kind becomes is documented in :mod:`accelkit.training.loop`,
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,8 @@ class Training:
         self.ddp_kwargs = _kwargs.collect(kwargs_handlers, ddp)
         self.on_first_backward = on_first_backward
         self.before_release = before_release
+        self._timed = False  # backward_seconds() was asked for: backward() is timed
+        self._backward_seconds = 0.0
         self.ddp_handler: _kwargs.DistributedDataParallelKwargs | None = _kwargs.find(
             kwargs_handlers, ddp
         )
@@ -199,7 +202,19 @@ class Training:
             loss = loss / steps
         if self.prepared.scaler is not None:
             loss = self.prepared.scaler.scale(loss)
-        loss.backward(**kwargs)
+        if self._timed:
+            started = time.perf_counter()
+            loss.backward(**kwargs)
+            self._backward_seconds += time.perf_counter() - started
+        else:
+            loss.backward(**kwargs)
+
+    def backward_seconds(self) -> Callable[[], float]:
+        """Time :meth:`backward` from now on; returns the reader of its running total in
+        seconds (the straggler report's: DDP's gradient all-reduce, where a fast rank waits for
+        a slow one, runs inside ``backward``)."""
+        self._timed = True
+        return lambda: self._backward_seconds
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:

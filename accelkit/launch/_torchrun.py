@@ -157,9 +157,15 @@ def _no_restart_after_preemption(argv: Sequence[str]) -> bool:
         if result.state == WorkerState.FAILED and _group_preempted(result.failures):
             remaining = getattr(self, "_remaining_restarts", 0)
             if remaining:
+                why = (
+                    "the workers stopped for a hang (hang_timeout_seconds) after writing "
+                    "their stacks"
+                    if _hang_recorded()
+                    else "the workers stopped for a preemption after saving their checkpoint"
+                )
                 print(
-                    "accelkit launch: the workers stopped for a preemption after saving their "
-                    f"checkpoint; not restarting them ({remaining} restart(s) left unused)",
+                    f"accelkit launch: {why}; not restarting them ({remaining} restart(s) "
+                    "left unused)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -195,6 +201,20 @@ def _group_preempted(failures: Any) -> bool:
     codes = {int(failure.exitcode) for failure in dict(failures or {}).values()}
     exits = {code for code in codes if code >= 0}
     return len(exits) == 1 and _preempted(exits.pop())
+
+
+def _hang_recorded() -> bool:
+    """Whether the job's exit record says the hang watchdog stopped it (see
+    ``docs/guides/watchdog.md``)."""
+    from accelkit.runtime.preemption import (
+        ENV_PREEMPTION_FILE,
+        ENV_PREEMPTION_JOB,
+        read_exit_record,
+    )
+
+    path = os.environ.get(ENV_PREEMPTION_FILE)
+    record = read_exit_record(path, os.environ.get(ENV_PREEMPTION_JOB)) if path else None
+    return record is not None and record.get("reason") == "hang"
 
 
 def _preempted(exitcode: int) -> bool:

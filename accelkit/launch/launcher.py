@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from accelkit._text import short
+from accelkit._text import clip, short
 from accelkit.errors import ConfigurationError
 from accelkit.fsdp.plugin import (
     AUTO_WRAP_POLICIES,
@@ -427,6 +427,10 @@ def launch_command(config: LaunchConfig) -> int:
             record = read_exit_record(env[ENV_PREEMPTION_FILE], env[ENV_PREEMPTION_JOB])
             return None if record is None else int(record["exit_code"])
 
+        def stopped_because() -> str | None:
+            record = read_exit_record(env[ENV_PREEMPTION_FILE], env[ENV_PREEMPTION_JOB])
+            return None if record is None else hang_line(record)
+
         if config.num_processes == 1 and config.num_machines == 1:
             env.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"})
             env[ENV_ERROR_FILE] = path  # torchrun's variable; without torchrun, ours to set
@@ -442,6 +446,7 @@ def launch_command(config: LaunchConfig) -> int:
                 via_torchrun=False,
                 on_failure=summarise,
                 preempted=preempted,
+                stopped_because=stopped_because,
             )
         env[ENV_FAILURE_FILE] = path
         # torchrun's @record copies the root cause's error file to its own error file, and
@@ -458,8 +463,29 @@ def launch_command(config: LaunchConfig) -> int:
         cmd = [sys.executable, "-m", "accelkit.launch._torchrun", *torchrun_args(config)]
         what = f"{config.nproc_per_node} worker(s) (through torchrun)"
         return run_child(
-            cmd, env, what, via_torchrun=True, on_failure=summarise_torchrun, preempted=preempted
+            cmd,
+            env,
+            what,
+            via_torchrun=True,
+            on_failure=summarise_torchrun,
+            preempted=preempted,
+            stopped_because=stopped_because,
         )
+
+
+def hang_line(record: dict[str, Any]) -> str | None:
+    """The launcher's line for a job the hang watchdog stopped (``"reason": "hang"`` in its exit
+    record, see ``docs/guides/watchdog.md``); ``None`` for any other record. The record is
+    untrusted input: its values are shown escaped and clipped."""
+    if record.get("reason") != "hang":
+        return None
+    rank, seconds, stacks = record.get("rank"), record.get("seconds"), record.get("stacks")
+    folder = clip(stacks, 1000) if isinstance(stacks, str) else short(stacks)
+    return (
+        f"hang: rank {short(rank)} made no step progress for {short(seconds)} s "
+        f"(hang_timeout_seconds); every rank's Python stack is in {folder} "
+        "(the newest committed checkpoint is what a restart resumes from)"
+    )
 
 
 def _say_failure(failure: Failure) -> None:

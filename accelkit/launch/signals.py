@@ -375,6 +375,7 @@ def run_child(
     via_torchrun: bool,
     on_failure: Callable[[int], None] | None = None,
     preempted: Callable[[], int | None] | None = None,
+    stopped_because: Callable[[], str | None] | None = None,
 ) -> int:
     """Run ``cmd`` to its end, stopping it as described in this module when the launcher is
     signalled.
@@ -390,6 +391,8 @@ def run_child(
             by the launcher), last: for a summary line after everything the job printed.
         preempted: the exit code the job's workers chose after committing a preemption
             checkpoint (``ProjectConfiguration.preemption_exit_code``), ``None`` if they did not.
+        stopped_because: why the workers chose that code, when it was not a preemption (the
+            hang watchdog: which rank, where the stacks are); ``None``: a preemption.
 
     Returns:
         The child's exit code, or ``128 + signal`` when a signal stopped the job; when the job
@@ -445,7 +448,14 @@ def run_child(
         # as a shell reports it, 128 + signal, rather than Python's 256 - signal.
         code = 128 - returncode if returncode < 0 else returncode
         if saved is not None and code == saved:
-            _say(f"the job stopped for a preemption after saving its checkpoint; exit code {code}")
+            because = None if stopped_because is None else stopped_because()
+            if because is not None:
+                _say(f"{because}; exit code {code}")
+            else:
+                _say(
+                    "the job stopped for a preemption after saving its checkpoint; "
+                    f"exit code {code}"
+                )
             return code
         if code and on_failure is not None:
             on_failure(code)

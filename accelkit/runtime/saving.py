@@ -47,6 +47,7 @@ __all__ = [
     "EverySeconds",
     "OnPreemption",
     "Progress",
+    "RoundRider",
     "SaveDecider",
     "SavePolicy",
     "SavePolicyError",
@@ -316,6 +317,21 @@ class SavePolicyError(AccelkitError, RuntimeError):
     the policy's exception as its cause."""
 
 
+class RoundRider(Protocol):
+    """Values that ride on the save decisions' agreement (``all_reduce(MAX)``, one round every
+    ``round_every`` optimizer steps on several processes; none on one process)."""
+
+    def contribute(self, steps: int) -> list[int]:
+        """This process's values for the round that starts now (``steps``: optimizer steps
+        taken); the same length at every round."""
+        ...
+
+    def agreed(self, values: list[int]) -> None:
+        """The MAX over every process of what each contributed at the previous round (zeros
+        at the first)."""
+        ...
+
+
 class SaveDecider:
     """When to save: a :class:`SavePolicy`, agreed by every process.
 
@@ -329,6 +345,8 @@ class SaveDecider:
         policy: when to save (``None``: never; ``should_save`` is then always False).
         is_main: whether this is the main process (whose view decides shared policies).
         clock: seconds, monotonic; injectable for tests (only the main process's is read).
+        rider: values that ride on each round of the agreement (a :class:`RoundRider`: the
+            straggler report's step times), so that they cost no collective of their own.
     """
 
     def __init__(
@@ -339,6 +357,7 @@ class SaveDecider:
         *,
         is_main: bool,
         clock: Callable[[], float] = time.monotonic,
+        rider: RoundRider | None = None,
     ) -> None:
         if policy is not None:
             check_policy(policy)
@@ -357,6 +376,7 @@ class SaveDecider:
         self._shared = tuple(p for p in members if p.shared)
         self.is_main = is_main
         self.clock = clock
+        self.rider = rider
         self.asked = False  # this process's script asked (should_save/preemption_requested)
         self.saves = 0  # saves made (the same count on every process: saves are collective)
         self.last_save_step: int | None = None
@@ -498,6 +518,9 @@ class SaveDecider:
         failed = int(self._policy_error is not None)
         local = [int(flag.raised), due_tag, int(self.asked), flag.signum, every, due_reason]
         local.append(failed)
+        rider = self.rider
+        if rider is not None:
+            local.extend(rider.contribute(steps))
         if self.is_main:
             started = time.perf_counter()
             agreed = self.agreement.poll(local)
@@ -506,6 +529,8 @@ class SaveDecider:
             self._round_cost = cost if not self._round_cost else 0.8 * self._round_cost + 0.2 * cost
         else:
             agreed = self.agreement.poll(local)
+        if rider is not None:
+            rider.agreed(agreed[_FAILED + 1 :])
         if agreed[_FAILED]:
             self._policy_failed()
         if agreed[_EVERY]:

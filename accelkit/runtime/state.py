@@ -125,6 +125,46 @@ def _arrange_exit(destroy: bool) -> None:
         _exit["hooked"] = True
 
 
+#: Set by torchrun's agent (and ``notebook_launcher``'s) for its workers: ``"True"`` when the
+#: workers' store is the one the agent hosts, which outlives a failed worker group.
+ENV_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+#: Set by the agent: how many times it restarted the worker group (0 for the first group).
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+
+def attempt_store(timeout: Any = None) -> Any:
+    """The process group's store for this attempt of an elastic worker group, or ``None`` when
+    ``torch.distributed``'s own ``env://`` store is right (no agent's store, or no agent).
+
+    torchrun's agent keeps one ``TCPStore`` for the whole job, and its restarted worker group
+    connects to that same store without a prefix of its own (torch's ``env://`` code assumes a
+    new store per attempt). Every key the failed group wrote is still there: gloo's addresses of
+    the dead workers and the counters of the store barrier. A restarted rank then reads a dead
+    peer's address (``Gloo connectFullMesh failed ... Connection refused``) or a barrier that
+    is already counted (a hang): 4 restarts in 6 failed so. Each attempt's keys here live under
+    a prefix of its own (the agent's run id and ``TORCHELASTIC_RESTART_COUNT``), so a restarted
+    group never sees an earlier attempt's keys.
+
+    Args:
+        timeout: the store's timeout (a ``timedelta``; ``None``: torch's default for a process
+            group).
+    """
+    if os.environ.get(ENV_USE_AGENT_STORE) != "True":
+        return None
+    import datetime
+
+    from torch.distributed.constants import default_pg_timeout
+
+    host = os.environ.get("MASTER_ADDR", "")
+    port = _env_int("MASTER_PORT", 0)
+    world_size = _env_int("WORLD_SIZE", 1)
+    attempt = _env_int(ENV_RESTART_COUNT, 0)
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    wait = timeout if isinstance(timeout, datetime.timedelta) else default_pg_timeout
+    client = dist.TCPStore(host, port, world_size, is_master=False, timeout=wait)
+    return dist.PrefixStore(f"accelkit/{run}/attempt_{attempt}", client)
+
+
 # The collective backend of each device type accelkit drives: NCCL on CUDA (RCCL under ROCm,
 # which torch also names "nccl"). The CPU has no entry, as in the reference: a CPU run uses gloo.
 _DISTRIBUTED_BACKENDS = {"cuda": "nccl"}
@@ -246,6 +286,11 @@ class PartialState:
         if self.device.type == "cuda":
             kwargs["device_id"] = self.device
         kwargs.update(extra)
+        if "store" not in kwargs and kwargs.get("init_method") in (None, "env://"):
+            store = attempt_store(kwargs.get("timeout"))
+            if store is not None:
+                kwargs.pop("init_method", None)
+                kwargs["store"] = store
         dist.init_process_group(**kwargs)
         _arrange_exit(destroy=True)
 
