@@ -267,10 +267,14 @@ def _job_strict_batch(folder: str) -> Any:
 
 def test_another_world_size_is_named(folder: str) -> None:
     run_distributed(_job, folder, "save")
+    # Warned once, by the load (which names the fix); the check does not say it again.
     texts, _ = run_distributed(_job, folder, "same", world_size=1)[0]
-    assert len(texts) == 1
-    assert "world size 2 -> 1" in texts[0]
-    assert "launch as many processes as the saved run (2)" in texts[0]
-    assert "continue the epoch at its global position" in texts[0]
+    assert texts == []
+    # Strict: the world size is what stops the run, named with its fix.
+    (failed,) = run_distributed(_job, folder, "strict", world_size=1)
+    assert failed[0] == "error"
+    assert "world size 2 -> 1" in failed[1]
+    assert "launch as many processes as the saved run (2)" in failed[1]
+    assert "continue the epoch at its global position" in failed[1]
     # Across process counts one process's data share and random streams are not compared.
-    assert "RNG stream" not in texts[0] and "data order" not in texts[0]
+    assert "RNG stream" not in failed[1] and "data order" not in failed[1]

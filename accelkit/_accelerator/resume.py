@@ -181,7 +181,11 @@ class ResumeCheck:
             return
         if self.strict:
             raise ResumeMismatchError(message)
-        if self.state.is_main_process:
+        if _only_world_size(reports):
+            # The load said it already, once, with the same fix (restore/native.py): one
+            # warning for one cause.
+            logger.info("Resume on another number of processes: %s", message)
+        elif self.state.is_main_process:
             warn_at_user_line(message, ResumeMismatchWarning)
         else:
             logger.debug("Resume mismatch, warned about on the main process: %s", message)
@@ -222,6 +226,11 @@ def _ignore(where: str, source: object) -> None:
 
 def _inert_hook() -> BoundaryHook:
     return _ignore
+
+
+def _only_world_size(reports: list[Any]) -> bool:
+    """Whether the world size is all that differs, on every process."""
+    return all(d.component == WORLD_SIZE for _, found in reports for d in found or ())
 
 
 def _message(path: str, reports: list[Any], world: int, strict: bool) -> str | None:
