@@ -210,3 +210,26 @@ def test_a_sparse_2_gib_segment_line_is_never_read_whole(tmp_path: Path) -> None
     assert "next_seq 3 code 1" in lines
     (rss,) = [int(line.split()[1]) for line in lines if line.startswith("maxrss_kb")]
     assert rss < 500 * 1024, f"peak memory {rss // 1024} MB reading a 2 GiB line"
+
+
+def test_a_line_with_a_valid_seq_but_damaged_values_costs_only_that_line(tmp_path: Path) -> None:
+    """Opening a journal reads each line of its last segment only up to its ``seq`` (it does
+    not parse the values twice). A crafted last line that begins like an entry but is damaged
+    after its ``seq`` moves ``next_seq`` past it (a gap, never a reused number) and is reported,
+    with its number, when the entries are read to be sent; the entries around it are sent."""
+    folder = tmp_path / JOURNAL_FOLDER / "jsonl"
+    journal = Journal.open(str(tmp_path), "jsonl")
+    journal.write([journal.entry("log", step, {"x": float(step)}) for step in range(3)])
+    journal.close()
+    (segment,) = folder.glob("*.jsonl")
+    with open(segment, "ab") as file:
+        file.write(b'{"seq":7,"kind":"log",' + b"\xff" * 64 + b"\n")
+    with pytest.warns(UserWarning, match=r"line 4: not a journal entry; skipped"):
+        reopened = Journal.open(str(tmp_path), "jsonl")
+        pending = reopened.pending()
+    assert [entry.step for entry in pending] == [0, 1, 2]
+    assert reopened.next_seq == 8  # past the crafted seq: no later entry can reuse it
+    reopened.write([reopened.entry("log", 3, {"x": 3.0})])
+    with pytest.warns(UserWarning, match=r"line 4: not a journal entry"):
+        assert [(e.seq, e.step) for e in reopened.pending()][-1] == (8, 3)
+    reopened.close()

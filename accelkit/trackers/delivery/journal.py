@@ -75,7 +75,8 @@ JOURNAL_FOLDER = "accelkit-journal"
 
 _SEGMENT = re.compile(r"^(\d{12})\.jsonl$")
 # How :func:`_line` begins every entry (``seq`` first, no spaces): read alone when a journal opens.
-_SEQ_PREFIX = re.compile(rb'\{"seq":(0|[1-9]\d{0,17}),"kind":"(?:log|config|event)",')
+# (At most 12 digits, as segment names have: a longer seq goes through the full parse.)
+_SEQ_PREFIX = re.compile(rb'\{"seq":(0|[1-9]\d{0,11}),"kind":"(?:log|config|event)",')
 _MAX_LINE = 16 * 2**20  # a longer line is not an entry (values are numbers and short text)
 _ROLE = "the tracker journal keeps the values not yet delivered"
 
