@@ -275,7 +275,10 @@ def with_accelerate_steps(
     """``infos`` with the STEP of each ``accelerate`` folder filled in: the optimizer steps
     read from its optimizer state (Accelerate records only its ``accumulate`` counter), and a
     line for each folder whose optimizer file was refused (its STEP stays unknown)."""
-    # Deferred: reading a pickle needs torch, which `accelkit --help` must not import.
+    if not any(info.state == ACCELERATE and info.step is None for info in infos):
+        return infos, []
+    # Deferred: reading a pickle needs torch, whose import (1-2 s) `accelkit ckpt ls` pays
+    # only when a folder needs it.
     from accelkit.checkpointing.interop.accelerate_format import read_optimizer_steps
 
     out, refused = [], []

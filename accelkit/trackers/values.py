@@ -17,13 +17,14 @@ import dataclasses
 import enum
 import math
 import os
+import sys
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING, Any
 
 from accelkit.errors import WrongTypeError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PLAIN_TYPES", "flatten", "is_number", "resolve", "snapshot", "to_plain"]
 
@@ -34,12 +35,36 @@ PLAIN_TYPES: frozenset[type] = _PLAIN_SET
 that leaves subclasses, such as numpy's ``float64``, to :func:`to_plain`)."""
 
 
+_Types = tuple[Any, Any, Any]  # each a type, or None
+_found: _Types | None = None  # set once both packages are imported
+
+
+def _tensor_types() -> _Types:
+    """torch's ``Tensor`` and numpy's ``generic`` and ``ndarray``, each ``None`` while its
+    package is not imported (no value can be one then): the journal's readers, such as
+    ``accelkit track status``, start without paying for torch's import (1-2 s)."""
+    global _found
+    if _found is not None:
+        return _found
+    torch, numpy = sys.modules.get("torch"), sys.modules.get("numpy")
+    types = (
+        getattr(torch, "Tensor", None),
+        getattr(numpy, "generic", None),
+        getattr(numpy, "ndarray", None),
+    )
+    if None not in types:
+        _found = types
+    return types
+
+
 class _PendingDeviceTensor:
     """A device tensor copied on its stream; :func:`resolve` reads it once the copy is done."""
 
     __slots__ = ("event", "tensor")
 
     def __init__(self, tensor: torch.Tensor) -> None:
+        import torch
+
         self.tensor = tensor.detach().clone()
         self.event = torch.cuda.Event()
         self.event.record()
@@ -53,7 +78,8 @@ class _PendingDeviceTensor:
 
 def _snapshot_value(value: Any) -> tuple[Any, bool]:
     """Copy one non-plain value; the flag says whether :func:`resolve` must finish it."""
-    if isinstance(value, torch.Tensor):
+    tensor, generic, ndarray = _tensor_types()
+    if tensor is not None and isinstance(value, tensor):
         if value.device.type == "cpu":
             if value.numel() == 1:
                 return value.item(), False
@@ -62,9 +88,9 @@ def _snapshot_value(value: Any) -> tuple[Any, bool]:
             return _PendingDeviceTensor(value), True
         # Other accelerators: a synchronous copy is the safe choice.
         return _snapshot_value(value.detach().cpu())
-    if isinstance(value, np.generic):
+    if generic is not None and isinstance(value, generic):
         return value.item(), False
-    if isinstance(value, np.ndarray):
+    if ndarray is not None and isinstance(value, ndarray):
         return value.copy(), False
     if isinstance(value, Mapping):
         return snapshot(value)
@@ -127,12 +153,13 @@ def to_plain(value: Any) -> Any:
     """
     if isinstance(value, _PLAIN_TYPES):
         return value
-    if isinstance(value, torch.Tensor):
+    tensor, generic, ndarray = _tensor_types()
+    if tensor is not None and isinstance(value, tensor):
         value = value.detach().cpu()
         return value.item() if value.numel() == 1 else value.tolist()
-    if isinstance(value, np.generic):
+    if generic is not None and isinstance(value, generic):
         return value.item()
-    if isinstance(value, np.ndarray):
+    if ndarray is not None and isinstance(value, ndarray):
         return value.tolist()
     if isinstance(value, enum.Enum):
         return to_plain(value.value)

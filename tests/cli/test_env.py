@@ -82,6 +82,48 @@ def test_cheap_commands_import_no_heavy_module(argv: list[str], expected: str) -
     assert heavy == [], f"`accelkit {' '.join(argv)}` imported {heavy}"
 
 
+@pytest.fixture(scope="module")
+def saved_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A project folder with one committed checkpoint and a jsonl tracker journal."""
+    import torch
+
+    from accelkit import Accelerator
+    from accelkit.utils import ProjectConfiguration
+
+    project = tmp_path_factory.mktemp("cheap") / "project"
+    config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=config, log_with="jsonl")
+    accelerator.init_trackers("run")
+    accelerator.prepare(torch.nn.Linear(4, 4))
+    accelerator.log({"loss": torch.tensor(0.5)}, step=0)
+    accelerator.save_state()
+    accelerator.end_training()
+    return project
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["ckpt", "ls", "{project}"], "checkpoint_0"),
+        (["ckpt", "verify", "{project}"], "checkpoint_0"),
+        (["ckpt", "inspect", "{project}/checkpoints/checkpoint_0"], "model.safetensors"),
+        (["track", "status", "{project}"], "delivered, 0 pending"),
+        (["track", "sync", "{project}"], "0 pending"),
+    ],
+    ids=lambda v: " ".join(v[:2]) if isinstance(v, list) else None,
+)
+def test_commands_that_read_a_project_import_no_heavy_module(
+    saved_project: Path, argv: list[str], expected: str
+) -> None:
+    """Listing, verifying and inspecting checkpoints and reading the trackers' journals need
+    neither torch nor numpy: each answers in a fraction of a second, not torch's 1-2 s import
+    (for a folder that Accelerate wrote, `ckpt ls` reads its optimizer steps with torch)."""
+    code, heavy, output = _probe([a.format(project=saved_project) for a in argv])
+    assert code == 0 and expected in output, output
+    assert heavy == [], f"`accelkit {' '.join(argv)}` imported {heavy}"
+
+
 def test_torch_build_is_read_without_importing_torch() -> None:
     torch = pytest.importorskip("torch")
     build = torch_build()
