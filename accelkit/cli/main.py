@@ -80,14 +80,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Ctrl-C at a prompt of `accelkit config`, or while a command starts, is the user's
         # answer, not a defect: one line, no traceback. Files are written whole under a
         # temporary name (config) or by the commit protocol (ckpt), so nothing is half done.
-        print("accelkit: interrupted; stopped.", file=sys.stderr)
-        return 130
+        return _stopped()
+    except Exception as error:
+        if _interrupted(error):
+            return _stopped()
+        raise
     finally:
         if argv is None and threading.current_thread() is threading.main_thread():
             # The command's work is done and its status chosen: a Ctrl-C now, while the
             # interpreter shuts down, would kill the process by SIGINT instead (exit -2, a
             # status the command never chose).
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stopped() -> int:
+    print("accelkit: interrupted; stopped.", file=sys.stderr)
+    return 130
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Whether ``error`` is a Ctrl-C in disguise: Python wraps a KeyboardInterrupt that lands
+    in some places (a class body's ``__set_name__`` while a module is imported) in a
+    RuntimeError whose cause is the interrupt."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -115,7 +137,9 @@ def _main(argv: Sequence[str] | None) -> int:
         # the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception:
+    except Exception as error:
+        if _interrupted(error):
+            return _stopped()
         # A defect of ours (expected failures are reported by the subcommand): keep the
         # traceback, but its message may quote bytes of the checkpoint being read, so it is
         # escaped line by line like everything else the command prints. Exit 1, as Python's.

@@ -190,3 +190,48 @@ def test_a_wrong_type_error_is_a_message_not_a_traceback(
     )
     with pytest.raises(TypeError, match="unsupported operand"):
         command("ls", bug)(args)
+
+
+def _wrapped_interrupt() -> RuntimeError:
+    """What Python raises when Ctrl-C lands in a class body's ``__set_name__`` while a module
+    is imported (seen when a SIGINT reached `accelkit env` during `import platform`)."""
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as interrupt:
+            raise RuntimeError("Error calling __set_name__ on 'cached_property'") from interrupt
+    except RuntimeError as error:
+        return error
+
+
+@pytest.mark.parametrize("where", ["while the parser is built", "in the command"])
+def test_a_ctrl_c_wrapped_by_python_is_still_one_line(
+    where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from accelkit.cli import main as cli
+
+    def fail(*args: object) -> int:
+        raise _wrapped_interrupt()
+
+    if where == "while the parser is built":
+        monkeypatch.setattr(cli, "build_parser", fail)
+    else:
+        parser = cli.build_parser()
+        parser.parse_known_args(["env"])[0]._parser.set_defaults(func=fail)  # env's own parser
+        monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    assert cli.main(["env"]) == 130
+    err = capsys.readouterr().err
+    assert err == "accelkit: interrupted; stopped.\n", err
+
+
+def test_a_runtime_error_not_caused_by_ctrl_c_is_not_called_an_interrupt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from accelkit.cli import main as cli
+
+    def fail() -> None:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr(cli, "build_parser", fail)
+    with pytest.raises(RuntimeError, match="a defect"):
+        cli.main(["env"])
