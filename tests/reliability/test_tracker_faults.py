@@ -7,13 +7,8 @@ returns (the hub's wait is bounded by ``ACCELKIT_TRACKER_TIMEOUT``).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,14 +24,9 @@ from accelkit.trackers import GeneralTracker
 from accelkit.trackers.backends.jsonl import read_jsonl
 from accelkit.trackers.delivery.hub import TrackerWarning
 from accelkit.trackers.delivery.sync import status
-from tests.helpers.distributed import free_port
+from tests.helpers.mlflow_server import MlflowServer
 
 STEPS = 20
-_SERVER_ENV = {
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "1",
-    "MLFLOW_ALLOW_FILE_STORE": "true",
-}
 
 
 class _Recorder(GeneralTracker):
@@ -207,53 +197,27 @@ def test_hung_tracker_queue_is_bounded(
 
 
 @pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
+def mlflow_server(tmp_path: Path) -> Iterator[MlflowServer]:
     """A real ``mlflow server`` on 127.0.0.1 in its own process group (the test kills it).
 
     Its store is a file store: a fresh sqlite store costs a minute of migrations here."""
     pytest.importorskip("mlflow")
     root = tmp_path / "mlflow-server"
-    root.mkdir()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "mlflow", "server",
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--backend-store-uri", (root / "mlruns").as_uri(),
-            "--artifacts-destination", (root / "artifacts").as_uri(),
-        ],
-        stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
-        env={**os.environ, **_SERVER_ENV},
-    )  # fmt: skip
+    server = MlflowServer(root, (root / "mlruns").as_uri())
+    server.start()
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, (root / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not start"
-            time.sleep(0.25)
-        yield url, root / "mlruns", process
+        yield server
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        log.close()
+        server.kill()
 
 
 def test_mlflow_server_killed_mid_run(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    mlflow_server: tuple[str, Path, subprocess.Popen[bytes]],
+    mlflow_server: MlflowServer,
     summary: dict[str, Any],
 ) -> None:
-    url, database, process = mlflow_server
+    url, database = mlflow_server.url, mlflow_server.root / "mlruns"
     # MLflow's own client retries a dead server for minutes by default (7 retries with
     # exponential backoff); with 1 retry the failure surfaces as an error within seconds.
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
@@ -269,8 +233,7 @@ def test_mlflow_server_killed_mid_run(
     def kill_server(step: int) -> None:
         if step == killed_at:
             accelerator.get_tracker("mlflow")  # flushes: steps 0..9 have reached the server
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            mlflow_server.kill()
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from accelkit.trackers import registry
-from tests.helpers.distributed import free_port
+from tests.helpers.mlflow_server import MlflowServer
 
 # No test may send a packet off this machine: wandb offline, Comet offline without its
 # error-reporting host and cloud metadata probes, MLflow without telemetry, trackio local,
@@ -120,42 +116,10 @@ def mlflow_server(
     """A real ``mlflow server`` on 127.0.0.1 (free port, sqlite store); yields its URL."""
     root = tmp_path_factory.mktemp("mlflow-server")
     shutil.copy(mlflow_template_db, root / "mlflow.db")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(root / "server.log", "wb")  # noqa: SIM115 - closed below
     env = {**os.environ, **OFFLINE_ENV}
-    process = subprocess.Popen(
-        [
-            sys.executable, "-m", "mlflow", "server",
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", (root / "artifacts").as_uri(),
-        ],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root,
-    )  # fmt: skip
+    server = MlflowServer(root, f"sqlite:///{root / 'mlflow.db'}", env=env)
+    server.start(timeout=120)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited with {process.returncode}:\n"
-                    + (root / "server.log").read_text(errors="replace")[-3000:]
-                )
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"mlflow server at {url} did not answer /health in 120 s")
-            time.sleep(0.25)
-        yield url
+        yield server.url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+        server.kill()

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import warnings
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 
 from accelkit import Accelerator
 from accelkit.trackers import TrackerWarning
-from tests.helpers.distributed import free_port
+from tests.helpers.mlflow_server import MlflowServer
 from tests.trackers.conftest import OFFLINE_ENV, job_env
 
 pytestmark = pytest.mark.slow
@@ -30,44 +29,11 @@ pytestmark = pytest.mark.slow
 _CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"}
 
 
-class Server:
-    """``mlflow server`` on a fixed port and sqlite store, which a test kills and restarts."""
-
-    def __init__(self, root: Path, template: Path) -> None:
-        self.root = root
-        shutil.copy(template, root / "mlflow.db")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = open(self.root / "server.log", "ab")  # noqa: SIM115 - the child keeps it
-        self.process = subprocess.Popen(
-            [
-                sys.executable, "-m", "mlflow", "server",
-                "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
-                "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-                "--artifacts-destination", (self.root / "artifacts").as_uri(),
-            ],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **OFFLINE_ENV},
-            cwd=self.root, start_new_session=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.process.poll() is None, (self.root / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "mlflow server did not answer in 120 s"
-            time.sleep(0.2)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+def _server(root: Path, template: Path) -> MlflowServer:
+    """A server on a fixed port and sqlite store, which a test kills and restarts."""
+    root.mkdir()
+    shutil.copy(template, root / "mlflow.db")
+    return MlflowServer(root, f"sqlite:///{root / 'mlflow.db'}", env={**os.environ, **OFFLINE_ENV})
 
 
 @pytest.fixture
@@ -75,10 +41,8 @@ def server(tmp_path: Path, mlflow_template_db: Path, monkeypatch: pytest.MonkeyP
     for key, value in _CLIENT_ENV.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("ACCELKIT_TRACKER_RETRY_MAX_S", "0.5")
-    root = tmp_path / "server"
-    root.mkdir()
-    running = Server(root, mlflow_template_db)
-    running.start()
+    running = _server(tmp_path / "server", mlflow_template_db)
+    running.start(timeout=120)
     yield running
     running.kill()
 
@@ -128,7 +92,7 @@ def _accelerator(folder: Path, url: str) -> Accelerator:
 
 
 def test_an_mlflow_outage_is_caught_up_and_synced_exactly_once(
-    server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    server: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One server (each start costs 15-40 s here), killed once during three runs: the first
     outlives the outage and catches up; the third starts during it (its ``start()`` is
@@ -161,7 +125,7 @@ def test_an_mlflow_outage_is_caught_up_and_synced_exactly_once(
         first._trackers.flush()  # journaled (with their times), not delivered
         third._trackers.flush()
         restarted = time.time()
-        server.start()  # the same store, the same port
+        server.start(timeout=120)  # the same store, the same port
         for step in range(150, 200):
             first.log({"x": float(step)}, step=step)
             third.log({"x": float(step)}, step=step)
@@ -224,16 +188,15 @@ def test_an_mlflow_server_down_from_the_start_loses_no_point(
 ) -> None:
     """#37 item 1, with MLflow's own client settings (it retries a refused connection for
     minutes inside ``start()``, and waits on a paused server): every point is journaled, the
-    job ends within the drain time of its loop (``ACCELKIT_TRACKER_DRAIN_S``, 10 s), and
+    job ends within the drain time of its loop (``ACCELKIT_TRACKER_DRAIN_S``: 3 s here, not
+    the default 10, whose only cost would be two jobs' 7 s more of waiting), and
     ``accelkit track sync`` sends every point, into one run, once the server answers. First
     with nothing listening, then with the server paused (SIGSTOP) rather than refusing."""
-    root = tmp_path / "server"
-    root.mkdir()
-    server = Server(root, mlflow_template_db)  # its port: nothing listens there yet
+    server = _server(tmp_path / "server", mlflow_template_db)  # nothing listens there yet
     script = tmp_path / "job.py"
     script.write_text(_DOWN_FROM_THE_START)
     points = 200
-    env = job_env(PYTHONPATH=os.getcwd())
+    env = job_env(PYTHONPATH=os.getcwd(), ACCELKIT_TRACKER_DRAIN_S="3")
     for key in _CLIENT_ENV:
         env.pop(key, None)
 
@@ -246,7 +209,7 @@ def test_an_mlflow_server_down_from_the_start_loses_no_point(
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
         took = float(output.split("end_training took ")[1].split(" s")[0])
-        assert took < 15, output  # 10 s of drain, not MLflow's minutes of retries
+        assert took < 8, output  # 3 s of drain, not MLflow's minutes of retries
         assert "failed" not in output and "NOTHING IS BEING LOGGED" not in output, output
         assert f"accelkit track sync {project} --tracker mlflow" in output, output
         status = subprocess.run(
@@ -267,15 +230,14 @@ def test_an_mlflow_server_down_from_the_start_loses_no_point(
 
     down = job("down")
     try:
-        server.start()
+        server.start(timeout=120)
         sync(down)
         assert _history(server.url, "down") == [(s, float(s)) for s in range(points)]
-        assert server.process is not None
-        os.killpg(server.process.pid, signal.SIGSTOP)
+        server.signal(signal.SIGSTOP)
         try:
             paused = job("paused")
         finally:
-            os.killpg(server.process.pid, signal.SIGCONT)
+            server.signal(signal.SIGCONT)
         # The dead job's start() request waits in the resumed server's backlog: let it land
         # first (a sync racing it would open a second run; noted on #37).
         _wait_for_run(server.url, "paused")
