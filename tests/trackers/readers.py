@@ -173,10 +173,17 @@ def swanlab_runs(logging_dir: str) -> list[dict[str, Any]]:
     runs = []
     for folder in sorted(glob.glob(os.path.join(logging_dir, "swanlog", "run-*"))):
         (path,) = glob.glob(os.path.join(folder, "run-*.swanlab"))
+        # SwanLab names the file after the run id, which its start record holds too.
+        file_id = os.path.basename(path)[len("run-") : -len(".swanlab")]
+        run: dict[str, Any] = {"id": file_id, "scalars": {}, "media": {}, "torn": False}
         reader = DataStoreReader()
-        reader.open(path)
-        run: dict[str, Any] = {"scalars": {}, "media": {}, "torn": False}
-        while True:
+        try:
+            reader.open(path)
+        except AssertionError:
+            # SwanLab writes from a background thread: a killed job's file may end before
+            # its header, even be empty.
+            run["torn"] = True
+        while not run["torn"]:
             try:
                 data = reader.scan()
             except (DataStoreError, AssertionError):  # the torn end of a killed job's file
@@ -188,7 +195,8 @@ def swanlab_runs(logging_dir: str) -> list[dict[str, Any]]:
             record.ParseFromString(data)
             kind = record.WhichOneof(Record.DESCRIPTOR.oneofs[0].name)
             if kind == "start":
-                run["id"], run["project"] = record.start.id, record.start.project
+                assert record.start.id == file_id, (record.start.id, path)
+                run["project"] = record.start.project
             elif kind == "scalar":
                 scalar = record.scalar
                 run["scalars"].setdefault(scalar.key, []).append((scalar.step, scalar.value.number))

@@ -54,8 +54,10 @@ def test_a_killed_job_resumes_into_the_same_swanlab_run_id(tmp_path: Path) -> No
     assert first["id"] == resumed["id"] == manifest["key"]
     assert resumed["config"][RESUMED_AT_STEP] == 100
     assert resumed["scalars"]["loss"] == [(s, s + 1000.0) for s in range(101, 200)]
-    # The killed attempt's file ends where SIGKILL cut it: its points are attempt 0's.
-    killed = first["scalars"]["loss"]
+    # The killed attempt's file ends where SIGKILL cut it (SwanLab writes it from a background
+    # thread: often before its first record, so it may hold no point): its points are attempt
+    # 0's.
+    killed = first["scalars"].get("loss", [])
     assert killed == [(s, float(s)) for s in range(len(killed))] and not resumed["torn"]
 
 
