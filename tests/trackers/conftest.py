@@ -92,11 +92,21 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def mlflow_template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An MLflow sqlite store with its tables created (the migrations take ~10 s; once)."""
+    """An MLflow sqlite store with its tables created, to copy (the migrations take ~10 s
+    of CPU). Made once a session: under xdist the workers share it, the first one to need it
+    builds it under a lock in the session's folder."""
+    from filelock import FileLock
     from mlflow import MlflowClient
 
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = folder / "mlflow-template.db"
+    with FileLock(f"{path}.lock"):
+        if not path.exists():
+            building = folder / "mlflow-template.building.db"
+            building.unlink(missing_ok=True)
+            MlflowClient(tracking_uri=f"sqlite:///{building}").search_experiments()
+            building.replace(path)
     return path
 
 
