@@ -8,7 +8,8 @@ name ``"csv"`` works in ``log_with`` and ``log_with="all"`` picks it up with the
 whose packages are installed (the reference leaves registered trackers out of ``"all"``).
 
 With ``--broken`` a tracker that raises on every ``log()`` joins the run: training goes on, the
-other trackers still get every value, and the failure is reported once, with the tracker's name.
+other trackers still get every value, the failure is reported once, with the tracker's name, and
+the broken tracker's values wait in its journal for ``accelkit track sync``.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ def test_custom_tracker_joins_all_and_a_broken_tracker_is_isolated(tmp_path: Pat
 
     # The failing tracker is reported once, by name; training and the other trackers go on.
     assert result.stderr.count("Tracker 'broken' failed in log()") == 1
+    # Its values wait in its journal, and the job's last words say how to send them.
+    assert f"Tracker 'broken': {STEPS} journaled entries were not delivered" in result.stderr
+    assert f"accelkit track sync {project} --tracker broken" in result.stderr
     with open(project / "custom_tracker" / "metrics.csv", encoding="utf-8") as file:
         rows = list(csv.DictReader(file))
     # Only the main process logs: every step exactly once although 2 processes ran.
