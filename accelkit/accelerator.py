@@ -292,6 +292,7 @@ class Accelerator:
             self.gradient_state,
             self.log,
             self._trackers.finish,
+            self._checkpointing.run_inside,
         )
         # Unusable folders or storage fail here, not at the first log or save an epoch later.
         _preflight.check_run(

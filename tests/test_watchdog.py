@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from accelkit import Accelerator
 from accelkit.errors import ConfigurationError
@@ -95,9 +96,15 @@ def test_before_the_first_step_the_clock_does_not_run(tmp_path: Path) -> None:
     assert exit.code is None and not reports
 
 
-def test_a_hang_seen_by_one_rank_makes_a_moving_rank_write_its_stacks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rank1", ["moving", "saving"])
+def test_a_hang_seen_by_one_rank_makes_a_moving_rank_write_its_stacks(
+    tmp_path: Path, rank1: str
+) -> None:
     # Two watchdogs on one store (the process group's, in a real job): rank 0 stops, rank 1
-    # keeps moving, and still writes its stacks and exits when rank 0 reports the hang.
+    # keeps moving (or waits inside a save, whose clock is stopped), and still writes its
+    # stacks and exits when rank 0 reports the hang.
+    import contextlib
+
     import torch.distributed as dist
 
     store = dist.HashStore()
@@ -120,8 +127,10 @@ def test_a_hang_seen_by_one_rank_makes_a_moving_rank_write_its_stacks(tmp_path: 
         dog.start()
         dog.beat()
     give_up = time.monotonic() + 60  # a bound on the loop, not an assertion on time
-    while not exits[1].done.wait(0.05) and time.monotonic() < give_up:
-        dogs[1].beat()  # rank 1 moves on
+    with dogs[1].not_a_hang() if rank1 == "saving" else contextlib.nullcontext():
+        while not exits[1].done.wait(0.05) and time.monotonic() < give_up:
+            if rank1 == "moving":
+                dogs[1].beat()  # rank 1 moves on
     assert exits[1].done.is_set()
     assert exits[0].done.wait(30)
     assert exits[0].code == exits[1].code == 75
@@ -129,3 +138,51 @@ def test_a_hang_seen_by_one_rank_makes_a_moving_rank_write_its_stacks(tmp_path: 
     assert reports[0][0].detected_by == 0
     rank1 = (tmp_path / "hangs" / "hang-stacks-rank1.txt").read_text()
     assert "rank 0 saw no step progress" in rank1.splitlines()[0]
+
+
+def _stepped_accelerator(tmp_path: Path, exit: _Exit) -> Accelerator:
+    """A 1-process run under a 1 s hang timeout, one optimizer step in (the clock runs), whose
+    watchdog records its exit instead of ending the test's process."""
+    accelerator = Accelerator(cpu=True, project_dir=str(tmp_path), hang_timeout_seconds=1.0)
+    watchdog = accelerator._watchdog.watchdog
+    assert watchdog is not None
+    watchdog._exit = exit
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.backward(model(torch.ones(1, 2)).sum())
+    optimizer.step()  # a step boundary: the clock starts
+    return accelerator
+
+
+def test_a_slow_save_load_or_wait_is_not_a_hang(tmp_path: Path) -> None:
+    # A save (synchronous, then asynchronous: its capture) and a load each block for 2.5 s
+    # under a 1 s timeout (a pre-hook that sleeps stands for a large state on slow storage):
+    # no hang, and the clock starts afresh after each.
+    exit = _Exit()
+    accelerator = _stepped_accelerator(tmp_path, exit)
+    try:
+        slow = lambda *args: time.sleep(2.5)  # noqa: E731
+        accelerator.register_save_state_pre_hook(slow)
+        accelerator.register_load_state_pre_hook(slow)
+        path = accelerator.save_state(str(tmp_path / "sync"))
+        accelerator.load_state(path)
+        accelerator.save_state(str(tmp_path / "async"), async_save=True)
+        accelerator.wait_for_checkpoints()
+        time.sleep(0.5)  # within the timeout of the fresh clock
+    finally:
+        accelerator.end_training()
+    assert exit.code is None
+    assert not (tmp_path / "hangs").exists()
+
+
+def test_the_same_wait_outside_a_save_is_a_hang(tmp_path: Path) -> None:
+    # The control of the test above: the same 2.5 s outside a save, after a step, is a hang.
+    exit = _Exit()
+    accelerator = _stepped_accelerator(tmp_path, exit)
+    try:
+        assert exit.done.wait(30)
+    finally:
+        accelerator.end_training()
+    assert exit.code == 75
+    assert (tmp_path / "hangs" / "hang-stacks-rank0.txt").exists()

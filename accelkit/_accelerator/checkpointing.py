@@ -8,8 +8,9 @@ storage) and reads only the objects ``prepare`` registered in the
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -98,11 +99,25 @@ class Checkpointing:
 
         self.last_path: str | None = None  # the newest checkpoint saved or loaded
         self._observers: tuple[SaveObserver, ...] = ()
+        self._around: tuple[Callable[[], contextlib.AbstractContextManager[None]], ...] = ()
 
     def add_observer(self, observer: SaveObserver) -> None:
         """Tell ``observer`` of every save and load from now on, in the order they were added
         (see :class:`SaveObserver`)."""
         self._observers = (*self._observers, observer)
+
+    def run_inside(self, context: Callable[[], contextlib.AbstractContextManager[None]]) -> None:
+        """Run every call that blocks on checkpoint files (:meth:`save_state`,
+        :meth:`load_state`, :meth:`wait_for_checkpoints`) inside ``context()`` from now on:
+        the watchdog's ``not_a_hang`` (the time a save or a load takes is not a step's)."""
+        self._around = (*self._around, context)
+
+    @contextlib.contextmanager
+    def _blocking(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for context in self._around:
+                stack.enter_context(context())
+            yield
 
     def look_for_earlier_checkpoints(self) -> None:
         """Note, on the main process, the project's loadable ``checkpoint_<n>`` (committed or
@@ -249,9 +264,10 @@ class Checkpointing:
         reason = next(
             (r for r in (o.reason(step) for o in self._observers) if r is not None), "user"
         )
-        result = self.manager.save(
-            output_dir, objects, step, async_save=async_save, reason=reason, **kwargs
-        )
+        with self._blocking():
+            result = self.manager.save(
+                output_dir, objects, step, async_save=async_save, reason=reason, **kwargs
+            )
         path = self.last_path = result if isinstance(result, str) else result.path
         for observer in self._observers:
             observer.saved(reason, path, step)
@@ -274,7 +290,8 @@ class Checkpointing:
         Raises:
             CheckpointError: a background save failed (raised once; it was not committed).
         """
-        self.manager.wait()
+        with self._blocking():
+            self.manager.wait()
 
     def wait_for_snapshot(self) -> None:
         """Block until the host copy of the last asynchronous save has finished, so that its
@@ -331,7 +348,8 @@ class Checkpointing:
         verify = kwargs.pop("verify", None)
         objects = self.training_objects()
         objects.model_load_kwargs = kwargs
-        result = self.manager.load(input_dir, objects, verify=verify)
+        with self._blocking():
+            result = self.manager.load(input_dir, objects, verify=verify)
         self._resumed = True
         # The manifest's step counts optimizer steps. Gradients are not saved, so accumulation
         # restarts at a boundary: a partial accumulation from before the save cannot be resumed.

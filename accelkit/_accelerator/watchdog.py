@@ -4,7 +4,8 @@
 
 The watchdog itself lives in :mod:`accelkit.runtime.watchdog`; this part connects it to the run
 through the hooks the run offers: a hook on the step boundaries (``GradientState.on_boundary``,
-one integer increment per boundary) for progress, and, when a hang is detected, the run's
+one integer increment per boundary) for progress, the checkpointing part's ``run_inside`` (the
+clock stops while a save or a load blocks the step), and, when a hang is detected, the run's
 trackers (one ``watchdog/hang`` event, then their queues drained for a few seconds) and the
 record ``accelkit launch`` reads to pass the exit code through and to name the stack files
 (``ACCELKIT_PREEMPTION_FILE``, with ``"reason": "hang"``). See ``docs/guides/watchdog.md``.
@@ -55,6 +56,9 @@ class HangWatch:
         gradient_state: the step state on whose boundaries the watchdog counts progress.
         log: ``Accelerator.log`` (the hang's tracker event, main process).
         finish_trackers: drains the trackers' queues within a number of seconds.
+        run_inside: registers a context that every call blocking on checkpoint files runs
+            inside (``Checkpointing.run_inside``): the clock stops while ``save_state``,
+            ``load_state`` or ``wait_for_checkpoints`` runs, as inside :meth:`not_a_hang`.
 
     Raises:
         ConfigurationError: ``timeout_seconds`` is not a number of seconds above zero.
@@ -68,6 +72,7 @@ class HangWatch:
         gradient_state: GradientState,
         log: Callable[[dict[str, Any]], None],
         finish_trackers: Callable[[float], object],
+        run_inside: Callable[[Callable[[], contextlib.AbstractContextManager[None]]], None],
     ) -> None:
         timeout = check_hang_timeout(timeout_seconds)
         self.state = state
@@ -92,12 +97,15 @@ class HangWatch:
             beat()
 
         self._unhook = gradient_state.on_boundary.register(progress)
+        run_inside(self.not_a_hang)
         self.watchdog.start()
 
     @contextlib.contextmanager
     def not_a_hang(self) -> Iterator[None]:
         """Say "not a hang" around a block that may take longer than ``hang_timeout_seconds``
-        without a step boundary: a long evaluation, the first compile, a slow save. The
+        without a step boundary: a long evaluation, the first compile (``save_state``,
+        ``load_state`` and ``wait_for_checkpoints`` need no block: they stop the clock
+        themselves). The
         watchdog's clock stops inside it and starts afresh when it ends. Enter it on every
         process alike (a process that waits in a collective for one inside the block is not
         in one itself).
