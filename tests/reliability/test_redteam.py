@@ -2,8 +2,9 @@
 
 Every run here is real: checkpoints saved by ``Accelerator.save_state``, crafted by editing
 their files (and re-signing the manifest where the attack needs it), read by the ``accelkit``
-console script or by ``load_state()`` in a child process whose stderr (tracebacks, warnings,
-log lines) is checked as a terminal would receive it.
+console script or by ``load_state()`` in a child process (forked from one that imported torch
+once: ``tests.helpers.preloaded``) whose stderr (tracebacks, warnings, log lines) is checked as
+a terminal would receive it.
 
 The classes:
 
@@ -49,6 +50,7 @@ from accelkit import Accelerator, ProjectConfiguration
 from accelkit._text import escape
 from accelkit.checkpointing.formats.manifest import Manifest, verify_files
 from accelkit.checkpointing.storage import get_storage
+from tests.helpers.preloaded import Preloaded
 
 pytestmark = pytest.mark.reliability
 
@@ -162,15 +164,17 @@ print("restored", model.weight.flatten()[0].item())
 """
 
 
-def _load_state(project: Path, *path: str) -> tuple[str, str]:
+@pytest.fixture(scope="module")
+def python() -> Iterator[Preloaded]:
+    """Fresh ``python -c`` children (forked from one that imported torch and accelkit once)."""
+    modules = ["torch", "torch._dynamo", "accelkit", "accelkit.checkpointing.tiered"]
+    with Preloaded(modules, env=_env(), cwd=ROOT) as preloaded:
+        yield preloaded
+
+
+def _load_state(python: Preloaded, project: Path, *path: str) -> tuple[str, str]:
     """``load_state`` in a child with logging on: (stdout, stderr proven printable)."""
-    done = subprocess.run(
-        [sys.executable, "-c", _LOADER, str(project), *path],
-        capture_output=True,
-        env=_env(),
-        timeout=300,
-        check=False,
-    )
+    done = python.run("-c", _LOADER, str(project), *path, timeout=300)
     return done.stdout.decode(), _printable(done.stderr, "load_state")
 
 
@@ -186,12 +190,12 @@ LOAD_CASES = {
 
 @pytest.mark.parametrize("case", sorted(LOAD_CASES))
 def test_load_state_errors_and_warnings_are_escaped_and_bounded(
-    saved: Path, tmp_path: Path, case: str
+    python: Preloaded, saved: Path, tmp_path: Path, case: str
 ) -> None:
     edit, explicit, restored = LOAD_CASES[case]
     project = _copy(saved, tmp_path)
     _edit_manifest(_ckpt(project, 2), edit)
-    out, err = _load_state(project, *([str(_ckpt(project, 2))] if explicit else []))
+    out, err = _load_state(python, project, *([str(_ckpt(project, 2))] if explicit else []))
     assert escape(f"{GONE}0") in err  # named, escaped
     assert len(err) < BOUND, len(err)
     if restored is None:
@@ -202,12 +206,14 @@ def test_load_state_errors_and_warnings_are_escaped_and_bounded(
             assert "... and 99,995 more" in err
 
 
-def test_no_committed_checkpoint_error_escapes_folder_names(saved: Path, tmp_path: Path) -> None:
+def test_no_committed_checkpoint_error_escapes_folder_names(
+    python: Preloaded, saved: Path, tmp_path: Path
+) -> None:
     project = _copy(saved, tmp_path)
     for n in (0, 1):
         subprocess.run(["rm", "-r", str(_ckpt(project, n))], check=True)
     _ckpt(project, 2).rename(project / "checkpoints" / FOLDER)
-    out, err = _load_state(project)
+    out, err = _load_state(python, project)
     assert "CheckpointPathError: No committed checkpoint" in err and escape(FOLDER) in err
     assert "restored" not in out
 
@@ -331,7 +337,7 @@ RESIGNED = {
 
 @pytest.mark.parametrize("case", sorted(RESIGNED))
 def test_a_resigned_damaged_file_fails_verify_and_prune_keeps_the_intact_one(
-    saved: Path, tmp_path: Path, case: str
+    python: Preloaded, saved: Path, tmp_path: Path, case: str
 ) -> None:
     name, damage = RESIGNED[case]
     project = _copy(saved, tmp_path)
@@ -346,7 +352,7 @@ def test_a_resigned_damaged_file_fails_verify_and_prune_keeps_the_intact_one(
         "checkpoint_1",
         "checkpoint_2",
     ]
-    out, err = _load_state(project)
+    out, err = _load_state(python, project)
     assert "restored 2.0" in out, err[-3000:]  # checkpoint_1's weights
 
 
@@ -509,7 +515,9 @@ print("saved")
 
 
 @pytest.mark.parametrize("kind", ["named pipe", "folder"])
-def test_a_planted_save_lock_never_blocks_a_save(tmp_path: Path, kind: str) -> None:
+def test_a_planted_save_lock_never_blocks_a_save(
+    python: Preloaded, tmp_path: Path, kind: str
+) -> None:
     """``.accelkit-run.lock`` as a named pipe: opening it waited for a writer forever (save and
     import hung). It is now read as a file that is not one: an unreadable lock (stale), taken
     over; a folder there cannot be, and the save says which path is in the way."""
@@ -520,13 +528,7 @@ def test_a_planted_save_lock_never_blocks_a_save(tmp_path: Path, kind: str) -> N
         os.mkfifo(lock)
     else:
         lock.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", _SAVER, str(project)],
-        capture_output=True,
-        env=_env(),
-        timeout=60,  # a hang fails here
-        check=False,
-    )
+    done = python.run("-c", _SAVER, str(project), timeout=60)  # a hang fails here
     err = _printable(done.stderr, "save_state")
     if kind == "named pipe":
         assert done.stdout.decode().strip() == "saved", err[-3000:]
