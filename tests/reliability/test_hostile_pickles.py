@@ -47,6 +47,7 @@ from tests.checkpointing.accelerate_helpers import (
     accelerate_checkpoint,
     copy_into_project,
 )
+from tests.helpers.preloaded import Preloaded
 from tests.reliability.conftest import trials
 
 pytestmark = pytest.mark.reliability
@@ -441,19 +442,12 @@ print(json.dumps({"grew": (after - before) * 1024, "error": error}))
 """
 
 
-def _peak(path: Path) -> dict[str, Any]:
-    """Load ``path`` with ``load_pickle`` in a fresh process; its RSS high-water mark growth."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+def _peak(python: Preloaded, path: Path) -> dict[str, Any]:
+    """Load ``path`` with ``load_pickle`` in a fresh process (forked: its high-water mark
+    starts at what it has at the fork); its RSS high-water mark growth."""
+    proc = python.run("-c", _CHILD, str(path), timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     return result
 
 
@@ -484,7 +478,10 @@ def test_peak_memory_stays_a_small_multiple_of_the_file(tmp_path: Path) -> None:
     torch.save({"rows": [list(range(1000))] * 100_000}, shared)
     good = tmp_path / "pytorch_model.bin"
     torch.save({"w": torch.ones(16 * MiB)}, good)
-    results = {p.name: _peak(p) for p in (bomb, stride0, shared, good)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    modules = ["torch", "accelkit.checkpointing.interop.accelerate_pickle", "tests.helpers.memory"]
+    with Preloaded(modules, env=env, cwd=ROOT) as python:
+        results = {p.name: _peak(python, p) for p in (bomb, stride0, shared, good)}
     for name, why in (
         ("custom_checkpoint_0.pkl", "is compressed"),
         ("optimizer.bin", "share memory"),
