@@ -8,15 +8,17 @@ tensors reaching past their storage, compressed records (a deflate bomb), duplic
 names, bytes around the zip, the legacy non-zip format, and values whose shared parts (the
 pickle's memo) multiply when converted. Each file is crafted here, in a real folder written
 by Hugging Face accelerate's ``save_state``, and read by ``load_state(path)`` (and
-``load_state()`` for one of each kind) and by the real ``accelkit ckpt import`` console
-script: a ``CorruptCheckpointError`` (exit 1) naming the file and what is wrong, the model
-unchanged, no destination written. Peak memory is measured in child processes; two imports
+``load_state()`` for one of each kind) and by ``accelkit ckpt import`` (its ``main``, in this
+process; the real console script for one refusal and one good import): a
+``CorruptCheckpointError`` (exit 1) naming the file and what is wrong, the model unchanged, no
+destination written. Peak memory is measured in child processes; two imports
 of one good folder are byte-identical.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
 import json
 import os
@@ -40,10 +42,12 @@ from accelkit.checkpointing.errors import CheckpointError, CorruptCheckpointErro
 from accelkit.checkpointing.formats.state_io import read_state
 from accelkit.checkpointing.interop.accelerate_pickle import load_pickle
 from accelkit.checkpointing.storage import get_storage
+from accelkit.cli.main import main
 from tests.checkpointing.accelerate_helpers import (
     accelerate_checkpoint,
     copy_into_project,
 )
+from tests.helpers.preloaded import Preloaded
 from tests.reliability.conftest import trials
 
 pytestmark = pytest.mark.reliability
@@ -160,6 +164,16 @@ def console(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str
     )
 
 
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``accelkit`` in this process (what ``console`` runs, without its 2-3 s of imports),
+    its output captured: the same exit code and messages, and an unexpected exception is still
+    the traceback and exit 1 that ``main`` makes of it."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def _accelerator(project: Path) -> tuple[Accelerator, torch.nn.Module]:
     from tests.checkpointing.accelerate_run import Counter, build
 
@@ -171,9 +185,12 @@ def _accelerator(project: Path) -> tuple[Accelerator, torch.nn.Module]:
     return accelerator, model
 
 
-def refused_everywhere(folder: Path, *expected: str, automatic: bool = False) -> list[str]:
+def refused_everywhere(
+    folder: Path, *expected: str, automatic: bool = False, script: bool = False
+) -> list[str]:
     """``load_state(folder)`` (and with ``automatic`` ``load_state()``) and ``accelkit ckpt
-    import`` must refuse naming ``expected``; return what went wrong (empty when all did)."""
+    import`` (in this process, or with ``script`` the installed console script) must refuse
+    naming ``expected``; return what went wrong (empty when all did)."""
     problems = []
     project = folder.parent.parent
     for how in ("load_state(path)", "load_state()") if automatic else ("load_state(path)",):
@@ -191,7 +208,8 @@ def refused_everywhere(folder: Path, *expected: str, automatic: bool = False) ->
         if any(not torch.equal(v, before[k]) for k, v in model.state_dict().items()):
             problems.append(f"{how} changed the model before refusing")
     destination = folder.parent / "imported"
-    proc = console("ckpt", "import", str(folder), str(destination))
+    run = console if script else cli
+    proc = run("ckpt", "import", str(folder), str(destination))
     if proc.returncode != 1:
         problems.append(f"ckpt import exit {proc.returncode}: {proc.stderr[-2000:]}")
     missing = [e for e in expected if e not in proc.stderr]
@@ -235,8 +253,13 @@ def test_numpy_key_not_from_the_file_is_refused(
     folder = copy_into_project(tmp_path, accelerate_folder)
     make, why = NUMPY_KEYS[case]
     _numpy_key(folder, make())
+    # One case through the installed console script too: its own exit code and stderr.
     problems = refused_everywhere(
-        folder, "random_states_0.pkl", why, automatic=case == "no-BUILD-624"
+        folder,
+        "random_states_0.pkl",
+        why,
+        automatic=case == "no-BUILD-624",
+        script=case == "no-BUILD-624",
     )
     assert not problems, "\n".join(problems)
 
@@ -419,19 +442,12 @@ print(json.dumps({"grew": (after - before) * 1024, "error": error}))
 """
 
 
-def _peak(path: Path) -> dict[str, Any]:
-    """Load ``path`` with ``load_pickle`` in a fresh process; its RSS high-water mark growth."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+def _peak(python: Preloaded, path: Path) -> dict[str, Any]:
+    """Load ``path`` with ``load_pickle`` in a fresh process (forked: its high-water mark
+    starts at what it has at the fork); its RSS high-water mark growth."""
+    proc = python.run("-c", _CHILD, str(path), timeout=300)
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.decode().strip().splitlines()[-1])
     return result
 
 
@@ -462,7 +478,10 @@ def test_peak_memory_stays_a_small_multiple_of_the_file(tmp_path: Path) -> None:
     torch.save({"rows": [list(range(1000))] * 100_000}, shared)
     good = tmp_path / "pytorch_model.bin"
     torch.save({"w": torch.ones(16 * MiB)}, good)
-    results = {p.name: _peak(p) for p in (bomb, stride0, shared, good)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    modules = ["torch", "accelkit.checkpointing.interop.accelerate_pickle", "tests.helpers.memory"]
+    with Preloaded(modules, env=env, cwd=ROOT) as python:
+        results = {p.name: _peak(python, p) for p in (bomb, stride0, shared, good)}
     for name, why in (
         ("custom_checkpoint_0.pkl", "is compressed"),
         ("optimizer.bin", "share memory"),
@@ -485,9 +504,9 @@ def test_two_imports_of_a_good_folder_are_identical(
     the source's."""
     folder = copy_into_project(tmp_path, accelerate_folder)
     outputs = []
-    for i in range(2):
+    for i, run in enumerate((console, cli)):  # the console script, then in this process
         destination = tmp_path / f"imported_{i}"
-        proc = console("ckpt", "import", str(folder), str(destination))
+        proc = run("ckpt", "import", str(folder), str(destination))
         assert proc.returncode == 0, proc.stderr
         outputs.append(destination)
     first, second = ({p.name: p.read_bytes() for p in d.iterdir()} for d in outputs)
@@ -534,7 +553,7 @@ def test_plain_data_of_every_kind_still_loads(tmp_path: Path, accelerate_folder:
     assert torch.equal(value["t"], weight.t())
     accelerator, _ = _accelerator(folder.parent.parent)
     accelerator.load_state(str(folder))
-    proc = console("ckpt", "import", str(folder), str(tmp_path / "imported"))
+    proc = cli("ckpt", "import", str(folder), str(tmp_path / "imported"))
     assert proc.returncode == 0, proc.stderr
     loaded = load_pickle(get_storage(str(folder)), str(folder / "custom_checkpoint_0.pkl"))
     assert torch.equal(loaded["transposed"], weight.t()) and loaded["set"] == {1, 2}

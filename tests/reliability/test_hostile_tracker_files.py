@@ -2,12 +2,13 @@
 damaged ``metrics.jsonl`` never costs a job its new rows, crafted continuity values are printed
 short, and a TensorBoard file from a clock that ran ahead never brings abandoned points back.
 
-The jobs are real: ``tests/trackers/resume_job.py`` run as a subprocess (jsonl and TensorBoard,
-``loss = step + 1000 * attempt`` at every step, a checkpoint at step 10), the first attempt's
-project copied for each scenario, then a fresh or a resumed job on the planted or damaged
-project; what the trackers wrote is read back with ``read_jsonl`` and TensorBoard's own
-``EventAccumulator``. The neighbours (other special files, other files of the run folder, the
-reader) run in process on real files.
+The jobs are real: ``tests/trackers/resume_job.py`` run as a process of its own (jsonl and
+TensorBoard, ``loss = step + 1000 * attempt`` at every step, a checkpoint at step 10; forked
+from one that imported torch once, ``tests.helpers.preloaded``, but for the clock-ahead one,
+started plain), the first attempt's project copied for each scenario, then a fresh or a
+resumed job on the planted or damaged project; what the trackers wrote is read back with
+``read_jsonl`` and TensorBoard's own ``EventAccumulator``. The neighbours (other special
+files, other files of the run folder, the reader) run in process on real files.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from accelkit._text import short
 from accelkit.trackers.backends._files import TrackerFileError
 from accelkit.trackers.backends.jsonl import JSONLTracker, read_jsonl
 from accelkit.trackers.backends.tensorboard import TensorBoardTracker
+from tests.helpers.preloaded import Preloaded
 from tests.trackers.readers import read_tensorboard
 
 pytestmark = pytest.mark.reliability
@@ -46,28 +49,51 @@ SHIFTED_CLOCK = (
 )
 
 
-def _job(project: Path, *args: str, clock_ahead: bool = False, timeout: int = 240) -> str:
+ENV = {
+    **os.environ,
+    "PYTHONPATH": str(ROOT),
+    "OMP_NUM_THREADS": "1",
+    "ACCELKIT_USE_CPU": "1",
+    "ACCELKIT_TRACKER_TIMEOUT": "30",
+}
+
+
+@pytest.fixture(scope="module")
+def python() -> Iterator[Preloaded]:
+    """Fresh job processes, forked from one that imported torch, TensorBoard and accelkit once."""
+    modules = [
+        "torch",
+        "torch._dynamo",
+        "torch.utils.tensorboard",
+        "accelkit",
+        "accelkit.checkpointing.tiered",
+    ]
+    with Preloaded(modules, env=ENV, cwd=ROOT) as preloaded:
+        yield preloaded
+
+
+def _job(
+    python: Preloaded, project: Path, *args: str, clock_ahead: bool = False, timeout: int = 240
+) -> str:
     """Run one attempt of the job on ``project``; it must finish; return its stderr."""
-    start = ["-c", SHIFTED_CLOCK] if clock_ahead else ["-m", JOB]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "OMP_NUM_THREADS": "1",
-        "ACCELKIT_USE_CPU": "1",
-        "ACCELKIT_TRACKER_TIMEOUT": "30",
-    }
-    result = subprocess.run(
-        [sys.executable, *start, "--project", str(project), "--log-with", "jsonl,tensorboard",
-         "--save-every", "10", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert "RESULT" in result.stdout
-    return result.stderr
+    argv = ["--project", str(project), "--log-with", "jsonl,tensorboard", "--save-every", "10"]
+    if clock_ahead:
+        # A plain process: its clock is moved before anything is imported, so every module
+        # (``from time import time`` included) reads the shifted one.
+        done = subprocess.run(
+            [sys.executable, "-c", SHIFTED_CLOCK, *argv, *args],
+            cwd=ROOT, env=ENV, capture_output=True, timeout=timeout,
+        )  # fmt: skip
+    else:
+        done = python.run("-m", JOB, *argv, *args, timeout=timeout)
+    stdout, stderr = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, (stdout + stderr)[-4000:]
+    assert "RESULT" in stdout
+    return stderr
 
 
-def _resume(project: Path) -> str:
-    return _job(project, "--steps", str(STEPS), "--resume", "--attempt", "1")
+def _resume(python: Preloaded, project: Path) -> str:
+    return _job(python, project, "--steps", str(STEPS), "--resume", "--attempt", "1")
 
 
 def _metrics(project: Path, **kwargs: str) -> list[tuple[int, float]]:
@@ -80,10 +106,10 @@ def _reports(stderr: str, tracker: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def first_attempt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def first_attempt(python: Preloaded, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project after a first attempt: steps 0..14 logged, ``checkpoint_0`` at step 10."""
     project = tmp_path_factory.mktemp("first") / "project"
-    _job(project, "--steps", str(FIRST_STEPS))
+    _job(python, project, "--steps", str(FIRST_STEPS))
     assert [step for step, _ in _metrics(project)] == list(range(FIRST_STEPS))
     return project
 
@@ -100,6 +126,7 @@ def project(first_attempt: Path, tmp_path: Path) -> Path:
 
 
 def test_linked_metrics_jsonl_in_a_fresh_job_is_refused_not_appended_through(
+    python: Preloaded,
     tmp_path: Path,
 ) -> None:
     outside = tmp_path / "outside"
@@ -110,7 +137,7 @@ def test_linked_metrics_jsonl_in_a_fresh_job_is_refused_not_appended_through(
     run.mkdir(parents=True)
     (run / "metrics.jsonl").symlink_to(victim)
 
-    stderr = _job(tmp_path / "project", "--steps", str(STEPS))
+    stderr = _job(python, tmp_path / "project", "--steps", str(STEPS))
     assert victim.read_text() == "precious\n"
     assert (run / "metrics.jsonl").is_symlink()
     (report,) = _reports(stderr, "jsonl")
@@ -121,7 +148,9 @@ def test_linked_metrics_jsonl_in_a_fresh_job_is_refused_not_appended_through(
     assert [step for step, _ in scalars["loss"]] == list(range(STEPS))
 
 
-def test_linked_metrics_jsonl_and_temporary_in_a_resumed_job(project: Path, tmp_path: Path) -> None:
+def test_linked_metrics_jsonl_and_temporary_in_a_resumed_job(
+    python: Preloaded, project: Path, tmp_path: Path
+) -> None:
     # The resume's rewrite reads the file and replaces it: neither the rows outside nor the
     # file a planted temporary name points at may be read, changed or deleted.
     outside = tmp_path / "outside"
@@ -135,7 +164,7 @@ def test_linked_metrics_jsonl_and_temporary_in_a_resumed_job(project: Path, tmp_
     (run / ".metrics.jsonl.planted.tmp").symlink_to(other)
     before = victim.read_bytes()
 
-    stderr = _resume(project)
+    stderr = _resume(python, project)
     assert victim.read_bytes() == before
     assert other.read_text() == "keep me\n"
     assert not (run / ".metrics.jsonl.planted.tmp").exists()  # the link went, not its target
@@ -145,11 +174,13 @@ def test_linked_metrics_jsonl_and_temporary_in_a_resumed_job(project: Path, tmp_
     assert scalars["loss"] == RESUMED
 
 
-def test_named_pipe_as_metrics_jsonl_does_not_block_the_job(tmp_path: Path) -> None:
+def test_named_pipe_as_metrics_jsonl_does_not_block_the_job(
+    python: Preloaded, tmp_path: Path
+) -> None:
     run = tmp_path / "project" / "run"
     run.mkdir(parents=True)
     os.mkfifo(run / "metrics.jsonl")
-    stderr = _job(tmp_path / "project", "--steps", "5", timeout=120)
+    stderr = _job(python, tmp_path / "project", "--steps", "5", timeout=120)
     (report,) = _reports(stderr, "jsonl")
     assert "is a named pipe (FIFO), not a regular file" in report
     assert stat.S_ISFIFO(os.lstat(run / "metrics.jsonl").st_mode)
@@ -262,13 +293,13 @@ JUNK = [
 ]
 
 
-def test_junk_rows_never_cost_a_resumed_job_its_new_rows(project: Path) -> None:
+def test_junk_rows_never_cost_a_resumed_job_its_new_rows(python: Preloaded, project: Path) -> None:
     path = project / "run" / "metrics.jsonl"
     lines = path.read_bytes().splitlines(keepends=True)
     # Junk among the rows before the checkpoint and among those the resume drops.
     path.write_bytes(b"".join(lines[:3] + JUNK[:3] + lines[3:12] + JUNK[3:] + lines[12:]))
 
-    stderr = _resume(project)
+    stderr = _resume(python, project)
     assert _reports(stderr, "jsonl") == [], stderr[-3000:]
     assert _metrics(project, errors="raise") == RESUMED  # 0..10 kept, 11..19 new, file clean
     (side,) = path.parent.glob("metrics.jsonl.rejected-*")
@@ -277,12 +308,14 @@ def test_junk_rows_never_cost_a_resumed_job_its_new_rows(project: Path) -> None:
     assert len(stderr) < 20_000  # the 200 KB of junk is not printed
 
 
-def test_torn_last_line_is_repaired_and_never_glued_to_the_next_job(project: Path) -> None:
+def test_torn_last_line_is_repaired_and_never_glued_to_the_next_job(
+    python: Preloaded, project: Path
+) -> None:
     path = project / "run" / "metrics.jsonl"
     with open(path, "ab") as file:
         file.write(b'{"step": 15, "timestamp": 1.0, "val')  # a crash cut this row short
     # A fresh job (no resume) appends its rows to the run's file.
-    stderr = _job(project, "--steps", "3", "--attempt", "1")
+    stderr = _job(python, project, "--steps", "3", "--attempt", "1")
     assert stderr.count("cut short") == 1, stderr[-3000:]
     rows = _metrics(project, errors="raise")
     assert rows == [(s, float(s)) for s in range(FIRST_STEPS)] + [(s, 1000.0 + s) for s in range(3)]
@@ -334,7 +367,9 @@ def test_read_jsonl_reports_skips_or_raises_on_bad_lines(tmp_path: Path) -> None
 # ------------------------------------------------------------ crafted continuity values
 
 
-def test_crafted_five_megabyte_references_are_printed_short(project: Path) -> None:
+def test_crafted_five_megabyte_references_are_printed_short(
+    python: Preloaded, project: Path
+) -> None:
     manifest_path = project / "checkpoints" / "checkpoint_0" / "accelkit.json"
     manifest = json.loads(manifest_path.read_text())
     # 5 MB: control characters, then 2.5 million path parts (realpath's cost is quadratic in them).
@@ -345,7 +380,7 @@ def test_crafted_five_megabyte_references_are_printed_short(project: Path) -> No
     }
     manifest_path.write_text(json.dumps(manifest))
 
-    stderr = _resume(project)
+    stderr = _resume(python, project)
     assert len(stderr.encode()) < 10_000, len(stderr)
     assert "\x1b" not in stderr and "\u202e" not in stderr and "[fake]" not in stderr
     assert stderr.count("continuing in this job's") == 2  # one warning per tracker, cut short
@@ -391,14 +426,15 @@ def test_short_is_bounded_for_values_repr_cannot_print() -> None:
 
 
 def test_event_file_from_a_clock_ahead_does_not_bring_abandoned_points_back(
+    python: Preloaded,
     tmp_path: Path,
 ) -> None:
     project = tmp_path / "project"
-    _job(project, "--steps", str(FIRST_STEPS), clock_ahead=True)
+    _job(python, project, "--steps", str(FIRST_STEPS), clock_ahead=True)
     (ahead,) = [p.name for p in (project / "run").iterdir() if "tfevents" in p.name]
     assert int(ahead.split(".")[3]) > time.time() + AHEAD_S / 2  # named from the future
 
-    stderr = _resume(project)
+    stderr = _resume(python, project)
     scalars, _ = read_tensorboard(str(project), "run")
     assert scalars["loss"] == RESUMED  # 11..14 of the abandoned attempt are purged
     assert [step for step, _ in scalars["checkpoint/bytes"]] == [10]

@@ -2,8 +2,10 @@
 
 Every run here is real: checkpoints saved by ``Accelerator.save_state``, crafted by editing
 their files (and re-signing the manifest where the attack needs it), read by the ``accelkit``
-console script or by ``load_state()`` in a child process whose stderr (tracebacks, warnings,
-log lines) is checked as a terminal would receive it.
+command (its console script's ``sys.exit(main())``, or the installed script itself) or by
+``load_state()`` in a child process (forked from one that imported the CLI, or torch, once:
+``tests.helpers.preloaded``) whose stdout and stderr (tracebacks, warnings, log lines) are
+checked as a terminal would receive them.
 
 The classes:
 
@@ -49,6 +51,7 @@ from accelkit import Accelerator, ProjectConfiguration
 from accelkit._text import escape
 from accelkit.checkpointing.formats.manifest import Manifest, verify_files
 from accelkit.checkpointing.storage import get_storage
+from tests.helpers.preloaded import Preloaded
 
 pytestmark = pytest.mark.reliability
 
@@ -78,10 +81,28 @@ def _printable(raw: bytes, what: str) -> str:
     return text
 
 
-def _accelkit(*args: str, timeout: float = 120) -> tuple[int, str, str]:
-    done = subprocess.run(
-        [str(ACCELKIT), *args], capture_output=True, env=_env(), timeout=timeout, check=False
-    )
+# What the installed console script runs.
+_CLI = "import sys\nfrom accelkit.cli.main import main\nsys.exit(main())\n"
+
+
+@pytest.fixture(scope="module")
+def cli() -> Iterator[Preloaded]:
+    """``accelkit`` as its console script runs it, in fresh processes (forked from one that
+    imported the CLI once): the bytes it writes to its stdout and stderr, and its exit code."""
+    from accelkit.cli.main import _SUBCOMMANDS
+
+    with Preloaded(["accelkit.cli.main", *_SUBCOMMANDS], env=_env(), cwd=ROOT) as preloaded:
+        yield preloaded
+
+
+def _accelkit(cli: Preloaded | None, *args: str, timeout: float = 120) -> tuple[int, str, str]:
+    """Run ``accelkit *args`` (``cli=None``: the installed console script itself)."""
+    if cli is None:
+        done = subprocess.run(
+            [str(ACCELKIT), *args], capture_output=True, env=_env(), timeout=timeout, check=False
+        )
+    else:
+        done = cli.run("-c", _CLI, *args, timeout=timeout)
     out = _printable(done.stdout, f"accelkit {args[:2]}")
     err = _printable(done.stderr, f"accelkit {args[:2]}")
     assert "Traceback" not in out + err, err[-3000:]
@@ -162,15 +183,17 @@ print("restored", model.weight.flatten()[0].item())
 """
 
 
-def _load_state(project: Path, *path: str) -> tuple[str, str]:
+@pytest.fixture(scope="module")
+def python() -> Iterator[Preloaded]:
+    """Fresh ``python -c`` children (forked from one that imported torch and accelkit once)."""
+    modules = ["torch", "torch._dynamo", "accelkit", "accelkit.checkpointing.tiered"]
+    with Preloaded(modules, env=_env(), cwd=ROOT) as preloaded:
+        yield preloaded
+
+
+def _load_state(python: Preloaded, project: Path, *path: str) -> tuple[str, str]:
     """``load_state`` in a child with logging on: (stdout, stderr proven printable)."""
-    done = subprocess.run(
-        [sys.executable, "-c", _LOADER, str(project), *path],
-        capture_output=True,
-        env=_env(),
-        timeout=300,
-        check=False,
-    )
+    done = python.run("-c", _LOADER, str(project), *path, timeout=300)
     return done.stdout.decode(), _printable(done.stderr, "load_state")
 
 
@@ -186,12 +209,12 @@ LOAD_CASES = {
 
 @pytest.mark.parametrize("case", sorted(LOAD_CASES))
 def test_load_state_errors_and_warnings_are_escaped_and_bounded(
-    saved: Path, tmp_path: Path, case: str
+    python: Preloaded, saved: Path, tmp_path: Path, case: str
 ) -> None:
     edit, explicit, restored = LOAD_CASES[case]
     project = _copy(saved, tmp_path)
     _edit_manifest(_ckpt(project, 2), edit)
-    out, err = _load_state(project, *([str(_ckpt(project, 2))] if explicit else []))
+    out, err = _load_state(python, project, *([str(_ckpt(project, 2))] if explicit else []))
     assert escape(f"{GONE}0") in err  # named, escaped
     assert len(err) < BOUND, len(err)
     if restored is None:
@@ -202,12 +225,14 @@ def test_load_state_errors_and_warnings_are_escaped_and_bounded(
             assert "... and 99,995 more" in err
 
 
-def test_no_committed_checkpoint_error_escapes_folder_names(saved: Path, tmp_path: Path) -> None:
+def test_no_committed_checkpoint_error_escapes_folder_names(
+    python: Preloaded, saved: Path, tmp_path: Path
+) -> None:
     project = _copy(saved, tmp_path)
     for n in (0, 1):
         subprocess.run(["rm", "-r", str(_ckpt(project, n))], check=True)
     _ckpt(project, 2).rename(project / "checkpoints" / FOLDER)
-    out, err = _load_state(project)
+    out, err = _load_state(python, project)
     assert "CheckpointPathError: No committed checkpoint" in err and escape(FOLDER) in err
     assert "restored" not in out
 
@@ -243,19 +268,19 @@ TABLE_CASES: dict[str, Callable[[dict[str, Any]], None]] = {
 
 @pytest.mark.parametrize("case", sorted(TABLE_CASES))
 def test_ls_and_verify_stay_bounded_for_a_crafted_manifest(
-    saved: Path, tmp_path: Path, case: str
+    cli: Preloaded, saved: Path, tmp_path: Path, case: str
 ) -> None:
     project = _copy(saved, tmp_path)
     _edit_manifest(_ckpt(project, 2), TABLE_CASES[case])
-    code, out, err = _accelkit("ckpt", "ls", str(project))
+    code, out, err = _accelkit(cli, "ckpt", "ls", str(project))
     assert code == 0 and len(out) + len(err) < BOUND, (len(out), len(err))
     assert len(out.splitlines()) == 4  # the header and one row per checkpoint
-    code, out, err = _accelkit("ckpt", "verify", str(project))
+    code, out, err = _accelkit(cli, "ckpt", "verify", str(project))
     assert len(out) + len(err) < BOUND, (len(out), len(err))
     if "missing" in case:
         assert code == 1 and "... and 199,950 more" in out
     # --json is for programs: the exact values, in full.
-    code, out, _ = _accelkit("ckpt", "ls", str(project), "--json")
+    code, out, _ = _accelkit(cli, "ckpt", "ls", str(project), "--json")
     listed = json.loads(out)[2]
     manifest = json.loads((_ckpt(project, 2) / "accelkit.json").read_text())
     if "missing" not in case:
@@ -264,10 +289,12 @@ def test_ls_and_verify_stay_bounded_for_a_crafted_manifest(
         assert listed["experiment"].get("runs", {}) == runs
 
 
-def test_a_metric_name_cannot_fake_another_value(saved: Path, tmp_path: Path) -> None:
+def test_a_metric_name_cannot_fake_another_value(
+    cli: Preloaded, saved: Path, tmp_path: Path
+) -> None:
     project = _copy(saved, tmp_path)
     _edit_manifest(_ckpt(project, 2), lambda m: m.__setitem__("metrics", {"acc=0.99 loss": 5.0}))
-    code, out, _ = _accelkit("ckpt", "ls", str(project))
+    code, out, _ = _accelkit(cli, "ckpt", "ls", str(project))
     row = out.splitlines()[3]
     assert code == 0 and "acc?0.99?loss=5" in row and "acc=0.99" not in row
 
@@ -299,14 +326,16 @@ def test_verify_reads_the_listing_without_copying_it_per_file(saved: Path) -> No
     assert listing.walks == 0
 
 
-def test_verify_of_20000_listed_and_20000_extra_files_is_quick(saved: Path, tmp_path: Path) -> None:
+def test_verify_of_20000_listed_and_20000_extra_files_is_quick(
+    cli: Preloaded, saved: Path, tmp_path: Path
+) -> None:
     project = _copy(saved, tmp_path)
     folder = _ckpt(project, 2)
     _edit_manifest(folder, _missing(20_000))
     for i in range(20_000):
         (folder / f"extra{i}").write_bytes(b"")
     started = time.monotonic()
-    code, out, _ = _accelkit("ckpt", "verify", str(folder))
+    code, out, _ = _accelkit(cli, "ckpt", "verify", str(folder))
     # Quadratic, this took 4 s on an idle 2-core machine and 100 s at 100,000 files.
     assert code == 1 and time.monotonic() - started < 60
     assert "... and 19,950 more" in out and "... and 19,980 more" in out
@@ -331,43 +360,43 @@ RESIGNED = {
 
 @pytest.mark.parametrize("case", sorted(RESIGNED))
 def test_a_resigned_damaged_file_fails_verify_and_prune_keeps_the_intact_one(
-    saved: Path, tmp_path: Path, case: str
+    cli: Preloaded, python: Preloaded, saved: Path, tmp_path: Path, case: str
 ) -> None:
     name, damage = RESIGNED[case]
     project = _copy(saved, tmp_path)
     newest = _ckpt(project, 2)
     damage(newest / name)
     _resign(newest)
-    code, out, _ = _accelkit("ckpt", "verify", str(newest))
+    code, out, _ = _accelkit(cli, "ckpt", "verify", str(newest))
     assert code == 1 and f"FAIL  checkpoint_2\n      {name}: " in out, out
-    code, out, err = _accelkit("ckpt", "prune", str(project), "--keep", "1", "--yes")
+    code, out, err = _accelkit(cli, "ckpt", "prune", str(project), "--keep", "1", "--yes")
     assert code == 0, err
     assert sorted(p.name for p in (project / "checkpoints").iterdir()) == [
         "checkpoint_1",
         "checkpoint_2",
     ]
-    out, err = _load_state(project)
+    out, err = _load_state(python, project)
     assert "restored 2.0" in out, err[-3000:]  # checkpoint_1's weights
 
 
 def test_an_intact_checkpoint_still_verifies(saved: Path) -> None:
-    code, out, _ = _accelkit("ckpt", "verify", str(saved))
+    code, out, _ = _accelkit(None, "ckpt", "verify", str(saved))
     assert code == 0 and "3 of 3 checkpoint(s) intact." in out
 
 
 # --------------------------------------------------------------------------- class 4
 
 
-def test_storage_option_too_deep_for_json_is_text(tmp_path: Path) -> None:
+def test_storage_option_too_deep_for_json_is_text(cli: Preloaded, tmp_path: Path) -> None:
     deep = "endpoint_url=" + "[" * 100_000
     for command in ("ls", "verify", "import"):
-        code, _, err = _accelkit("ckpt", command, "-o", deep, str(tmp_path / "nothing"))
+        code, _, err = _accelkit(cli, "ckpt", command, "-o", deep, str(tmp_path / "nothing"))
         assert code == 2 and "does not exist" in err, err[-2000:]
 
 
 def test_an_unknown_flag_is_escaped() -> None:
     for argv in (["launch", "--\x1b[2Jx", "train.py"], ["ckpt", "ls", f"--{TITLE}", "."]):
-        code, _, err = _accelkit(*argv)
+        code, _, err = _accelkit(None, *argv)
         assert code == 2 and "\\x1b" in err, err
 
 
@@ -381,7 +410,7 @@ def test_an_unknown_flag_is_escaped() -> None:
 )
 @pytest.mark.parametrize("where", ["config file", "flag"])
 def test_absurd_launch_sizes_are_refused_at_once(
-    tmp_path: Path, setting: str, value: str, expected: str, where: str
+    cli: Preloaded, tmp_path: Path, setting: str, value: str, expected: str, where: str
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('the script must not run')\n")
@@ -392,7 +421,7 @@ def test_absurd_launch_sizes_are_refused_at_once(
         config.write_text(f"{setting}: {value}\nuse_cpu: true\n")
         args = ["--config_file", str(config)]
     started = time.monotonic()
-    code, _, err = _accelkit("launch", "--cpu", *args, str(script), timeout=60)
+    code, _, err = _accelkit(cli, "launch", "--cpu", *args, str(script), timeout=60)
     assert code == 2 and expected in err and setting in err, err
     assert time.monotonic() - started < 30
 
@@ -509,7 +538,9 @@ print("saved")
 
 
 @pytest.mark.parametrize("kind", ["named pipe", "folder"])
-def test_a_planted_save_lock_never_blocks_a_save(tmp_path: Path, kind: str) -> None:
+def test_a_planted_save_lock_never_blocks_a_save(
+    cli: Preloaded, python: Preloaded, tmp_path: Path, kind: str
+) -> None:
     """``.accelkit-run.lock`` as a named pipe: opening it waited for a writer forever (save and
     import hung). It is now read as a file that is not one: an unreadable lock (stale), taken
     over; a folder there cannot be, and the save says which path is in the way."""
@@ -520,18 +551,12 @@ def test_a_planted_save_lock_never_blocks_a_save(tmp_path: Path, kind: str) -> N
         os.mkfifo(lock)
     else:
         lock.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", _SAVER, str(project)],
-        capture_output=True,
-        env=_env(),
-        timeout=60,  # a hang fails here
-        check=False,
-    )
+    done = python.run("-c", _SAVER, str(project), timeout=60)  # a hang fails here
     err = _printable(done.stderr, "save_state")
     if kind == "named pipe":
         assert done.stdout.decode().strip() == "saved", err[-3000:]
         assert (project / "checkpoints" / "checkpoint_0" / "accelkit.json").is_file()
-        code, out, _ = _accelkit("ckpt", "verify", str(project))
+        code, out, _ = _accelkit(cli, "ckpt", "verify", str(project))
         assert code == 0, out
     else:
         assert "saved" not in done.stdout.decode()
