@@ -1,10 +1,11 @@
 """Fresh Python processes without paying for their imports again each time.
 
-A test that runs many short ``python -c``/``python -m`` children spends most of their CPU time
-importing torch (2-3 s each on a 2-core CI machine). ``Preloaded`` starts one Python process
-that imports the heavy modules once and then forks a child per run: every run is still its own
-process, with its own pid, exit status, stdin (empty), stdout and stderr (files, as a pipe
-would be: not a terminal) and shutdown (non-daemon threads joined, ``atexit`` functions run,
+A test that runs many short ``python -c``/``python -m``/``python script.py`` children (a
+console script is one) spends most of their CPU time importing torch (2-3 s each on a 2-core
+CI machine). ``Preloaded`` starts one Python process that imports the heavy modules once and
+then forks a child per run: every run is still its own process, in a session of its own, with
+its own pid, exit status, stdin (empty), stdout and stderr (files, as a pipe would be: not a
+terminal) and shutdown (non-daemon threads joined, ``atexit`` functions run,
 output flushed; the teardown of every module is skipped, as multiprocessing's forked children
 skip it), and an uncaught exception is printed by ``sys.excepthook`` and exits 1 as at Python's
 top level. Only the imports are shared, as a ``fork``-started DataLoader worker shares them; the
@@ -40,16 +41,20 @@ def _run(job):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(target, fd)
         os.close(target)
+    os.setsid()  # its own session: on a timeout it goes down with whatever it started
     os.chdir(job["cwd"])
-    mode, what, *args = job["argv"]
+    argv = job["argv"]
     try:
-        if mode == "-c":
-            sys.argv = ["-c", *args]
-            code = compile(what, "<string>", "exec")
+        if argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            code = compile(argv[1], "<string>", "exec")
             exec(code, {"__name__": "__main__", "__builtins__": builtins})
-        else:
-            sys.argv = [what, *args]
-            runpy.run_module(what, run_name="__main__", alter_sys=True)
+        elif argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:  # a script's path
+            sys.argv = list(argv)
+            runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
@@ -89,7 +94,7 @@ for line in requests:
         if done:
             break
         if time.monotonic() > deadline and not timed_out:
-            os.kill(pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
             timed_out = True
         time.sleep(0.01)
     reply = {"status": os.waitstatus_to_exitcode(status), "timed_out": timed_out}
@@ -121,13 +126,14 @@ class Preloaded:
     def run(
         self, *argv: str, timeout: float = 300, cwd: Path | None = None
     ) -> subprocess.CompletedProcess[bytes]:
-        """``python *argv`` (``-c CODE ...`` or ``-m MODULE ...``) in a forked child: its exit
-        code (negative for a signal) and its output as bytes.
+        """``python *argv`` (``-c CODE ...``, ``-m MODULE ...`` or ``SCRIPT ...``) in a forked
+        child: its exit code (negative for a signal) and its output as bytes.
 
         Raises:
-            subprocess.TimeoutExpired: the child ran past ``timeout`` s (it was killed).
+            subprocess.TimeoutExpired: the child ran past ``timeout`` s (it was killed, with
+                every process it started: each child is a session of its own).
         """
-        assert argv and argv[0] in ("-c", "-m"), argv
+        assert argv and (argv[0] not in ("-c", "-m") or len(argv) > 1), argv
         self._count += 1
         out = Path(self._folder.name) / f"{self._count}.out"
         err = Path(self._folder.name) / f"{self._count}.err"
