@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,15 +74,100 @@ def _tree(folder: Path) -> dict[str, tuple[bytes, int]]:
     }
 
 
+# Each command runs the real console script in a fresh process, forked from one server that has
+# already imported what `accelkit ckpt import` imports (torch: 2.5-3.5 s a fresh interpreter
+# pays). The 20-odd commands of this module paid that import each: about 60 s of its 100.
+_SERVER = textwrap.dedent(
+    """
+    import json, os, runpy, sys
+    import accelkit.cli.main
+    import accelkit.checkpointing.interop.accelerate_import  # torch, numpy
+
+    script = sys.argv[1]
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:  # the command: its own process, stdout and stderr
+            code = 1
+            try:
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+                sys.argv = [script, *request["args"]]
+                try:
+                    runpy.run_path(script, run_name="__main__")
+                    code = 0
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+                    if isinstance(exc.code, str):
+                        print(exc.code, file=sys.stderr)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+    """
+)
+
+
+class _Commands:
+    """Runs ``accelkit`` commands through the server (started on first use)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.server: subprocess.Popen[str] | None = None
+        self.count = 0
+
+    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+        if self.server is None:
+            self.server = subprocess.Popen(
+                [sys.executable, "-c", _SERVER, ACCELKIT],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=ENV,
+                text=True,
+            )
+        assert self.server.stdin is not None and self.server.stdout is not None
+        self.count += 1
+        out, err = self.folder / f"{self.count}.out", self.folder / f"{self.count}.err"
+        request = {"args": args, "stdout": str(out), "stderr": str(err)}
+        self.server.stdin.write(json.dumps(request) + "\n")
+        self.server.stdin.flush()
+        ready, _, _ = select.select([self.server.stdout], [], [], timeout)
+        assert ready, f"accelkit {' '.join(args)} did not end in {timeout} s"
+        reply = self.server.stdout.readline()
+        assert reply, f"the command server ended: {self.server.wait(timeout=60)}"
+        returncode = json.loads(reply)["returncode"]
+        return subprocess.CompletedProcess(
+            [ACCELKIT, *args], returncode, out.read_text(), err.read_text()
+        )
+
+    def close(self) -> None:
+        if self.server is not None:
+            assert self.server.stdin is not None
+            self.server.stdin.close()
+            self.server.wait(timeout=60)
+
+
+_COMMANDS: list[_Commands] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _command_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    _COMMANDS.append(_Commands(tmp_path_factory.mktemp("commands")))
+    yield
+    _COMMANDS.pop().close()
+
+
+def _accelkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return _COMMANDS[-1].run(list(args), timeout)
+
+
 def _import(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [ACCELKIT, "ckpt", "import", *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=timeout,
-        check=False,
-    )
+    return _accelkit("ckpt", "import", *args, timeout=timeout)
 
 
 def _accelerator(project: Path) -> tuple[Accelerator, torch.nn.Module, Counter]:
@@ -188,14 +275,7 @@ def test_imports_beside_a_running_job_and_its_saves_each_commit_their_own_folder
     assert not (project / LOCK_NAME).exists()
     assert _tree(src) == before  # the source is only read
 
-    verify = subprocess.run(
-        [ACCELKIT, "ckpt", "verify", str(project)],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=300,
-        check=False,
-    )
+    verify = _accelkit("ckpt", "verify", str(project))
     count = len(saved) + len(taken) + 1  # and the accelerate folder checkpoint_0
     assert f"{count} of {count} checkpoint(s) intact" in verify.stdout, (
         verify.stdout + verify.stderr
@@ -348,14 +428,7 @@ def test_an_import_waits_for_a_save_in_flight_and_a_save_waits_for_an_import(
     holder = _hold_lock(project, IMPORT, 30.0)
     try:
         listing = sorted(p.name for p in (project / "checkpoints").iterdir())
-        prune = subprocess.run(
-            [ACCELKIT, "ckpt", "prune", str(project), "--keep", "1", "--yes"],
-            capture_output=True,
-            text=True,
-            env=ENV,
-            timeout=120,
-            check=False,
-        )
+        prune = _accelkit("ckpt", "prune", str(project), "--keep", "1", "--yes", timeout=120)
         assert prune.returncode != 0 and "in flight" in prune.stdout + prune.stderr
         assert sorted(p.name for p in (project / "checkpoints").iterdir()) == listing
     finally:
