@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from accelkit.checkpointing.storage import get_storage
 from accelkit.utils import DataLoaderConfiguration
 from tests.checkpointing.accelerate_helpers import run_script
 from tests.checkpointing.accelerate_run import Counter, build
+from tests.helpers.forkserver import ForkServer
 
 pytestmark = pytest.mark.reliability
 
@@ -74,96 +74,23 @@ def _tree(folder: Path) -> dict[str, tuple[bytes, int]]:
     }
 
 
-# Each command runs the real console script in a fresh process, forked from one server that has
+# Each command runs the real console script in a fresh process forked from one server that has
 # already imported what `accelkit ckpt import` imports (torch: 2.5-3.5 s a fresh interpreter
 # pays). The 20-odd commands of this module paid that import each: about 60 s of its 100.
-_SERVER = textwrap.dedent(
-    """
-    import json, os, runpy, sys
-    import accelkit.cli.main
-    import accelkit.checkpointing.interop.accelerate_import  # torch, numpy
-
-    script = sys.argv[1]
-    for line in sys.stdin:
-        request = json.loads(line)
-        sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:  # the command: its own process, stdout and stderr
-            code = 1
-            try:
-                null = os.open(os.devnull, os.O_RDONLY)
-                os.dup2(null, 0)
-                for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-                    os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-                sys.argv = [script, *request["args"]]
-                try:
-                    runpy.run_path(script, run_name="__main__")
-                    code = 0
-                except SystemExit as exc:
-                    code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-                    if isinstance(exc.code, str):
-                        print(exc.code, file=sys.stderr)
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
-    """
-)
-
-
-class _Commands:
-    """Runs ``accelkit`` commands through the server (started on first use)."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.server: subprocess.Popen[str] | None = None
-        self.count = 0
-
-    def run(self, args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-        if self.server is None:
-            self.server = subprocess.Popen(
-                [sys.executable, "-c", _SERVER, ACCELKIT],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=ENV,
-                text=True,
-            )
-        assert self.server.stdin is not None and self.server.stdout is not None
-        self.count += 1
-        out, err = self.folder / f"{self.count}.out", self.folder / f"{self.count}.err"
-        request = {"args": args, "stdout": str(out), "stderr": str(err)}
-        self.server.stdin.write(json.dumps(request) + "\n")
-        self.server.stdin.flush()
-        ready, _, _ = select.select([self.server.stdout], [], [], timeout)
-        assert ready, f"accelkit {' '.join(args)} did not end in {timeout} s"
-        reply = self.server.stdout.readline()
-        assert reply, f"the command server ended: {self.server.wait(timeout=60)}"
-        returncode = json.loads(reply)["returncode"]
-        return subprocess.CompletedProcess(
-            [ACCELKIT, *args], returncode, out.read_text(), err.read_text()
-        )
-
-    def close(self) -> None:
-        if self.server is not None:
-            assert self.server.stdin is not None
-            self.server.stdin.close()
-            self.server.wait(timeout=60)
-
-
-_COMMANDS: list[_Commands] = []
+_SERVERS: list[tuple[ForkServer, Path]] = []
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _command_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    _COMMANDS.append(_Commands(tmp_path_factory.mktemp("commands")))
+    preload = ["accelkit.cli.main", "accelkit.checkpointing.interop.accelerate_import"]
+    _SERVERS.append((ForkServer(preload, ENV), tmp_path_factory.mktemp("commands")))
     yield
-    _COMMANDS.pop().close()
+    _SERVERS.pop()[0].close()
 
 
 def _accelkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return _COMMANDS[-1].run(list(args), timeout)
+    server, folder = _SERVERS[-1]
+    return server.run(ACCELKIT, args, cwd=Path.cwd(), folder=folder, timeout=timeout)
 
 
 def _import(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
