@@ -126,9 +126,9 @@ def _straggler_lines(stderr: str) -> list[str]:
 @pytest.mark.slow
 def test_a_straggler_is_reported_once(tmp_path: Path) -> None:
     # Rank 1 sleeps 0.2 s in every step's forward, for 30 steps, with a window of 10 steps: it
-    # is found within the first window and must not be reported again in the two after it (the
-    # same three windows as 60 steps and a window of 20, at half the 12 s of sleeping). The
-    # 0.2 s stays: rank 0 would need over 0.13 s of its own a step, under load, to hide it.
+    # is found once it has stayed slower for a window, and must not be reported again in the
+    # two windows after (as with 60 steps and a window of 20, at half the 12 s of sleeping).
+    # The 0.2 s stays: rank 0 would need over 0.13 s of its own a step, under load, to hide it.
     project = tmp_path / "project"
     proc = _launch(project, "straggler", "--timeout", "60", "--steps", "30", "--window", "10")
     assert proc.returncode == 0, proc.stderr
