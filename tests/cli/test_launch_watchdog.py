@@ -49,6 +49,21 @@ def _launch(
     )
 
 
+@pytest.fixture(scope="module")
+def collective_hang(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The ``collective`` hang launched once, under ``--max_restarts 1``, for the two tests that
+    read it (the planted hang detected, and the hung group not restarted): one launch of 2
+    processes that wait for the 3 s timeout, not two."""
+    hf_home = tmp_path_factory.mktemp("hf_home")  # not the developer's config (_no_user_config)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("HF_HOME", str(hf_home))
+        project = tmp_path_factory.mktemp("collective") / "project"
+        proc = _launch(project, "collective", "--timeout", "3", options=("--max_restarts", "1"))
+    return project, proc
+
+
 def _events(project: Path) -> list[dict[str, object]]:
     rows = (project / "watchdog" / "metrics.jsonl").read_text().splitlines()
     return [json.loads(row)["values"] for row in rows]
@@ -64,9 +79,14 @@ def _events(project: Path) -> list[dict[str, object]]:
         ("loader", 1, "in __getitem__"),
     ],
 )
-def test_a_planted_hang_is_detected(tmp_path: Path, mode: str, hung_rank: int, where: str) -> None:
-    project = tmp_path / "project"
-    proc = _launch(project, mode, "--timeout", "3")
+def test_a_planted_hang_is_detected(
+    request: pytest.FixtureRequest, tmp_path: Path, mode: str, hung_rank: int, where: str
+) -> None:
+    if mode == "collective":  # launched under --max_restarts 1, shared with the test below
+        project, proc = request.getfixturevalue("collective_hang")
+    else:
+        project = tmp_path / "project"
+        proc = _launch(project, mode, "--timeout", "3")
     # The requeue code, and the launcher's last line names the stacks' folder.
     assert proc.returncode == 75, proc.stderr
     stacks = project / "hangs"
@@ -105,9 +125,12 @@ def _straggler_lines(stderr: str) -> list[str]:
 
 @pytest.mark.slow
 def test_a_straggler_is_reported_once(tmp_path: Path) -> None:
-    # Rank 1 sleeps 0.2 s in every step's forward, for 60 steps, with a window of 20 steps.
+    # Rank 1 sleeps 0.2 s in every step's forward, for 30 steps, with a window of 10 steps: it
+    # is found once it has stayed slower for a window, and must not be reported again in the
+    # two windows after (as with 60 steps and a window of 20, at half the 12 s of sleeping).
+    # The 0.2 s stays: rank 0 would need over 0.13 s of its own a step, under load, to hide it.
     project = tmp_path / "project"
-    proc = _launch(project, "straggler", "--timeout", "60", "--steps", "60", "--window", "20")
+    proc = _launch(project, "straggler", "--timeout", "60", "--steps", "30", "--window", "10")
     assert proc.returncode == 0, proc.stderr
     [line] = _straggler_lines(proc.stderr)
     assert f"rank 1 on {socket.gethostname()}" in line
@@ -130,11 +153,12 @@ def test_a_jittery_job_has_no_straggler(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_hung_group_is_not_restarted(tmp_path: Path) -> None:
+def test_a_hung_group_is_not_restarted(
+    collective_hang: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
     # Under --max_restarts the group that stopped for a hang is not run again (it would hang
     # again where it stopped, after the same steps): exit 75 for the requeue, said once.
-    project = tmp_path / "project"
-    proc = _launch(project, "collective", "--timeout", "3", options=("--max_restarts", "1"))
+    project, proc = collective_hang
     assert proc.returncode == 75, proc.stderr
     assert "stopped for a hang (hang_timeout_seconds)" in proc.stderr
     assert "not restarting them (1 restart(s) left unused)" in proc.stderr

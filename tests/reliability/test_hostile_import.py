@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from accelkit.checkpointing.storage import get_storage
 from accelkit.utils import DataLoaderConfiguration
 from tests.checkpointing.accelerate_helpers import run_script
 from tests.checkpointing.accelerate_run import Counter, build
+from tests.helpers.forkserver import ForkServer
 
 pytestmark = pytest.mark.reliability
 
@@ -72,15 +74,27 @@ def _tree(folder: Path) -> dict[str, tuple[bytes, int]]:
     }
 
 
+# Each command runs the real console script in a fresh process forked from one server that has
+# already imported what `accelkit ckpt import` imports (torch: 2.5-3.5 s a fresh interpreter
+# pays). The 20-odd commands of this module paid that import each: about 60 s of its 100.
+_SERVERS: list[tuple[ForkServer, Path]] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _command_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    preload = ["accelkit.cli.main", "accelkit.checkpointing.interop.accelerate_import"]
+    _SERVERS.append((ForkServer(preload, ENV), tmp_path_factory.mktemp("commands")))
+    yield
+    _SERVERS.pop()[0].close()
+
+
+def _accelkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    server, folder = _SERVERS[-1]
+    return server.run(ACCELKIT, args, cwd=Path.cwd(), folder=folder, timeout=timeout)
+
+
 def _import(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [ACCELKIT, "ckpt", "import", *args],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=timeout,
-        check=False,
-    )
+    return _accelkit("ckpt", "import", *args, timeout=timeout)
 
 
 def _accelerator(project: Path) -> tuple[Accelerator, torch.nn.Module, Counter]:
@@ -188,14 +202,7 @@ def test_imports_beside_a_running_job_and_its_saves_each_commit_their_own_folder
     assert not (project / LOCK_NAME).exists()
     assert _tree(src) == before  # the source is only read
 
-    verify = subprocess.run(
-        [ACCELKIT, "ckpt", "verify", str(project)],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=300,
-        check=False,
-    )
+    verify = _accelkit("ckpt", "verify", str(project))
     count = len(saved) + len(taken) + 1  # and the accelerate folder checkpoint_0
     assert f"{count} of {count} checkpoint(s) intact" in verify.stdout, (
         verify.stdout + verify.stderr
@@ -348,14 +355,7 @@ def test_an_import_waits_for_a_save_in_flight_and_a_save_waits_for_an_import(
     holder = _hold_lock(project, IMPORT, 30.0)
     try:
         listing = sorted(p.name for p in (project / "checkpoints").iterdir())
-        prune = subprocess.run(
-            [ACCELKIT, "ckpt", "prune", str(project), "--keep", "1", "--yes"],
-            capture_output=True,
-            text=True,
-            env=ENV,
-            timeout=120,
-            check=False,
-        )
+        prune = _accelkit("ckpt", "prune", str(project), "--keep", "1", "--yes", timeout=120)
         assert prune.returncode != 0 and "in flight" in prune.stdout + prune.stderr
         assert sorted(p.name for p in (project / "checkpoints").iterdir()) == listing
     finally:
