@@ -33,7 +33,7 @@ from accelkit.checkpointing.storage import get_storage
 from accelkit.utils import DataLoaderConfiguration
 from tests.checkpointing.accelerate_helpers import run_script
 from tests.checkpointing.accelerate_run import Counter, build
-from tests.helpers.forkserver import ForkServer
+from tests.helpers.preloaded import Preloaded
 
 pytestmark = pytest.mark.reliability
 
@@ -74,23 +74,26 @@ def _tree(folder: Path) -> dict[str, tuple[bytes, int]]:
     }
 
 
-# Each command runs the real console script in a fresh process forked from one server that has
+# Each command runs the real console script in a fresh process forked from one that has
 # already imported what `accelkit ckpt import` imports (torch: 2.5-3.5 s a fresh interpreter
 # pays). The 20-odd commands of this module paid that import each: about 60 s of its 100.
-_SERVERS: list[tuple[ForkServer, Path]] = []
+_SERVERS: list[Preloaded] = []
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _command_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def _command_server() -> Iterator[None]:
     preload = ["accelkit.cli.main", "accelkit.checkpointing.interop.accelerate_import"]
-    _SERVERS.append((ForkServer(preload, ENV), tmp_path_factory.mktemp("commands")))
-    yield
-    _SERVERS.pop()[0].close()
+    with Preloaded(preload, env=ENV) as preloaded:
+        _SERVERS.append(preloaded)
+        yield
+        _SERVERS.pop()
 
 
 def _accelkit(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    server, folder = _SERVERS[-1]
-    return server.run(ACCELKIT, args, cwd=Path.cwd(), folder=folder, timeout=timeout)
+    done = _SERVERS[-1].run(ACCELKIT, *args, timeout=timeout, cwd=Path.cwd())
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
+    )
 
 
 def _import(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
