@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,9 @@ import pytest
 
 from accelkit.trackers import registry
 from tests.helpers.mlflow_server import MlflowServer
+from tests.helpers.preloaded import Preloaded
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # No test may send a packet off this machine: wandb offline, Comet offline without its
 # error-reporting host and cloud metadata probes, MLflow without telemetry, trackio local,
@@ -59,6 +63,42 @@ def job_env(**extra: str) -> dict[str, str]:
     env = {**os.environ, **OFFLINE_ENV, **extra}
     env.pop("WANDB_SERVICE", None)
     return env
+
+
+@pytest.fixture(scope="session")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Preloaded]:
+    """Fresh job processes (``tests/trackers/resume_job.py``, ``-c`` scripts), each forked from
+    one that imported torch, TensorBoard and accelkit once (``tests.helpers.preloaded``): a job
+    then costs its run, not 2.5-3.5 s of CPU importing torch. The tracker SDKs (wandb, comet_ml,
+    mlflow, swanlab, trackio) start threads and services: each job imports them itself, as a
+    real one does. One server per xdist worker, shared by the modules it runs.
+
+    Every job's environment: ``job_env`` on CPU, one OpenMP thread, and ``TMPDIR`` in this
+    session's folder (Comet keeps an experiment's messages in a temporary folder until
+    ``end()``: a killed job's stays behind, and goes with the session's files)."""
+    tmp = tmp_path_factory.mktemp("job-tmp")
+    env = job_env(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", ACCELKIT_USE_CPU="1", TMPDIR=str(tmp))
+    modules = [
+        "torch",
+        "torch._dynamo",
+        "torch.utils.tensorboard",
+        "accelkit",
+        "accelkit.checkpointing.tiered",
+    ]
+    with Preloaded(modules, env=env, cwd=ROOT) as preloaded:
+        yield preloaded
+
+
+def run_job(
+    jobs: Preloaded, *argv: str, timeout: float = 300, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python *argv`` as a job forked from ``jobs`` (in ``cwd``, else the repository's root),
+    its output decoded as ``subprocess.run(..., text=True)`` would."""
+    done = jobs.run(*argv, timeout=timeout, cwd=cwd)
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(errors="replace"),
+        done.stderr.decode(errors="replace"),
+    )  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

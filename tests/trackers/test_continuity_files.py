@@ -15,8 +15,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,32 +25,30 @@ from accelkit.trackers.backends.jsonl import JSONLTracker, read_jsonl
 from accelkit.trackers.backends.tensorboard import TensorBoardTracker
 from accelkit.trackers.events import CheckpointEvent
 from tests.helpers.distributed import free_port
-from tests.trackers.conftest import job_env
+from tests.helpers.preloaded import Preloaded
+from tests.trackers.conftest import run_job
 from tests.trackers.readers import read_tensorboard
 
-ROOT = Path(__file__).resolve().parents[2]
 JOB = "tests.trackers.resume_job"
 MOVED = "continuing in this job's"  # the warning for a reference naming another place
 EXPECTED = [(step, float(step + (1000 if step > 100 else 0))) for step in range(200)]
 
 
-def _env() -> dict[str, str]:
-    return job_env(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", ACCELKIT_USE_CPU="1")
-
-
-def _job(project: Path, *args: str, processes: int = 1, killed: bool = False) -> str:
-    """Run the job; return its stderr (``killed``: it must die at --kill-at)."""
+def _job(
+    jobs: Preloaded, project: Path, *args: str, processes: int = 1, killed: bool = False
+) -> str:
+    """Run the job, forked from ``jobs``; return its stderr (``killed``: it must die at
+    --kill-at). Several processes: the fork is ``torch.distributed.run``, which starts its
+    workers as fresh interpreters (sessions of their own) and watches them, as a real launch."""
     if processes == 1:
-        command = [sys.executable, "-m", JOB]
+        command = ["-m", JOB]
     else:
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+            "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
             "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", JOB,
         ]  # fmt: skip
     command += ["--project", str(project), "--log-with", "jsonl,tensorboard", *args]
-    result = subprocess.run(
-        command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=240
-    )
+    result = run_job(jobs, *command, timeout=240)
     output = result.stdout + result.stderr
     if killed:
         assert result.returncode != 0 and "RESULT" not in output, output[-3000:]
@@ -61,8 +57,8 @@ def _job(project: Path, *args: str, processes: int = 1, killed: bool = False) ->
     return result.stderr
 
 
-def _kill_at_150(project: Path, *args: str, processes: int = 1) -> None:
-    _job(project, "--kill-at", "150", *args, processes=processes, killed=True)
+def _kill_at_150(jobs: Preloaded, project: Path, *args: str, processes: int = 1) -> None:
+    _job(jobs, project, "--kill-at", "150", *args, processes=processes, killed=True)
     # What the resume must purge is on disk: both files hold steps 0..150 of attempt 0.
     scalars, _ = read_tensorboard(str(project), "run")
     assert [step for step, _ in scalars["loss"]] == list(range(151))
@@ -71,8 +67,8 @@ def _kill_at_150(project: Path, *args: str, processes: int = 1) -> None:
     )
 
 
-def _resume(project: Path, *args: str, processes: int = 1) -> str:
-    return _job(project, "--resume", "--attempt", "1", *args, processes=processes)
+def _resume(jobs: Preloaded, project: Path, *args: str, processes: int = 1) -> str:
+    return _job(jobs, project, "--resume", "--attempt", "1", *args, processes=processes)
 
 
 def _tensorboard_texts(log_dir: Path) -> dict[str, list[tuple[int, str]]]:
@@ -136,9 +132,11 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(folder.iterdir())}
 
 
-def test_kill_and_resume_one_process_both_orders_moved_and_no_continue(tmp_path: Path) -> None:
+def test_kill_and_resume_one_process_both_orders_moved_and_no_continue(
+    tmp_path: Path, jobs: Preloaded
+) -> None:
     original = tmp_path / "original"
-    _kill_at_150(original)
+    _kill_at_150(jobs, original)
     moved, fresh = tmp_path / "moved", tmp_path / "fresh"
     shutil.copytree(original, moved)
     shutil.copytree(original, fresh)
@@ -146,19 +144,19 @@ def test_kill_and_resume_one_process_both_orders_moved_and_no_continue(tmp_path:
 
     # (3) A copied project: its manifest names the original's files. The resume warns and
     # continues in its own folder; the original is not touched.
-    stderr = _resume(moved, "--order", "load-first")
+    stderr = _resume(jobs, moved, "--order", "load-first")
     assert stderr.count(MOVED) == 2, stderr[-3000:]  # one per tracker
     assert str(original / "run") in stderr
     _assert_continued_in_copy(moved, original)
     assert _snapshot(original / "run") == before
 
     # (1) In place, init_trackers before load_state (Accelerate's order): no warning.
-    stderr = _resume(original, "--order", "init-first")
+    stderr = _resume(jobs, original, "--order", "init-first")
     assert MOVED not in stderr
     _assert_continued(original)
 
     # (5) --no-continue: appends as before the feature, the killed attempt's points stay.
-    _resume(fresh, "--no-continue")
+    _resume(jobs, fresh, "--no-continue")
     duplicated = list(range(151)) + list(range(101, 200))
     scalars, _ = read_tensorboard(str(fresh), "run")
     assert [step for step, _ in scalars["loss"]] == duplicated
@@ -179,11 +177,11 @@ def _assert_continued_in_copy(project: Path, original: Path) -> None:
     ]
 
 
-def test_kill_and_resume_two_processes_async_save(tmp_path: Path) -> None:
+def test_kill_and_resume_two_processes_async_save(tmp_path: Path, jobs: Preloaded) -> None:
     # One launch pair (each costs ~10 s here); init-first is covered in place above.
     project = tmp_path / "project"
-    _kill_at_150(project, "--async-save", processes=2)
-    stderr = _resume(project, "--async-save", "--order", "load-first", processes=2)
+    _kill_at_150(jobs, project, "--async-save", processes=2)
+    stderr = _resume(jobs, project, "--async-save", "--order", "load-first", processes=2)
     assert MOVED not in stderr
     _assert_continued(project)
 
@@ -346,14 +344,11 @@ tracker.start()
 """
 
 
-def test_jsonl_kill_during_rewrite_loses_nothing(tmp_path: Path) -> None:
+def test_jsonl_kill_during_rewrite_loses_nothing(tmp_path: Path, jobs: Preloaded) -> None:
     _jsonl_run(tmp_path, range(50)).finish()
     path = tmp_path / "run" / "metrics.jsonl"
     before = path.read_bytes()
-    result = subprocess.run(
-        [sys.executable, "-c", KILLED_IN_REWRITE, str(tmp_path)],
-        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    result = run_job(jobs, "-c", KILLED_IN_REWRITE, str(tmp_path), timeout=120)
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
     leftovers = list(path.parent.glob(".metrics.jsonl.*.tmp"))
     assert len(leftovers) == 1  # it died mid-rewrite ...

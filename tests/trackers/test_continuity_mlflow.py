@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import uuid
 import warnings
 from pathlib import Path
@@ -27,18 +26,18 @@ from accelkit.trackers.backends.mlflow import (
     MLflowTracker,
 )
 from accelkit.trackers.events import CheckpointEvent
-from tests.trackers.conftest import job_env
+from tests.helpers.preloaded import Preloaded
+from tests.trackers.conftest import run_job
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _job(project: Path, experiment: str, uri: str, *args: str) -> subprocess.CompletedProcess[str]:
+def _job(
+    jobs: Preloaded, project: Path, experiment: str, uri: str, *args: str
+) -> subprocess.CompletedProcess[str]:
     init_kwargs = json.dumps({"mlflow": {"tracking_uri": uri}})
-    return subprocess.run(
-        [sys.executable, "-m", "tests.trackers.resume_job", "--project", str(project),
-         "--log-with", "mlflow", "--run-name", experiment, "--init-kwargs", init_kwargs, *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
-        env=job_env(PYTHONPATH=str(ROOT)),
+    return run_job(
+        jobs, "-m", "tests.trackers.resume_job", "--project", str(project),
+        "--log-with", "mlflow", "--run-name", experiment, "--init-kwargs", init_kwargs, *args,
+        timeout=240,
     )  # fmt: skip
 
 
@@ -62,12 +61,12 @@ def _history(uri: str, run_id: str, key: str) -> list[Any]:
     ("store", "order"), [("mlflow_db", "init-first"), ("mlflow_server", "load-first")]
 )
 def test_a_killed_job_resumes_the_same_run(
-    store: str, order: str, tmp_path: Path, request: pytest.FixtureRequest
+    store: str, order: str, tmp_path: Path, request: pytest.FixtureRequest, jobs: Preloaded
 ) -> None:
     uri: str = request.getfixturevalue(store)
     experiment = f"continuity-{tmp_path.name}"  # the server lives for the whole session
     project = tmp_path / "project"
-    killed = _job(project, experiment, uri, "--kill-at", "150")
+    killed = _job(jobs, project, experiment, uri, "--kill-at", "150")
     assert killed.returncode == -9, killed.stderr[-3000:]
     (first,) = _runs(uri, experiment)
     run_id = first.info.run_id
@@ -83,7 +82,7 @@ def test_a_killed_job_resumes_the_same_run(
     assert record["runs"]["mlflow"] in (named, opened)
     assert first.data.tags["accelkit.run_key"] == key
 
-    resumed = _job(project, experiment, uri, "--resume", "--attempt", "1", "--order", order)
+    resumed = _job(jobs, project, experiment, uri, "--resume", "--attempt", "1", "--order", order)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "not continued" not in resumed.stderr and "Tracker" not in resumed.stderr
 

@@ -10,7 +10,7 @@ and a new run). A run id that no longer exists on the server cannot be told apar
 server to ask: W&B finds out at ``wandb sync``, Comet at ``comet upload``), so that case is
 not tested here.
 
-Each subprocess costs seconds (wandb's service, Comet's archive), so one job logs to both.
+Each job costs seconds (wandb's service, Comet's archive), so one job logs to both.
 """
 
 from __future__ import annotations
@@ -31,23 +31,21 @@ import pytest
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.trackers.backends.comet_ml import CometMLTracker, _experiment_elsewhere
 from accelkit.trackers.backends.wandb import WandBTracker
-from tests.trackers.conftest import job_env
+from tests.helpers.preloaded import Preloaded
+from tests.trackers.conftest import run_job
 
-ROOT = Path(__file__).resolve().parents[2]
 RESUMED = "accelkit/resumed_at_step"
 
 
-def _job(project: Path, *args: str, killed: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run the resume job logging to wandb and comet_ml; check how it ended."""
-    # Comet keeps an experiment's messages in a temporary folder until end(): the killed
-    # job's folder stays behind, so it goes under the test's own directory.
-    tmp = project.parent / "tmp"
-    tmp.mkdir(exist_ok=True)
-    env = job_env(PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.trackers.resume_job", "--project", str(project),
-         "--log-with", "wandb,comet_ml", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+def _job(
+    jobs: Preloaded, project: Path, *args: str, killed: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run the resume job logging to wandb and comet_ml; check how it ended. (Comet keeps an
+    experiment's messages in a temporary folder until end(): the killed job's stays behind in
+    the ``jobs`` fixture's TMPDIR, in the session's folder.)"""
+    done = run_job(
+        jobs, "-m", "tests.trackers.resume_job", "--project", str(project),
+        "--log-with", "wandb,comet_ml", *args, timeout=300,
     )  # fmt: skip
     expected = -signal.SIGKILL if killed else 0
     assert done.returncode == expected, done.stdout[-3000:] + done.stderr[-3000:]
@@ -137,24 +135,24 @@ def _comet_others(messages: list[dict[str, Any]]) -> dict[str, Any]:
     ("order", "then"), [("init-first", "crafted-reference"), ("load-first", "no-continue")]
 )
 def test_killed_job_continues_the_wandb_run_and_the_comet_experiment(
-    tmp_path: Path, order: str, then: str
+    tmp_path: Path, jobs: Preloaded, order: str, then: str
 ) -> None:
     project = tmp_path / "project"
-    _job(project, "--kill-at", "150", "--order", order, killed=True)
+    _job(jobs, project, "--kill-at", "150", "--order", order, killed=True)
     experiment = _manifest(project, 0)
     assert experiment["step"] == 100
     wandb_ref, comet_ref = experiment["runs"]["wandb"], experiment["runs"]["comet_ml"]
     assert wandb_ref["project"] == comet_ref["project"] == "run"
     # The resumed job runs to step 200 and saves there (checkpoint_1).
-    _job(project, "--resume", "--attempt", "1", "--order", order, "--steps", "201")
+    _job(jobs, project, "--resume", "--attempt", "1", "--order", order, "--steps", "201")
     assert _manifest(project, 1)["runs"] == experiment["runs"]
     _check_wandb_continued(project, wandb_ref["run_id"])
     _check_comet_continued(project, comet_ref["experiment_key"])
     if then == "crafted-reference":
-        _check_crafted_reference(project, wandb_ref["run_id"], comet_ref["experiment_key"])
+        _check_crafted_reference(jobs, project, wandb_ref["run_id"], comet_ref["experiment_key"])
     else:
         # Opting out: the same checkpoint, a new W&B run and a new Comet experiment.
-        _job(project, "--resume", "--attempt", "2", "--no-continue", "--steps", "205")
+        _job(jobs, project, "--resume", "--attempt", "2", "--no-continue", "--steps", "205")
         _check_new_runs(project, wandb_ref["run_id"], comet_ref["experiment_key"])
 
 
@@ -203,7 +201,7 @@ def _check_comet_continued(project: Path, key: str) -> None:
     assert [step for step, _ in _comet_metrics(messages, "checkpoint/bytes")] == [200]
 
 
-def _check_crafted_reference(project: Path, run_id: str, key: str) -> None:
+def _check_crafted_reference(jobs: Preloaded, project: Path, run_id: str, key: str) -> None:
     """A manifest edited to point elsewhere: another W&B project (and entity) with the real
     run id, a Comet key that is a path. Neither is followed; the job runs to its end."""
     path = project / "checkpoints" / "checkpoint_1" / "accelkit.json"
@@ -212,7 +210,7 @@ def _check_crafted_reference(project: Path, run_id: str, key: str) -> None:
     runs["wandb"] = {"run_id": run_id, "project": "elsewhere", "entity": "someone-else"}
     runs["comet_ml"] = {"experiment_key": "../../" + key, "project": "run"}
     path.write_text(json.dumps(manifest))
-    done = _job(project, "--resume", "--attempt", "2", "--steps", "205")
+    done = _job(jobs, project, "--resume", "--attempt", "2", "--steps", "205")
     assert "belongs to project 'elsewhere'" in done.stderr
     assert "is not an experiment key" in done.stderr
     _check_new_runs(project, run_id, key)

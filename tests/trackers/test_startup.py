@@ -14,13 +14,11 @@ and MLflow whose backends never answer before it is killed show it.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -30,11 +28,11 @@ import pytest
 
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.cli.main import main as cli
-from tests.trackers.conftest import OFFLINE_ENV, job_env
+from tests.helpers.preloaded import Preloaded
+from tests.trackers.conftest import run_job
 from tests.trackers.custom import SlowStartTracker, by_name
 from tests.trackers.test_continuity_wandb_comet import _comet_archives
 
-ROOT = Path(__file__).resolve().parents[2]
 KEY = re.compile(r"[0-9a-f]{32}")
 
 
@@ -149,13 +147,11 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 @pytest.mark.slow
-def test_a_job_killed_before_its_run_opened_resumes_into_the_same_run(tmp_path: Path) -> None:
+def test_a_job_killed_before_its_run_opened_resumes_into_the_same_run(
+    tmp_path: Path, jobs: Preloaded
+) -> None:
     project, runs = tmp_path / "project", tmp_path / "runs"
-    env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [sys.executable, "-c", _KILLED_JOB, str(project), str(runs)],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = run_job(jobs, "-c", _KILLED_JOB, str(project), str(runs), timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
     # The checkpoint is whole and names the run that never opened.
     record = _manifest(project)
@@ -220,7 +216,7 @@ print("RESULT " + json.dumps(runs))
 
 @pytest.mark.slow
 def test_a_job_killed_before_wandb_comet_and_mlflow_answered_resumes_into_the_same_runs(
-    tmp_path: Path, mlflow_template_db: Path
+    tmp_path: Path, mlflow_template_db: Path, jobs: Preloaded
 ) -> None:
     """Issue #37 item 2, with the real packages (W&B and Comet offline, MLflow on sqlite): the
     job is killed right after its first save, while ``wandb.init`` and ``comet_ml.start`` have
@@ -232,15 +228,10 @@ def test_a_job_killed_before_wandb_comet_and_mlflow_answered_resumes_into_the_sa
     project = tmp_path / "project"
     project.mkdir()
     shutil.copy(mlflow_template_db, project / "mlflow.db")  # the tracker's default store
-    tmp = tmp_path / "tmp"  # Comet's message folder of the killed job stays behind
-    tmp.mkdir()
-    env = job_env(PYTHONPATH=str(ROOT), TMPDIR=str(tmp))
 
     def job(script: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-c", script, str(project)],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+        # Comet's message folder of the killed job stays behind, in the fixture's TMPDIR.
+        return run_job(jobs, "-c", script, str(project), timeout=300, cwd=tmp_path)
 
     killed = job(_STALLED_BACKENDS_JOB)
     assert killed.returncode == -signal.SIGKILL, killed.stdout[-2000:] + killed.stderr[-3000:]

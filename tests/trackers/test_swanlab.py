@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,33 +19,30 @@ from accelkit.cli.main import main as cli
 from accelkit.trackers import TrackerWarning, register_tracker
 from accelkit.trackers.backends.swanlab import RESUMED_AT_STEP, SwanLabTracker
 from accelkit.trackers.delivery.journal import JournalWarning
-from tests.trackers.conftest import job_env
+from tests.helpers.preloaded import Preloaded
+from tests.trackers.conftest import run_job
 from tests.trackers.readers import swanlab_runs
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def _job(project: Path, *args: str, killed: bool = False) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.trackers.resume_job", "--project", str(project),
-         "--log-with", "swanlab", *args],
-        cwd=ROOT, env=job_env(PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-        timeout=300,
+def _job(jobs: Preloaded, project: Path, *args: str, killed: bool = False) -> None:
+    done = run_job(
+        jobs, "-m", "tests.trackers.resume_job", "--project", str(project),
+        "--log-with", "swanlab", *args, timeout=300,
     )  # fmt: skip
     expected = -signal.SIGKILL if killed else 0
     assert done.returncode == expected, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.mark.slow
-def test_a_killed_job_resumes_into_the_same_swanlab_run_id(tmp_path: Path) -> None:
+def test_a_killed_job_resumes_into_the_same_swanlab_run_id(tmp_path: Path, jobs: Preloaded) -> None:
     project = tmp_path / "project"
-    _job(project, "--kill-at", "150", killed=True)
+    _job(jobs, project, "--kill-at", "150", killed=True)
     manifest = json.loads((project / "checkpoints" / "checkpoint_0" / "accelkit.json").read_text())[
         "experiment"
     ]
     assert manifest["runs"]["swanlab"] == {"run_id": manifest["key"], "project": "run"}
 
-    _job(project, "--resume", "--attempt", "1")
+    _job(jobs, project, "--resume", "--attempt", "1")
     first, resumed = swanlab_runs(str(project))
     # Offline, the resumed job writes a second folder with the same run id: `swanlab sync`
     # of both appends to one experiment.

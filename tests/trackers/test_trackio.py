@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -22,31 +20,30 @@ from accelkit.cli.main import main as cli
 from accelkit.trackers import TrackerWarning, register_tracker
 from accelkit.trackers.backends.trackio import TrackioTracker
 from accelkit.trackers.delivery.journal import JournalWarning
-from tests.trackers.conftest import job_env
+from tests.helpers.preloaded import Preloaded
+from tests.trackers.conftest import run_job
 from tests.trackers.readers import trackio_logs
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _losses(rows: list[dict[str, Any]]) -> list[tuple[int, float]]:
     return [(row["step"], row["loss"]) for row in rows if "loss" in row]
 
 
-def _job(project: Path, *args: str, killed: bool = False) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.trackers.resume_job", "--project", str(project),
-         "--log-with", "trackio", *args],
-        cwd=ROOT, env=job_env(PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-        timeout=300,
+def _job(jobs: Preloaded, project: Path, *args: str, killed: bool = False) -> None:
+    done = run_job(
+        jobs, "-m", "tests.trackers.resume_job", "--project", str(project),
+        "--log-with", "trackio", *args, timeout=300,
     )  # fmt: skip
     expected = -signal.SIGKILL if killed else 0
     assert done.returncode == expected, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.mark.slow
-def test_a_killed_job_resumes_into_the_same_trackio_run_each_step_once(tmp_path: Path) -> None:
+def test_a_killed_job_resumes_into_the_same_trackio_run_each_step_once(
+    tmp_path: Path, jobs: Preloaded
+) -> None:
     project = tmp_path / "project"
-    _job(project, "--kill-at", "150", killed=True)
+    _job(jobs, project, "--kill-at", "150", killed=True)
     first = trackio_logs(str(project), "run")
     (name,) = first
     # What the killed attempt left: steps 0..150, the ones after the checkpoint included.
@@ -56,7 +53,7 @@ def test_a_killed_job_resumes_into_the_same_trackio_run_each_step_once(tmp_path:
     ]
     assert manifest["runs"]["trackio"]["name"] == name == f"accelkit-{manifest['key']}"
 
-    _job(project, "--resume", "--attempt", "1")
+    _job(jobs, project, "--resume", "--attempt", "1")
     runs = trackio_logs(str(project), "run")
     assert list(runs) == [name]  # the same run, no second one
     expected = [(s, float(s)) for s in range(101)] + [(s, s + 1000.0) for s in range(101, 200)]
