@@ -105,10 +105,9 @@ class HangWatch:
         """Say "not a hang" around a block that may take longer than ``hang_timeout_seconds``
         without a step boundary: a long evaluation, the first compile (``save_state``,
         ``load_state`` and ``wait_for_checkpoints`` need no block: they stop the clock
-        themselves). The
-        watchdog's clock stops inside it and starts afresh when it ends. Enter it on every
-        process alike (a process that waits in a collective for one inside the block is not
-        in one itself).
+        themselves). The watchdog's clock stops inside it and starts afresh when it ends.
+        Enter it on every process alike (a process that waits in a collective for one inside
+        the block is not in one itself).
 
         Example:
             >>> with accelerator.not_a_hang():
