@@ -24,7 +24,18 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["Preloaded"]
+__all__ = ["JOB_MODULES", "Preloaded"]
+
+#: What a training job imports before its own code: torch, TensorBoard and accelkit's save path.
+#: None of them starts a thread at import (a fork must not copy one); tracker SDKs (wandb,
+#: comet_ml, mlflow, swanlab, trackio) do, so a job imports those itself.
+JOB_MODULES = (
+    "torch",
+    "torch._dynamo",
+    "torch.utils.tensorboard",
+    "accelkit",
+    "accelkit.checkpointing.tiered",
+)
 
 _SERVER = r"""
 import atexit, builtins, gc, json, os, runpy, signal, sys, threading, time

@@ -29,7 +29,7 @@ from accelkit._text import short
 from accelkit.trackers.backends._files import TrackerFileError
 from accelkit.trackers.backends.jsonl import JSONLTracker, read_jsonl
 from accelkit.trackers.backends.tensorboard import TensorBoardTracker
-from tests.helpers.preloaded import Preloaded
+from tests.helpers.preloaded import JOB_MODULES, Preloaded
 from tests.trackers.readers import read_tensorboard
 
 pytestmark = pytest.mark.reliability
@@ -61,14 +61,7 @@ ENV = {
 @pytest.fixture(scope="module")
 def python() -> Iterator[Preloaded]:
     """Fresh job processes, forked from one that imported torch, TensorBoard and accelkit once."""
-    modules = [
-        "torch",
-        "torch._dynamo",
-        "torch.utils.tensorboard",
-        "accelkit",
-        "accelkit.checkpointing.tiered",
-    ]
-    with Preloaded(modules, env=ENV, cwd=ROOT) as preloaded:
+    with Preloaded(list(JOB_MODULES), env=ENV, cwd=ROOT) as preloaded:
         yield preloaded
 
 

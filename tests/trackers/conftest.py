@@ -12,7 +12,7 @@ import pytest
 
 from accelkit.trackers import registry
 from tests.helpers.mlflow_server import MlflowServer
-from tests.helpers.preloaded import Preloaded
+from tests.helpers.preloaded import JOB_MODULES, Preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,14 +78,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Preloaded]:
     ``end()``: a killed job's stays behind, and goes with the session's files)."""
     tmp = tmp_path_factory.mktemp("job-tmp")
     env = job_env(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", ACCELKIT_USE_CPU="1", TMPDIR=str(tmp))
-    modules = [
-        "torch",
-        "torch._dynamo",
-        "torch.utils.tensorboard",
-        "accelkit",
-        "accelkit.checkpointing.tiered",
-    ]
-    with Preloaded(modules, env=env, cwd=ROOT) as preloaded:
+    with Preloaded(list(JOB_MODULES), env=env, cwd=ROOT) as preloaded:
         yield preloaded
 
 
