@@ -316,7 +316,12 @@ class Checkpointing:
         self.manager.wait_for_snapshot()
 
     def load_state(
-        self, input_dir: str | None = None, load_kwargs: dict[str, Any] | None = None, **kwargs: Any
+        self,
+        input_dir: str | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        *,
+        fork: bool = False,
+        **kwargs: Any,
     ) -> str:
         """Restore everything :meth:`save_state` saved, checking sizes and checksums first.
 
@@ -327,6 +332,12 @@ class Checkpointing:
         Args:
             input_dir: the checkpoint's folder or URL.
             load_kwargs: accepted for compatibility (nothing is unpickled, so it is unused).
+            fork: start a new experiment from the checkpoint instead of resuming its run: the
+                trackers open new runs that record where they came from (W&B ``fork_from``,
+                MLflow's parent run, a ``forked_from`` configuration entry in every backend),
+                the checkpoint's runs are left as they are, and every checkpoint this job
+                saves records the lineage (``experiment.lineage`` in its manifest, shown by
+                ``accelkit ckpt ls --tree``). Call it before the first ``log()``.
             **kwargs: ``verify=False`` skips the checksum check this once; the model-loading
                 arguments of ``torch.nn.Module.load_state_dict`` (``strict``, ``assign``) go
                 to every model's ``load_state_dict``, as in Accelerate (``strict=False``
@@ -337,6 +348,8 @@ class Checkpointing:
 
         Raises:
             TypeError: for any other keyword argument (before anything is loaded).
+            UsageError: ``fork=True`` after this run logged (its runs cannot become new
+                ones; before anything is loaded).
         """
         unknown = sorted(set(kwargs) - {"verify", *_MODEL_LOAD_KWARGS})
         if unknown:
@@ -349,7 +362,7 @@ class Checkpointing:
         objects = self.training_objects()
         objects.model_load_kwargs = kwargs
         with self._blocking():
-            result = self.manager.load(input_dir, objects, verify=verify)
+            result = self.manager.load(input_dir, objects, verify=verify, fork=fork)
         self._resumed = True
         # The manifest's step counts optimizer steps. Gradients are not saved, so accumulation
         # restarts at a boundary: a partial accumulation from before the save cannot be resumed.

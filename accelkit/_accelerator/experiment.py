@@ -20,6 +20,11 @@
   (``ProjectConfiguration(continue_tracker_runs=False)`` turns this off). A checkpoint written
   before run keys may list trackers whose run was still opening in ``experiment.pending``:
   those trackers open new runs, with a warning;
+- on ``load_state(..., fork=True)``, forks the checkpoint's runs instead (:meth:`TrackerHub.fork
+  <accelkit.trackers.delivery.hub.TrackerHub.fork>`: new runs under a new run key, linked to
+  the checkpoint's, whose step counter goes on past the checkpoint's step) and starts a new
+  line of descent: every checkpoint this job saves records it (``experiment.lineage``: the
+  checkpoint forked, its runs and steps), and a job resumed from one of them carries it on;
 - queues a :class:`~accelkit.trackers.events.CheckpointEvent` for the trackers after each
   commit and each load (``ProjectConfiguration(checkpoint_events=False)`` turns this off).
   Only the hub's queues are touched here: the backends are called on their worker threads.
@@ -27,15 +32,18 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.formats.manifest import Manifest, lineage_of
 from accelkit.checkpointing.listener import CommitReport, DropReport, LoadReport
 from accelkit.checkpointing.replication import ReplicationReport
+from accelkit.errors import UsageError
 from accelkit.trackers import events
 from accelkit.trackers.delivery.hub import TrackerHub
+from accelkit.trackers.delivery.runs import new_run_key
 from accelkit.training.optim import GradientState
 
 __all__ = ["ExperimentLink"]
@@ -67,13 +75,31 @@ class ExperimentLink:
         self.gradient_state = gradient_state
         # (step, optimizer steps taken) at this job's last log() with a step of the script's.
         self._last_log: tuple[int, int] | None = None
+        # The manifest's experiment.lineage: where this run's state came from by a fork.
+        self.lineage: dict[str, Any] = {}
+
+    def check_fork(self) -> None:
+        """Before ``load_state(..., fork=True)``: refuse it once this run logged.
+
+        Raises:
+            UsageError: ``log()`` was called in this run already.
+        """
+        if self.hub.logging:
+            raise UsageError(
+                "load_state(fork=True) was called after this run logged: its tracker runs are "
+                "open and cannot become new runs. Call load_state(path, fork=True) before the "
+                "first accelerator.log() (right after init_trackers), or load without fork= "
+                "to only restore the state."
+            )
 
     def checkpoint_record(self) -> Mapping[str, Any]:
         """The manifest's ``experiment``: the last logging step, the run key and the
-        trackers' runs (named without waiting for any backend)."""
+        trackers' runs (named without waiting for any backend), and the lineage."""
+        lineage = {"lineage": self.lineage} if self.lineage else {}
         if not self.hub.requested_names:
-            return {}
+            return lineage
         record: dict[str, Any] = {
+            **lineage,
             "step": max(-1, self.hub.last_step),
             "saved_at_step": self.saved_at_step(),
             "runs": self.hub.references(),
@@ -188,17 +214,29 @@ class ExperimentLink:
         )
 
     def checkpoint_loaded(self, report: LoadReport) -> None:
-        """Continue the checkpoint's runs, then queue a ``load`` event."""
+        """Continue (or fork) the checkpoint's runs, then queue a ``load`` event."""
         manifest = report.manifest
         record = manifest.experiment
         step = int(record.get("step", -1))
         resumed = False
-        if self.continue_runs and record:
+        lineage = lineage_of(manifest)
+        forks = report.fork or bool(lineage.get("start"))
+        if report.fork:
+            self.lineage = {"id": new_run_key(), "parent": _parent(report.path, manifest)}
+        elif forks:  # a copy by `accelkit ckpt fork`, where a line starts
+            self.lineage = {"id": lineage.get("id") or new_run_key(), "parent": lineage["parent"]}
+        else:
+            self.lineage = lineage
+        parent = self.lineage.get("parent")
+        if forks and parent is not None:
+            step = int(parent["step"])
+            resumed = self.hub.fork(parent["runs"], step, self.lineage["id"], parent)
+        elif self.continue_runs and "runs" in record:
             runs = record.get("runs", {})
             # ``pending``: a checkpoint written before run keys, whose job ended before these
             # trackers' runs opened (today's checkpoints name every run when saved).
             lost = sorted(set(record.get("pending", [])) - set(runs))
-            resumed = self.hub.resume(runs, step, record.get("key"))
+            resumed = self.hub.resume(runs, step, record.get("key"), forked_from=parent)
             if resumed and lost:
                 warnings.warn(
                     f"Checkpoint {report.path} was saved while the runs of {lost} were still "
@@ -209,7 +247,7 @@ class ExperimentLink:
                 )
         if not self.checkpoint_events:
             return
-        saved_at = self._step(manifest) if record else step
+        saved_at = self._step(manifest) if "runs" in record and not forks else step
         values = {
             events.LOAD_SECONDS: report.seconds,
             events.RESUMED_STEP: float(step),
@@ -226,3 +264,24 @@ class ExperimentLink:
                 "load", max(0, saved_at), report.path, manifest.iteration, values, manifest.reason
             )
         )
+
+
+def _parent(path: str, manifest: Manifest) -> dict[str, Any]:
+    """``experiment.lineage.parent`` for the checkpoint at ``path``: where it is, its
+    iteration, its last logged step (the forked runs log after it), its run key, its own
+    line and its runs."""
+    record = manifest.experiment
+    if "://" not in path:  # found again from another folder (ckpt ls --tree)
+        path = os.path.abspath(path)
+    parent: dict[str, Any] = {
+        "checkpoint": path,
+        "iteration": manifest.iteration,
+        "step": int(record.get("step", -1)),
+    }
+    if record.get("key") is not None:
+        parent["key"] = record["key"]
+    line = lineage_of(manifest).get("id")
+    if line is not None:
+        parent["id"] = line
+    parent["runs"] = dict(record.get("runs", {}))
+    return parent

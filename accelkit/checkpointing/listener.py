@@ -7,7 +7,9 @@ manager asks it, on the main process, what to record in a new checkpoint's manif
 thread that committed it), when one was loaded (on every process) and, with
 ``replicate_to``, when one reached the remote tier (optional ``checkpoint_replicated``, from the
 replicator's thread) and when the local disk budget deleted one that had not (optional
-``checkpoint_dropped``, from the thread that committed the save).
+``checkpoint_dropped``, from the thread that committed the save). Before a load that forks,
+the manager calls the listener's optional ``check_fork()``, which raises to refuse it (nothing
+is read then).
 
 The manager calls a listener through :class:`SafeListener`, which logs a failing method (naming
 it) and carries on: a tracker's trouble never fails a save or a load.
@@ -59,11 +61,14 @@ class LoadReport:
         path: the checkpoint's folder or URL.
         manifest: its manifest (Accelerate folders get one made up by the reader).
         seconds: from the ``load`` call to the restored state.
+        fork: the caller asked to fork the checkpoint's runs (new runs that descend from it)
+            instead of continuing them.
     """
 
     path: str
     manifest: Manifest
     seconds: float
+    fork: bool = False
 
 
 @dataclass(frozen=True)

@@ -440,8 +440,14 @@ class CheckpointManager:
         input_dir: str | os.PathLike[str] | None,
         objects: TrainingObjects,
         verify: bool | None = None,
+        fork: bool = False,
     ) -> LoadResult:
         """Restore ``objects`` from a committed checkpoint; must be called on every process.
+
+        ``fork`` is handed to the listener (:attr:`LoadReport.fork
+        <accelkit.checkpointing.listener.LoadReport.fork>`), which asked first, through its
+        optional ``check_fork()``, whether it can fork now (it raises if not, before anything
+        is read).
 
         Runs the load sequence of :mod:`~accelkit.checkpointing.restore.sequence`, with
         accelkit's reader for its own checkpoints and the safe reader of
@@ -464,6 +470,9 @@ class CheckpointManager:
                 changed then.
         """
         started = time.perf_counter()
+        check_fork = getattr(self.listener, "check_fork", None)
+        if fork and check_fork is not None:
+            check_fork()
         self.wait()
         path = None if input_dir is None else os.fspath(input_dir)
         # Without a folder to load, the project's checkpoints are needed (this raises when no
@@ -484,7 +493,7 @@ class CheckpointManager:
         listener = self._listener()
         if listener is not None:
             seconds = time.perf_counter() - started
-            listener.checkpoint_loaded(LoadReport(result.path, result.manifest, seconds))
+            listener.checkpoint_loaded(LoadReport(result.path, result.manifest, seconds, fork))
         return result
 
     def _resolve(self, sequence: LoadSequence, objects: TrainingObjects) -> LoadResult:

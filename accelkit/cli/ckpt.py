@@ -57,7 +57,7 @@ from accelkit.checkpointing.formats.layout import (
 from accelkit.checkpointing.formats.manifest import malformed, verify_files
 from accelkit.checkpointing.storage import Storage, get_storage, join
 from accelkit.checkpointing.storage.confined import confine
-from accelkit.cli import ckpt_diff, ckpt_export, ckpt_import, ckpt_sync
+from accelkit.cli import ckpt_diff, ckpt_export, ckpt_import, ckpt_lineage, ckpt_sync
 from accelkit.cli._ckpt_common import (
     Fail,
     accelerate_note,
@@ -103,7 +103,8 @@ def register(subparsers: Any) -> None:
         "ckpt",
         # `accelkit --help` is where users look for a command: every action is named here.
         help="checkpoints (local or fsspec URL): ls, prune, verify, inspect, import "
-        "(from accelerate), sync (to a remote tier), diff, export (to Hugging Face files)",
+        "(from accelerate), sync (to a remote tier), diff, export (to Hugging Face files), "
+        "fork (into a new project)",
         description="Manage the checkpoints of a run without writing Python.",
         epilog=_EPILOG,
         formatter_class=fmt,
@@ -139,6 +140,19 @@ def register(subparsers: Any) -> None:
         help="the run's replicate_to (remote tier), listed to give the TIER column (local, "
         "remote, both); without it, a project that replicates shows the tiers its replicator "
         "recorded (its remote tier is never contacted unless named here)",
+    )
+    ls.add_argument(
+        "--tree",
+        action="store_true",
+        help="by line of descent: each fork (load_state(fork=True), ckpt fork) under the "
+        "checkpoint it forked from",
+    )
+    ls.add_argument(
+        "--with",
+        dest="with_",
+        action="append",
+        metavar="PATH",
+        help="with --tree: another project's checkpoints, linked to PATH's (repeatable)",
     )
     ls.set_defaults(func=command("ls", _run_ls))
 
@@ -256,6 +270,7 @@ def register(subparsers: Any) -> None:
     ckpt_import.register(actions)
     ckpt_export.register(actions)
     ckpt_sync.register(actions)
+    ckpt_lineage.register(actions)
     ckpt_diff.register(actions)
 
 
@@ -312,6 +327,10 @@ def _run_ls(args: argparse.Namespace) -> int:
             say_json([])
         raise nothing_found(args.path, root)
     infos, unknown_steps = with_accelerate_steps(storage, infos)
+    if args.with_ and not args.tree:
+        raise usage("--with lists another project beside PATH's tree: add --tree.")
+    if args.tree:
+        return ckpt_lineage.run_tree(args, infos)
     if args.json:
         say_json([_as_json(i) | _tier_json(tiers, i) for i in infos])
         for line in [*tier_notes, *unknown_steps]:  # stderr: the JSON stays whole

@@ -237,6 +237,29 @@ class GeneralTracker:
             step: the last logging step the checkpoint covers; the resumed job logs after it.
         """
 
+    def fork_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        """Prepare to open a new run that descends from a checkpoint's run (a fork).
+
+        Called before :meth:`start` (on the worker thread, instead of :meth:`continue_run`)
+        when ``Accelerator.load_state(..., fork=True)`` restores a checkpoint: the job goes on
+        from the checkpoint's state in a new run, and the checkpoint's run is left as it is.
+        The next :meth:`start` should open a new run (the one :meth:`name_run` named) and,
+        where the backend records where a run came from, link it to the run ``reference``
+        describes at ``step`` (W&B's ``fork_from``, MLflow's parent run). Every tracker also
+        gets the link as the ``forked_from`` entry of its configuration
+        (:meth:`store_init_configuration`), so the default, which does nothing more, is
+        enough for a backend with no such notion.
+
+        A reference comes from a checkpoint file: link to it only where it names a run in the
+        place this tracker logs to now (a run elsewhere is recorded in the configuration
+        only), and never read from or write to that run.
+
+        Args:
+            reference: what :meth:`run_reference` returned when the checkpoint was saved, or
+                ``None`` when the checkpoint recorded nothing for this tracker.
+            step: the checkpoint's last logging step; the new run logs after it.
+        """
+
     def discard_run(self) -> bool:
         """Delete the run :meth:`start` opened, given up for a checkpoint's run before anything
         was logged to it, and forget it, so that the next :meth:`start` opens another.

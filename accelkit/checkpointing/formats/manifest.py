@@ -48,6 +48,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "file_checksum",
+    "lineage_of",
     "malformed",
     "read_manifest",
     "verify_files",
@@ -102,7 +103,14 @@ class Manifest:
             Written once, with the commit: every run is named when the checkpoint is saved.
             A checkpoint written before run keys may have no ``"key"`` and list trackers
             whose run was still opening in ``"pending"`` (read, never written);
-            ``saved_at_step`` is absent from older manifests.
+            ``saved_at_step`` is absent from older manifests. ``"lineage"`` (also without
+            trackers) says where the run's state came from when it descends from a fork:
+            ``{"id": <the forked line's key>, "parent": {"checkpoint": <the path or URL
+            loaded>, "iteration", "step" (its last logged step), "key" (its run key), "id"
+            (its own line's key), "runs"}}`` (see :func:`lineage_of`); a job resumed from a
+            checkpoint carries its lineage on. ``"start": true`` marks a copy made by
+            ``accelkit ckpt fork``, which belongs to no run yet: loading it forks the
+            parent's runs.
         accelkit_version / torch_version: versions that wrote it.
         format_version: the manifest format (:data:`FORMAT_VERSION`).
         process_index: the process that wrote this folder alone, for a per-process checkpoint
@@ -305,6 +313,9 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
     each tracker against its own configuration when it continues a run)."""
     if not data:
         return {}
+    lineage = _lineage(data.get("lineage"), source)
+    if not set(data) - {"lineage"}:  # a run without trackers, forked
+        return {"lineage": lineage} if lineage else {}
     step, runs = data.get("step", -1), data.get("runs", {})
     saved_at = data.get("saved_at_step", step)
     # A logging step every backend can store (TensorBoard and MLflow: int64).
@@ -340,7 +351,73 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
         record["key"] = key
     if pending:  # a checkpoint written before run keys
         record["pending"] = pending
+    if lineage:
+        record["lineage"] = lineage
     return record
+
+
+_MAX_PATH = 4096
+
+
+def _lineage(data: Any, source: str) -> dict[str, Any]:
+    """Check the shape of ``experiment.lineage`` (its parent's ``runs`` are shown and handed
+    to the trackers' ``fork_run``, each checking its reference as ``continue_run`` does)."""
+    if data is None:
+        return {}
+
+    def bad(what: str, value: Any) -> ManifestError:
+        return ManifestError(
+            f"{source}: experiment.lineage{what}, got {str(value)[:200]!r}. The manifest was "
+            "damaged or edited: load another checkpoint."
+        )
+
+    if not isinstance(data, dict) or not isinstance(data.get("parent"), dict):
+        raise bad(" must be an object with a 'parent' object", data)
+    parent = data["parent"]
+    record: dict[str, Any] = {}
+    keys = {".id": data.get("id"), ".parent.id": parent.get("id"), ".parent.key": parent.get("key")}
+    for label, key in keys.items():
+        if key is not None and not (isinstance(key, str) and _RUN_KEY.fullmatch(key)):
+            raise bad(f"{label} must be a run key (1 to 64 letters and digits)", key)
+    if data.get("id") is not None:
+        record["id"] = data["id"]
+    if data.get("start") is not None:
+        if not isinstance(data["start"], bool):
+            raise bad(".start must be true or false", data["start"])
+        record["start"] = data["start"]
+    checkpoint = parent.get("checkpoint")
+    if not isinstance(checkpoint, str) or not 0 < len(checkpoint) <= _MAX_PATH:
+        raise bad(
+            f".parent.checkpoint must be a path or URL of 1 to {_MAX_PATH} characters", checkpoint
+        )
+    iteration, step = parent.get("iteration"), parent.get("step", -1)
+    if iteration is not None and (
+        isinstance(iteration, bool)
+        or not isinstance(iteration, int)
+        or not 0 <= iteration < _MAX_STEP
+    ):
+        raise bad(".parent.iteration must be null or an integer from 0", iteration)
+    if isinstance(step, bool) or not isinstance(step, int) or not -1 <= step < _MAX_STEP:
+        raise bad(f".parent.step must be an integer from -1 to {_MAX_STEP - 1}", step)
+    runs = parent.get("runs", {})
+    if not isinstance(runs, dict) or not all(
+        isinstance(name, str) and isinstance(reference, dict) for name, reference in runs.items()
+    ):
+        raise bad(".parent.runs must map tracker names to objects", runs)
+    record["parent"] = {
+        "checkpoint": checkpoint,
+        "iteration": iteration,
+        "step": step,
+        **{name: parent[name] for name in ("key", "id") if parent.get(name) is not None},
+        "runs": runs,
+    }
+    return record
+
+
+def lineage_of(manifest: Manifest) -> dict[str, Any]:
+    """The manifest's ``experiment.lineage`` (checked when read): ``{}`` for a checkpoint
+    whose run descends from no fork."""
+    return dict(manifest.experiment.get("lineage") or {})
 
 
 def read_manifest(storage: Storage, folder: str) -> Manifest | None:

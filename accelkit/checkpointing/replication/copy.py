@@ -163,6 +163,7 @@ def replicate_checkpoint(
     should_stop: Callable[[], bool] | None = None,
     sleep: Callable[[float], object] = time.sleep,
     workers: int = UPLOAD_WORKERS,
+    rewrite: Callable[[Manifest], Manifest] | None = None,
 ) -> Replicated:
     """Copy the committed checkpoint ``source`` to ``target`` and commit it there (see the
     module docstring).
@@ -176,6 +177,8 @@ def replicate_checkpoint(
         should_stop: ends the retries early (the run is shutting down).
         sleep: how to wait between retries.
         workers: files uploaded at the same time (each with its own read buffer).
+        rewrite: what the copy's manifest says, from the source's (the same files: ``accelkit
+            ckpt fork`` records the lineage); ``None``: the source's manifest.
 
     Raises:
         CheckpointError: ``source`` is not committed, or ``target`` holds another committed
@@ -197,6 +200,8 @@ def replicate_checkpoint(
             f"{source} is not a committed checkpoint (it has no {MANIFEST_NAME}), so it is not "
             "replicated. `accelkit ckpt ls` shows its state."
         )
+    if rewrite is not None:
+        manifest = rewrite(manifest)
     existing = step(f"reading {target}", lambda: _remote_manifest(remote, target))
     if existing is not None and same_checkpoint(existing, manifest):
         damage = step(f"listing {target}", lambda: _size_damage(remote, target, manifest))

@@ -19,6 +19,8 @@ from typing import Any
 from accelkit._text import short
 
 __all__ = [
+    "FORKED_AT_STEP_TAG",
+    "PARENT_RUN_TAG",
     "RESUMED_AT_MS_TAG",
     "RESUMED_AT_STEP_TAG",
     "RUN_KEY",
@@ -31,6 +33,8 @@ __all__ = [
 
 RESUMED_AT_STEP_TAG = "accelkit.resumed_at_step"
 RUN_KEY_TAG = "accelkit.run_key"
+FORKED_AT_STEP_TAG = "accelkit.forked_at_step"
+PARENT_RUN_TAG = "mlflow.parentRunId"
 RESUMED_AT_MS_TAG = "accelkit.resumed_at_ms"
 
 _RUN_ID = re.compile(r"[0-9a-fA-F]{8,64}")
@@ -79,6 +83,7 @@ class MLflowRuns:
         # continued (the new run is not the checkpoint's: it does not take its key).
         self.key: str | None = None
         self._pending: _Continuation | None = None
+        self._parent: _Continuation | None = None  # the run a new run forks (see fork)
 
     def name(self, key: str, uri: str | None) -> dict[str, Any]:
         """Tag the next new run with run key ``key``: the reference a checkpoint saved before
@@ -133,6 +138,40 @@ class MLflowRuns:
             self.key = None  # a new run of its own: the key stays the checkpoint's run's
             return
         self._pending = continuation
+
+    def fork(self, reference: dict[str, Any] | None, step: int) -> None:
+        """Link the next new run to the run ``reference`` names (forked after ``step``); a
+        malformed reference links nothing (the run's ``forked_from`` params still name it)."""
+        self._pending = self._parent = None
+        if reference is not None:
+            self._parent = _parse_reference(reference, int(step))[1]
+
+    def fork_tags(self, client: Any) -> dict[str, str]:
+        """The tags of a new run that forks (once): its parent (``mlflow.parentRunId``, when
+        that run is in this store) and the step it forks after."""
+        from mlflow.exceptions import MlflowException
+
+        parent, self._parent = self._parent, None
+        if parent is None:
+            return {}
+        tags = {FORKED_AT_STEP_TAG: str(parent.step)}
+        if parent.tracking_uri is not None and parent.tracking_uri != display_uri(
+            str(client.tracking_uri)
+        ):
+            return tags
+        try:
+            if parent.run_id is not None:
+                run = client.get_run(parent.run_id)
+            else:  # named before it opened: found by its key
+                experiment = client.get_experiment_by_name(str(parent.experiment_name))
+                run = experiment and self._by_key(
+                    client, experiment.experiment_id, str(parent.run_key)
+                )
+        except MlflowException:
+            return tags
+        if run is not None and run.info.lifecycle_stage == "active":
+            tags[PARENT_RUN_TAG] = run.info.run_id
+        return tags
 
     def take(self) -> _Continuation | None:
         """The checkpoint's run to continue at this start (once), or ``None``."""

@@ -17,6 +17,7 @@ from accelkit.errors import UsageError
 from accelkit.trackers.backends._mlflow_runs import (
     MAX_KEY_LENGTH,
     MAX_TAG_LENGTH,
+    PARENT_RUN_TAG,
     RESUMED_AT_MS_TAG,
     RESUMED_AT_STEP_TAG,
     RUN_KEY,
@@ -81,7 +82,10 @@ class MLflowTracker(GeneralTracker):
     ``resumed_at_step`` whose timestamp is at or after ``resumed_at_ms`` belongs to the resumed
     timeline, an earlier one to the abandoned one. The configuration stored again by the resumed
     job keeps MLflow's params (they cannot change): those with the same value are skipped,
-    changed ones are skipped with one warning.
+    changed ones are skipped with one warning. A job that forks a checkpoint
+    (``load_state(..., fork=True)``) creates a new run tagged ``mlflow.parentRunId`` with the
+    checkpoint's run when that run is in this tracking store, and ``accelkit.forked_at_step``;
+    its params hold ``forked_from/...`` in every case.
 
     Checkpoint events (:mod:`accelkit.trackers.events`) are metrics at the event's step
     (``checkpoint/save_seconds``, ...) and tags holding the checkpoint's path:
@@ -214,7 +218,9 @@ class MLflowTracker(GeneralTracker):
 
             parent = mlflow.active_run()
             if parent is not None:
-                tags.setdefault("mlflow.parentRunId", parent.info.run_id)
+                tags.setdefault(PARENT_RUN_TAG, parent.info.run_id)
+        for name, value in self._runs.fork_tags(self.client).items():
+            tags.setdefault(name, value)
         if self._runs.key is not None:
             tags[RUN_KEY_TAG] = self._runs.key
         return self.client.create_run(experiment_id, run_name=self.mlflow_run_name, tags=tags)
@@ -258,6 +264,18 @@ class MLflowTracker(GeneralTracker):
             step: the checkpoint's last logged step, recorded in ``accelkit.resumed_at_step``.
         """
         self._runs.expect(reference, step)
+
+    @override
+    def fork_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        """Make the next :meth:`start` open a new run, tagged ``mlflow.parentRunId`` with the
+        checkpoint's run when that run is in this tracking store (``nested_run``'s parent wins)
+        and ``accelkit.forked_at_step`` with ``step``.
+
+        Args:
+            reference: what :meth:`run_reference` returned when the checkpoint was saved.
+            step: the checkpoint's last logged step.
+        """
+        self._runs.fork(reference, step)
 
     @override
     def discard_run(self) -> bool:

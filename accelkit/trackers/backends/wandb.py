@@ -68,6 +68,13 @@ class WandBTracker(GeneralTracker):
     warning and a new run; offline there is no server to ask, so a vanished run is found only
     at ``wandb sync``.
 
+    Forks (``load_state(..., fork=True)``): the new run opens with ``fork_from="<the
+    checkpoint's run id>?_step=<its last logged step>"`` when that run is in this project (W&B
+    shows the new run as a branch of it: its history up to that step, then the new run's; a
+    server without forking refuses it, and the run is opened without it, with a warning), and
+    its config holds ``forked_from`` in every case. An ``id``, ``resume``, ``resume_from`` or
+    ``fork_from`` in ``init_kwargs`` wins.
+
     Checkpoint events are logged without moving the run's step: their numbers join the row
     being written (``commit=False``; the next row logged when the run has not reached the
     event's step yet, as a run continued offline) with ``checkpoint/step`` set to the event's
@@ -90,6 +97,7 @@ class WandBTracker(GeneralTracker):
         super().__init__(run_name, logging_dir, **kwargs)
         self.run: Any = None
         self._resume: tuple[str, int] | None = None
+        self._fork_from: str | None = None  # "<run id>?_step=<n>" (see fork_run)
         self._key: str | None = None  # the run id a new run gets (see name_run)
         # Checkpoint numbers waiting for the run to reach their step (see on_checkpoint).
         self._pending: dict[str, Any] = {}
@@ -118,7 +126,10 @@ class WandBTracker(GeneralTracker):
         if kwargs.get("dir") is not None:
             os.makedirs(kwargs["dir"], exist_ok=True)
         resume, self._resume = self._resume, None
-        if resume is None and self._key is not None and not _own_run_choice(kwargs):
+        fork_from, self._fork_from = self._fork_from, None
+        if fork_from is not None and not _own_run_choice(kwargs):
+            self.run = self._init_forked(wandb, kwargs, fork_from)
+        elif resume is None and self._key is not None and not _own_run_choice(kwargs):
             self.run = wandb.init(project=self.run_name, id=self._key, **kwargs)
         elif resume is None:
             self.run = wandb.init(project=self.run_name, **kwargs)
@@ -128,6 +139,20 @@ class WandBTracker(GeneralTracker):
             self.run.define_metric("checkpoint/*", step_metric=CHECKPOINT_STEP)
         self._logged, self._ended_step = False, None
         self._folder = self.run.settings.sync_dir if self.run.offline else None
+
+    def _init_forked(self, wandb: Any, kwargs: dict[str, Any], fork_from: str) -> Any:
+        """A new run branched from ``fork_from``; without the branch when W&B refuses it."""
+        if self._key is not None:
+            kwargs = {**kwargs, "id": self._key}
+        try:
+            return wandb.init(project=self.run_name, fork_from=fork_from, **kwargs)
+        except Exception as error:
+            _warn(
+                f"could not fork W&B run {fork_from!r} ({type(error).__name__}: {error}); "
+                "the new run is opened without the link (its config's forked_from names the "
+                "checkpoint and its runs)"
+            )
+            return wandb.init(project=self.run_name, **kwargs)
 
     def _init_continued(self, wandb: Any, kwargs: dict[str, Any], run_id: str, step: int) -> Any:
         """Open run ``run_id`` again; a new run (and a warning) when W&B refuses it."""
@@ -299,6 +324,25 @@ class WandBTracker(GeneralTracker):
             self._key = None  # refused: a new run, with an id of W&B's own
             return
         self._resume = (run_id, int(step))
+
+    @override
+    def fork_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        """Make the next :meth:`start` open a new run branched from the checkpoint's run at
+        ``step``, when that run is in this project and logged something (W&B ``fork_from``).
+
+        Args:
+            reference: what :meth:`run_reference` recorded (untrusted: checked here).
+            step: the checkpoint's last logging step.
+        """
+        self._resume = self._fork_from = None
+        if reference is None or step < 0 or _own_run_choice(self.init_kwargs):
+            return
+        run_id, project = reference.get("run_id"), reference.get("project")
+        if not (isinstance(run_id, str) and _RUN_ID.fullmatch(run_id)):
+            return  # recorded in the config only
+        if not isinstance(project, str) or _project(project) != _project(self.run_name):
+            return
+        self._fork_from = f"{run_id}?_step={int(step)}"
 
     @override
     def on_checkpoint(self, event: CheckpointEvent) -> None:

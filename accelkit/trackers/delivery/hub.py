@@ -466,7 +466,13 @@ class TrackerHub:
         self._roster.open(wait=False)
         return references(self._roster.live, self.timeout)
 
-    def resume(self, runs: Mapping[str, Any], step: int, key: str | None = None) -> bool:
+    def resume(
+        self,
+        runs: Mapping[str, Any],
+        step: int,
+        key: str | None = None,
+        forked_from: Mapping[str, Any] | None = None,
+    ) -> bool:
         """Continue the runs a loaded checkpoint names, after its last logged ``step``.
 
         Sets the step counter to ``step + 1`` (so ``log()`` without a step continues the
@@ -481,16 +487,60 @@ class TrackerHub:
             step: the checkpoint's last logging step (``-1``: nothing was logged before it).
             key: the checkpoint's run key (``None``: a checkpoint from before run keys; the
                 run keeps its own).
+            forked_from: the fork the runs descend from (stored again in their
+                configuration, as :meth:`fork` stored it); ``None``: none.
 
         Returns:
             ``True`` if the runs will be continued; ``False`` if this run had logged already
             (or the hub is an unpickled copy) and nothing changed.
         """
+        return self._continue(runs, step, key, forked_from, fork=False)
+
+    @property
+    def logging(self) -> bool:
+        """Whether this run logged already (its runs then stay as they are on a load)."""
+        return self._runs.logged
+
+    def fork(
+        self, runs: Mapping[str, Any], step: int, key: str, forked_from: Mapping[str, Any]
+    ) -> bool:
+        """Fork the runs a loaded checkpoint names: new runs, after its last logged ``step``.
+
+        As :meth:`resume`, but the trackers whose runs are not open yet get
+        ``fork_run(reference, step)`` before their ``start()`` and open new runs under run
+        key ``key``, each storing ``forked_from`` as the
+        :data:`~accelkit.trackers.delivery.runs.FORKED_FROM` entry of its configuration. The
+        checkpoint's runs are not touched.
+
+        Args:
+            runs: tracker name -> the reference the checkpoint recorded for it.
+            step: the checkpoint's last logging step (``-1``: nothing was logged before it).
+            key: the new runs' key.
+            forked_from: what every tracker's configuration records of the parent.
+
+        Returns:
+            ``True`` if the runs will be forked; ``False`` if this run had logged already
+            (or the hub is an unpickled copy) and nothing changed.
+        """
+        return self._continue(runs, step, key, forked_from, fork=True)
+
+    def _continue(
+        self,
+        runs: Mapping[str, Any],
+        step: int,
+        key: str | None,
+        forked_from: Mapping[str, Any] | None,
+        *,
+        fork: bool,
+    ) -> bool:
+        """:meth:`resume` or :meth:`fork`."""
         if self._runs.logged or self._detached:
             return False
         given_up = self._roster.give_up(self.timeout)  # the instances init started
         # A run is named once a tracker's opening was queued (init, then a first use).
-        self._runs.continue_from(runs, step, key, named=self._roster.named)
+        self._runs.continue_from(
+            runs, step, key, named=self._roster.named, forked=forked_from, fork=fork
+        )
         self._roster.open(wait=True, only=given_up)  # usable when load_state returns
         return True
 

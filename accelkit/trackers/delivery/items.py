@@ -43,12 +43,15 @@ class JournalSettings(NamedTuple):
 
 
 class Resume(NamedTuple):
-    """What ``continue_run`` receives when a job resumes from a checkpoint."""
+    """What ``continue_run`` receives when a job resumes from a checkpoint (and ``fork_run``
+    when it forks one)."""
 
     reference: dict[str, Any] | None
     """The reference the checkpoint recorded for this tracker's run (``None``: none)."""
     step: int
     """The checkpoint's last logging step."""
+    fork: bool = False
+    """Open a new run forked from the checkpoint's (``fork_run``) instead of continuing it."""
 
 
 Log: TypeAlias = "tuple[Mapping[str, Any], int, Mapping[str, Any] | None, bool]"
@@ -64,7 +67,8 @@ the training loop, and a tuple literal costs a fraction of a ``NamedTuple``'s co
 
 
 class Start(NamedTuple):
-    """Open the run: ``continue_run`` (with ``resume``), ``start``, store ``config``."""
+    """Open the run: ``continue_run`` (``fork_run`` when ``resume.fork``), ``start``, store
+    ``config``."""
 
     done: threading.Event
     config: Mapping[str, Any] | None

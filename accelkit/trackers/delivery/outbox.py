@@ -79,8 +79,9 @@ class Outbox:
     def open_run(self, config: Mapping[str, Any] | None, resume: Resume | None) -> None:
         """Open the tracker's run: its journal first (what is logged while a backend call
         hangs is journaled by the hub, in the run named here), then ``continue_run`` when a
-        job resumes, ``start()`` (retried with backoff while the journal keeps the values),
-        the configuration (journaled and sent like a value)."""
+        job resumes (``fork_run`` when it forks: a new run, and a new journal), ``start()``
+        (retried with backoff while the journal keeps the values), the configuration
+        (journaled and sent like a value)."""
         session = self.session
         tracker = session.tracker
         if self.settings is not None:
@@ -90,10 +91,10 @@ class Outbox:
             except OSError as error:
                 self._journal_broken(error)
             self.write_run()
-        if resume is not None and not session.call(
-            "continue_run", tracker.continue_run, resume.reference, resume.step
-        ):
-            return
+        if resume is not None:
+            name = "fork_run" if resume.fork else "continue_run"
+            if not session.call(name, getattr(tracker, name), resume.reference, resume.step):
+                return
         if self.journal is None:  # none, or it could not be used (reported): no retrying
             # (a start() that returned after its time limit was reported: not failed again)
             if session.start(retry=False):
@@ -463,6 +464,7 @@ def _open_journal(settings: JournalSettings, resume: Resume | None) -> Journal:
         if (
             run is not None
             and resume is not None
+            and not resume.fork
             and _same_run(run.get("reference"), resume.reference)
         ):
             journal.drop_after(resume.step)  # the resumed run logs those again

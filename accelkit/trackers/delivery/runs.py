@@ -3,8 +3,10 @@
 Each run has a key chosen by the hub (new at ``init``, the checkpoint's own when a job resumes
 from one), handed to each tracker's ``name_run`` before its run opens, so that a checkpoint
 names every run from the first save. A loaded checkpoint's runs and last step make the
-trackers whose runs are not open yet ``continue_run`` before their ``start()``. Checkpoint
-events from before the runs opened are kept (a few) and delivered right after they open.
+trackers whose runs are not open yet ``continue_run`` before their ``start()`` (``fork_run``,
+and a ``forked_from`` entry in their configuration, when the job forks the checkpoint: new
+runs under a new key). Checkpoint events from before the runs opened are kept (a few) and
+delivered right after they open.
 """
 
 from __future__ import annotations
@@ -22,9 +24,17 @@ from accelkit.trackers.delivery.items import Resume, Start
 from accelkit.trackers.delivery.worker import Worker
 from accelkit.trackers.events import CheckpointEvent
 
-__all__ = ["RunPlan", "new_run_key", "references"]
+__all__ = ["FORKED_FROM", "RunPlan", "new_run_key", "references"]
 
 _MAX_EARLY_EVENTS = 16
+
+FORKED_FROM = "forked_from"
+"""The configuration entry the runs of a forked line store (their trackers' runs, and those of
+jobs resumed from its checkpoints): the checkpoint forked, as the manifest's
+``experiment.lineage.parent`` records it (``{"checkpoint": <path or URL>, "iteration",
+"step": <its last logging step>, "key": <its run key>, "runs": {<tracker>: <its run
+reference>}}``, the keys known). The same for every tracker: those of one run may share a
+folder (jsonl and TensorBoard both write ``config.json`` there)."""
 
 
 class RunPlan:
@@ -43,6 +53,8 @@ class RunPlan:
         self.logged = False
         self.resume: tuple[Mapping[str, Any], int] | None = None  # a loaded checkpoint's runs
         self.resume_key: str | None = None  # and its run key
+        self.forking = False  # forking those runs instead (new runs)
+        self.forked: dict[str, Any] | None = None  # the FORKED_FROM entry of their config
         self.early: list[CheckpointEvent] = []  # events from before the runs opened
 
     def __getstate__(self) -> dict[str, Any]:
@@ -76,15 +88,27 @@ class RunPlan:
 
     def end(self) -> None:
         """The run ended: a next one continues no checkpoint (until one is loaded)."""
-        self.resume = self.resume_key = None
+        self.resume = self.resume_key = self.forked = None
+        self.forking = False
 
     def continue_from(
-        self, runs: Mapping[str, Any], step: int, key: str | None, *, named: bool
+        self,
+        runs: Mapping[str, Any],
+        step: int,
+        key: str | None,
+        *,
+        named: bool,
+        forked: Mapping[str, Any] | None = None,
+        fork: bool = False,
     ) -> None:
         """Continue the runs a loaded checkpoint names (see :meth:`TrackerHub.resume
-        <accelkit.trackers.delivery.hub.TrackerHub.resume>`); ``named``: a run was named
-        already, so it keeps its key."""
+        <accelkit.trackers.delivery.hub.TrackerHub.resume>`), or with ``fork`` fork them
+        into new runs under ``key``; ``forked``: the :data:`FORKED_FROM` entry of their
+        configuration (the fork they descend from); ``named``: a run was named already, so
+        it keeps its key."""
         self.resume = (dict(runs), int(step))
+        self.forked = None if forked is None else dict(forked)
+        self.forking = fork
         self.next_step = int(step) + 1
         if key is not None:
             self.resume_key = key
@@ -107,9 +131,13 @@ class RunPlan:
         if self.resume is not None:
             runs, step = self.resume
             reference = runs.get(worker.name)
-            resume = Resume(dict(reference) if isinstance(reference, Mapping) else None, step)
+            reference = dict(reference) if isinstance(reference, Mapping) else None
+            resume = Resume(reference, step, fork=self.forking)
+            if self.forked is not None:
+                config = {**(config or {}), FORKED_FROM: self.forked}
         # The run it will open: the checkpoint's, if it continues one, else the key's.
-        worker.session.planned = (resume.reference if resume else None) or named
+        continued = None if resume is None or resume.fork else resume.reference
+        worker.session.planned = continued or named
         return functools.partial(Start, config=config, resume=resume)
 
     def _name_run(self, worker: Worker, policy: FailurePolicy) -> dict[str, Any] | None:
