@@ -12,7 +12,8 @@ wrote a point. The step counter is registered for checkpointing, so a resumed at
 after the checkpoint's step. Before the kill, the job waits for its checkpoints and flushes the
 trackers (values logged after the checkpoint are on disk and must be purged by the resume).
 ``--order`` says whether ``init_trackers`` comes before ``load_state`` (Accelerate's examples)
-or after. The main process prints one JSON line ``RESULT {...}`` at the end.
+or after; ``--fork PATH`` forks that checkpoint (``load_state(PATH, fork=True)``). The main
+process prints one JSON line ``RESULT {...}`` at the end.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--kill-at", type=int, default=None)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--fork", default=None, help="load_state(FORK, fork=True)")
     parser.add_argument("--attempt", type=int, default=0)
     parser.add_argument("--order", choices=["init-first", "load-first"], default="init-first")
     parser.add_argument("--async-save", action="store_true")
@@ -93,6 +95,8 @@ def main() -> None:
     if args.order == "init-first":
         init()
     loaded = accelerator.load_state() if args.resume else None
+    if args.fork is not None:
+        loaded = accelerator.load_state(args.fork, fork=True)
     if args.order == "load-first":
         init()
 
