@@ -20,8 +20,8 @@
   (``ProjectConfiguration(continue_tracker_runs=False)`` turns this off). A checkpoint written
   before run keys may list trackers whose run was still opening in ``experiment.pending``:
   those trackers open new runs, with a warning;
-- on ``load_state(..., fork=True)``, forks the checkpoint's runs instead (:meth:`TrackerHub.fork
-  <accelkit.trackers.delivery.hub.TrackerHub.fork>`: new runs under a new run key, linked to
+- on ``load_state(..., fork=True)``, forks the checkpoint's runs instead (:meth:`TrackerHub.resume
+  <accelkit.trackers.delivery.hub.TrackerHub.resume>`: new runs under a new run key, linked to
   the checkpoint's, whose step counter goes on past the checkpoint's step) and starts a new
   line of descent: every checkpoint this job saves records it (``experiment.lineage``: the
   checkpoint forked, its runs and steps), and a job resumed from one of them carries it on;
@@ -230,7 +230,7 @@ class ExperimentLink:
         parent = self.lineage.get("parent")
         if forks and parent is not None:
             step = int(parent["step"])
-            resumed = self.hub.fork(parent["runs"], step, self.lineage["id"], parent)
+            resumed = self.hub.resume(parent["runs"], step, self.lineage["id"], parent, fork=True)
         elif self.continue_runs and "runs" in record:
             runs = record.get("runs", {})
             # ``pending``: a checkpoint written before run keys, whose job ended before these

@@ -146,9 +146,16 @@ class MLflowRuns:
         if reference is not None:
             self._parent = _parse_reference(reference, int(step))[1]
 
-    def fork_tags(self, client: Any) -> dict[str, str]:
-        """The tags of a new run that forks (once): its parent (``mlflow.parentRunId``, when
-        that run is in this store) and the step it forks after."""
+    def new_run_tags(self, client: Any, tags: dict[str, str]) -> dict[str, str]:
+        """``tags`` and those of a new run: its run key (``accelkit.run_key``), and when it
+        forks (once) its parent (``mlflow.parentRunId``, when that run is in this store and
+        ``tags`` name no parent) and the step it forks after."""
+        tags = {**self._fork_tags(client), **tags}
+        if self.key is not None:
+            tags[RUN_KEY_TAG] = self.key
+        return tags
+
+    def _fork_tags(self, client: Any) -> dict[str, str]:
         from mlflow.exceptions import MlflowException
 
         parent, self._parent = self._parent, None

@@ -82,10 +82,9 @@ class MLflowTracker(GeneralTracker):
     ``resumed_at_step`` whose timestamp is at or after ``resumed_at_ms`` belongs to the resumed
     timeline, an earlier one to the abandoned one. The configuration stored again by the resumed
     job keeps MLflow's params (they cannot change): those with the same value are skipped,
-    changed ones are skipped with one warning. A job that forks a checkpoint
-    (``load_state(..., fork=True)``) creates a new run tagged ``mlflow.parentRunId`` with the
-    checkpoint's run when that run is in this tracking store, and ``accelkit.forked_at_step``;
-    its params hold ``forked_from/...`` in every case.
+    changed ones are skipped with one warning. A forked job (``load_state(..., fork=True)``) gets
+    a new run tagged ``mlflow.parentRunId`` (the checkpoint's run, if in this store) and
+    ``accelkit.forked_at_step``; its params hold ``forked_from/...`` in every case.
 
     Checkpoint events (:mod:`accelkit.trackers.events`) are metrics at the event's step
     (``checkpoint/save_seconds``, ...) and tags holding the checkpoint's path:
@@ -209,7 +208,8 @@ class MLflowTracker(GeneralTracker):
             self._runs.mark_resumed(self.client, self.run, continuation.step)
 
     def _create_run(self, experiment_id: str) -> Any:
-        """A new run in ``experiment_id``, tagged with the run key (if any)."""
+        """A new run in ``experiment_id``, tagged with the run key (if any) and the run it
+        forks (if any)."""
         tags = {str(k): str(v) for k, v in self.tags.items()}
         if self.description:
             tags["mlflow.note.content"] = self.description
@@ -219,10 +219,7 @@ class MLflowTracker(GeneralTracker):
             parent = mlflow.active_run()
             if parent is not None:
                 tags.setdefault(PARENT_RUN_TAG, parent.info.run_id)
-        for name, value in self._runs.fork_tags(self.client).items():
-            tags.setdefault(name, value)
-        if self._runs.key is not None:
-            tags[RUN_KEY_TAG] = self._runs.key
+        tags = self._runs.new_run_tags(self.client, tags)
         return self.client.create_run(experiment_id, run_name=self.mlflow_run_name, tags=tags)
 
     @override
@@ -267,14 +264,8 @@ class MLflowTracker(GeneralTracker):
 
     @override
     def fork_run(self, reference: dict[str, Any] | None, step: int) -> None:
-        """Make the next :meth:`start` open a new run, tagged ``mlflow.parentRunId`` with the
-        checkpoint's run when that run is in this tracking store (``nested_run``'s parent wins)
-        and ``accelkit.forked_at_step`` with ``step``.
-
-        Args:
-            reference: what :meth:`run_reference` returned when the checkpoint was saved.
-            step: the checkpoint's last logged step.
-        """
+        """Make the next :meth:`start` open a new run linked to ``reference``'s run, forked
+        after ``step`` (see the class docstring)."""
         self._runs.fork(reference, step)
 
     @override
@@ -452,16 +443,8 @@ class MLflowTracker(GeneralTracker):
                     stacklevel=2,
                 )
             path = path[-MAX_TAG_LENGTH:]
-        if event.kind == "save":
-            label = event.name if event.iteration is None else str(event.iteration)
-            keys = [LATEST_CHECKPOINT_TAG, _tag_key(CHECKPOINT_TAG_PREFIX + label)]
-        elif event.kind == "load":
-            keys = [LOADED_CHECKPOINT_TAG]
-        else:  # replicate: its numbers only (the save's tags name the checkpoint)
-            keys = []
-        client.log_batch(
-            self.run_id, metrics=metrics, tags=[RunTag(key, path) for key in dict.fromkeys(keys)]
-        )
+        tags = [RunTag(key, path) for key in _checkpoint_tag_keys(event)]
+        client.log_batch(self.run_id, metrics=metrics, tags=tags)
 
     @override
     def finish(self) -> None:
@@ -471,3 +454,12 @@ class MLflowTracker(GeneralTracker):
 
 def _tag_key(key: str) -> str:
     return _BAD_KEY_CHARS.sub("_", key)[:MAX_KEY_LENGTH]
+
+
+def _checkpoint_tag_keys(event: CheckpointEvent) -> list[str]:
+    """The tags an event sets to its checkpoint's path: a save's ``latest`` and its own, a
+    load's ``loaded``; none for a replication (its numbers only: the save's tags name it)."""
+    if event.kind == "save":
+        label = event.name if event.iteration is None else str(event.iteration)
+        return [LATEST_CHECKPOINT_TAG, _tag_key(CHECKPOINT_TAG_PREFIX + label)]
+    return [LOADED_CHECKPOINT_TAG] if event.kind == "load" else []

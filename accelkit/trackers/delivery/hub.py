@@ -44,7 +44,9 @@ failure is then reported at that use, like a failure in ``log``. Tracker instanc
 right after ``init_trackers``); a ``load_state`` before anything was logged makes each that
 continues runs give up the run it opened for the checkpoint's (``finish``, then
 ``discard_run``, which deletes a run holding nothing but its configuration, then
-``continue_run`` and ``start``). :meth:`TrackerHub.references` gives the
+``continue_run`` and ``start``). A job that forks the checkpoint (``resume(..., fork=True)``)
+gets ``fork_run`` instead of ``continue_run``: new runs under a new key, linked to the
+checkpoint's, which are left as they are. :meth:`TrackerHub.references` gives the
 references for a new checkpoint (see "Run keys") and :meth:`TrackerHub.event` queues a
 checkpoint event (:mod:`accelkit.trackers.events`) for every tracker's worker.
 
@@ -134,11 +136,7 @@ class TrackerHub:
         options: TrackerOptions | None = None,
     ) -> None:
         options = options or TrackerOptions()
-        if journal is None:
-            journal = options.journal
-        if journal is None:
-            journal = switch("ACCELKIT_TRACKER_JOURNAL")
-        self.journal = bool(journal) and logging_dir is not None
+        self.journal = _journal_on(journal, options) and logging_dir is not None
         self._journal_max_bytes = (
             None if options.journal_max_mb is None else int(options.journal_max_mb * 2**20)
         )
@@ -187,9 +185,6 @@ class TrackerHub:
                 ``ACCELKIT_TRACKER_JOURNAL``, on by default).
             options: the waits, retries and journal (:class:`TrackerOptions`); ``timeout`` and
                 ``journal``, when given, win over its fields.
-
-        Returns:
-            The hub.
 
         Raises:
             ValueError: an unknown name (the message lists the available ones), a tracker that
@@ -453,16 +448,10 @@ class TrackerHub:
         return self._runs.next_step - 1
 
     def references(self) -> dict[str, dict[str, Any]]:
-        """Tracker name -> the reference of its run, for a checkpoint's manifest.
-
-        A run still opening is named by what its tracker's ``name_run`` returned for the run
-        key (or by the checkpoint's reference it is continuing), an open run by its
-        ``run_reference()``: no wait for a backend. Only a tracker that records its runs but
-        cannot name one before it opens (a ``run_reference`` without a ``name_run``: custom
-        trackers written before run keys) is waited for, at most ``timeout`` seconds, so
-        that its run is not left out. Opens the runs not opened yet (a checkpoint saved before
-        the first ``log()``); failed trackers and those that name nothing are left out.
-        """
+        """Tracker name -> the reference of its run, for a checkpoint's manifest, named
+        without waiting for a backend where the tracker can (:func:`~accelkit.trackers.
+        delivery.runs.references`). Opens the runs not opened yet (a checkpoint saved before
+        the first ``log()``)."""
         self._roster.open(wait=False)
         return references(self._roster.live, self.timeout)
 
@@ -472,69 +461,27 @@ class TrackerHub:
         step: int,
         key: str | None = None,
         forked_from: Mapping[str, Any] | None = None,
+        *,
+        fork: bool = False,
     ) -> bool:
-        """Continue the runs a loaded checkpoint names, after its last logged ``step``.
-
-        Sets the step counter to ``step + 1`` (so ``log()`` without a step continues the
-        numbering) and the run key to the checkpoint's. Trackers whose runs are not open yet
-        (``init`` has not been called, or nothing used them since) get
-        ``continue_run(reference, step)`` before their ``start()`` (the instances ``init``
-        started give their new runs up first: :meth:`Roster.give_up`). Runs already logging
-        are left alone: a checkpoint loaded mid-run (to evaluate it) keeps the curves so far.
+        """Continue (``fork``: fork) the runs a loaded checkpoint names, after its last
+        logged ``step`` (see "Continuing runs" above): the step counter goes to ``step + 1``,
+        the run key to ``key``; runs already logging are left alone (a checkpoint loaded
+        mid-run, to evaluate it, keeps the curves so far).
 
         Args:
             runs: tracker name -> the reference the checkpoint recorded for it.
             step: the checkpoint's last logging step (``-1``: nothing was logged before it).
             key: the checkpoint's run key (``None``: a checkpoint from before run keys; the
-                run keeps its own).
-            forked_from: the fork the runs descend from (stored again in their
-                configuration, as :meth:`fork` stored it); ``None``: none.
+                run keeps its own); with ``fork``, the new runs' key.
+            forked_from: the fork the runs descend from, stored in their configuration as
+                :data:`~accelkit.trackers.delivery.runs.FORKED_FROM`; ``None``: none.
+            fork: open new runs forked from the checkpoint's.
 
         Returns:
-            ``True`` if the runs will be continued; ``False`` if this run had logged already
-            (or the hub is an unpickled copy) and nothing changed.
+            Whether the runs will be continued (or forked): not once this run logged.
         """
-        return self._continue(runs, step, key, forked_from, fork=False)
-
-    @property
-    def logging(self) -> bool:
-        """Whether this run logged already (its runs then stay as they are on a load)."""
-        return self._runs.logged
-
-    def fork(
-        self, runs: Mapping[str, Any], step: int, key: str, forked_from: Mapping[str, Any]
-    ) -> bool:
-        """Fork the runs a loaded checkpoint names: new runs, after its last logged ``step``.
-
-        As :meth:`resume`, but the trackers whose runs are not open yet get
-        ``fork_run(reference, step)`` before their ``start()`` and open new runs under run
-        key ``key``, each storing ``forked_from`` as the
-        :data:`~accelkit.trackers.delivery.runs.FORKED_FROM` entry of its configuration. The
-        checkpoint's runs are not touched.
-
-        Args:
-            runs: tracker name -> the reference the checkpoint recorded for it.
-            step: the checkpoint's last logging step (``-1``: nothing was logged before it).
-            key: the new runs' key.
-            forked_from: what every tracker's configuration records of the parent.
-
-        Returns:
-            ``True`` if the runs will be forked; ``False`` if this run had logged already
-            (or the hub is an unpickled copy) and nothing changed.
-        """
-        return self._continue(runs, step, key, forked_from, fork=True)
-
-    def _continue(
-        self,
-        runs: Mapping[str, Any],
-        step: int,
-        key: str | None,
-        forked_from: Mapping[str, Any] | None,
-        *,
-        fork: bool,
-    ) -> bool:
-        """:meth:`resume` or :meth:`fork`."""
-        if self._runs.logged or self._detached:
+        if self.logging or self._detached:
             return False
         given_up = self._roster.give_up(self.timeout)  # the instances init started
         # A run is named once a tracker's opening was queued (init, then a first use).
@@ -544,6 +491,11 @@ class TrackerHub:
         self._roster.open(wait=True, only=given_up)  # usable when load_state returns
         return True
 
+    @property
+    def logging(self) -> bool:
+        """Whether this run logged already (its runs then stay as they are on a load)."""
+        return self._runs.logged
+
     def event(self, event: CheckpointEvent) -> None:
         """Queue a checkpoint event for every live tracker (``on_checkpoint``) and return.
 
@@ -552,6 +504,14 @@ class TrackerHub:
         the first ``log``) is kept and delivered right after they open.
         """
         self._roster.deliver(event, expected=bool(self._specs))
+
+
+def _journal_on(journal: bool | None, options: TrackerOptions) -> bool:
+    """Whether to keep journals: ``journal``, else ``options.journal``, else
+    ``ACCELKIT_TRACKER_JOURNAL`` (on by default)."""
+    if journal is None:
+        journal = options.journal
+    return bool(switch("ACCELKIT_TRACKER_JOURNAL") if journal is None else journal)
 
 
 def _local_folder(logging_dir: str | os.PathLike[str] | None) -> tuple[str | None, str | None]:

@@ -153,9 +153,15 @@ class RunPlan:
 
 
 def references(workers: list[Worker], timeout: float) -> dict[str, dict[str, Any]]:
-    """Tracker name -> the reference of its run (see :meth:`TrackerHub.references
-    <accelkit.trackers.delivery.hub.TrackerHub.references>`): a tracker that records its runs
-    but names none before it opens is waited for, at most ``timeout`` seconds in all."""
+    """Tracker name -> the reference of its run, for a checkpoint's manifest.
+
+    A run still opening is named by what its tracker's ``name_run`` returned for the run key
+    (or by the checkpoint's reference it is continuing), an open run by its
+    ``run_reference()``: no wait for a backend. Only a tracker that records its runs but
+    cannot name one before it opens (a ``run_reference`` without a ``name_run``: custom
+    trackers written before run keys) is waited for, at most ``timeout`` seconds in all, so
+    that its run is not left out. Failed trackers and those that name nothing are left out.
+    """
     deadline = time.monotonic() + timeout
     for worker in workers:
         if worker.session.planned is None and _records_runs(worker.tracker):
