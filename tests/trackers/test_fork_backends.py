@@ -124,3 +124,66 @@ def test_every_backend_links_the_forked_run_to_the_checkpoints(
     # The parent's files are as it left them.
     assert (parent / "run" / "metrics.jsonl").read_bytes() == parent_rows
     assert os.path.isdir(parent / "checkpoints" / "checkpoint_0")
+
+
+def test_an_mlflow_fork_survives_a_refused_first_creation(mlflow_db: str) -> None:
+    """A server that refuses the first ``create_run`` (down at the start): the retried start
+    still links the new run to its parent."""
+    from mlflow import MlflowClient
+
+    from accelkit.trackers.backends.mlflow import MLflowTracker
+
+    client = MlflowClient(tracking_uri=mlflow_db)
+    experiment = client.create_experiment("forks")
+    parent = client.create_run(experiment).info.run_id
+    tracker = MLflowTracker("forks", tracking_uri=mlflow_db)
+    tracker.name_run("d" * 32)
+    reference = {"run_id": parent, "experiment_id": experiment, "tracking_uri": mlflow_db}
+    tracker.fork_run(reference, 7)
+    refused = []
+    real_create = MlflowClient.create_run
+
+    def create_once_refused(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not refused:
+            refused.append(kwargs.get("tags"))
+            raise ConnectionError("connection refused")
+        return real_create(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MlflowClient, "create_run", create_once_refused)
+        with pytest.raises(ConnectionError):
+            tracker.start()
+        tracker.start()  # what the tracker's session does after the backoff
+    assert refused[0]["mlflow.parentRunId"] == parent
+    run = client.get_run(tracker.run_id)
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.tags["accelkit.forked_at_step"] == "7"
+    assert run.data.tags["accelkit.run_key"] == "d" * 32
+    tracker.finish()
+
+
+def test_a_wandb_fork_survives_a_refused_first_init(tmp_path: Path) -> None:
+    import wandb
+
+    from accelkit.trackers.backends.wandb import WandBTracker
+
+    tracker = WandBTracker("forks", logging_dir=str(tmp_path))
+    tracker.name_run("e" * 32)
+    tracker.fork_run({"run_id": "parentrun1", "project": "forks"}, 9)
+    calls: list[dict[str, Any]] = []
+    real_init = wandb.init
+
+    def init_once_refused(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise ConnectionError("connection refused")
+        return real_init(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wandb, "init", init_once_refused)
+        with pytest.raises(ConnectionError):
+            tracker.start()  # unreachable: not a refusal of the fork, so not given up
+        tracker.start()  # what the tracker's session does after the backoff
+    assert [call.get("fork_from") for call in calls] == ["parentrun1?_step=9"] * 2
+    assert tracker.run.id == "e" * 32
+    tracker.finish()

@@ -123,7 +123,7 @@ class MLflowRuns:
     def expect(self, reference: dict[str, Any] | None, step: int) -> None:
         """Reopen the run ``reference`` names at the next start; a malformed reference is a
         warning and a new run."""
-        self._pending = None
+        self._pending = self._parent = None
         if reference is None:
             return
         problem, continuation = _parse_reference(reference, int(step))
@@ -146,19 +146,25 @@ class MLflowRuns:
         if reference is not None:
             self._parent = _parse_reference(reference, int(step))[1]
 
-    def new_run_tags(self, client: Any, tags: dict[str, str]) -> dict[str, str]:
-        """``tags`` and those of a new run: its run key (``accelkit.run_key``), and when it
-        forks (once) its parent (``mlflow.parentRunId``, when that run is in this store and
-        ``tags`` name no parent) and the step it forks after."""
+    def create(
+        self, client: Any, experiment_id: str, name: str | None, tags: dict[str, str]
+    ) -> Any:
+        """A new run of ``experiment_id`` named ``name``, with ``tags`` and its own: its run
+        key (``accelkit.run_key``), and when it forks its parent (``mlflow.parentRunId``, when
+        that run is in this store and ``tags`` name no parent) and the step it forks after.
+        The fork is forgotten once the run exists (a creation the server refused is retried
+        with it)."""
         tags = {**self._fork_tags(client), **tags}
         if self.key is not None:
             tags[RUN_KEY_TAG] = self.key
-        return tags
+        run = client.create_run(experiment_id, run_name=name, tags=tags)
+        self._parent = None
+        return run
 
     def _fork_tags(self, client: Any) -> dict[str, str]:
         from mlflow.exceptions import MlflowException
 
-        parent, self._parent = self._parent, None
+        parent = self._parent
         if parent is None:
             return {}
         tags = {FORKED_AT_STEP_TAG: str(parent.step)}

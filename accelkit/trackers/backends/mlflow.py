@@ -219,8 +219,7 @@ class MLflowTracker(GeneralTracker):
             parent = mlflow.active_run()
             if parent is not None:
                 tags.setdefault(PARENT_RUN_TAG, parent.info.run_id)
-        tags = self._runs.new_run_tags(self.client, tags)
-        return self.client.create_run(experiment_id, run_name=self.mlflow_run_name, tags=tags)
+        return self._runs.create(self.client, experiment_id, self.mlflow_run_name, tags)
 
     @override
     def name_run(self, key: str) -> dict[str, Any] | None:

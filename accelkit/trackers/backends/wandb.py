@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from typing_extensions import override
 
+from accelkit.delivery.failures import TRANSIENT, classify
 from accelkit.errors import UsageError
 from accelkit.trackers.backends._reference import continuable_id
 from accelkit.trackers.base import GeneralTracker
@@ -126,27 +127,31 @@ class WandBTracker(GeneralTracker):
         if kwargs.get("dir") is not None:
             os.makedirs(kwargs["dir"], exist_ok=True)
         resume, self._resume = self._resume, None
-        fork_from, self._fork_from = self._fork_from, None
-        if fork_from is not None and not _own_run_choice(kwargs):
-            self.run = self._init_forked(wandb, kwargs, fork_from)
+        if self._fork_from is not None and not _own_run_choice(kwargs):
+            # Kept until a run opens: a start() retried after a refused connection forks too.
+            self.run = self._init_forked(wandb, kwargs, self._fork_from)
         elif resume is None and self._key is not None and not _own_run_choice(kwargs):
             self.run = wandb.init(project=self.run_name, id=self._key, **kwargs)
         elif resume is None:
             self.run = wandb.init(project=self.run_name, **kwargs)
         else:
             self.run = self._init_continued(wandb, kwargs, *resume)
+        self._fork_from = None
         if not self.run.disabled:
             self.run.define_metric("checkpoint/*", step_metric=CHECKPOINT_STEP)
         self._logged, self._ended_step = False, None
         self._folder = self.run.settings.sync_dir if self.run.offline else None
 
     def _init_forked(self, wandb: Any, kwargs: dict[str, Any], fork_from: str) -> Any:
-        """A new run branched from ``fork_from``; without the branch when W&B refuses it."""
+        """A new run branched from ``fork_from``; without the branch when W&B refuses it (not
+        when it cannot be reached: the retried start forks)."""
         if self._key is not None:
             kwargs = {**kwargs, "id": self._key}
         try:
             return wandb.init(project=self.run_name, fork_from=fork_from, **kwargs)
         except Exception as error:
+            if classify(error, chain=False, builtin_types=True) == TRANSIENT:
+                raise  # W&B unreachable: start() is retried, with the fork
             _warn(
                 f"could not fork W&B run {fork_from!r} ({type(error).__name__}: {error}); "
                 "the new run is opened without the link (its config's forked_from names the "
@@ -305,7 +310,7 @@ class WandBTracker(GeneralTracker):
             reference: what :meth:`run_reference` recorded (untrusted: checked here).
             step: the checkpoint's last logging step, recorded as ``accelkit/resumed_at_step``.
         """
-        self._resume = None
+        self._resume = self._fork_from = None
         if reference is None or _own_run_choice(self.init_kwargs):
             return
         project = reference.get("project")
