@@ -337,7 +337,9 @@ class Checkpointing:
                 MLflow's parent run, a ``forked_from`` configuration entry in every backend),
                 the checkpoint's runs are left as they are, and every checkpoint this job
                 saves records the lineage (``experiment.lineage`` in its manifest, shown by
-                ``accelkit ckpt ls --tree``). Call it before the first ``log()``.
+                ``accelkit ckpt ls --tree``). Call it before the first ``log()``. With
+                ``ProjectConfiguration(continue_tracker_runs=False)`` the runs open in
+                ``init_trackers``, before the load: only the manifests record the fork.
             **kwargs: ``verify=False`` skips the checksum check this once; the model-loading
                 arguments of ``torch.nn.Module.load_state_dict`` (``strict``, ``assign``) go
                 to every model's ``load_state_dict``, as in Accelerate (``strict=False``

@@ -32,11 +32,11 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from accelkit.checkpointing.catalog.lineage import parent_record
 from accelkit.checkpointing.formats.manifest import Manifest, lineage_of
 from accelkit.checkpointing.listener import CommitReport, DropReport, LoadReport
 from accelkit.checkpointing.replication import ReplicationReport
@@ -222,7 +222,7 @@ class ExperimentLink:
         lineage = lineage_of(manifest)
         forks = report.fork or bool(lineage.get("start"))
         if report.fork:
-            self.lineage = {"id": new_run_key(), "parent": _parent(report.path, manifest)}
+            self.lineage = {"id": new_run_key(), "parent": parent_record(report.path, manifest)}
         elif forks:  # a copy by `accelkit ckpt fork`, where a line starts
             self.lineage = {"id": lineage.get("id") or new_run_key(), "parent": lineage["parent"]}
         else:
@@ -264,24 +264,3 @@ class ExperimentLink:
                 "load", max(0, saved_at), report.path, manifest.iteration, values, manifest.reason
             )
         )
-
-
-def _parent(path: str, manifest: Manifest) -> dict[str, Any]:
-    """``experiment.lineage.parent`` for the checkpoint at ``path``: where it is, its
-    iteration, its last logged step (the forked runs log after it), its run key, its own
-    line and its runs."""
-    record = manifest.experiment
-    if "://" not in path:  # found again from another folder (ckpt ls --tree)
-        path = os.path.abspath(path)
-    parent: dict[str, Any] = {
-        "checkpoint": path,
-        "iteration": manifest.iteration,
-        "step": int(record.get("step", -1)),
-    }
-    if record.get("key") is not None:
-        parent["key"] = record["key"]
-    line = lineage_of(manifest).get("id")
-    if line is not None:
-        parent["id"] = line
-    parent["runs"] = dict(record.get("runs", {}))
-    return parent

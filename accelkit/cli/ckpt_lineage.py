@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from accelkit.checkpointing.catalog.lineage import Line, lineage_tree, same_location
+from accelkit.checkpointing.catalog.lineage import Line, lineage_tree, parent_record, same_location
 from accelkit.checkpointing.catalog.listing import COMMITTED, CheckpointInfo
 from accelkit.cli._ckpt_common import (
     add_common,
@@ -52,7 +52,7 @@ def register(actions: Any) -> None:
 
 
 def _run_fork(args: argparse.Namespace) -> int:
-    from accelkit.checkpointing.formats.layout import checkpoints_dir
+    from accelkit.checkpointing.formats.layout import checkpoint_name, checkpoints_dir
     from accelkit.checkpointing.formats.manifest import Manifest, lineage_of
     from accelkit.checkpointing.replication import replicate_checkpoint
     from accelkit.checkpointing.replication.replicator import remote_options
@@ -74,10 +74,17 @@ def _run_fork(args: argparse.Namespace) -> int:
             f"{args.path!r} is one process's own checkpoint folder; fork the checkpoint that "
             "holds it (its parent folder)."
         )
+    if not source.is_automatic and source.iteration is None:
+        raise usage(
+            f"{args.path!r} has no iteration, so no checkpoint_<n> name its project would "
+            "resume from: fork it from the job instead, with load_state(path, fork=True)."
+        )
     dest = args.dest.rstrip("/") or args.dest
     target_storage = get_storage(dest, remote_options(dest, dict(args.storage_options)))
     folder = checkpoints_dir(dest)
-    target = join(folder, source.name)
+    # A checkpoint_<n> name, which load_state() without a path finds.
+    name = source.name if source.is_automatic else checkpoint_name(int(source.iteration or 0))
+    target = join(folder, name)
     newer = [
         i.name
         for i in _listed(target_storage, folder)
@@ -85,10 +92,10 @@ def _run_fork(args: argparse.Namespace) -> int:
     ]
     if newer:
         raise usage(
-            f"{dest!r} already holds {', '.join(newer[:5])}: the fork {source.name} would not "
+            f"{dest!r} already holds {', '.join(newer[:5])}: the fork {name} would not "
             "be the checkpoint its project resumes from. Fork into a new project dir."
         )
-    parent = _parent(source)
+    parent = parent_record(source.path, source.manifest)
     line = new_run_key()
 
     def rewrite(manifest: Manifest) -> Manifest:
@@ -114,28 +121,6 @@ def _listed(storage: Any, folder: str) -> list[CheckpointInfo]:
     from accelkit.checkpointing.catalog.listing import list_checkpoints
 
     return list_checkpoints(storage, folder) if storage.isdir(folder) else []
-
-
-def _parent(source: CheckpointInfo) -> dict[str, Any]:
-    """``experiment.lineage.parent`` for ``source`` (as ``load_state(fork=True)`` records it)."""
-    import os
-
-    from accelkit.checkpointing.formats.manifest import lineage_of
-
-    assert source.manifest is not None
-    record = source.manifest.experiment
-    path = source.path if "://" in source.path else os.path.abspath(source.path)
-    parent: dict[str, Any] = {
-        "checkpoint": path,
-        "iteration": source.manifest.iteration,
-        "step": int(record.get("step", -1)),
-    }
-    if record.get("key") is not None:
-        parent["key"] = record["key"]
-    if lineage_of(source.manifest).get("id") is not None:
-        parent["id"] = lineage_of(source.manifest)["id"]
-    parent["runs"] = dict(record.get("runs", {}))
-    return parent
 
 
 def run_tree(args: argparse.Namespace, infos: list[CheckpointInfo]) -> int:

@@ -146,3 +146,26 @@ def test_fork_refuses_what_it_cannot_fork_and_writes_nothing(
     data.write_bytes(bytes(raw))
     assert main(["ckpt", "fork", str(source), str(tmp_path / "c")]) != 0
     assert not (tmp_path / "c" / "checkpoints" / "checkpoint_1" / "accelkit.json").exists()
+
+
+def test_fork_names_the_copy_so_that_its_project_resumes_from_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from accelkit import Accelerator
+
+    accelerator = Accelerator()
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    accelerator.save_state(str(tmp_path / "final"))
+    # A folder named by the user becomes checkpoint_<its iteration> in the new project.
+    assert main(["ckpt", "fork", str(tmp_path / "final"), str(tmp_path / "b")]) == 0
+    assert _lineage(tmp_path / "b", 0)["start"] is True
+    # One with no iteration (a manifest that records none) has no such name: refused.
+    manifest = json.loads((tmp_path / "final" / "accelkit.json").read_text())
+    manifest["iteration"] = None
+    (tmp_path / "final" / "accelkit.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["ckpt", "fork", str(tmp_path / "final"), str(tmp_path / "c")]) == 2
+    assert "load_state(path, fork=True)" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()

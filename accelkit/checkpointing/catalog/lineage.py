@@ -11,7 +11,7 @@ hangs each line under the checkpoint it forked, when that checkpoint is listed t
 whose parent is not listed is a root of its own, and says where it came from. Nothing here
 reads a file: the manifests were read (and their lineage checked) by the listing.
 
-Public API: :class:`Line`, :func:`lineage_tree`, :func:`same_location`.
+Public API: :class:`Line`, :func:`lineage_tree`, :func:`same_location`, :func:`parent_record`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelkit.checkpointing.catalog.listing import CheckpointInfo
-from accelkit.checkpointing.formats.manifest import lineage_of
+from accelkit.checkpointing.formats.manifest import Manifest, lineage_of
 
-__all__ = ["Line", "lineage_tree", "same_location"]
+__all__ = ["Line", "lineage_tree", "parent_record", "same_location"]
 
 
 @dataclass
@@ -43,6 +43,25 @@ class Line:
     parent: dict[str, Any] | None
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
     forks: dict[str, list[Line]] = field(default_factory=dict)
+
+
+def parent_record(path: str, manifest: Manifest) -> dict[str, Any]:
+    """``experiment.lineage.parent`` for a fork of the checkpoint at ``path``: where it is (a
+    local path made absolute, so another folder's listing finds it), its iteration, its last
+    logged step (the forked runs log after it), its run key, its own line and its runs."""
+    record = manifest.experiment
+    parent: dict[str, Any] = {
+        "checkpoint": path if "://" in path else os.path.abspath(path),
+        "iteration": manifest.iteration,
+        "step": int(record.get("step", -1)),
+    }
+    if record.get("key") is not None:
+        parent["key"] = record["key"]
+    line = lineage_of(manifest).get("id")
+    if line is not None:
+        parent["id"] = line
+    parent["runs"] = dict(record.get("runs", {}))
+    return parent
 
 
 def same_location(a: str, b: str) -> bool:
