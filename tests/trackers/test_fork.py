@@ -257,3 +257,34 @@ def test_a_lineage_round_trips_through_the_manifest(tmp_path: Path) -> None:
     parsed = Manifest.from_json(json.dumps(manifest))
     assert parsed.experiment == {"lineage": lineage}
     assert Manifest.from_json(parsed.to_json()).experiment == {"lineage": lineage}
+
+
+def _two_process_fork(parent: str, project: str) -> dict[str, Any]:
+    tracker = ForkTracker("child")
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
+    accelerator = Accelerator(log_with=[tracker], project_config=config)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    accelerator.init_trackers("run")
+    accelerator.load_state(parent, fork=True)
+    accelerator.log({"y": 1})
+    logged_at = accelerator._trackers.last_step
+    accelerator.save_state()
+    accelerator.end_training()
+    forked = [call for call in tracker.calls if call[0] == "fork_run"]
+    return {"logged_at": logged_at, "forked": forked}
+
+
+@pytest.mark.slow
+def test_every_process_of_a_forked_job_counts_on_from_the_checkpoints_step(
+    tmp_path: Path,
+) -> None:
+    from tests.helpers.distributed import run_distributed
+
+    _job(tmp_path / "a", ForkTracker("parent"))
+    parent = str(tmp_path / "a" / "checkpoints" / "checkpoint_0")
+    main, other = run_distributed(_two_process_fork, parent, str(tmp_path / "b"), world_size=2)
+    assert main["logged_at"] == other["logged_at"] == 3
+    assert main["forked"] == [("fork_run", {"run": "parent"}, 2)]
+    assert other["forked"] == []  # only the main process has the tracker
+    lineage = _manifest(tmp_path / "b", 1)["experiment"]["lineage"]
+    assert lineage["parent"]["checkpoint"] == parent
