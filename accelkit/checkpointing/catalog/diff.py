@@ -30,8 +30,10 @@ import ctypes
 import ctypes.util
 import functools
 import math
+import queue
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +97,8 @@ _MODEL_INDEX = re.compile(
 _STATE_FILE = re.compile(
     "^(?:" + "|".join(k.pattern(shards=False) for n, k in KINDS.items() if n != "model") + ")$"
 )
-_CHUNK = 1 << 22  # elements compared at a time (32 MiB per side in float64)
+_CHUNK = 1 << 18  # elements of a changed tensor compared at a time (2 MiB in float64)
+_READ_AHEAD = 2  # tensors each side's reader thread may read beyond the one compared
 _STATE_FORMAT = "accelkit-state"
 
 
@@ -308,11 +311,14 @@ class _Side:
             for t in read_safetensors_header(self.storage, self.url(name)).tensors
         ]
 
-    def stream(self, files: list[str]) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
-        """Every tensor of ``files``, one at a time, each file verified once read whole."""
+    def stream(
+        self, files: list[str], buffer: Callable[[int], torch.Tensor] | None = None
+    ) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
+        """Every tensor of ``files``, one at a time, each file verified once read whole (each
+        tensor read into ``buffer(nbytes)`` when given: see ``SafetensorsStream.tensors``)."""
         for name in files:
             with SafetensorsStream(self.storage, self.url(name), self.entries[name]) as stream:
-                yield from stream.tensors()
+                yield from stream.tensors(buffer)
             self.bytes_read += self.entries[name].size
 
     def structure(self, stem: str) -> Any:
@@ -354,25 +360,145 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def _exact_stats(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
+    """``(max_abs, max_rel, elements that differ)`` of two float64 chunks, every rule of the
+    module docstring spelled out elementwise (the path for chunks holding a NaN, or the same
+    infinity on both sides, where ``|x - y|`` alone is NaN)."""
+    same = (x == y) | (x.isnan() & y.isnan())
+    d = (x - y).abs_().nan_to_num_(nan=math.inf, posinf=math.inf).masked_fill_(same, 0.0)
+    rel = (d / x.abs()).nan_to_num_(nan=math.inf, posinf=math.inf).masked_fill_(same, 0.0)
+    return float(d.max()), float(rel.max()), int((~same).sum())
+
+
 def _compare_values(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, int] | None:
     """``(max_abs, max_rel, elements that differ)``, or ``None`` when ``a`` equals ``b``
-    (same dtype and bytes: a NaN equals itself)."""
+    (same dtype and bytes: a NaN equals itself).
+
+    Tensors that differ are compared in float64 chunks of :data:`_CHUNK` elements, in three
+    work buffers allocated once (no temporary per operation, none larger than a chunk). A
+    chunk with no NaN in ``|x - y|`` (no NaN on either side, no infinity equal on both) takes
+    the short way: there ``|x - y|`` is already 0 exactly where ``x == y``, so it gives
+    ``max_abs`` and the count at once, and ``|x - y| / |x|`` is NaN only for 0/0 (an equal
+    zero: 0) while ``max_abs`` is finite, and is infinite somewhere when ``max_abs`` is
+    (``|x|`` finite: inf; infinite: inf/inf, NaN, which counts as inf). Other chunks go
+    through :func:`_exact_stats`; both give the same figures.
+    """
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     if a.dtype == b.dtype and _same_bytes(flat_a, flat_b):
         return None
+    total = flat_a.numel()
+    size = min(total, _CHUNK)
+    work = [torch.empty(size, dtype=torch.float64) for _ in range(3)]
     max_abs = max_rel = 0.0
     changed = 0
-    for start in range(0, flat_a.numel(), _CHUNK):
-        x = flat_a[start : start + _CHUNK].to(torch.float64)
-        y = flat_b[start : start + _CHUNK].to(torch.float64)
-        same = (x == y) | (x.isnan() & y.isnan())
-        d = (x - y).abs().nan_to_num(nan=math.inf, posinf=math.inf).masked_fill_(same, 0.0)
-        changed += int((~same).sum())
-        if d.numel():
-            max_abs = max(max_abs, float(d.max()))
-            rel = (d / x.abs()).masked_fill_(same, 0.0).nan_to_num_(nan=math.inf)
-            max_rel = max(max_rel, float(rel.max()))
+    for start in range(0, total, _CHUNK):
+        n = min(_CHUNK, total - start)
+        x, y, d = (w[:n] for w in work)
+        x.copy_(flat_a[start : start + n])
+        y.copy_(flat_b[start : start + n])
+        torch.sub(x, y, out=d).abs_()
+        top = float(d.max())
+        if math.isnan(top):
+            chunk_abs, chunk_rel, count = _exact_stats(x, y)
+        else:
+            count = int(torch.count_nonzero(d))
+            if not count:
+                continue
+            chunk_abs = top
+            if math.isinf(top) or max_rel == math.inf:
+                chunk_rel = math.inf if math.isinf(top) else max_rel
+            else:
+                d.div_(x.abs_()).nan_to_num_(nan=0.0, posinf=math.inf)
+                chunk_rel = float(d.max())
+        changed += count
+        max_abs = max(max_abs, chunk_abs)
+        max_rel = max(max_rel, chunk_rel)
     return (max_abs, max_rel, changed) if changed else None
+
+
+class _Stopped(Exception):
+    """Raised in a reader thread whose consumer has stopped (:meth:`_Reader.close`)."""
+
+
+_END = object()  # a reader's last item: every file read and verified
+
+
+class _Slot:
+    """One reusable read buffer of a :class:`_Reader`, grown to the largest tensor it held."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = torch.empty(0, dtype=torch.uint8)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if self.data.numel() < nbytes:
+            self.data = torch.empty(0, dtype=torch.uint8)  # the old one freed first
+            self.data = torch.empty(nbytes, dtype=torch.uint8)
+        return self.data[:nbytes]
+
+
+class _Reader:
+    """The tensors of one side's ``files``, read (and verified) by a thread of its own up to
+    :data:`_READ_AHEAD` tensors ahead of the consumer, into at most ``1 + _READ_AHEAD``
+    reused buffers.
+
+    Iterate it (once) for ``(info, tensor)`` in data order; a tensor stays valid until the
+    next one is asked for (its buffer goes back to the thread then): keep one longer only as
+    a copy. An error of the reads (a damaged or missing file) is raised where the plain
+    stream would have raised it: after the tensors read before it. :meth:`close` stops the
+    thread (a consumer that failed or stopped early) and waits for it.
+    """
+
+    def __init__(self, side: _Side, files: list[str]) -> None:
+        self._free: queue.SimpleQueue[_Slot | None] = queue.SimpleQueue()
+        for _ in range(1 + _READ_AHEAD):
+            self._free.put(_Slot())
+        self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._filling: _Slot | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(side, files), name=f"accelkit-diff-read {side.path}"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        slot = self._free.get()
+        if slot is None or self._stop.is_set():
+            raise _Stopped
+        self._filling = slot
+        return slot.take(nbytes)
+
+    def _run(self, side: _Side, files: list[str]) -> None:
+        try:
+            for info, tensor in side.stream(files, self._buffer):
+                slot, self._filling = self._filling, None  # None: an empty tensor
+                self._ready.put((info, tensor, slot))
+            self._ready.put(_END)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._ready.put(exc)
+
+    def __iter__(self) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
+        while True:
+            item = self._ready.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            info, tensor, slot = item
+            try:
+                yield info, tensor
+            finally:
+                if slot is not None:
+                    self._free.put(slot)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._free.put(None)  # wakes the thread if it waits for a buffer
+        self._thread.join()
 
 
 def _diff_tensors(
@@ -406,33 +532,51 @@ def _diff_tensors(
     if not compare:  # nothing to read (an object on one side only, or every shape changed)
         out.tensors += added
         return
-    # Stream A; pull B forward to each twin, keeping only B's tensors read ahead of theirs.
+    # Stream A; pull B forward to each twin, keeping (copied) only B's tensors read before
+    # theirs. Each side is read by a thread of its own, ahead of the comparison.
     ahead: dict[str, torch.Tensor] = {}
-    stream_b = b.stream(files_b)
-    for info, tensor in a.stream(files_a):
-        name = name_of_a(info.name)
-        if name not in compare:
-            continue
-        while name not in ahead:
-            info_b, tensor_b = next(stream_b)
-            name_b = name_of_b(info_b.name)
-            if name_b in compare:
-                ahead[name_b] = tensor_b
-        twin = ahead.pop(name)
-        ib = infos_b[name]
-        found = _compare_values(tensor, twin)
-        if info.dtype != ib.dtype:
-            m = found or (0.0, 0.0, 0)
-            out.tensors.append(
-                TensorChange(name, DTYPE, info.dtype, ib.dtype, info.shape, ib.shape, *m)
-            )
-        elif found is not None:
-            out.tensors.append(
-                TensorChange(name, VALUES, info.dtype, ib.dtype, info.shape, ib.shape, *found)
-            )
-    for _ in stream_b:  # the rest of B: read, so that its checksums are checked too
-        pass
+    reader_a = _Reader(a, files_a)
+    try:
+        reader_b = _Reader(b, files_b)
+        try:
+            stream_b = iter(reader_b)
+            for info, tensor in reader_a:
+                name = name_of_a(info.name)
+                if name not in compare:
+                    continue
+                twin = ahead.pop(name, None)
+                while twin is None:
+                    info_b, tensor_b = next(stream_b)
+                    name_b = name_of_b(info_b.name)
+                    if name_b == name:
+                        twin = tensor_b  # valid until B's next tensor is asked for
+                    elif name_b in compare:
+                        ahead[name_b] = tensor_b.clone()
+                _record(name, info, infos_b[name], _compare_values(tensor, twin), out)
+            for _ in stream_b:  # the rest of B: read, so that its checksums are checked too
+                pass
+        finally:
+            reader_b.close()
+    finally:
+        reader_a.close()
     out.tensors += added
+
+
+def _record(
+    name: str,
+    ia: TensorInfo,
+    ib: TensorInfo,
+    found: tuple[float, float, int] | None,
+    out: CheckpointDiff,
+) -> None:
+    """Add the change of a tensor on both sides (``found``: :func:`_compare_values`)."""
+    if ia.dtype != ib.dtype:
+        m = found or (0.0, 0.0, 0)
+        out.tensors.append(TensorChange(name, DTYPE, ia.dtype, ib.dtype, ia.shape, ib.shape, *m))
+    elif found is not None:
+        out.tensors.append(
+            TensorChange(name, VALUES, ia.dtype, ib.dtype, ia.shape, ib.shape, *found)
+        )
 
 
 def _namer(stem: str, names: dict[str, str] | None = None) -> Callable[[str], str]:

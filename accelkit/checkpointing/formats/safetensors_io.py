@@ -30,7 +30,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -242,10 +242,12 @@ def _open_size(f: Any, storage: Storage, url: str) -> int:
     return size if isinstance(size, int) else storage.size(url)
 
 
-def _read_exact(f: VerifiedReader, n: int, url: str) -> torch.Tensor:
+def _read_exact(
+    f: VerifiedReader, n: int, url: str, into: torch.Tensor | None = None
+) -> torch.Tensor:
     """Read exactly ``n`` bytes into a fresh uint8 tensor (uninitialised memory: no zeroing
-    pass); ``f`` hashes them."""
-    buf = torch.empty(n, dtype=torch.uint8)
+    pass), or into ``into`` (a uint8 tensor of exactly ``n`` bytes); ``f`` hashes them."""
+    buf = torch.empty(n, dtype=torch.uint8) if into is None else into
     view = buf.numpy().data.cast("B") if n else memoryview(b"")
     got = 0
     while got < n:
@@ -291,8 +293,17 @@ class SafetensorsStream:
             self._file.close()
             raise
 
-    def tensors(self) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
-        """Each tensor with its header entry, in data order (CPU tensors); then the check."""
+    def tensors(
+        self, buffer: Callable[[int], torch.Tensor] | None = None
+    ) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
+        """Each tensor with its header entry, in data order (CPU tensors); then the check.
+
+        Args:
+            buffer: where to read each tensor's bytes: ``buffer(nbytes)`` returns a contiguous
+                uint8 tensor of exactly ``nbytes`` (e.g. memory reused once the consumer is
+                done with an earlier tensor, which spares faulting in fresh pages for every
+                tensor); the tensor yielded views it. ``None``: fresh memory per tensor.
+        """
         f, url = self._file, self.url
         position = 0
         for info in sorted(self.header.tensors, key=lambda i: i.data_offsets[0]):
@@ -303,7 +314,9 @@ class SafetensorsStream:
             if end == start:
                 yield info, torch.empty(info.shape, dtype=dtype)
             else:
-                yield info, _read_exact(f, end - start, url).view(dtype).reshape(info.shape)
+                into = None if buffer is None else buffer(end - start)
+                data = _read_exact(f, end - start, url, into)
+                yield info, data.view(dtype).reshape(info.shape)
             position = end
         f.verify()
 
