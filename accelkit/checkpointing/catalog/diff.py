@@ -12,11 +12,19 @@ a scheduler, the scaler, a dataloader's position, registered objects, the Python
 generator states) is compared value by value, and so are the manifest's iteration, step,
 world size, metadata and metrics.
 
-Reading streams: each safetensors file is read once, tensor by tensor, in data order and
-checked against its manifest checksum as it is read (a damaged file raises, as ``load_state``
-would); a tensor of A is compared with its twin of B and both are dropped, so memory holds one
-tensor per side (plus, when B stores the tensors in another order, the tensors of B read ahead
-of their twin in A). Two checkpoints take about the time of reading both.
+Reading streams: each safetensors file is read once, in data order, and checked against its
+manifest checksum as it is read (a damaged file raises, as ``load_state`` would, at the point
+of the comparison where the file ends). Each side is read by a thread of its own, in pieces of
+at most 8 MiB (``_PIECE``) into at most ``1 + _READ_AHEAD`` (4) buffers reused from piece to
+piece: the reads of A and B, the checksums and the comparison overlap, and no fresh memory is
+faulted in per tensor. A piece goes back to its reader once compared. A tensor of A is compared
+with its twin of B piece by piece as both arrive when they have one dtype and B's stream holds
+the twin next; otherwise (another dtype, or B storing the tensors in another order) the two are
+compared whole, copied out of the buffers. Memory is thus bounded by the buffers (32 MiB per
+side) plus the two tensors compared whole where the dtype changed, plus, when B stores the
+tensors in another order, the tensors of B read ahead of their twin in A. A changed tensor is
+measured in float64 chunks of 32768 elements in three work buffers (256 KiB each). Two
+checkpoints take about the time of reading both (``benchmarks/bench_export.py``).
 
 Sharded (FSDP2, DCP) state is refused by name: its tensors are spread over per-rank files.
 
@@ -97,8 +105,14 @@ _MODEL_INDEX = re.compile(
 _STATE_FILE = re.compile(
     "^(?:" + "|".join(k.pattern(shards=False) for n, k in KINDS.items() if n != "model") + ")$"
 )
-_CHUNK = 1 << 18  # elements of a changed tensor compared at a time (2 MiB in float64)
-_READ_AHEAD = 2  # tensors each side's reader thread may read beyond the one compared
+# Elements of a changed tensor compared at a time (256 KiB in float64): torch runs an
+# operation on fewer than 32768 elements (its grain size) or exactly that many on the calling
+# thread, with no OpenMP team, whose threads wait on each other on a loaded machine (0.18 s for
+# 16M elements beside a busy thread at this size, 1.3-2 s at 64K-256K).
+_CHUNK = 1 << 15
+_PIECE = 8 << 20  # bytes of a tensor read at a time (a multiple of 8: whole elements)
+_READ_AHEAD = 3  # pieces each side's reader thread may read beyond the one compared
+_Piece = tuple[TensorInfo, torch.dtype, int, torch.Tensor]  # info, dtype, offset, uint8 bytes
 _STATE_FORMAT = "accelkit-state"
 
 
@@ -311,14 +325,13 @@ class _Side:
             for t in read_safetensors_header(self.storage, self.url(name)).tensors
         ]
 
-    def stream(
-        self, files: list[str], buffer: Callable[[int], torch.Tensor] | None = None
-    ) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
-        """Every tensor of ``files``, one at a time, each file verified once read whole (each
-        tensor read into ``buffer(nbytes)`` when given: see ``SafetensorsStream.tensors``)."""
+    def pieces(self, files: list[str], buffer: Callable[[int], torch.Tensor]) -> Iterator[_Piece]:
+        """Every tensor of ``files`` in pieces of at most :data:`_PIECE` bytes read into
+        ``buffer(nbytes)`` (``SafetensorsStream.pieces``), each file verified once read
+        whole."""
         for name in files:
             with SafetensorsStream(self.storage, self.url(name), self.entries[name]) as stream:
-                yield from stream.tensors(buffer)
+                yield from stream.pieces(_PIECE, buffer)
             self.bytes_read += self.entries[name].size
 
     def structure(self, stem: str) -> Any:
@@ -424,7 +437,7 @@ _END = object()  # a reader's last item: every file read and verified
 
 
 class _Slot:
-    """One reusable read buffer of a :class:`_Reader`, grown to the largest tensor it held."""
+    """One reusable read buffer of a :class:`_Reader`, grown to the largest piece it held."""
 
     __slots__ = ("data",)
 
@@ -439,14 +452,14 @@ class _Slot:
 
 
 class _Reader:
-    """The tensors of one side's ``files``, read (and verified) by a thread of its own up to
-    :data:`_READ_AHEAD` tensors ahead of the consumer, into at most ``1 + _READ_AHEAD``
-    reused buffers.
+    """The pieces of one side's ``files`` (:meth:`_Side.pieces`), read and verified by a
+    thread of its own up to :data:`_READ_AHEAD` pieces ahead of the consumer, into at most
+    ``1 + _READ_AHEAD`` reused buffers.
 
-    Iterate it (once) for ``(info, tensor)`` in data order; a tensor stays valid until the
-    next one is asked for (its buffer goes back to the thread then): keep one longer only as
-    a copy. An error of the reads (a damaged or missing file) is raised where the plain
-    stream would have raised it: after the tensors read before it. :meth:`close` stops the
+    Iterate it (once) for ``(info, dtype, offset, piece)`` in data order; a piece stays valid
+    until the next one is asked for (its buffer goes back to the thread then): keep one longer
+    only as a copy. An error of the reads (a damaged or missing file) is raised where the plain
+    stream would have raised it: after the pieces read before it. :meth:`close` stops the
     thread (a consumer that failed or stopped early) and waits for it.
     """
 
@@ -472,25 +485,25 @@ class _Reader:
 
     def _run(self, side: _Side, files: list[str]) -> None:
         try:
-            for info, tensor in side.stream(files, self._buffer):
-                slot, self._filling = self._filling, None  # None: an empty tensor
-                self._ready.put((info, tensor, slot))
+            for piece in side.pieces(files, self._buffer):
+                slot, self._filling = self._filling, None  # None: an empty tensor's piece
+                self._ready.put((piece, slot))
             self._ready.put(_END)
         except _Stopped:
             pass
         except BaseException as exc:  # handed to the consumer, raised there
             self._ready.put(exc)
 
-    def __iter__(self) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
+    def __iter__(self) -> Iterator[_Piece]:
         while True:
             item = self._ready.get()
             if item is _END:
                 return
             if isinstance(item, BaseException):
                 raise item
-            info, tensor, slot = item
+            piece, slot = item
             try:
-                yield info, tensor
+                yield piece
             finally:
                 if slot is not None:
                     self._free.put(slot)
@@ -499,6 +512,59 @@ class _Reader:
         self._stop.set()
         self._free.put(None)  # wakes the thread if it waits for a buffer
         self._thread.join()
+
+
+def _last(piece: _Piece) -> bool:
+    """Whether ``piece`` ends its tensor."""
+    info, _, offset, data = piece
+    start, end = info.data_offsets
+    return offset + data.numel() == end - start
+
+
+def _whole(first: _Piece, pieces: Iterator[_Piece]) -> torch.Tensor:
+    """The tensor ``first`` starts, its pieces copied out of the reader's buffers."""
+    info, dtype, _, _ = first
+    start, end = info.data_offsets
+    whole = torch.empty(end - start, dtype=torch.uint8)
+    piece = first
+    while True:
+        offset, data = piece[2], piece[3]
+        whole[offset : offset + data.numel()].copy_(data)
+        if _last(piece):
+            return whole.view(dtype).reshape(info.shape)
+        piece = next(pieces)
+
+
+def _skip(first: _Piece, pieces: Iterator[_Piece]) -> None:
+    """Read past the tensor ``first`` starts."""
+    piece = first
+    while not _last(piece):
+        piece = next(pieces)
+
+
+def _merge(
+    found: tuple[float, float, int] | None, more: tuple[float, float, int] | None
+) -> tuple[float, float, int] | None:
+    """The figures of two parts of a tensor taken together."""
+    if found is None or more is None:
+        return found or more
+    return max(found[0], more[0]), max(found[1], more[1]), found[2] + more[2]
+
+
+def _compare_in_step(
+    first_a: _Piece, first_b: _Piece, pieces_a: Iterator[_Piece], pieces_b: Iterator[_Piece]
+) -> tuple[float, float, int] | None:
+    """:func:`_compare_values` of two tensors of one dtype and shape, piece by piece as both
+    readers hand them over (their pieces have the same sizes)."""
+    piece_a, piece_b = first_a, first_b
+    dtype = piece_a[1]
+    found = None
+    while True:
+        more = _compare_values(piece_a[3].view(dtype), piece_b[3].view(dtype))
+        found = _merge(found, more)
+        if _last(piece_a):
+            return found
+        piece_a, piece_b = next(pieces_a), next(pieces_b)
 
 
 def _diff_tensors(
@@ -533,27 +599,40 @@ def _diff_tensors(
         out.tensors += added
         return
     # Stream A; pull B forward to each twin, keeping (copied) only B's tensors read before
-    # theirs. Each side is read by a thread of its own, ahead of the comparison.
+    # theirs. Each side is read by a thread of its own, ahead of the comparison; twins stored
+    # in the same order and dtype are compared piece by piece as they arrive.
     ahead: dict[str, torch.Tensor] = {}
     reader_a = _Reader(a, files_a)
     try:
         reader_b = _Reader(b, files_b)
         try:
-            stream_b = iter(reader_b)
-            for info, tensor in reader_a:
+            pieces_a, pieces_b = iter(reader_a), iter(reader_b)
+            for first in pieces_a:  # the first piece of each tensor of A
+                info = first[0]
                 name = name_of_a(info.name)
                 if name not in compare:
+                    _skip(first, pieces_a)
                     continue
                 twin = ahead.pop(name, None)
-                while twin is None:
-                    info_b, tensor_b = next(stream_b)
-                    name_b = name_of_b(info_b.name)
-                    if name_b == name:
-                        twin = tensor_b  # valid until B's next tensor is asked for
-                    elif name_b in compare:
-                        ahead[name_b] = tensor_b.clone()
-                _record(name, info, infos_b[name], _compare_values(tensor, twin), out)
-            for _ in stream_b:  # the rest of B: read, so that its checksums are checked too
+                if twin is not None:
+                    found = _compare_values(_whole(first, pieces_a), twin)
+                else:
+                    while True:
+                        first_b = next(pieces_b)
+                        name_b = name_of_b(first_b[0].name)
+                        if name_b == name:
+                            break
+                        if name_b in compare:
+                            ahead[name_b] = _whole(first_b, pieces_b)
+                        else:
+                            _skip(first_b, pieces_b)
+                    if first[1] == first_b[1]:
+                        found = _compare_in_step(first, first_b, pieces_a, pieces_b)
+                    else:  # another dtype: compared whole
+                        whole_a = _whole(first, pieces_a)
+                        found = _compare_values(whole_a, _whole(first_b, pieces_b))
+                _record(name, info, infos_b[name], found, out)
+            for _ in pieces_b:  # the rest of B: read, so that its checksums are checked too
                 pass
         finally:
             reader_b.close()
