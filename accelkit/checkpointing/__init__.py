@@ -62,7 +62,8 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.catalog.retention` -- pure policy: which checkpoints to delete.
 - :mod:`~accelkit.checkpointing.catalog.listing` -- list checkpoints and tell their state.
 - :mod:`~accelkit.checkpointing.catalog.inspect` -- safetensors headers without loading tensors.
-- :mod:`~accelkit.checkpointing.catalog.diff` -- two checkpoints compared, tensor by tensor.
+- :mod:`~accelkit.checkpointing.catalog.diff` -- two checkpoints compared, tensor by tensor
+  (read ahead in pieces, A and B side by side).
 
 **Restore** -- the load sequence:
 

@@ -29,7 +29,8 @@ _DESCRIPTION = (
     "groups (hyperparameters), the scheduler, scaler, dataloader positions, registered "
     "objects, the Python/NumPy generator states and the manifest's iteration, step, "
     "world_size, metadata and metrics are compared value by value. Each file is read once, "
-    "tensor by tensor, and checked against its manifest checksum. FSDP2 sharded checkpoints "
+    "in pieces, A and B side by side ahead of the comparison, and checked against its "
+    "manifest checksum. FSDP2 sharded checkpoints "
     "are refused. Exits 0 when equal, 1 when they differ, 2 on error."
 )
 _MAX_VALUES = 50  # value rows in the table (--json gives them all)

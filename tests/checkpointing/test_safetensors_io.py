@@ -18,6 +18,7 @@ from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.manifest import FileEntry
 from accelkit.checkpointing.formats.safetensors_header import MAX_HEADER_BYTES, read_header
 from accelkit.checkpointing.formats.safetensors_io import (
+    SafetensorsStream,
     parse_size,
     read_safetensors,
     write_safetensors,
@@ -224,3 +225,43 @@ def test_every_reader_bounds_the_header_length_alike(tmp_path: Any, length: int)
     messages.append(str(info.value))
     assert len(set(messages)) == 1, messages
     assert f"limit {MAX_HEADER_BYTES}" in messages[0]
+
+
+def test_pieces_read_into_the_callers_buffer_and_verify(tmp_path: Any) -> None:
+    """``SafetensorsStream.pieces``: every tensor's bytes, in pieces of at most ``size`` read
+    into the buffer the caller hands out, in data order; then the checksum."""
+    storage = get_storage(str(tmp_path))
+    path = tmp_path / "p.safetensors"
+    tensors = {k: v.contiguous() for k, v in _tensors().items()}
+    write_safetensors(storage, str(path), tensors)
+    entry = _entry_for(path)
+    buffer = torch.empty(16, dtype=torch.uint8)
+    asked: list[int] = []
+
+    def into(nbytes: int) -> torch.Tensor:
+        asked.append(nbytes)
+        return buffer[:nbytes]
+
+    got: dict[str, bytearray] = {}
+    with SafetensorsStream(storage, str(path), entry) as stream:
+        for info, dtype, offset, piece in stream.pieces(16, into):
+            assert dtype == tensors[info.name].dtype
+            data = got.setdefault(info.name, bytearray())
+            assert offset == len(data) and piece.numel() <= 16
+            assert piece.numel() == 0 or piece.data_ptr() == buffer.data_ptr()
+            data += piece.numpy().tobytes()
+    assert max(asked) == 16 and len(asked) > len(tensors)
+    for name, t in tensors.items():
+        whole = torch.frombuffer(got[name], dtype=torch.uint8) if got[name] else None
+        back = torch.empty(0, dtype=t.dtype) if whole is None else whole.view(t.dtype)
+        assert torch.equal(back.reshape(t.shape), t), name
+
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with (
+        SafetensorsStream(storage, str(path), entry) as stream,
+        pytest.raises(CorruptCheckpointError, match=r"p\.safetensors: checksum"),
+    ):
+        for _ in stream.pieces(16, into):
+            pass

@@ -4,6 +4,8 @@ compared through the console entry point (exit 0 equal, 1 different, 2 error).""
 from __future__ import annotations
 
 import json
+import math
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from accelkit import Accelerator, ProjectConfiguration
+from accelkit.checkpointing.catalog import diff as diff_module
 from accelkit.checkpointing.catalog.diff import diff_checkpoints
+from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage import get_storage
 from accelkit.cli.main import main
 
@@ -199,3 +203,130 @@ def test_python_function_on_fsspec_memory(base: str, tmp_path: Path) -> None:
         remote.write_bytes(f"{url}/{name}", local.read_bytes(f"{base}/{name}"))
     diff = diff_checkpoints(local, base, remote, url)
     assert diff.equal, diff.to_json()
+
+
+# ----------------------------------------------------------------- read ahead, piece by piece
+
+
+def _reader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("accelkit-diff-read")]
+
+
+def _rules(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, int] | None:
+    """The module docstring's figures, elementwise in float64 with no shortcut."""
+    x, y = a.reshape(-1).double(), b.reshape(-1).double()
+    same = (x == y) | (x.isnan() & y.isnan())
+    if bool(same.all()):
+        return None
+    d = (x - y).abs()
+    d[d.isnan()] = math.inf
+    d[same] = 0.0
+    rel = d / x.abs()
+    rel[rel.isnan()] = math.inf
+    rel[same] = 0.0
+    return float(d.max()), float(rel.max()), int((~same).sum())
+
+
+@pytest.fixture
+def small_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of 8 bytes and one piece read ahead: every tensor spans many pieces, and the
+    readers wait on the comparison all the time."""
+    monkeypatch.setattr(diff_module, "_PIECE", 8)
+    monkeypatch.setattr(diff_module, "_READ_AHEAD", 1)
+
+
+def test_tensors_in_another_order_and_dtype_give_the_same_figures(
+    tmp_path: Path, small_pieces: None
+) -> None:
+    """A stores 1.bias (F64) first; B stores 0.weight (F64 there) first, so it is read ahead of
+    its twin and compared whole with A's F32 one; 1.weight (F16 in A, BF16 in B) comes last
+    on both sides and is compared whole too; A's extra buffer is read past; the rest is
+    compared piece by piece. Every figure is the elementwise rules' on the tensors as stored."""
+
+    def edit_a(model: torch.nn.Module, optimizer: Any) -> None:
+        model[1].bias.data = model[1].bias.data.double()
+        model[0].weight[0, 0] = 0.0
+        model[1].weight.data = model[1].weight.data.half()
+        model.register_buffer("extra", torch.ones(5))
+
+    def edit_b(model: torch.nn.Module, optimizer: Any) -> None:
+        model[1].bias.data = model[1].bias.data.double() * 2
+        model[0].weight.data = model[0].weight.data.double()
+        model[0].weight[0, 0] = 0.5  # 0 in A: an infinite relative difference
+        model[1].weight.data = model[1].weight.data.bfloat16()
+        model[1].weight[1, 1] = math.nan
+
+    a = _save(tmp_path / "a", edit_a)
+    b = _save(tmp_path / "b", edit_b)
+    diff = diff_checkpoints(get_storage(a), a, get_storage(b), b)
+    tensors_a = load_file(str(Path(a) / "model.safetensors"))
+    tensors_b = load_file(str(Path(b) / "model.safetensors"))
+    got = {t.name: t for t in diff.tensors if t.name.startswith("model/")}
+    assert got.pop("model/extra").change == "removed"
+    for key in tensors_b:
+        expected = _rules(tensors_a[key], tensors_b[key])
+        change = got.get(f"model/{key}")
+        if tensors_a[key].dtype != tensors_b[key].dtype:
+            assert change is not None and change.change == "dtype"
+            assert (change.max_abs, change.max_rel, change.changed) == (expected or (0.0, 0.0, 0))
+        elif expected is None:
+            assert change is None, change
+        else:
+            assert change is not None and change.change == "values"
+            assert (change.max_abs, change.max_rel, change.changed) == expected
+    assert got["model/0.weight"].max_rel == math.inf
+    assert got["model/1.weight"].change == "dtype"
+    assert got["model/1.weight"].max_abs == math.inf  # a NaN on one side only
+    assert not _reader_threads()
+
+
+def test_equal_checkpoints_holding_nans_and_infinities(
+    tmp_path: Path, small_pieces: None, capsys
+) -> None:
+    def edit(model: torch.nn.Module, optimizer: Any) -> None:
+        model[0].weight[0] = torch.tensor([math.nan, math.inf, -math.inf, -0.0])
+
+    a = _save(tmp_path / "a", edit)
+    b = _save(tmp_path / "b", edit)
+    code, doc = _json(a, b, capsys)
+    assert code == 0 and doc["equal"] is True, doc
+    assert not _reader_threads()
+
+
+def test_damaged_a_raises_and_stops_both_readers(
+    base: str, tmp_path: Path, small_pieces: None, capsys
+) -> None:
+    """A's model file is damaged in its first tensor: the error comes out once A's reader
+    reaches the file's end, while B's reader waits for a buffer; both threads end."""
+    damaged = Path(_save(tmp_path / "ckpt"))
+    data = bytearray((damaged / "model.safetensors").read_bytes())
+    header = int.from_bytes(data[:8], "little")
+    data[8 + header] ^= 0xFF  # the first data byte: same size, only the checksum can tell
+    (damaged / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"model\.safetensors.*checksum"):
+        diff_checkpoints(get_storage(base), str(damaged), get_storage(base), base)
+    assert not _reader_threads()
+    code, _, err = _diff(str(damaged), base, capsys=capsys)
+    assert code == 2 and "checksum" in err
+
+
+def test_damaged_b_behind_many_pieces_raises(base: str, tmp_path: Path, small_pieces: None) -> None:
+    damaged = Path(_save(tmp_path / "ckpt"))
+    data = bytearray((damaged / "optimizer.safetensors").read_bytes())
+    data[-1] ^= 0xFF
+    (damaged / "optimizer.safetensors").write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpointError, match=r"optimizer\.safetensors.*checksum"):
+        diff_checkpoints(get_storage(base), base, get_storage(base), str(damaged))
+    assert not _reader_threads()
+
+
+def test_a_reader_closed_early_stops_waiting_for_buffers(base: str, small_pieces: None) -> None:
+    """A consumer that stops after one piece (an error of its own): close() ends the thread,
+    which is waiting for a buffer, and the file it was reading is closed."""
+    side = diff_module._Side.open(get_storage(base), base)
+    reader = diff_module._Reader(side, side.models["model"])
+    pieces = iter(reader)
+    _, _, offset, piece = next(pieces)
+    assert offset == 0 and piece.numel() <= 8
+    reader.close()
+    assert not _reader_threads()

@@ -12,11 +12,19 @@ a scheduler, the scaler, a dataloader's position, registered objects, the Python
 generator states) is compared value by value, and so are the manifest's iteration, step,
 world size, metadata and metrics.
 
-Reading streams: each safetensors file is read once, tensor by tensor, in data order and
-checked against its manifest checksum as it is read (a damaged file raises, as ``load_state``
-would); a tensor of A is compared with its twin of B and both are dropped, so memory holds one
-tensor per side (plus, when B stores the tensors in another order, the tensors of B read ahead
-of their twin in A). Two checkpoints take about the time of reading both.
+Reading streams: each safetensors file is read once, in data order, and checked against its
+manifest checksum as it is read (a damaged file raises, as ``load_state`` would, at the point
+of the comparison where the file ends). Each side is read by a thread of its own, in pieces of
+at most 8 MiB (``_PIECE``) into at most ``1 + _READ_AHEAD`` (4) buffers reused from piece to
+piece: the reads of A and B, the checksums and the comparison overlap, and no fresh memory is
+faulted in per tensor. A piece goes back to its reader once compared. A tensor of A is compared
+with its twin of B piece by piece as both arrive when they have one dtype and B's stream holds
+the twin next; otherwise (another dtype, or B storing the tensors in another order) the two are
+compared whole, copied out of the buffers. Memory is thus bounded by the buffers (32 MiB per
+side) plus the two tensors compared whole where the dtype changed, plus, when B stores the
+tensors in another order, the tensors of B read ahead of their twin in A. A changed tensor is
+measured in float64 chunks of 32768 elements in three work buffers (256 KiB each). Two
+checkpoints take about the time of reading both (``benchmarks/bench_export.py``).
 
 Sharded (FSDP2, DCP) state is refused by name: its tensors are spread over per-rank files.
 
@@ -30,8 +38,10 @@ import ctypes
 import ctypes.util
 import functools
 import math
+import queue
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,7 +105,14 @@ _MODEL_INDEX = re.compile(
 _STATE_FILE = re.compile(
     "^(?:" + "|".join(k.pattern(shards=False) for n, k in KINDS.items() if n != "model") + ")$"
 )
-_CHUNK = 1 << 22  # elements compared at a time (32 MiB per side in float64)
+# Elements of a changed tensor compared at a time (256 KiB in float64): torch runs an
+# operation on fewer than 32768 elements (its grain size) or exactly that many on the calling
+# thread, with no OpenMP team, whose threads wait on each other on a loaded machine (0.18 s for
+# 16M elements beside a busy thread at this size, 1.3-2 s at 64K-256K).
+_CHUNK = 1 << 15
+_PIECE = 8 << 20  # bytes of a tensor read at a time (a multiple of 8: whole elements)
+_READ_AHEAD = 3  # pieces each side's reader thread may read beyond the one compared
+_Piece = tuple[TensorInfo, torch.dtype, int, torch.Tensor]  # info, dtype, offset, uint8 bytes
 _STATE_FORMAT = "accelkit-state"
 
 
@@ -308,11 +325,13 @@ class _Side:
             for t in read_safetensors_header(self.storage, self.url(name)).tensors
         ]
 
-    def stream(self, files: list[str]) -> Iterator[tuple[TensorInfo, torch.Tensor]]:
-        """Every tensor of ``files``, one at a time, each file verified once read whole."""
+    def pieces(self, files: list[str], buffer: Callable[[int], torch.Tensor]) -> Iterator[_Piece]:
+        """Every tensor of ``files`` in pieces of at most :data:`_PIECE` bytes read into
+        ``buffer(nbytes)`` (``SafetensorsStream.pieces``), each file verified once read
+        whole."""
         for name in files:
             with SafetensorsStream(self.storage, self.url(name), self.entries[name]) as stream:
-                yield from stream.tensors()
+                yield from stream.pieces(_PIECE, buffer)
             self.bytes_read += self.entries[name].size
 
     def structure(self, stem: str) -> Any:
@@ -354,25 +373,198 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
+def _exact_stats(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float, int]:
+    """``(max_abs, max_rel, elements that differ)`` of two float64 chunks, every rule of the
+    module docstring spelled out elementwise (the path for chunks holding a NaN, or the same
+    infinity on both sides, where ``|x - y|`` alone is NaN)."""
+    same = (x == y) | (x.isnan() & y.isnan())
+    d = (x - y).abs_().nan_to_num_(nan=math.inf, posinf=math.inf).masked_fill_(same, 0.0)
+    rel = (d / x.abs()).nan_to_num_(nan=math.inf, posinf=math.inf).masked_fill_(same, 0.0)
+    return float(d.max()), float(rel.max()), int((~same).sum())
+
+
 def _compare_values(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, int] | None:
     """``(max_abs, max_rel, elements that differ)``, or ``None`` when ``a`` equals ``b``
-    (same dtype and bytes: a NaN equals itself)."""
+    (same dtype and bytes: a NaN equals itself).
+
+    Tensors that differ are compared in float64 chunks of :data:`_CHUNK` elements, in three
+    work buffers allocated once (no temporary per operation, none larger than a chunk). A
+    chunk with no NaN in ``|x - y|`` (no NaN on either side, no infinity equal on both) takes
+    the short way: there ``|x - y|`` is already 0 exactly where ``x == y``, so it gives
+    ``max_abs`` and the count at once, and ``|x - y| / |x|`` is NaN only for 0/0 (an equal
+    zero: 0) while ``max_abs`` is finite, and is infinite somewhere when ``max_abs`` is
+    (``|x|`` finite: inf; infinite: inf/inf, NaN, which counts as inf). Other chunks go
+    through :func:`_exact_stats`; both give the same figures.
+    """
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     if a.dtype == b.dtype and _same_bytes(flat_a, flat_b):
         return None
+    total = flat_a.numel()
+    size = min(total, _CHUNK)
+    work = [torch.empty(size, dtype=torch.float64) for _ in range(3)]
     max_abs = max_rel = 0.0
     changed = 0
-    for start in range(0, flat_a.numel(), _CHUNK):
-        x = flat_a[start : start + _CHUNK].to(torch.float64)
-        y = flat_b[start : start + _CHUNK].to(torch.float64)
-        same = (x == y) | (x.isnan() & y.isnan())
-        d = (x - y).abs().nan_to_num(nan=math.inf, posinf=math.inf).masked_fill_(same, 0.0)
-        changed += int((~same).sum())
-        if d.numel():
-            max_abs = max(max_abs, float(d.max()))
-            rel = (d / x.abs()).masked_fill_(same, 0.0).nan_to_num_(nan=math.inf)
-            max_rel = max(max_rel, float(rel.max()))
+    for start in range(0, total, _CHUNK):
+        n = min(_CHUNK, total - start)
+        x, y, d = (w[:n] for w in work)
+        x.copy_(flat_a[start : start + n])
+        y.copy_(flat_b[start : start + n])
+        torch.sub(x, y, out=d).abs_()
+        top = float(d.max())
+        if math.isnan(top):
+            chunk_abs, chunk_rel, count = _exact_stats(x, y)
+        else:
+            count = int(torch.count_nonzero(d))
+            if not count:
+                continue
+            chunk_abs = top
+            if math.isinf(top) or max_rel == math.inf:
+                chunk_rel = math.inf if math.isinf(top) else max_rel
+            else:
+                d.div_(x.abs_()).nan_to_num_(nan=0.0, posinf=math.inf)
+                chunk_rel = float(d.max())
+        changed += count
+        max_abs = max(max_abs, chunk_abs)
+        max_rel = max(max_rel, chunk_rel)
     return (max_abs, max_rel, changed) if changed else None
+
+
+class _Stopped(Exception):
+    """Raised in a reader thread whose consumer has stopped (:meth:`_Reader.close`)."""
+
+
+_END = object()  # a reader's last item: every file read and verified
+
+
+class _Slot:
+    """One reusable read buffer of a :class:`_Reader`, grown to the largest piece it held."""
+
+    __slots__ = ("data",)
+
+    def __init__(self) -> None:
+        self.data = torch.empty(0, dtype=torch.uint8)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if self.data.numel() < nbytes:
+            self.data = torch.empty(0, dtype=torch.uint8)  # the old one freed first
+            self.data = torch.empty(nbytes, dtype=torch.uint8)
+        return self.data[:nbytes]
+
+
+class _Reader:
+    """The pieces of one side's ``files`` (:meth:`_Side.pieces`), read and verified by a
+    thread of its own up to :data:`_READ_AHEAD` pieces ahead of the consumer, into at most
+    ``1 + _READ_AHEAD`` reused buffers.
+
+    Iterate it (once) for ``(info, dtype, offset, piece)`` in data order; a piece stays valid
+    until the next one is asked for (its buffer goes back to the thread then): keep one longer
+    only as a copy. An error of the reads (a damaged or missing file) is raised where the plain
+    stream would have raised it: after the pieces read before it. :meth:`close` stops the
+    thread (a consumer that failed or stopped early) and waits for it.
+    """
+
+    def __init__(self, side: _Side, files: list[str]) -> None:
+        self._free: queue.SimpleQueue[_Slot | None] = queue.SimpleQueue()
+        for _ in range(1 + _READ_AHEAD):
+            self._free.put(_Slot())
+        self._ready: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._filling: _Slot | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(side, files), name=f"accelkit-diff-read {side.path}"
+        )
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        slot = self._free.get()
+        if slot is None or self._stop.is_set():
+            raise _Stopped
+        self._filling = slot
+        return slot.take(nbytes)
+
+    def _run(self, side: _Side, files: list[str]) -> None:
+        try:
+            for piece in side.pieces(files, self._buffer):
+                slot, self._filling = self._filling, None  # None: an empty tensor's piece
+                self._ready.put((piece, slot))
+            self._ready.put(_END)
+        except _Stopped:
+            pass
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._ready.put(exc)
+
+    def __iter__(self) -> Iterator[_Piece]:
+        while True:
+            item = self._ready.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            piece, slot = item
+            try:
+                yield piece
+            finally:
+                if slot is not None:
+                    self._free.put(slot)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._free.put(None)  # wakes the thread if it waits for a buffer
+        self._thread.join()
+
+
+def _last(piece: _Piece) -> bool:
+    """Whether ``piece`` ends its tensor."""
+    info, _, offset, data = piece
+    start, end = info.data_offsets
+    return offset + data.numel() == end - start
+
+
+def _whole(first: _Piece, pieces: Iterator[_Piece]) -> torch.Tensor:
+    """The tensor ``first`` starts, its pieces copied out of the reader's buffers."""
+    info, dtype, _, _ = first
+    start, end = info.data_offsets
+    whole = torch.empty(end - start, dtype=torch.uint8)
+    piece = first
+    while True:
+        offset, data = piece[2], piece[3]
+        whole[offset : offset + data.numel()].copy_(data)
+        if _last(piece):
+            return whole.view(dtype).reshape(info.shape)
+        piece = next(pieces)
+
+
+def _skip(first: _Piece, pieces: Iterator[_Piece]) -> None:
+    """Read past the tensor ``first`` starts."""
+    piece = first
+    while not _last(piece):
+        piece = next(pieces)
+
+
+def _merge(
+    found: tuple[float, float, int] | None, more: tuple[float, float, int] | None
+) -> tuple[float, float, int] | None:
+    """The figures of two parts of a tensor taken together."""
+    if found is None or more is None:
+        return found or more
+    return max(found[0], more[0]), max(found[1], more[1]), found[2] + more[2]
+
+
+def _compare_in_step(
+    first_a: _Piece, first_b: _Piece, pieces_a: Iterator[_Piece], pieces_b: Iterator[_Piece]
+) -> tuple[float, float, int] | None:
+    """:func:`_compare_values` of two tensors of one dtype and shape, piece by piece as both
+    readers hand them over (their pieces have the same sizes)."""
+    piece_a, piece_b = first_a, first_b
+    dtype = piece_a[1]
+    found = None
+    while True:
+        more = _compare_values(piece_a[3].view(dtype), piece_b[3].view(dtype))
+        found = _merge(found, more)
+        if _last(piece_a):
+            return found
+        piece_a, piece_b = next(pieces_a), next(pieces_b)
 
 
 def _diff_tensors(
@@ -406,33 +598,64 @@ def _diff_tensors(
     if not compare:  # nothing to read (an object on one side only, or every shape changed)
         out.tensors += added
         return
-    # Stream A; pull B forward to each twin, keeping only B's tensors read ahead of theirs.
+    # Stream A; pull B forward to each twin, keeping (copied) only B's tensors read before
+    # theirs. Each side is read by a thread of its own, ahead of the comparison; twins stored
+    # in the same order and dtype are compared piece by piece as they arrive.
     ahead: dict[str, torch.Tensor] = {}
-    stream_b = b.stream(files_b)
-    for info, tensor in a.stream(files_a):
-        name = name_of_a(info.name)
-        if name not in compare:
-            continue
-        while name not in ahead:
-            info_b, tensor_b = next(stream_b)
-            name_b = name_of_b(info_b.name)
-            if name_b in compare:
-                ahead[name_b] = tensor_b
-        twin = ahead.pop(name)
-        ib = infos_b[name]
-        found = _compare_values(tensor, twin)
-        if info.dtype != ib.dtype:
-            m = found or (0.0, 0.0, 0)
-            out.tensors.append(
-                TensorChange(name, DTYPE, info.dtype, ib.dtype, info.shape, ib.shape, *m)
-            )
-        elif found is not None:
-            out.tensors.append(
-                TensorChange(name, VALUES, info.dtype, ib.dtype, info.shape, ib.shape, *found)
-            )
-    for _ in stream_b:  # the rest of B: read, so that its checksums are checked too
-        pass
+    reader_a = _Reader(a, files_a)
+    try:
+        reader_b = _Reader(b, files_b)
+        try:
+            pieces_a, pieces_b = iter(reader_a), iter(reader_b)
+            for first in pieces_a:  # the first piece of each tensor of A
+                info = first[0]
+                name = name_of_a(info.name)
+                if name not in compare:
+                    _skip(first, pieces_a)
+                    continue
+                twin = ahead.pop(name, None)
+                if twin is not None:
+                    found = _compare_values(_whole(first, pieces_a), twin)
+                else:
+                    while True:
+                        first_b = next(pieces_b)
+                        name_b = name_of_b(first_b[0].name)
+                        if name_b == name:
+                            break
+                        if name_b in compare:
+                            ahead[name_b] = _whole(first_b, pieces_b)
+                        else:
+                            _skip(first_b, pieces_b)
+                    if first[1] == first_b[1]:
+                        found = _compare_in_step(first, first_b, pieces_a, pieces_b)
+                    else:  # another dtype: compared whole
+                        whole_a = _whole(first, pieces_a)
+                        found = _compare_values(whole_a, _whole(first_b, pieces_b))
+                _record(name, info, infos_b[name], found, out)
+            for _ in pieces_b:  # the rest of B: read, so that its checksums are checked too
+                pass
+        finally:
+            reader_b.close()
+    finally:
+        reader_a.close()
     out.tensors += added
+
+
+def _record(
+    name: str,
+    ia: TensorInfo,
+    ib: TensorInfo,
+    found: tuple[float, float, int] | None,
+    out: CheckpointDiff,
+) -> None:
+    """Add the change of a tensor on both sides (``found``: :func:`_compare_values`)."""
+    if ia.dtype != ib.dtype:
+        m = found or (0.0, 0.0, 0)
+        out.tensors.append(TensorChange(name, DTYPE, ia.dtype, ib.dtype, ia.shape, ib.shape, *m))
+    elif found is not None:
+        out.tensors.append(
+            TensorChange(name, VALUES, ia.dtype, ib.dtype, ia.shape, ib.shape, *found)
+        )
 
 
 def _namer(stem: str, names: dict[str, str] | None = None) -> Callable[[str], str]:

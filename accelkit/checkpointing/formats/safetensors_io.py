@@ -15,8 +15,9 @@ Public API:
   streamed once; with ``expected`` (a manifest :class:`~accelkit.checkpointing.formats.manifest.
   FileEntry`) the size and checksum are verified in the same pass. Hostile headers (huge
   lengths, offsets past the end, overlapping tensors) are refused before any allocation.
-- :class:`SafetensorsStream` -- the same read, one tensor at a time (an export or a diff never
-  holds the whole file); :func:`safetensors_layout` -- the header and offsets of a file to write.
+- :class:`SafetensorsStream` -- the same read, one tensor at a time (an export never holds
+  the whole file), or in pieces of a bounded size read into the caller's buffers (a diff);
+  :func:`safetensors_layout` -- the header and offsets of a file to write.
 - :func:`check_expected`, :func:`read_verified_bytes` -- re-exported from
   :mod:`~accelkit.checkpointing.storage.verified`, the one verified-read primitive.
 - :func:`supports_dtype`, :func:`parse_size` (``"10GB"``/``"500MB"``/int -> bytes).
@@ -30,7 +31,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -242,10 +243,12 @@ def _open_size(f: Any, storage: Storage, url: str) -> int:
     return size if isinstance(size, int) else storage.size(url)
 
 
-def _read_exact(f: VerifiedReader, n: int, url: str) -> torch.Tensor:
+def _read_exact(
+    f: VerifiedReader, n: int, url: str, into: torch.Tensor | None = None
+) -> torch.Tensor:
     """Read exactly ``n`` bytes into a fresh uint8 tensor (uninitialised memory: no zeroing
-    pass); ``f`` hashes them."""
-    buf = torch.empty(n, dtype=torch.uint8)
+    pass), or into ``into`` (a contiguous uint8 tensor of ``n`` bytes); ``f`` hashes them."""
+    buf = torch.empty(n, dtype=torch.uint8) if into is None else into
     view = buf.numpy().data.cast("B") if n else memoryview(b"")
     got = 0
     while got < n:
@@ -304,6 +307,33 @@ class SafetensorsStream:
                 yield info, torch.empty(info.shape, dtype=dtype)
             else:
                 yield info, _read_exact(f, end - start, url).view(dtype).reshape(info.shape)
+            position = end
+        f.verify()
+
+    def pieces(
+        self, size: int, buffer: Callable[[int], torch.Tensor]
+    ) -> Iterator[tuple[TensorInfo, torch.dtype, int, torch.Tensor]]:
+        """Each tensor's bytes in data order, in pieces of at most ``size`` bytes; then the
+        check, as :meth:`tensors`.
+
+        Yields ``(info, dtype, offset, piece)``: ``piece`` is the uint8 tensor
+        ``buffer(nbytes)`` returned (contiguous, of ``nbytes``), holding the tensor's bytes
+        from ``offset``. A caller reusing the memory (once done with a piece) reads the file
+        without faulting in fresh pages for every tensor. An empty tensor is one empty piece.
+        ``size`` a multiple of 8 keeps every piece a whole number of elements.
+        """
+        f, url = self._file, self.url
+        position = 0
+        for info in sorted(self.header.tensors, key=lambda i: i.data_offsets[0]):
+            start, end = info.data_offsets
+            dtype = tensor_dtype(url, info)
+            if start > position:
+                _read_exact(f, start - position, url)
+            if end == start:
+                yield info, dtype, 0, torch.empty(0, dtype=torch.uint8)
+            for offset in range(0, end - start, size):
+                n = min(size, end - start - offset)
+                yield info, dtype, offset, _read_exact(f, n, url, buffer(n))
             position = end
         f.verify()
 
