@@ -288,3 +288,25 @@ def test_every_process_of_a_forked_job_counts_on_from_the_checkpoints_step(
     assert other["forked"] == []  # only the main process has the tracker
     lineage = _manifest(tmp_path / "b", 1)["experiment"]["lineage"]
     assert lineage["parent"]["checkpoint"] == parent
+
+
+def test_a_fork_loaded_before_init_trackers_forks_the_named_trackers(tmp_path: Path) -> None:
+    """The other call order, with trackers named in ``log_with`` (opened at their first use)."""
+    _job(tmp_path / "a", ForkTracker("parent"))
+    source = str(tmp_path / "a" / "checkpoints" / "checkpoint_0")
+    config = ProjectConfiguration(project_dir=str(tmp_path / "b"), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(log_with=["jsonl"], project_config=config)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    accelerator.load_state(source, fork=True)
+    accelerator.init_trackers("child", config={"lr": 0.5})
+    accelerator.log({"x": 1.0})
+    accelerator.save_state()
+    accelerator.end_training()
+    folder = tmp_path / "b" / "child"
+    config_file = json.loads((folder / "config.json").read_text())
+    assert config_file["lr"] == 0.5
+    assert config_file["forked_from"]["checkpoint"] == source
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "event" not in row] == [3]
+    record = _manifest(tmp_path / "b", 1)["experiment"]
+    assert record["lineage"]["id"] == record["key"]
