@@ -442,7 +442,7 @@ class MLflowTracker(GeneralTracker):
                     stacklevel=2,
                 )
             path = path[-MAX_TAG_LENGTH:]
-        tags = [RunTag(key, path) for key in _checkpoint_tag_keys(event)]
+        tags = [RunTag(key, path) for key in dict.fromkeys(_checkpoint_tag_keys(event))]
         client.log_batch(self.run_id, metrics=metrics, tags=tags)
 
     @override
