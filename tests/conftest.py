@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,6 +109,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if relative.split("/", 1)[0] in _SLOW_FOLDERS or relative in _SLOW_FILES:
             item.add_marker(pytest.mark.slow)
     items[:] = longest_first(items, _TESTS, LONG_MODULES)
+
+
+@pytest.fixture(scope="session")
+def accelerate_checkpoint_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ``checkpoint_0`` written by Hugging Face accelerate's ``save_state`` (1 process,
+    fp32: tests/checkpointing/accelerate_run.py), to copy (``accelerate_checkpoint``). A run of
+    it costs ~7 CPU-s, which five modules paid each. Made once a session: under xdist the
+    workers share it, the first one to need it builds it under a lock in the session's folder.
+    """
+    from filelock import FileLock
+
+    from tests.checkpointing.accelerate_helpers import run_script
+
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = folder / "accelerate-template" / "checkpoint_0"
+    with FileLock(f"{path.parent}.lock"):
+        if not path.exists():
+            building = folder / "accelerate-template.building"
+            shutil.rmtree(building, ignore_errors=True)
+            run_script("accelerate", [building / "checkpoint_0"], building / "out", 1)
+            building.replace(path.parent)
+    return path
 
 
 #: The most workers ``-n auto`` starts: each may run a multi-process job and its own servers
