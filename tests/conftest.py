@@ -111,27 +111,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = longest_first(items, _TESTS, LONG_MODULES)
 
 
-@pytest.fixture(scope="session")
-def accelerate_checkpoint_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real ``checkpoint_0`` written by Hugging Face accelerate's ``save_state`` (1 process,
-    fp32: tests/checkpointing/accelerate_run.py), to copy (``accelerate_checkpoint``). A run of
-    it costs ~7 CPU-s, which five modules paid each. Made once a session: under xdist the
-    workers share it, the first one to need it builds it under a lock in the session's folder.
-    """
+def _accelerate_template(tmp_path_factory: pytest.TempPathFactory, processes: int) -> Path:
     from filelock import FileLock
 
     from tests.checkpointing.accelerate_helpers import run_script
 
     base = tmp_path_factory.getbasetemp()
     folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    path = folder / "accelerate-template" / "checkpoint_0"
+    path = folder / f"accelerate-template-{processes}" / "checkpoint_0"
     with FileLock(f"{path.parent}.lock"):
         if not path.exists():
-            building = folder / "accelerate-template.building"
+            building = folder / f"accelerate-template-{processes}.building"
             shutil.rmtree(building, ignore_errors=True)
-            run_script("accelerate", [building / "checkpoint_0"], building / "out", 1)
+            run_script("accelerate", [building / "checkpoint_0"], building / "out", processes)
             building.replace(path.parent)
     return path
+
+
+@pytest.fixture(scope="session")
+def accelerate_checkpoint_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ``checkpoint_0`` written by Hugging Face accelerate's ``save_state`` (1 process,
+    fp32: tests/checkpointing/accelerate_run.py), to copy (``accelerate_checkpoint``), beside
+    ``out/``, what the run wrote (``results``). A run of it costs ~7 CPU-s, which five modules
+    paid each. Made once a session: under xdist the workers share it, the first one to need it
+    builds it under a lock in the session's folder.
+    """
+    return _accelerate_template(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="session")
+def accelerate_checkpoint_template_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``accelerate_checkpoint_template`` written by 2 processes (``torch.distributed.run``)."""
+    return _accelerate_template(tmp_path_factory, 2)
 
 
 #: The most workers ``-n auto`` starts: each may run a multi-process job and its own servers

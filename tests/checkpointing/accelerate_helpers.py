@@ -95,9 +95,8 @@ def _aborted(stderr: str) -> bool:
 
 
 def accelerate_checkpoint(root: Path, template: Path) -> Path:
-    """A real ``checkpoint_0`` written by accelerate's ``save_state`` (1 process) under ``root``:
-    a copy of ``template`` (the ``accelerate_checkpoint_template`` fixture), files, contents
-    and times."""
+    """A real ``checkpoint_0`` written by accelerate's ``save_state`` under ``root``: a copy of
+    ``template`` (an ``accelerate_checkpoint_template`` fixture), files, contents and times."""
     folder = root / "checkpoint_0"
     shutil.copytree(template, folder)
     return folder

@@ -37,8 +37,9 @@ def test_continuation_matches_accelerate(
     tmp_path: Path, nproc: int, precision: str, request: pytest.FixtureRequest
 ) -> None:
     source = tmp_path / "run" / "checkpoints" / "checkpoint_0"
-    if (nproc, precision) == (1, "no"):  # the session's run of the same script, arguments alike
-        template = request.getfixturevalue("accelerate_checkpoint_template")
+    if precision == "no":  # the session's run of the same script, arguments alike
+        suffix = "" if nproc == 1 else f"_{nproc}"
+        template = request.getfixturevalue(f"accelerate_checkpoint_template{suffix}")
         accelerate_checkpoint(source.parent, template)
         reference = results(template.parent / "out", nproc)
     else:
