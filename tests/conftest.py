@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,11 +53,96 @@ _SLOW_FILES = {
 _TESTS = Path(__file__).resolve().parent
 
 
+# The longest modules, in worker-seconds on the 2-core CI machine (a junit profile of the whole
+# suite, `--junitxml`, summed per module). `--dist loadscope` hands modules (a test class is a
+# unit of its own) to the workers in collection order (pyproject's addopts turn off xdist's own
+# reorder, by number of tests): these go first, longest first, so that the run does not end
+# with one long module on one worker while the other worker idles. The figures only rank them:
+# a stale one costs some idle time at the end, never a test.
+LONG_MODULES = {
+    "compat/test_accelerate_scripts.py": 128,
+    "trackers/test_journal_mlflow.py": 105,
+    "cli/test_launch_watchdog.py": 97,
+    "distributed/test_exit.py": 95,
+    "trackers/test_continuity_mlflow.py": 89,
+    "trackers/test_continuity_wandb_comet.py": 86,
+    "compat/test_same_results.py": 86,
+    "reliability/test_hostile_launch.py": 85,
+    "checkpointing/test_accelerate_import.py": 81,
+    "reliability/test_hostile_tracker_files.py": 79,
+    "cli/test_launch_preemption.py": 78,
+    "checkpointing/test_replication.py": 75,
+    "trackers/test_continuity_files.py": 60,
+    "reliability/test_hostile_config.py": 59,
+    "examples/test_slurm.py": 59,
+    "test_resume_process_count.py": 57,
+    "reliability/test_redteam.py": 57,
+    "test_doc_snippets.py": 57,
+    "cli/test_launch.py": 55,
+    "cli/test_launch_signals.py": 54,
+    "checkpointing/test_async.py": 54,
+    "distributed/test_multinode.py": 53,
+    "cli/test_ckpt.py": 41,
+    "trackers/test_mlflow_server.py": 40,
+    "examples/test_boilerplate.py": 40,
+    "examples/test_custom_tracker.py": 39,
+    "cli/test_launch_restarts.py": 39,
+    "examples/test_quickstart.py": 36,
+    "reliability/test_tracker_faults.py": 36,
+    "reliability/test_hostile_pickles.py": 35,
+}
+
+
+def longest_first(
+    items: list[pytest.Item], root: Path, seconds: dict[str, float]
+) -> list[pytest.Item]:
+    """``items`` with those of the modules in ``seconds`` (paths relative to ``root``) first,
+    longest first; the order within a module, and of the other modules, is kept."""
+    ranked = sorted(seconds, key=lambda module: -seconds[module])
+    rank = {(root / module).resolve(): place for place, module in enumerate(ranked)}
+    return sorted(items, key=lambda item: rank.get(item.path.resolve(), len(rank)))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         relative = item.path.resolve().relative_to(_TESTS).as_posix()
         if relative.split("/", 1)[0] in _SLOW_FOLDERS or relative in _SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+    items[:] = longest_first(items, _TESTS, LONG_MODULES)
+
+
+def _accelerate_template(tmp_path_factory: pytest.TempPathFactory, processes: int) -> Path:
+    from filelock import FileLock
+
+    from tests.checkpointing.accelerate_helpers import run_script
+
+    base = tmp_path_factory.getbasetemp()
+    folder = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = folder / f"accelerate-template-{processes}" / "checkpoint_0"
+    with FileLock(f"{path.parent}.lock"):
+        if not path.exists():
+            building = folder / f"accelerate-template-{processes}.building"
+            shutil.rmtree(building, ignore_errors=True)
+            run_script("accelerate", [building / "checkpoint_0"], building / "out", processes)
+            building.replace(path.parent)
+    return path
+
+
+@pytest.fixture(scope="session")
+def accelerate_checkpoint_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real ``checkpoint_0`` written by Hugging Face accelerate's ``save_state`` (1 process,
+    fp32: tests/checkpointing/accelerate_run.py), to copy (``accelerate_checkpoint``), beside
+    ``out/``, what the run wrote (``results``). A run of it costs ~7 CPU-s, which five modules
+    paid each. Made once a session: under xdist the workers share it, the first one to need it
+    builds it under a lock in the session's folder.
+    """
+    return _accelerate_template(tmp_path_factory, 1)
+
+
+@pytest.fixture(scope="session")
+def accelerate_checkpoint_template_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``accelerate_checkpoint_template`` written by 2 processes (``torch.distributed.run``)."""
+    return _accelerate_template(tmp_path_factory, 2)
 
 
 #: The most workers ``-n auto`` starts: each may run a multi-process job and its own servers

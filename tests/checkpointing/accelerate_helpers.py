@@ -17,7 +17,13 @@ from typing import Any
 
 from tests.helpers.distributed import free_port
 
-__all__ = ["RUN_SCRIPT", "accelerate_checkpoint", "copy_into_project", "run_script"]
+__all__ = [
+    "RUN_SCRIPT",
+    "accelerate_checkpoint",
+    "copy_into_project",
+    "results",
+    "run_script",
+]
 
 RUN_SCRIPT = Path(__file__).with_name("accelerate_run.py")
 _ROOT = Path(__file__).resolve().parents[2]
@@ -66,11 +72,16 @@ def run_script(
     assert proc.returncode == 0, (
         f"{mode} run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-12000:]}"
     )
-    results = []
+    return results(out, nproc)
+
+
+def results(out: Path, nproc: int) -> list[dict[str, Any]]:
+    """What each rank of a finished run into ``out`` wrote, by folder name."""
+    found = []
     for rank in range(nproc):
         data = json.loads((out / f"losses_{rank}.json").read_text())
-        results.append({Path(k).name: v for k, v in data.items()})
-    return results
+        found.append({Path(k).name: v for k, v in data.items()})
+    return found
 
 
 def _aborted(stderr: str) -> bool:
@@ -83,10 +94,11 @@ def _aborted(stderr: str) -> bool:
     )
 
 
-def accelerate_checkpoint(root: Path) -> Path:
-    """A real ``checkpoint_0`` written by accelerate's ``save_state`` (1 process) under ``root``."""
+def accelerate_checkpoint(root: Path, template: Path) -> Path:
+    """A real ``checkpoint_0`` written by accelerate's ``save_state`` under ``root``: a copy of
+    ``template`` (an ``accelerate_checkpoint_template`` fixture), files, contents and times."""
     folder = root / "checkpoint_0"
-    run_script("accelerate", [folder], root / "out", 1)
+    shutil.copytree(template, folder)
     return folder
 
 

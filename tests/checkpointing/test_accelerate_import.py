@@ -22,7 +22,7 @@ import torch
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.errors import CheckpointMismatchError
 from accelkit.cli.main import main as cli
-from tests.checkpointing.accelerate_helpers import run_script
+from tests.checkpointing.accelerate_helpers import accelerate_checkpoint, results, run_script
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -33,9 +33,17 @@ def _digest(folder: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("nproc", "precision"), [(1, "no"), (2, "no"), (1, "bf16"), (2, "bf16")])
-def test_continuation_matches_accelerate(tmp_path: Path, nproc: int, precision: str) -> None:
+def test_continuation_matches_accelerate(
+    tmp_path: Path, nproc: int, precision: str, request: pytest.FixtureRequest
+) -> None:
     source = tmp_path / "run" / "checkpoints" / "checkpoint_0"
-    reference = run_script("accelerate", [source], tmp_path / "ref", nproc, precision)
+    if precision == "no":  # the session's run of the same script, arguments alike
+        suffix = "" if nproc == 1 else f"_{nproc}"
+        template = request.getfixturevalue(f"accelerate_checkpoint_template{suffix}")
+        accelerate_checkpoint(source.parent, template)
+        reference = results(template.parent / "out", nproc)
+    else:
+        reference = run_script("accelerate", [source], tmp_path / "ref", nproc, precision)
     assert sorted(p.name for p in source.iterdir()) == sorted(
         ["model.safetensors", "optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pkl"]
         + ["dl_state_dict.bin"]
@@ -59,12 +67,11 @@ def test_continuation_matches_accelerate(tmp_path: Path, nproc: int, precision: 
 
 
 @pytest.fixture(scope="module")
-def accelerate_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def accelerate_folder(
+    tmp_path_factory: pytest.TempPathFactory, accelerate_checkpoint_template: Path
+) -> Path:
     """A real 1-process Accelerate checkpoint (fp32)."""
-    root = tmp_path_factory.mktemp("acc")
-    folder = root / "checkpoint_0"
-    run_script("accelerate", [folder], root / "out", 1)
-    return folder
+    return accelerate_checkpoint(tmp_path_factory.mktemp("acc"), accelerate_checkpoint_template)
 
 
 def test_load_state_without_argument_picks_newest_accelerate_folder(

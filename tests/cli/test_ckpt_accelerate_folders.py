@@ -34,8 +34,8 @@ NAMES = ["step_3", "epoch_1", "step_10"]
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return accelerate_checkpoint(tmp_path_factory.mktemp("acc1"))
+def saved(tmp_path_factory: pytest.TempPathFactory, accelerate_checkpoint_template: Path) -> Path:
+    return accelerate_checkpoint(tmp_path_factory.mktemp("acc1"), accelerate_checkpoint_template)
 
 
 @pytest.fixture

@@ -26,14 +26,16 @@ from accelkit.checkpointing.interop.accelerate_pickle import load_pickle
 from accelkit.checkpointing.storage import get_storage
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli.main import main
-from tests.checkpointing.accelerate_helpers import run_script
+from tests.checkpointing.accelerate_helpers import accelerate_checkpoint
 
 
 @pytest.fixture(scope="module")
-def accelerate_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def accelerate_run(
+    tmp_path_factory: pytest.TempPathFactory, accelerate_checkpoint_template_2: Path
+) -> Path:
     """A project whose ``checkpoints/checkpoint_0`` accelerate wrote with 2 processes."""
     root = tmp_path_factory.mktemp("acc2")
-    run_script("accelerate", [root / "checkpoints" / "checkpoint_0"], root / "out", 2)
+    accelerate_checkpoint(root / "checkpoints", accelerate_checkpoint_template_2)
     return root
 
 

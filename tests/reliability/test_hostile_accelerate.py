@@ -81,8 +81,11 @@ FILES = [
 
 
 @pytest.fixture(scope="module")
-def accelerate_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return accelerate_checkpoint(tmp_path_factory.mktemp("hostile-acc"))
+def accelerate_folder(
+    tmp_path_factory: pytest.TempPathFactory, accelerate_checkpoint_template: Path
+) -> Path:
+    root = tmp_path_factory.mktemp("hostile-acc")
+    return accelerate_checkpoint(root, accelerate_checkpoint_template)
 
 
 def _plant(folder: Path, name: str, payload: Any) -> None:

@@ -31,7 +31,7 @@ from accelkit.checkpointing.errors import CheckpointError
 from accelkit.checkpointing.formats.manifest import read_manifest
 from accelkit.checkpointing.storage import get_storage
 from accelkit.utils import DataLoaderConfiguration
-from tests.checkpointing.accelerate_helpers import run_script
+from tests.checkpointing.accelerate_helpers import accelerate_checkpoint
 from tests.checkpointing.accelerate_run import Counter, build
 from tests.helpers.preloaded import Preloaded
 
@@ -49,12 +49,12 @@ SEEN_BY_ACCELERATE = 3  # the registered counter in accelerate's checkpoint (acc
 
 
 @pytest.fixture(scope="module")
-def accelerate_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def accelerate_folder(
+    tmp_path_factory: pytest.TempPathFactory, accelerate_checkpoint_template: Path
+) -> Path:
     """``checkpoints/checkpoint_0`` written by Hugging Face accelerate's ``save_state``."""
-    root = tmp_path_factory.mktemp("accelerate")
-    folder = root / "checkpoints" / "checkpoint_0"
-    run_script("accelerate", [folder], root / "out", 1)
-    return folder
+    root = tmp_path_factory.mktemp("accelerate") / "checkpoints"
+    return accelerate_checkpoint(root, accelerate_checkpoint_template)
 
 
 @pytest.fixture

@@ -149,8 +149,11 @@ def _numpy_key(folder: Path, key: Any) -> None:
 
 
 @pytest.fixture(scope="module")
-def accelerate_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return accelerate_checkpoint(tmp_path_factory.mktemp("hostile-pickles"))
+def accelerate_folder(
+    tmp_path_factory: pytest.TempPathFactory, accelerate_checkpoint_template: Path
+) -> Path:
+    root = tmp_path_factory.mktemp("hostile-pickles")
+    return accelerate_checkpoint(root, accelerate_checkpoint_template)
 
 
 def console(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
