@@ -53,43 +53,45 @@ _SLOW_FILES = {
 _TESTS = Path(__file__).resolve().parent
 
 
-# The longest modules, in worker-seconds on the 2-core CI machine (a junit profile of the whole
-# suite, `--junitxml`, summed per module). `--dist loadscope` hands modules (a test class is a
-# unit of its own) to the workers in collection order (pyproject's addopts turn off xdist's own
-# reorder, by number of tests): these go first, longest first, so that the run does not end
-# with one long module on one worker while the other worker idles. The figures only rank them:
-# a stale one costs some idle time at the end, never a test.
+# The longest modules, in worker-seconds on the 2-core machine (a junit profile of the whole
+# suite, `--junitxml`, summed per module; taken at load ~5, so about 1.5x a quiet run's; the
+# two modules added after it, test_resume_matrix and test_fork_backends, estimated).
+# `--dist loadscope` hands modules (a test class is a unit of its own) to the workers in
+# collection order (pyproject's addopts turn off xdist's own reorder, by number of tests):
+# these go first, longest first, so that the run does not end with one long module on one
+# worker while the other worker idles. The figures only rank them: a stale one costs some
+# idle time at the end, never a test.
 LONG_MODULES = {
-    "compat/test_accelerate_scripts.py": 128,
-    "trackers/test_journal_mlflow.py": 105,
-    "cli/test_launch_watchdog.py": 97,
-    "distributed/test_exit.py": 95,
-    "trackers/test_continuity_mlflow.py": 89,
-    "trackers/test_continuity_wandb_comet.py": 86,
-    "compat/test_same_results.py": 86,
-    "reliability/test_hostile_launch.py": 85,
-    "checkpointing/test_accelerate_import.py": 81,
-    "reliability/test_hostile_tracker_files.py": 79,
-    "cli/test_launch_preemption.py": 78,
-    "checkpointing/test_replication.py": 75,
-    "trackers/test_continuity_files.py": 60,
-    "reliability/test_hostile_config.py": 59,
-    "examples/test_slurm.py": 59,
-    "test_resume_process_count.py": 57,
-    "reliability/test_redteam.py": 57,
-    "test_doc_snippets.py": 57,
-    "cli/test_launch.py": 55,
-    "cli/test_launch_signals.py": 54,
-    "checkpointing/test_async.py": 54,
-    "distributed/test_multinode.py": 53,
-    "cli/test_ckpt.py": 41,
-    "trackers/test_mlflow_server.py": 40,
-    "examples/test_boilerplate.py": 40,
-    "examples/test_custom_tracker.py": 39,
-    "cli/test_launch_restarts.py": 39,
-    "examples/test_quickstart.py": 36,
-    "reliability/test_tracker_faults.py": 36,
-    "reliability/test_hostile_pickles.py": 35,
+    "compat/test_same_results.py": 214,
+    "compat/test_accelerate_scripts.py": 210,
+    "cli/test_launch_watchdog.py": 207,
+    "trackers/test_journal_mlflow.py": 187,
+    "test_doc_snippets.py": 175,
+    "checkpointing/test_accelerate_import.py": 172,
+    "reliability/test_hostile_launch.py": 164,
+    "trackers/test_continuity_wandb_comet.py": 162,
+    "test_resume_process_count.py": 159,
+    "distributed/test_exit.py": 159,
+    "cli/test_launch_preemption.py": 155,
+    "test_resume_matrix.py": 150,
+    "checkpointing/test_async.py": 122,
+    "trackers/test_fork_backends.py": 120,
+    "trackers/test_continuity_mlflow.py": 115,
+    "reliability/test_redteam.py": 106,
+    "cli/test_launch.py": 106,
+    "reliability/test_hostile_config.py": 104,
+    "cli/test_launch_signals.py": 104,
+    "compat/test_memory.py": 93,
+    "cli/test_launch_restarts.py": 90,
+    "checkpointing/test_replication.py": 89,
+    "examples/test_slurm.py": 88,
+    "distributed/test_multinode.py": 85,
+    "examples/test_boilerplate.py": 73,
+    "reliability/test_hostile_tracker_files.py": 68,
+    "reliability/test_crash.py": 65,
+    "distributed/test_preemption.py": 62,
+    "examples/test_custom_tracker.py": 61,
+    "cli/test_ckpt.py": 59,
 }
 
 
