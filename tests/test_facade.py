@@ -75,7 +75,7 @@ PUBLIC_SURFACE = {
     "is_local_main_process": "property",
     "is_main_process": "property",
     "join_uneven_inputs": "(self, joinables, even_batches=None)",
-    "load_state": "(self, input_dir=None, load_kwargs=None, **kwargs)",
+    "load_state": "(self, input_dir=None, load_kwargs=None, *, fork=False, **kwargs)",
     "local_main_process_first": "(self)",
     "local_process_index": "property",
     "log": "(self, values, step=None, log_kwargs=None)",

@@ -64,6 +64,8 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.catalog.inspect` -- safetensors headers without loading tensors.
 - :mod:`~accelkit.checkpointing.catalog.diff` -- two checkpoints compared, tensor by tensor
   (read ahead in pieces, A and B side by side).
+- :mod:`~accelkit.checkpointing.catalog.lineage` -- the lines of descent forks start (what
+  ``ckpt ls --tree`` draws), and the parent record a fork writes.
 
 **Restore** -- the load sequence:
 

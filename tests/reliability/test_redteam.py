@@ -463,6 +463,9 @@ def _interrupt(
         )
     output = b""
     if prompt is None:
+        # Past the interpreter's own start and accelkit's imports (a signal there is Python's
+        # to report, before any code of accelkit runs), however loaded the machine is.
+        _wait_for_cpu(proc, _STARTED_CPU_SECONDS)
         time.sleep(delay)
     else:  # at the prompt, however long the start took on a loaded machine
         fd = controller if terminal else proc.stdout.fileno()  # type: ignore[union-attr]
@@ -484,6 +487,26 @@ def _interrupt(
         pass
     os.close(controller)
     return code, output.decode()
+
+
+# CPU time a command has used once `accelkit.cli.main` is imported and its own code runs: the
+# interpreter's start and that import take about 0.05 s here; each command below then imports
+# for a second or more (torch, the storage layer), so it is still working when the signal comes.
+_STARTED_CPU_SECONDS = 0.3
+
+
+def _wait_for_cpu(proc: subprocess.Popen[bytes], seconds: float, timeout: float = 60) -> None:
+    """Wait until ``proc`` has used ``seconds`` of CPU time (or ended)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return
+        if (int(fields[11]) + int(fields[12])) / ticks >= seconds:  # utime + stime
+            return
+        time.sleep(0.01)
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,7 @@ from accelkit.checkpointing.formats.safetensors_io import SafetensorsStream
 from accelkit.checkpointing.storage import Storage, join
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.checkpointing.storage.verified import read_verified_bytes
+from accelkit.errors import AccelkitError
 
 __all__ = ["CheckpointDiff", "TensorChange", "ValueChange", "diff_checkpoints"]
 
@@ -429,8 +430,9 @@ def _compare_values(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, int
     return (max_abs, max_rel, changed) if changed else None
 
 
-class _Stopped(Exception):
-    """Raised in a reader thread whose consumer has stopped (:meth:`_Reader.close`)."""
+class _Stopped(AccelkitError):
+    """Raised in a reader thread whose consumer has stopped (:meth:`_Reader.close`); caught in
+    that thread, never seen outside it."""
 
 
 _END = object()  # a reader's last item: every file read and verified
