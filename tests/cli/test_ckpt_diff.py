@@ -20,6 +20,7 @@ from accelkit.checkpointing.catalog.diff import diff_checkpoints
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.storage import get_storage
 from accelkit.cli.main import main
+from tests.checkpointing.test_diff_values import _rules
 
 
 class Counter:
@@ -210,21 +211,6 @@ def test_python_function_on_fsspec_memory(base: str, tmp_path: Path) -> None:
 
 def _reader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("accelkit-diff-read")]
-
-
-def _rules(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, int] | None:
-    """The module docstring's figures, elementwise in float64 with no shortcut."""
-    x, y = a.reshape(-1).double(), b.reshape(-1).double()
-    same = (x == y) | (x.isnan() & y.isnan())
-    if bool(same.all()):
-        return None
-    d = (x - y).abs()
-    d[d.isnan()] = math.inf
-    d[same] = 0.0
-    rel = d / x.abs()
-    rel[rel.isnan()] = math.inf
-    rel[same] = 0.0
-    return float(d.max()), float(rel.max()), int((~same).sum())
 
 
 @pytest.fixture
