@@ -63,11 +63,17 @@ def _run_fork(args: argparse.Namespace) -> int:
     storage = open_storage(args)
     _, infos, single = collect(storage, args.path)
     source = infos[0] if single and infos else None
-    if source is None or source.state != COMMITTED or source.manifest is None:
-        what = "a folder of checkpoints" if not single else f"{source.state if source else '?'}"
+    if not single or source is None:
         raise usage(
-            f"{args.path!r} is {what}, not one committed checkpoint: give one checkpoint "
-            f"folder, e.g. {args.path.rstrip('/')}/checkpoint_<n> (`accelkit ckpt ls` lists them)."
+            f"{args.path!r} is a folder of checkpoints, not one committed checkpoint: give one "
+            f"checkpoint folder, e.g. {args.path.rstrip('/')}/checkpoint_<n> (`accelkit ckpt "
+            "ls` lists them)."
+        )
+    if source.state != COMMITTED or source.manifest is None:
+        raise usage(
+            f"{args.path!r} is {source.state}, not one committed checkpoint: fork a committed "
+            f"one (`accelkit ckpt ls {args.path.rstrip('/').rsplit('/', 1)[0] or '.'}` shows "
+            "their states)."
         )
     if source.manifest.process_index is not None:
         raise usage(

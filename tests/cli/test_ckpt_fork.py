@@ -169,3 +169,15 @@ def test_fork_names_the_copy_so_that_its_project_resumes_from_it(
     assert main(["ckpt", "fork", str(tmp_path / "final"), str(tmp_path / "c")]) == 2
     assert "load_state(path, fork=True)" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
+
+
+def test_fork_of_an_incomplete_checkpoint_names_its_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a = tmp_path / "a"
+    _job(a, None)
+    _manifest_path(a, 0).unlink()  # a save that never committed
+    assert main(["ckpt", "fork", str(a / "checkpoints" / "checkpoint_0"), str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err
+    assert "is incomplete, not one committed checkpoint" in err and "ckpt ls" in err
+    assert not (tmp_path / "b").exists()
