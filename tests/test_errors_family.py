@@ -136,7 +136,7 @@ ALLOWED: dict[tuple[str, str, str], str] = {
     ("accelkit/trackers/registry.py", "unregister_tracker", "KeyError"): (
         "a mapping's protocol: unregistering a name never registered is del mapping[name]"
     ),
-    ("accelkit/data/prepared.py", "PreparedLoaderMixin.load_state_dict", "KeyError"): (
+    ("accelkit/data/prepared.py", "_Position.restore", "KeyError"): (
         "a state dict without its key: torch's and Accelerate's load_state_dict raise KeyError"
     ),
     ("accelkit/training/local_sgd.py", "LocalSGD.__init__", "NotImplementedError"): (

@@ -56,8 +56,9 @@ test_resume_idiom.py, C = test_resume_check.py; "here" = this module.
   test_a_lost_or_damaged_random_states_file_is_a_named_error (2->1 damaged: loads; one process
   never reads that file, so nothing of it reaches the run).
 * 1->1; 0 plain, 2 plain and stateful; mid; load, a Dataset drawing random numbers per
-  sample -> here: test_an_augmentation_drawn_per_sample_resumes_bitwise_mid_epoch,
-  xfail(strict=True): a silent divergence (its reason says which).
+  sample -> here: test_an_augmentation_drawn_per_sample_resumes_bitwise_mid_epoch (the read-
+  ahead batch read again from its generator states; the workers' streams carried over; more
+  cases in tests/test_data_streams.py).
 """
 
 from __future__ import annotations
@@ -471,13 +472,6 @@ def test_a_lost_or_damaged_random_states_file_is_a_named_error(
         assert "random_states_1" in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="silent divergence: random numbers a Dataset draws per sample (augmentation) differ "
-    "after a mid-epoch resume; with workers=0 the prepared loader has read (and augmented) "
-    "the next batch before save_state records the RNG, with workers the resumed pass gets "
-    "new worker base seeds; neither load_state nor the resume fingerprint says so",
-)
 @pytest.mark.parametrize(("workers", "loader"), [(0, "plain"), (2, "plain"), (2, "stateful")])
 def test_an_augmentation_drawn_per_sample_resumes_bitwise_mid_epoch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int, loader: str

@@ -21,15 +21,14 @@ import contextlib
 import copy
 import itertools
 import logging
-import random
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
 from accelkit.data.prepared import is_prepared
 from accelkit.data.sampling import BatchSamplerShard, RecordedRandomSampler, SeedableRandomSampler
+from accelkit.runtime.random import global_generator_states, set_global_generator_states
 
 __all__ = ["MAX_SAMPLES", "per_process_batch_size", "sampler_summary", "upcoming_batches"]
 
@@ -181,10 +180,8 @@ def _replay(loader: Any, shard: BatchSamplerShard, state: dict[str, Any]) -> Ite
 @contextlib.contextmanager
 def _global_generators_kept() -> Iterator[None]:
     """Python's, NumPy's and torch's global generator states, put back on exit."""
-    kept = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    kept = global_generator_states()
     try:
         yield
     finally:
-        random.setstate(kept[0])
-        np.random.set_state(kept[1])
-        torch.set_rng_state(kept[2])
+        set_global_generator_states(kept)

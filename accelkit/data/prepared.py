@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import sys
 import warnings
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ from torch.utils.data import DataLoader
 
 from accelkit.data.dispatch import Dispatch, dispatched_batches
 from accelkit.data.position import GLOBAL_POSITION, GlobalOrder, Shuffling
+from accelkit.data.random_streams import RandomStreams, tags_workers
 from accelkit.data.sampling import (
     BatchSamplerShard,
     IterableDatasetShard,
@@ -117,6 +119,7 @@ class _Position:
         "randomness",
         "restored",
         "snapshot",
+        "streams",
         "yielded",
     )
 
@@ -135,6 +138,8 @@ class _Position:
         self.pending_randomness: dict[str, Any] | None = None
         # The restored global record (None: none, or an older checkpoint's per-process count).
         self.pending_global: dict[str, Any] | None = None
+        # The random numbers the reads draw, and the restored ones (random_streams.py).
+        self.streams = RandomStreams()
         # Where the current pass started in the epoch's global order (units of the global
         # record) and the value of ``yielded`` then: the global position is computed from them.
         self.base_units = 0
@@ -149,6 +154,32 @@ class _Position:
         self.pending_offset = self.offset = 0
         self.pending_randomness = None
         self.pending_global = None
+        self.streams.pending = (None, None)
+
+    def restore(self, state_dict: dict[str, Any], stateful: bool) -> None:
+        """Resume from a prepared loader's ``state_dict()`` (checked before anything changes).
+
+        Raises:
+            KeyError: naming the missing entry when ``state_dict`` is not one of ours.
+            ValueError: naming a malformed random-stream entry.
+        """
+        for key in ("epoch", "batches_yielded"):
+            if key not in state_dict:
+                raise KeyError(
+                    f"dataloader state has no {key!r} entry (keys: {sorted(state_dict)}); pass "
+                    "a dict produced by a prepared dataloader's state_dict()."
+                )
+        self.streams.pending = RandomStreams.checked(state_dict)
+        self.epoch = int(state_dict["epoch"])
+        self.restored = True
+        self.pending = self.yielded = max(0, int(state_dict["batches_yielded"]))
+        self.end = False
+        inner = state_dict.get("stateful_dataloader") if stateful else None
+        self.pending_inner = self.snapshot = inner
+        self.pending_offset = self.offset = int(state_dict.get("sampler_offset") or 0)
+        self.pending_randomness = state_dict.get("randomness")
+        carried = state_dict.get(GLOBAL_POSITION)
+        self.pending_global = dict(carried) if isinstance(carried, dict) else None
 
     def start_pass(self, yielded: int, units: int) -> None:
         """The pass starts ``yielded`` batches of this process, ``units`` of the global order,
@@ -243,6 +274,8 @@ class PreparedLoaderMixin:
         self._skip = skip  # skip_first_batches(n): the first pass starts at batch n
         self._len_skip = skip or 0  # what len() leaves out until that pass is over
         self._premade = False  # premake_iterator made the first pass's iterator
+        # Workers reading a map-style dataset send their generator states (random_streams.py).
+        self._tags = shard is not None and recipe.dispatch is None and tags_workers(self)
         self._drawn = False  # that iterator's draw stands for this loader's first pass
         self._shuffling = Shuffling(recipe.recorded_sampler, recipe.loader_kwargs.get("generator"))
         self._order = GlobalOrder(
@@ -360,6 +393,7 @@ class PreparedLoaderMixin:
         pos.end = False
         self.remainder = self._recipe.remainder
         order.skip(units or 0)
+        pos.streams.start_pass(resumes=resumed and units is None and skip == pending)
         if units is not None:
             # Another process count: the saved StatefulDataLoader state is one process's share
             # of another division; the samplers start the pass at the global position instead.
@@ -413,7 +447,8 @@ class PreparedLoaderMixin:
         # Where DataLoader starts its worker processes: with preemption signals watched, they
         # start with those signals blocked, so a signal sent to the whole job (SLURM without
         # B:) cannot kill a spawned worker before the training process saves.
-        with spare_child_processes():
+        # Workers that send their generator states start with the hooks that do it.
+        with spare_child_processes(), self._pos.streams.worker_hooks(self, self._tags):
             return super()._get_iterator()  # type: ignore[misc]
 
     def _new_iterator(self, resumed: bool) -> Iterator[Any]:
@@ -448,19 +483,24 @@ class PreparedLoaderMixin:
             it = self._new_iterator(resumed or drawn)
             if self._recipe.dispatch is not None:
                 it = self._dispatch(it)
-            for _ in range(drop):
-                if next(it, _END) is _END:
-                    break
-            current = next(it, _END)
+            if self._tags:
+                it = pos.streams.untagged(it, self.num_workers)  # type: ignore[attr-defined]
+            read_next = functools.partial(next, it, _END)
+            current = pos.streams.first_read(read_next, drop, _END)
             recorded = self._recipe.recorded_sampler
             if recorded is not None and pos.randomness is not None:
                 pos.randomness["sampler_seed"] = recorded.last_seed
             move = self._move if self._on_device else None
+            watch = pos.streams.read_ahead
             if current is not _END and move is not None:
                 current = move(current)
             while current is not _END:
                 snapshot = self._inner_state() if self._stateful else None
-                upcoming = next(it, _END)
+                if watch.drawn or not watch.countdown:
+                    upcoming = watch.read(read_next)
+                else:  # a read that draws nothing and is not a probe (see readahead.py)
+                    watch.countdown -= 1
+                    upcoming = next(it, _END)
                 if upcoming is _END:
                     self._mark_end()
                 else:
@@ -530,6 +570,10 @@ class PreparedLoaderMixin:
         process together has consumed of the epoch), ``unit`` (``"batches"`` of the user's
         batch sampler, or ``"samples"`` of an iterable dataset) and ``unit_size`` (samples per
         unit; None when batches vary in size).
+
+        ``"read_ahead_rng"`` and ``"worker_rng"`` (mid-epoch, when the reads draw random
+        numbers, in this process or in the loader's workers): the generator states a resumed
+        pass reads from to draw what the saved one drew (:mod:`accelkit.data.random_streams`).
         """
         pos = self._pos
         out: dict[str, Any] = {
@@ -552,6 +596,8 @@ class PreparedLoaderMixin:
             randomness["generator_states"] or randomness["sampler_seed"] is not None
         ):
             out["randomness"] = randomness
+        if not pos.end and pos.yielded > 0:
+            out.update(pos.streams.record(pos.restored))
         if self._stateful:
             out["stateful_dataloader"] = pos.snapshot
             out["sampler_offset"] = 0 if pos.end else pos.offset
@@ -570,6 +616,8 @@ class PreparedLoaderMixin:
 
         Raises:
             KeyError: naming the missing entry when ``state_dict`` is not one of ours.
+            ValueError: naming ``read_ahead_rng`` or ``worker_rng`` when their generator
+                states are malformed (nothing is restored then).
         """
         # A restored pass makes its own iterator (the checkpoint's RNG states decide its draws).
         self._drop_premade()
@@ -577,26 +625,10 @@ class PreparedLoaderMixin:
         if self._stateful and _is_torchdata_state(state_dict):
             self._pos.load_torchdata(state_dict)
             return
-        for key in ("epoch", "batches_yielded"):
-            if key not in state_dict:
-                raise KeyError(
-                    f"dataloader state has no {key!r} entry (keys: {sorted(state_dict)}); pass "
-                    "a dict produced by a prepared dataloader's state_dict()."
-                )
-        pos = self._pos
-        pos.epoch = int(state_dict["epoch"])
+        self._pos.restore(state_dict, self._stateful)
         seed = state_dict.get("seed")
         if seed is not None and self._random_sampler is not None:
             self._random_sampler.seed = int(seed)
-        pos.restored = True
-        pos.pending = pos.yielded = max(0, int(state_dict["batches_yielded"]))
-        pos.end = False
-        inner = state_dict.get("stateful_dataloader") if self._stateful else None
-        pos.pending_inner = pos.snapshot = inner
-        pos.pending_offset = pos.offset = int(state_dict.get("sampler_offset") or 0)
-        pos.pending_randomness = state_dict.get("randomness")
-        carried = state_dict.get(GLOBAL_POSITION)
-        pos.pending_global = dict(carried) if isinstance(carried, dict) else None
 
     # ------------------------------------------------------------- skipping
 

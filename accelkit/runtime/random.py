@@ -3,9 +3,12 @@ across processes."""
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import os
 import random as _py_random
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -13,7 +16,22 @@ import torch.distributed as dist
 
 from accelkit.errors import ConfigurationError, WrongTypeError
 
-__all__ = ["RNGType", "set_seed", "synchronize_rng_state", "synchronize_rng_states"]
+__all__ = [
+    "GLOBAL_GENERATORS",
+    "RNGType",
+    "checked_generator_states",
+    "drawn_generators",
+    "generator_marks",
+    "global_generator_states",
+    "set_global_generator_states",
+    "set_seed",
+    "synchronize_rng_state",
+    "synchronize_rng_states",
+]
+
+GLOBAL_GENERATORS = ("python", "numpy", "torch")
+"""The process-wide generators a dataset or a transform draws from without being given one:
+Python's ``random``, NumPy's legacy ``np.random`` and torch's CPU generator."""
 
 
 class RNGType(str, enum.Enum):
@@ -135,3 +153,111 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         torch.cuda.manual_seed_all(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def global_generator_states(names: Iterable[str] = GLOBAL_GENERATORS) -> dict[str, Any]:
+    """The states of the global generators ``names`` (of :data:`GLOBAL_GENERATORS`), to put
+    back with :func:`set_global_generator_states`.
+
+    Capturing costs about 2 us for torch's, 10 us for Python's and 50 us for NumPy's, so a
+    per-batch caller asks only for those it needs.
+    """
+    states: dict[str, Any] = {}
+    for name in names:
+        if name == "python":
+            states[name] = _py_random.getstate()
+        elif name == "numpy":
+            states[name] = np.random.get_state()
+        elif name == "torch":
+            states[name] = torch.get_rng_state()
+        else:
+            raise ConfigurationError(
+                f"unknown global generator {name!r}; expected one of {GLOBAL_GENERATORS}."
+            )
+    return states
+
+
+def checked_generator_states(states: Any) -> dict[str, Any]:
+    """``states`` (from :func:`global_generator_states`, possibly through a checkpoint, which
+    may turn tuples into lists) in the form the generators take, each tried on a fresh
+    generator; no global generator is changed.
+
+    Raises:
+        ValueError: naming what is wrong, for anything else.
+    """
+    if not isinstance(states, Mapping) or not set(states) <= set(GLOBAL_GENERATORS):
+        raise ConfigurationError(
+            f"expected a dict of global generator states keyed by {GLOBAL_GENERATORS}, got "
+            f"{type(states).__name__} {sorted(states) if isinstance(states, Mapping) else ''}"
+        )
+    checked: dict[str, Any] = {}
+    try:
+        for name, state in states.items():
+            if name == "python":
+                version, internal, gauss = state
+                state = (version, tuple(internal), gauss)
+                _py_random.Random().setstate(state)
+            elif name == "numpy":
+                state = tuple(state)
+                np.random.RandomState().set_state(state)
+            else:
+                if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
+                    raise WrongTypeError(f"expected a uint8 tensor, got {type(state).__name__}")
+                # Its own storage: set_state reads a view (of a file's buffer) from the start.
+                state = state.detach().cpu().clone()
+                torch.Generator().set_state(state)
+            checked[name] = state
+    except (TypeError, ValueError, RuntimeError, LookupError, OverflowError) as exc:
+        raise ConfigurationError(f"invalid {name} generator state ({exc}).") from None
+    return checked
+
+
+def set_global_generator_states(states: Mapping[str, Any]) -> None:
+    """Put back states :func:`global_generator_states` captured.
+
+    Raises:
+        ValueError: for a state a generator does not accept (nothing is changed then; see
+            :func:`checked_generator_states`).
+    """
+    for name, state in checked_generator_states(states).items():
+        if name == "python":
+            _py_random.setstate(state)
+        elif name == "numpy":
+            np.random.set_state(state)
+        else:
+            torch.set_rng_state(state)
+
+
+def generator_marks() -> dict[str, Any]:
+    """A cheap comparable mark of each global generator's state (about 12 us for the three):
+    two marks differ when the generator drew in between (:func:`drawn_generators`)."""
+    return {"python": _py_random.getstate(), "numpy": _numpy_mark(), "torch": torch.get_rng_state()}
+
+
+# NumPy's global MT19937 state as raw bytes (624 words and the position): 1 us, against 50 us
+# for np.random.get_state(), which copies it into new objects.
+_MT19937_BYTES = 624 * 4 + 4
+
+
+def _numpy_mark() -> Any:
+    get_bit_generator = getattr(np.random, "get_bit_generator", None)  # NumPy >= 1.25
+    generator: Any = get_bit_generator() if get_bit_generator is not None else None
+    if type(generator).__name__ == "MT19937":
+        return ctypes.string_at(generator.ctypes.state_address, _MT19937_BYTES)
+    # Older NumPy, or a bit generator the user set: the whole state.
+    kind, key, *rest = np.random.get_state()
+    return (kind, np.asarray(key).tobytes(), *rest)
+
+
+def drawn_generators(before: Mapping[str, Any], after: Mapping[str, Any]) -> set[str]:
+    """The generators whose :func:`generator_marks` differ."""
+    drawn = set()
+    for name, mark in before.items():
+        other = after.get(name)
+        if isinstance(mark, torch.Tensor):
+            same = isinstance(other, torch.Tensor) and torch.equal(mark, other)
+        else:
+            same = mark == other
+        if not same:
+            drawn.add(name)
+    return drawn

@@ -16,24 +16,24 @@ Public API:
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import numpy as np
 import torch
 
 from accelkit.checkpointing.errors import CheckpointMismatchError, CorruptCheckpointError
+from accelkit.runtime.random import (
+    GLOBAL_GENERATORS,
+    checked_generator_states,
+    global_generator_states,
+    set_global_generator_states,
+)
 
 __all__ = ["capture_rng_state", "check_rng_state", "restore_rng_state"]
 
 
 def capture_rng_state() -> dict[str, Any]:
     """The current states of Python's, NumPy's, torch's and CUDA's global generators."""
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
+    state = global_generator_states()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -52,22 +52,15 @@ def check_rng_state(state: Any, source: str = "random states") -> None:
             f"{source}: expected Python, NumPy and torch generator states; the file is damaged."
         )
     try:
-        random.Random().setstate(_python_state(state["python"]))
-        np.random.RandomState().set_state(state["numpy"])
-        torch.Generator().set_state(state["torch"])
-    except (TypeError, ValueError, RuntimeError, KeyError, OverflowError) as exc:
-        raise CorruptCheckpointError(f"{source}: invalid generator state ({exc}).") from None
+        checked_generator_states({name: state[name] for name in GLOBAL_GENERATORS})
+    except ValueError as exc:
+        raise CorruptCheckpointError(f"{source}: {exc}") from None
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available() and len(cuda) > torch.cuda.device_count():
         raise CheckpointMismatchError(
             f"{source}: holds CUDA generator states for {len(cuda)} devices but only "
             f"{torch.cuda.device_count()} are visible; resume on the same devices."
         )
-
-
-def _python_state(value: Any) -> tuple[Any, ...]:
-    version, internal, gauss = value
-    return (version, tuple(internal), gauss)
 
 
 def restore_rng_state(state: Any, source: str = "random states") -> None:
@@ -79,9 +72,7 @@ def restore_rng_state(state: Any, source: str = "random states") -> None:
         CheckpointMismatchError: if it holds CUDA states for more devices than are visible.
     """
     check_rng_state(state, source)
-    random.setstate(_python_state(state["python"]))
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    set_global_generator_states({name: state[name] for name in GLOBAL_GENERATORS})
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(cuda)
