@@ -57,7 +57,8 @@ _TESTS = Path(__file__).resolve().parent
 # suite, `--junitxml`, summed per module; taken at load ~5, so about 1.5x a quiet run's; the
 # two modules added after it, test_resume_matrix and test_fork_backends, estimated; those made
 # faster since, scaled by their own before/after: test_doc_snippets, test_resume_process_count,
-# test_journal_mlflow, test_custom_tracker; compat/test_memory, now seconds, left the table).
+# test_journal_mlflow, test_custom_tracker, test_hostile_config; compat/test_memory, now
+# seconds, left the table).
 # `--dist loadscope` hands modules (a test class is a unit of its own) to the workers in
 # collection order (pyproject's addopts turn off xdist's own reorder, by number of tests):
 # these go first, longest first, so that the run does not end with one long module on one
@@ -79,7 +80,6 @@ LONG_MODULES = {
     "trackers/test_continuity_mlflow.py": 115,
     "reliability/test_redteam.py": 106,
     "cli/test_launch.py": 106,
-    "reliability/test_hostile_config.py": 104,
     "cli/test_launch_signals.py": 104,
     "test_resume_process_count.py": 95,
     "cli/test_launch_restarts.py": 90,
@@ -88,6 +88,7 @@ LONG_MODULES = {
     "distributed/test_multinode.py": 85,
     "test_doc_snippets.py": 77,
     "examples/test_boilerplate.py": 73,
+    "reliability/test_hostile_config.py": 70,
     "reliability/test_hostile_tracker_files.py": 68,
     "reliability/test_crash.py": 65,
     "distributed/test_preemption.py": 62,
