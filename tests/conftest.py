@@ -55,7 +55,10 @@ _TESTS = Path(__file__).resolve().parent
 
 # The longest modules, in worker-seconds on the 2-core machine (a junit profile of the whole
 # suite, `--junitxml`, summed per module; taken at load ~5, so about 1.5x a quiet run's; the
-# two modules added after it, test_resume_matrix and test_fork_backends, estimated).
+# two modules added after it, test_resume_matrix and test_fork_backends, estimated; those made
+# faster since, scaled by their own before/after: test_doc_snippets, test_resume_process_count,
+# test_journal_mlflow, test_custom_tracker, test_hostile_config; compat/test_memory, now
+# seconds, left the table).
 # `--dist loadscope` hands modules (a test class is a unit of its own) to the workers in
 # collection order (pyproject's addopts turn off xdist's own reorder, by number of tests):
 # these go first, longest first, so that the run does not end with one long module on one
@@ -65,12 +68,10 @@ LONG_MODULES = {
     "compat/test_same_results.py": 214,
     "compat/test_accelerate_scripts.py": 210,
     "cli/test_launch_watchdog.py": 207,
-    "trackers/test_journal_mlflow.py": 187,
-    "test_doc_snippets.py": 175,
+    "trackers/test_journal_mlflow.py": 175,
     "checkpointing/test_accelerate_import.py": 172,
     "reliability/test_hostile_launch.py": 164,
     "trackers/test_continuity_wandb_comet.py": 162,
-    "test_resume_process_count.py": 159,
     "distributed/test_exit.py": 159,
     "cli/test_launch_preemption.py": 155,
     "test_resume_matrix.py": 150,
@@ -79,19 +80,20 @@ LONG_MODULES = {
     "trackers/test_continuity_mlflow.py": 115,
     "reliability/test_redteam.py": 106,
     "cli/test_launch.py": 106,
-    "reliability/test_hostile_config.py": 104,
     "cli/test_launch_signals.py": 104,
-    "compat/test_memory.py": 93,
+    "test_resume_process_count.py": 95,
     "cli/test_launch_restarts.py": 90,
     "checkpointing/test_replication.py": 89,
     "examples/test_slurm.py": 88,
     "distributed/test_multinode.py": 85,
+    "test_doc_snippets.py": 77,
     "examples/test_boilerplate.py": 73,
+    "reliability/test_hostile_config.py": 70,
     "reliability/test_hostile_tracker_files.py": 68,
     "reliability/test_crash.py": 65,
     "distributed/test_preemption.py": 62,
-    "examples/test_custom_tracker.py": 61,
     "cli/test_ckpt.py": 59,
+    "examples/test_custom_tracker.py": 51,
 }
 
 

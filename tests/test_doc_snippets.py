@@ -17,10 +17,11 @@ valid Python.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,6 +29,7 @@ import pytest
 
 from accelkit.cli._table import format_runs
 from accelkit.trackers.backends.jsonl import read_jsonl
+from tests.helpers.preloaded import JOB_MODULES, Preloaded
 
 ROOT = Path(__file__).resolve().parents[1]
 # The README and every page of the documentation site, by path.
@@ -83,8 +85,26 @@ def _masked(lines: list[str]) -> list[str]:
     return [_mask(line) for line in lines if line.strip()]
 
 
-def _run(args: list[str], cwd: Path, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=240, check=False)
+@pytest.fixture(scope="module")
+def python() -> Iterator[Preloaded]:
+    """Fresh processes for the examples' runs and the pages' ``accelkit`` commands, each forked
+    from one that imported torch and accelkit once (``tests.helpers.preloaded``): what is tested
+    is what a run does and prints, not how its interpreter starts, and each of the module's 14
+    runs paid 2.5-3.5 s of CPU importing torch. On the CPU, as every test not marked cuda."""
+    with Preloaded(list(JOB_MODULES), env={**os.environ, "ACCELKIT_USE_CPU": "1"}) as preloaded:
+        yield preloaded
+
+
+def _run(
+    python: Preloaded, args: list[str], cwd: Path, expect: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """``python *args`` in ``cwd`` (a script by its absolute path, as ``python script.py``
+    names it in tracebacks and warnings), its output decoded."""
+    done = python.run(*args, cwd=cwd, timeout=240)
+    proc = subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(errors="replace"),
+        done.stderr.decode(errors="replace"),
+    )  # fmt: skip
     output = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert proc.returncode == expect, f"{args} exited {proc.returncode}, not {expect}:\n{output}"
     return proc
@@ -98,12 +118,12 @@ class Run(NamedTuple):
     stderr: str
 
 
-def _quickstart(cwd: Path, readme_command: str, expect: int = 0) -> Run:
+def _quickstart(python: Preloaded, cwd: Path, readme_command: str, expect: int = 0) -> Run:
     """Run the page's quickstart command, with one process for two (see ``ONE_PROCESS``)."""
     args = shlex.split(readme_command)
     script = next(i for i, a in enumerate(args) if a.endswith("examples/quickstart.py"))
     example = str(ROOT / "examples" / "quickstart.py")
-    proc = _run([sys.executable, example, *args[script + 1 :], *ONE_PROCESS], cwd, expect)
+    proc = _run(python, [example, *args[script + 1 :], *ONE_PROCESS], cwd, expect)
     # tqdm redraws with "\r"; keep each bar's last drawing, as the pages show them.
     bars: dict[str, str] = {}
     for piece in re.split(r"[\r\n]", proc.stderr):
@@ -113,11 +133,13 @@ def _quickstart(cwd: Path, readme_command: str, expect: int = 0) -> Run:
     return Run(proc.stdout.splitlines(), list(bars.values()), proc.stderr)
 
 
-def _accelkit(cwd: Path, readme_command: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
+def _accelkit(
+    python: Preloaded, cwd: Path, readme_command: str, expect: int = 0
+) -> subprocess.CompletedProcess[str]:
     """Run a page's ``.venv/bin/accelkit ...`` command (a ``| head`` after it left off)."""
     args = shlex.split(readme_command.split("|")[0])
     assert args[0].endswith("accelkit"), readme_command
-    return _run([sys.executable, "-m", "accelkit.cli.main", *args[1:]], cwd, expect)
+    return _run(python, ["-m", "accelkit.cli.main", *args[1:]], cwd, expect)
 
 
 def _split_output(lines: list[str]) -> tuple[list[str], list[str]]:
@@ -183,7 +205,7 @@ def _logged(logs: Path) -> tuple[list[int], list[int], list[str]]:
 
 
 @pytest.mark.slow  # three short training runs in fresh interpreters: about 10 s
-def test_usage_example_runs_and_a_second_run_resumes(tmp_path: Path) -> None:
+def test_usage_example_runs_and_a_second_run_resumes(python: Preloaded, tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="the Usage example logs to TensorBoard")
     examples = _usage_examples()
     assert len(set(examples.values())) == 1, f"the pages show different examples: {examples}"
@@ -193,7 +215,7 @@ def test_usage_example_runs_and_a_second_run_resumes(tmp_path: Path) -> None:
     logs = tmp_path / "runs" / "demo" / "demo"
 
     # What the example's comments promise: one committed checkpoint per epoch, newest 3 kept.
-    _run([sys.executable, "train.py"], tmp_path)
+    _run(python, [str(tmp_path / "train.py")], tmp_path)
     assert sorted(p.name for p in checkpoints.iterdir()) == [f"checkpoint_{i}" for i in range(3)]
     manifest = json.loads((checkpoints / "checkpoint_2" / "accelkit.json").read_text())
     assert manifest["step"] == 3 * 16  # 512 samples / batch 32, 3 epochs of optimizer steps
@@ -201,7 +223,7 @@ def test_usage_example_runs_and_a_second_run_resumes(tmp_path: Path) -> None:
     assert _logged(logs) == (list(range(1, 49)), list(range(1, 49)), _names(0, 3))
 
     # Run again: it resumes (no `checkpoint_0 already exists`), counts on, logs each step once.
-    second = _run([sys.executable, "train.py"], tmp_path)
+    second = _run(python, [str(tmp_path / "train.py")], tmp_path)
     assert "Traceback" not in second.stderr and "Warning" not in second.stderr, second.stderr
     assert sorted(p.name for p in checkpoints.iterdir()) == _names(3, 6)
     manifest = json.loads((checkpoints / "checkpoint_5" / "accelkit.json").read_text())
@@ -213,7 +235,7 @@ def test_usage_example_runs_and_a_second_run_resumes(tmp_path: Path) -> None:
     resume = next(line for line in code.splitlines() if "accelerator.load_state()" in line)
     forgetful = code.replace(resume, "    pass")
     (tmp_path / "train.py").write_text(forgetful)
-    third = _run([sys.executable, "train.py"], tmp_path)
+    third = _run(python, [str(tmp_path / "train.py")], tmp_path)
     warned = [line for line in third.stderr.splitlines() if "UnresumedProjectWarning" in line]
     shown = _block("UnresumedProjectWarning: runs/demo").strip()
     backward = 1 + forgetful.splitlines().index("        accelerator.backward(loss)")
@@ -304,7 +326,7 @@ class Walk(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Walk:
+def quickstart(python: Preloaded, tmp_path_factory: pytest.TempPathFactory) -> Walk:
     """The getting-started page's quickstart: the first run, the run that resumes, and
     ``accelkit ckpt ls``."""
     cwd = tmp_path_factory.mktemp("quickstart")
@@ -314,9 +336,9 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Walk:
     assert "--num_processes 2" in first_command and "--samples" not in first_command
     (resume_command, _), (ls_command, _) = _console(_block("--epochs 5", "console"))
     out: dict[str, Any] = {
-        "first": _quickstart(cwd, first_command),
-        "resume": _quickstart(cwd, resume_command),
-        "ls": _accelkit(cwd, ls_command).stdout,
+        "first": _quickstart(python, cwd, first_command),
+        "resume": _quickstart(python, cwd, resume_command),
+        "ls": _accelkit(python, cwd, ls_command).stdout,
     }
     # Later steps change the folder: keep what `ls` was checked against.
     out["ls_manifests"] = _manifests(cwd)
@@ -335,7 +357,7 @@ def test_quickstart_output_is_what_a_run_prints(quickstart: Walk, tmp_path: Path
 
 
 @pytest.fixture(scope="module")
-def damaged(quickstart: Walk) -> Walk:
+def damaged(python: Preloaded, quickstart: Walk) -> Walk:
     """The Checkpoints section's walk-through, after the quickstart's two runs: a third run,
     its manifest removed, ``ls``, a run that resumes past it, a damaged file, ``accelkit ckpt
     verify / prune / inspect`` on it, and the run that warns and resumes past it."""
@@ -345,12 +367,12 @@ def damaged(quickstart: Walk) -> Walk:
     assert third and removed, (
         "the checkpoints guide no longer describes how the incomplete save was made"
     )
-    _quickstart(cwd, f"examples/quickstart.py {third.group(1)}")
+    _quickstart(python, cwd, f"examples/quickstart.py {third.group(1)}")
     (cwd / removed.group(1)).unlink()
     (ls_command, _), (resume_command, _) = _console(_block("checkpoint_5  incomplete", "console"))
-    out["ls"] = _accelkit(cwd, ls_command).stdout
+    out["ls"] = _accelkit(python, cwd, ls_command).stdout
     out["ls_manifests"] = _manifests(cwd)  # retention removes some of them later
-    out["resume"] = _quickstart(cwd, resume_command)
+    out["resume"] = _quickstart(python, cwd, resume_command)
 
     flipped = re.search(r"byte of `(checkpoint_\d+/model\.safetensors)` flipped", DOCS)
     assert flipped, "the checkpoints guide no longer describes how the file was damaged"
@@ -364,11 +386,11 @@ def damaged(quickstart: Walk) -> Walk:
         if command.startswith("echo"):
             continue
         expect = 1 if " verify " in command else 0
-        proc = _accelkit(cwd, command, expect)
+        proc = _accelkit(python, cwd, command, expect)
         out[shlex.split(command)[2]] = proc.stdout.splitlines() + proc.stderr.splitlines()
 
     [(skip_command, _)] = _console(_block("Not resuming from", "console"))
-    out["skipped"] = _quickstart(cwd, skip_command)
+    out["skipped"] = _quickstart(python, cwd, skip_command)
     return Walk(cwd, out)
 
 

@@ -22,6 +22,9 @@ def test_custom_tracker_joins_all_and_a_broken_tracker_is_isolated(tmp_path: Pat
         str(STEPS),
         "--broken",
         cwd=tmp_path,
+        # The broken tracker never delivers: end_training gives up on it after 1 s of retries,
+        # not the default 10 (ACCELKIT_TRACKER_DRAIN_S), which only made the job wait.
+        env={"ACCELKIT_TRACKER_DRAIN_S": "1"},
     )
     # "all" = every installed built-in + the registered "csv" + the instance given.
     line = next(x for x in result.stdout.splitlines() if x.startswith("trackers:"))

@@ -6,7 +6,9 @@ with ``--config_file``, or the default one under ``$HF_HOME``). Here it is a 400
 file, a PNG, Latin-1 and UTF-16 text, a named pipe nobody writes to, ``/dev/zero``, a folder, a
 YAML tag that would run code: each ends in exit status 2 within seconds, with the launch usage and
 one error line naming the file and what is wrong, never a traceback and never a hang. Writing one
-(``accelkit config``) never follows a symbolic link, never overwrites, never leaves half a file.
+(``accelkit config``) never follows a symbolic link, never overwrites, never leaves half a file
+(``python -m accelkit.cli.main config``, each in a process forked from one that imported torch,
+which the command imports to count GPUs; the console script where the umask is tested).
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.preloaded import Preloaded
 
 pytestmark = pytest.mark.reliability
 
@@ -181,6 +185,24 @@ def test_aliases_within_the_budget_still_work(tmp_path: Path) -> None:
     assert proc.returncode == 0 and "ran" in proc.stdout, proc.stderr
 
 
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Preloaded]:
+    """Processes for ``accelkit config``, forked from one that imported torch once: each run
+    paid 2.5-3.5 s of CPU importing it (to count GPUs), 11 s a run in the loaded suite."""
+    env = {**os.environ, "HF_HOME": str(tmp_path_factory.mktemp("hf"))}
+    with Preloaded(["torch", "accelkit"], env=env) as preloaded:
+        yield preloaded
+
+
+def _write_config(python: Preloaded, *args: str) -> subprocess.CompletedProcess[str]:
+    """``accelkit config default ARGS`` (every caller names its ``--config_file``)."""
+    done = python.run("-m", "accelkit.cli.main", "config", "default", *args, timeout=120)
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(errors="replace"),
+        done.stderr.decode(errors="replace"),
+    )  # fmt: skip
+
+
 def _config(
     tmp_path: Path, *args: str, umask: int | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -195,14 +217,16 @@ def _config(
 
 
 @pytest.mark.parametrize("dangling", [False, True], ids=["link-to-a-file", "dangling-link"])
-def test_config_never_writes_through_a_symbolic_link(tmp_path: Path, dangling: bool) -> None:
+def test_config_never_writes_through_a_symbolic_link(
+    python: Preloaded, tmp_path: Path, dangling: bool
+) -> None:
     victim = tmp_path / "victim.txt"
     if not dangling:
         victim.write_text("precious\n")
     link = tmp_path / "conf" / "config.yaml"
     link.parent.mkdir()
     link.symlink_to(victim)
-    proc = _config(tmp_path, "--config_file", str(link))
+    proc = _write_config(python, "--config_file", str(link))
     assert proc.returncode == 1 and "not overwriting" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     if dangling:
@@ -212,22 +236,22 @@ def test_config_never_writes_through_a_symbolic_link(tmp_path: Path, dangling: b
     assert link.is_symlink() and sorted(p.name for p in link.parent.iterdir()) == ["config.yaml"]
 
 
-def test_config_to_an_unwritable_place_is_one_line(tmp_path: Path) -> None:
+def test_config_to_an_unwritable_place_is_one_line(python: Preloaded, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder\n")
-    proc = _config(tmp_path, "--config_file", str(blocker / "config.yaml"))
+    proc = _write_config(python, "--config_file", str(blocker / "config.yaml"))
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert "cannot write" in proc.stderr and str(blocker) in proc.stderr
     assert blocker.read_text() == "not a folder\n"
 
 
-def test_config_leaves_exactly_one_whole_file(tmp_path: Path) -> None:
+def test_config_leaves_exactly_one_whole_file(python: Preloaded, tmp_path: Path) -> None:
     path = tmp_path / "conf" / "config.yaml"
-    proc = _config(tmp_path, "--config_file", str(path))
+    proc = _write_config(python, "--config_file", str(path))
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in path.parent.iterdir()) == ["config.yaml"]  # no temporary left
-    again = _config(tmp_path, "--config_file", str(path), "--mixed_precision", "bf16")
+    again = _write_config(python, "--config_file", str(path), "--mixed_precision", "bf16")
     assert again.returncode == 1 and sorted(p.name for p in path.parent.iterdir()) == [
         "config.yaml"
     ]

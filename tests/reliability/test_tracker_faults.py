@@ -224,6 +224,9 @@ def test_mlflow_server_killed_mid_run(
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     monkeypatch.setenv("ACCELKIT_TRACKER_TIMEOUT", "60")
+    # The dead server never answers: end_training gives up on it after 1 s of retries, not the
+    # default drain time of 10 s (ACCELKIT_TRACKER_DRAIN_S), which only made the test wait.
+    monkeypatch.setenv("ACCELKIT_TRACKER_DRAIN_S", "1")
     recorder = _Recorder()
     accelerator = Accelerator(
         cpu=True, log_with=["mlflow", "jsonl", recorder], project_dir=str(tmp_path)

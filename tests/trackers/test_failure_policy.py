@@ -168,7 +168,12 @@ def test_a_worker_passes_log_kwargs_and_the_step_it_was_given() -> None:
 
 
 @pytest.mark.slow
-def test_a_failure_on_a_trackers_thread_names_no_file_inside_accelkit(tmp_path: Path) -> None:
+def test_a_failure_on_a_trackers_thread_names_no_file_inside_accelkit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # end_training retries the broken tracker within the drain time: 3 s, not the default 10 s,
+    # whose backoff made the test wait 7 s for the same report.
+    monkeypatch.setenv("ACCELKIT_TRACKER_DRAIN_S", "3")
     broken = RecordingTracker("broken", fail_in="log")
     accelerator = Accelerator(log_with=[broken], project_dir=str(tmp_path))
     accelerator.init_trackers("run")
