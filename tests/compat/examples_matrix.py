@@ -196,6 +196,9 @@ def _env(hub: Path, home: Path, framework: str, vision: bool, examples: Path) ->
         COMET_START_ONLINE="false",  # no API key: the scripts' log_with="all" starts Comet
         COMET_OFFLINE_DIRECTORY=str(home / "comet"),
         MLFLOW_DISABLE_TELEMETRY="true",
+        # clearml installed: log_with="all" starts it (Accelerate's and ours), offline here
+        CLEARML_OFFLINE_MODE="1",
+        CLEARML_CACHE_DIR=str(home / "clearml"),
         PYTHONHASHSEED="0",
         ACCELKIT_EXAMPLES_TAG_RANKS=str(examples.parent),
         OMP_NUM_THREADS="1",
