@@ -218,7 +218,7 @@ def read_swanlab(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
 
 def clearml_sessions(logging_dir: str) -> list[dict[str, Any]]:
     """Every ClearML offline session under ``<logging_dir>/clearml/offline``, as ClearML keeps
-    it for ``Task.import_offline_session``: ``{"id", "project", "name", "scalars": {key:
+    it for ``Task.import_offline_session``: ``{"id", "project", "name", "parent", "scalars": {key:
     [(iteration, value)]}, "single": {name: value}, "images": {(title, series):
     [iteration]}, "tables": {key: [iteration]}, "config": {...}, "zipped": <the session's
     .zip is there>}``. A key is the title in series ``train`` and ``<series>_<title>`` in any
@@ -234,6 +234,7 @@ def clearml_sessions(logging_dir: str) -> list[dict[str, Any]]:
             task = json.load(file)
         session: dict[str, Any] = {
             "id": task["id"], "project": task["project_name"], "name": task["name"],
+            "parent": task.get("parent"),
             "scalars": {}, "single": {}, "images": {}, "tables": {},
             "zipped": os.path.isfile(folder + ".zip"),
         }  # fmt: skip

@@ -111,6 +111,33 @@ def test_a_resumed_job_continues_the_same_task_without_the_points_after_the_chec
     assert sorted(os.listdir(home)) == []
 
 
+def test_a_fork_opens_a_new_task_that_names_the_checkpoints(tmp_path: Path) -> None:
+    first = _job(tmp_path / "a")
+    first.init_trackers("fork", config={"lr": 0.1})
+    for step in range(3):
+        first.log({"loss": float(step)}, step=step)
+    checkpoint = first.save_state()
+    parent = first.get_tracker("clearml").run_reference()
+    first.end_training()
+
+    child = _job(tmp_path / "b")
+    child.init_trackers("fork", config={"lr": 0.2})
+    child.load_state(checkpoint, fork=True)
+    child.log({"loss": 10.0})
+    child.end_training()
+
+    (before,) = clearml_sessions(str(tmp_path / "a"))
+    (forked,) = clearml_sessions(str(tmp_path / "b"))
+    assert before["id"] == parent["task_id"] != forked["id"]
+    assert before["scalars"]["loss"] == [(s, float(s)) for s in range(3)]  # left as it was
+    assert forked["scalars"]["loss"] == [(3, 10.0)]  # counts on from the checkpoint's step
+    # Offline, ClearML's task parent stays empty (the server the session is imported into
+    # does not know an offline id): the forked_from entry names the checkpoint's task.
+    assert forked["parent"] is None
+    assert forked["config"]["forked_from"]["runs"]["clearml"] == parent
+    assert forked["config"]["lr"] == 0.2
+
+
 def test_a_reference_from_elsewhere_starts_a_new_task(tmp_path: Path) -> None:
     tracker = ClearMLTracker("mine", logging_dir=str(tmp_path))
     cases = {

@@ -98,7 +98,9 @@ class ClearMLTracker(GeneralTracker):
     checkpoint's step are removed first; on a server, where they stay, the configuration
     records ``accelkit/resumed_at_step``. ``continue_last_task`` or ``reuse_last_task_id`` in
     ``init_kwargs`` win over the checkpoint. A job killed before its task opened resumes into
-    a new task. ``accelkit track sync`` sends what the journal kept into the same task.
+    a new task. ``accelkit track sync`` sends what the journal kept into the same task. A fork
+    (``load_state(..., fork=True)``) opens a new task, the checkpoint's task its parent on a
+    server (:meth:`fork_run`).
 
     Args:
         run_name: the ClearML project (and task name).
@@ -115,6 +117,7 @@ class ClearMLTracker(GeneralTracker):
         self.task: Any = None
         self._external = False  # the script's own task: finish() leaves it open
         self._continue: str | None = None  # the task id the next start() continues
+        self._parent: str | None = None  # the parent of the task the next start() opens
         self._resume_step: int | None = None
         self._config: dict[str, Any] = {}
 
@@ -183,6 +186,9 @@ class ClearMLTracker(GeneralTracker):
             self.task = Task.init(**kwargs)
         _OPENED.add(str(self.task.id))
         self._external = False
+        parent, self._parent = self._parent, None
+        if parent is not None and self._continue is None:
+            self.task.set_parent(parent)
         self._config = {} if step is None else {RESUMED_AT_STEP: step}
         if self._config:
             self.task.connect_configuration(dict(self._config))
@@ -351,10 +357,45 @@ class ClearMLTracker(GeneralTracker):
             reference: what :meth:`run_reference` recorded (untrusted: checked here).
             step: the checkpoint's last logging step.
         """
-        self._continue, self._resume_step = None, None
+        self._continue, self._resume_step, self._parent = None, None, None
         own = ("continue_last_task", "reuse_last_task_id")
         if reference is None or any(key in self.init_kwargs for key in own):
             return
+        offline, task_id = self._checked(reference)
+        if task_id is None:
+            return
+        session = self._session(task_id)
+        if offline and session is not None and not (session / "task.json").is_file():
+            warnings.warn(
+                f"Tracker 'clearml': the checkpoint's offline task {short(task_id)} has no "
+                f"session in {session.parent}; logging to a new task.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        self._continue, self._resume_step = task_id, int(step)
+
+    @override
+    def fork_run(self, reference: dict[str, Any] | None, step: int) -> None:
+        """Make the next :meth:`start` open a new task whose parent is the checkpoint's task
+        (ClearML's task parent), on a server and in this project only: an offline task's id
+        means nothing to the server its session is imported into, so offline the
+        ``forked_from`` configuration entry alone names it.
+
+        Args:
+            reference: what :meth:`run_reference` recorded (untrusted: checked here).
+            step: the checkpoint's last logging step.
+        """
+        self._continue, self._resume_step, self._parent = None, None, None
+        if reference is None:
+            return
+        offline, task_id = self._checked(reference)
+        if not offline:
+            self._parent = task_id
+
+    def _checked(self, reference: dict[str, Any]) -> tuple[bool, str | None]:
+        """Whether ClearML runs offline, and the reference's task id if it is a task of this
+        project in this mode (else ``None``, after a warning)."""
         from clearml import Task
 
         offline = _offline(Task)
@@ -369,18 +410,7 @@ class ClearMLTracker(GeneralTracker):
             own_project=self.project,
             new="task",
         )
-        if task_id is None:
-            return
-        session = self._session(task_id)
-        if offline and session is not None and not (session / "task.json").is_file():
-            warnings.warn(
-                f"Tracker 'clearml': the checkpoint's offline task {short(task_id)} has no "
-                f"session in {session.parent}; logging to a new task.",
-                UserWarning,
-                stacklevel=2,
-            )
-            return
-        self._continue, self._resume_step = task_id, int(step)
+        return offline, task_id
 
     def _require_task(self, method: str) -> None:
         if self.task is None:
