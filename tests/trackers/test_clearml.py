@@ -7,7 +7,9 @@ session (``task.json``, ``metrics.jsonl``; the configuration with ClearML's own 
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import warnings
 from pathlib import Path
 from typing import Any
@@ -109,6 +111,32 @@ def test_a_resumed_job_continues_the_same_task_without_the_points_after_the_chec
     ]
     assert session["config"] == {"lr": 0.1, RESUMED_AT_STEP: 5}
     assert sorted(os.listdir(home)) == []
+
+
+@pytest.mark.slow
+def test_a_killed_job_resumes_into_the_same_task(tmp_path: Path, jobs: Preloaded) -> None:
+    project = tmp_path / "project"
+
+    def job(*args: str, killed: bool = False) -> None:
+        done = run_job(
+            jobs, "-m", "tests.trackers.resume_job", "--project", str(project),
+            "--log-with", "clearml", *args, timeout=300,
+        )  # fmt: skip
+        expected = -signal.SIGKILL if killed else 0
+        assert done.returncode == expected, done.stdout[-3000:] + done.stderr[-3000:]
+
+    job("--kill-at", "150", killed=True)  # the session has steps 0-150, no .zip
+    manifest = json.loads((project / "checkpoints" / "checkpoint_0" / "accelkit.json").read_text())
+    saved = manifest["experiment"]["runs"]["clearml"]
+    job("--resume", "--attempt", "1")
+
+    (session,) = clearml_sessions(str(project))
+    assert saved == {"task_id": session["id"], "project": "run"} and session["zipped"]
+    # Each step once: attempt 0's up to the checkpoint (step 100), then attempt 1's.
+    assert session["scalars"]["loss"] == [(s, float(s)) for s in range(101)] + [
+        (s, s + 1000.0) for s in range(101, 200)
+    ]
+    assert session["config"][RESUMED_AT_STEP] == 100
 
 
 def test_a_fork_opens_a_new_task_that_names_the_checkpoints(tmp_path: Path) -> None:
