@@ -139,6 +139,36 @@ def test_a_killed_job_resumes_into_the_same_task(tmp_path: Path, jobs: Preloaded
     assert session["config"][RESUMED_AT_STEP] == 100
 
 
+def test_an_instance_given_up_for_the_checkpoints_task_leaves_no_session(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    first = _job(project)
+    first.init_trackers("job")
+    first.log({"loss": 1.0}, step=0)
+    first.save_state()
+    saved = first.get_tracker("clearml").run_reference()
+    first.end_training()
+
+    # An instance is started by init_trackers (as in Accelerate), then load_state moves it to
+    # the checkpoint's task: the empty task it opened first is deleted, not left behind.
+    tracker = ClearMLTracker("job", logging_dir=str(project))
+    config = ProjectConfiguration(project_dir=str(project), automatic_checkpoint_naming=True)
+    resumed = Accelerator(log_with=[tracker], project_config=config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed.init_trackers("job", config={"lr": 0.1})
+        opened = tracker.run_reference()
+        resumed.load_state()
+        resumed.log({"loss": 2.0})
+        resumed.end_training()
+    assert not [w for w in caught if "kept" in str(w.message)], [str(w.message) for w in caught]
+
+    assert opened is not None and opened != saved
+    (session,) = clearml_sessions(str(project))
+    assert session["id"] == saved["task_id"]
+    assert session["scalars"]["loss"] == [(0, 1.0), (1, 2.0)]
+    assert not list((project / "clearml" / "offline").glob(opened["task_id"] + "*"))
+
+
 def test_a_fork_opens_a_new_task_that_names_the_checkpoints(tmp_path: Path) -> None:
     first = _job(tmp_path / "a")
     first.init_trackers("fork", config={"lr": 0.1})

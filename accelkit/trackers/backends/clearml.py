@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import threading
 import warnings
 from collections.abc import Iterator
@@ -340,6 +341,29 @@ class ClearMLTracker(GeneralTracker):
         """Close the task (a task the script opened itself is left open)."""
         if self.task is not None and not self._external:
             self.task.close()
+
+    @override
+    def discard_run(self) -> bool:
+        """Delete the offline session :meth:`start` opened, given up for a checkpoint's task
+        before anything was reported to it (its configuration only), and forget the task.
+
+        A task on a server is kept (accelkit names it in a warning), and so is the script's own
+        task; a continued task is the one the next :meth:`start` logs to.
+
+        Returns:
+            ``True`` if the session was deleted (or is the one logged to next).
+        """
+        task, self.task = self.task, None
+        if task is None or self._continue is not None:
+            return True
+        if self._external or not _offline_task(task):
+            return False
+        session = Path(task.get_offline_mode_folder())
+        if any(_events(session / "metrics.jsonl")):
+            return False
+        shutil.rmtree(session, ignore_errors=True)
+        session.with_name(session.name + ".zip").unlink(missing_ok=True)
+        return True
 
     @override
     def run_reference(self) -> dict[str, Any] | None:
