@@ -68,6 +68,20 @@ def test_ten_points_are_read_back_from_the_offline_session(
     assert sorted(os.listdir(workdir)) == [] and sorted(os.listdir(home)) == []
 
 
+def test_a_process_started_after_another_closed_its_task_still_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ClearML's mark of a parent process whose task is closed: with it, Task.init would hand
+    # back a stub task that drops every value.
+    monkeypatch.setenv("CLEARML_PROC_MASTER_ID", "1:")
+    accelerator = Accelerator(log_with="clearml", project_dir=str(tmp_path))
+    accelerator.init_trackers("child")
+    accelerator.log({"loss": 0.5}, step=7)
+    accelerator.end_training()
+    (session,) = clearml_sessions(str(tmp_path))
+    assert session["scalars"] == {"loss": [(7, 0.5)]}
+
+
 def test_title_series_is_accelerates() -> None:
     assert title_series("train_loss") == ("loss", "train")
     assert title_series("eval_f1") == ("f1", "eval")

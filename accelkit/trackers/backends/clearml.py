@@ -31,6 +31,7 @@ _OFFLINE_ID = re.compile(r"offline-[0-9a-f]{32}")
 _CREDENTIALS_ENV = ("CLEARML_API_ACCESS_KEY", "TRAINS_API_ACCESS_KEY", "CLEARML_AUTH_TOKEN")
 _OFFLINE_ENV = ("CLEARML_OFFLINE_MODE", "TRAINS_OFFLINE_MODE")
 _CACHE_ENV = "CLEARML_CACHE_DIR"
+_MASTER_ENV = ("CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID")
 # Task.init reads where it keeps its files from process-wide settings: one run at a time.
 _FOLDER_LOCK = threading.Lock()
 # The ids of the tasks this process's trackers opened: ClearML keeps one open task per
@@ -71,7 +72,9 @@ class ClearMLTracker(GeneralTracker):
     is skipped with one warning per key. The configuration goes to
     ``task.connect_configuration`` as plain data (tensors to numbers or lists, paths to text).
     ClearML keeps one open task per process: a task an earlier accelkit run left open (a
-    tracker that failed) is closed first.
+    tracker that failed) is closed first. A process started by one whose ClearML task is closed
+    inherits ClearML's mark of it (``CLEARML_PROC_MASTER_ID=<pid>:``), with which ``Task.init``
+    would return a stub that drops every value: the tracker removes that stale mark.
 
     Offline: ClearML's own switch, ``CLEARML_OFFLINE_MODE=1`` (or ``Task.set_offline(True)``
     before ``init_trackers``). The session folder (``offline/<task id>``: ``task.json``,
@@ -183,6 +186,7 @@ class ClearMLTracker(GeneralTracker):
         if config.get("development.report_use_subprocess", None) is None:
             task_class: Any = Task  # the reporter in a thread (see the class docstring)
             task_class._report_subprocess_enabled = False
+        _forget_a_closed_master()
         with self._files_here():
             self.task = Task.init(**kwargs)
         _OPENED.add(str(self.task.id))
@@ -454,6 +458,20 @@ def _offline(task_class: Any) -> bool:
         return False
     task_class.set_offline(True)
     return True
+
+
+def _forget_a_closed_master() -> None:
+    """Drop ClearML's mark of another process's closed task.
+
+    ClearML marks a process that opened a task with ``CLEARML_PROC_MASTER_ID=<pid>:<task id>``
+    for its subprocesses, and leaves ``<pid>:`` once the task is closed. A process forked or
+    started after that (a preloaded job, a launcher's child) would get a stub from
+    ``Task.init`` that silently drops every value.
+    """
+    for name in _MASTER_ENV:
+        pid, _, task_id = os.environ.get(name, "").partition(":")
+        if pid and not task_id and pid != str(os.getpid()):
+            del os.environ[name]
 
 
 def _offline_task(task: Any) -> bool:
