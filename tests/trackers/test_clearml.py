@@ -82,6 +82,40 @@ def test_a_process_started_after_another_closed_its_task_still_logs(
     assert session["scalars"] == {"loss": [(7, 0.5)]}
 
 
+def test_a_task_the_script_opened_is_used_and_left_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from clearml import Task
+
+    monkeypatch.setenv("CLEARML_CACHE_DIR", str(tmp_path / "own" / "clearml"))
+    # What a clearml.conf with sdk.development.report_use_subprocess: false does (the
+    # subprocess reporter's close waits ~10 s).
+    monkeypatch.setattr(Task, "_report_subprocess_enabled", False)
+    opened: list[Any] = []
+    # The script's own Task.init (in a thread: ClearML would take the test process's signals).
+    worker = threading.Thread(
+        target=lambda: opened.append(Task.init("own", "script", reuse_last_task_id=False))
+    )
+    worker.start()
+    worker.join()
+    (task,) = opened
+    try:
+        accelerator = Accelerator(log_with="clearml", project_dir=str(tmp_path / "project"))
+        accelerator.init_trackers("ignored")
+        accelerator.log({"loss": 1.5}, step=2)
+        assert accelerator.get_tracker("clearml", unwrap=True) is task
+        accelerator.end_training()
+        assert Task.current_task() is task  # left open, as Accelerate leaves it
+    finally:
+        task.close()
+    (session,) = clearml_sessions(str(tmp_path / "own"))
+    assert (session["id"], session["project"]) == (task.id, "own")
+    assert session["scalars"] == {"loss": [(2, 1.5)]}
+    assert not (tmp_path / "project" / "clearml").exists()
+
+
 def test_title_series_is_accelerates() -> None:
     assert title_series("train_loss") == ("loss", "train")
     assert title_series("eval_f1") == ("f1", "eval")
