@@ -139,8 +139,9 @@ _COMMON_MASKS = (
     r"/tmp/[^\s'\"]+",  # temporary folders
     r"\d+(?:\.\d+)?\s*(?:s|sec|seconds|ms|it/s|s/it)\b",  # timings
 )
-# Lines that are noise (progress bars, loader chatter) and not compared at all.
-_NOISE = re.compile(r"Loading weights|Writing model shards|it/s\]|s/it\]|^\s*$")
+# Lines that are noise (progress bars, loader chatter, ClearML's banners with their task ids)
+# and not compared at all.
+_NOISE = re.compile(r"Loading weights|Writing model shards|it/s\]|s/it\]|^\s*$|ClearML|clearml\.")
 
 
 def extract(repo: Path, ref: str, target: Path) -> None:
