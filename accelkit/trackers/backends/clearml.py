@@ -79,7 +79,7 @@ class ClearMLTracker(GeneralTracker):
     Offline: ClearML's own switch, ``CLEARML_OFFLINE_MODE=1`` (or ``Task.set_offline(True)``
     before ``init_trackers``). The session folder (``offline/<task id>``: ``task.json``,
     ``metrics.jsonl``, ``log.jsonl``, images under ``data``, and the ``.zip`` that
-    ``clearml-task import``/``Task.import_offline_session`` uploads) goes to
+    ``clearml-task --import-offline-session <zip>`` uploads) goes to
     ``<logging_dir>/clearml`` when a logging directory is set (``CLEARML_CACHE_DIR`` wins), and
     so does ClearML's session cache (``~/.clearml/.session.json`` otherwise). Not offline and
     no server configured (no ``CLEARML_API_ACCESS_KEY`` nor ``api.credentials`` in
@@ -91,8 +91,8 @@ class ClearMLTracker(GeneralTracker):
     PyTorch and TensorBoard hooks are off (``auto_connect_frameworks``: its ``torch.save`` hook
     copies checkpoint files into the task, its TensorBoard hook logs TensorBoard's values a
     second time), and the reporter runs in a thread rather than a subprocess (whose close
-    waits ~10 s) unless ``sdk.development.report_use_subprocess`` is configured. Keys of
-    ``init_kwargs`` win over all three.
+    waits ~10 s). Keys of ``init_kwargs`` win over the first two, a configured
+    ``sdk.development.report_use_subprocess`` over the third.
 
     Experiment continuity: ClearML chooses task ids, so a checkpoint records ``{"task_id",
     "project"}`` once the task is open. A job resumed from it continues that task
