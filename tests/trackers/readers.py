@@ -247,6 +247,8 @@ def clearml_sessions(logging_dir: str) -> list[dict[str, Any]]:
             for event in json.loads(line):
                 title, series = event.get("metric"), event.get("variant")
                 key = title if series == "train" else f"{series}_{title}"
+                if str(title).startswith(":monitor:"):
+                    continue  # ClearML's resource monitor (machine stats, after 30 s)
                 if event["type"] == "training_stats_scalar" and title == "Summary":
                     session["single"][series] = event["value"]
                 elif event["type"] == "training_stats_scalar":
