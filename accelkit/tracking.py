@@ -1,11 +1,11 @@
 """``accelerate.tracking``'s public names, for scripts ported by changing their imports.
 
 The tracker classes (``TensorBoardTracker``, ``WandBTracker``, ``CometMLTracker``,
-``MLflowTracker``, ``TrackioTracker``, ``SwanLabTracker``, ``GeneralTracker``),
-``on_main_process``, ``register_tracker_class``, ``filter_trackers`` and
+``MLflowTracker``, ``TrackioTracker``, ``SwanLabTracker``, ``ClearMLTracker``,
+``GeneralTracker``), ``on_main_process``, ``register_tracker_class``, ``filter_trackers`` and
 ``get_available_trackers`` keep Accelerate's signatures. Accelerate's trackers that accelkit
-does not build in (``AimTracker``, ``ClearMLTracker``, ``DVCLiveTracker``) import, and fail
-when created with a message saying how to add them as a `GeneralTracker`.
+does not build in (``AimTracker``, ``DVCLiveTracker``) import, and fail when created with a
+message saying how to add them as a `GeneralTracker`.
 
 accelkit's own API for the same things is :mod:`accelkit.trackers` (``register_tracker``,
 ``installed_trackers``, ``TrackerHub``).
@@ -18,6 +18,7 @@ import warnings
 from typing import Any
 
 from accelkit.errors import ConfigurationError
+from accelkit.trackers.backends.clearml import ClearMLTracker
 from accelkit.trackers.backends.comet_ml import CometMLTracker
 from accelkit.trackers.backends.jsonl import JSONLTracker
 from accelkit.trackers.backends.mlflow import MLflowTracker
@@ -29,7 +30,6 @@ from accelkit.trackers.base import GeneralTracker, on_main_process
 from accelkit.trackers.registry import (
     TRACKER_CLASSES,
     AimTracker,
-    ClearMLTracker,
     DVCLiveTracker,
     LoggerType,
     TrackerNotBuiltInError,

@@ -29,7 +29,7 @@ def test_import_does_not_load_optional_backends() -> None:
         "from accelkit import Accelerator\n"
         "Accelerator(cpu=True)\n"
         "heavy = {'wandb', 'mlflow', 'comet_ml', 'tensorboard', 's3fs', 'torchdata', 'trackio',"
-        " 'swanlab', 'accelerate'}\n"
+        " 'swanlab', 'clearml', 'accelerate'}\n"
         "print(sorted(heavy & {m.split('.')[0] for m in sys.modules}))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

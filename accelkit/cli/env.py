@@ -36,6 +36,7 @@ _PACKAGES = (
     "mlflow",
     "trackio",
     "swanlab",
+    "clearml",
     "torchdata",
 )
 

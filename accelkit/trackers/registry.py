@@ -28,7 +28,6 @@ from accelkit.trackers.base import GeneralTracker
 
 __all__ = [
     "AimTracker",
-    "ClearMLTracker",
     "DVCLiveTracker",
     "NOT_BUILT_IN",
     "TRACKER_CLASSES",
@@ -65,7 +64,7 @@ class _LoggerTypeMeta(enum.EnumMeta):
 class LoggerType(str, enum.Enum, metaclass=_LoggerTypeMeta):
     """Tracker names, those of Accelerate's ``LoggerType`` (and accelkit's ``JSONL``).
 
-    ``AIM``, ``CLEARML`` and ``DVCLIVE`` are not built into accelkit:
+    ``AIM`` and ``DVCLIVE`` are not built into accelkit:
     selecting one fails with a message saying how to add it as a `GeneralTracker` (a tracker
     registered under that name, or provided by an entry point, is used instead).
     """
@@ -98,7 +97,6 @@ class TrackerNotBuiltInError(ConfigurationError, NotImplementedError):
 # name -> the package a GeneralTracker for it would call.
 NOT_BUILT_IN: dict[str, str] = {
     "aim": "aim",
-    "clearml": "clearml",
     "dvclive": "dvclive",
 }
 
@@ -137,12 +135,6 @@ class AimTracker(_NotBuiltIn):
     requires_logging_directory = True
 
 
-class ClearMLTracker(_NotBuiltIn):
-    """Not built in (Accelerate's ``ClearMLTracker``); creating one raises and says what to do."""
-
-    name = "clearml"
-
-
 class DVCLiveTracker(_NotBuiltIn):
     """Not built in (Accelerate's ``DVCLiveTracker``); creating one raises and says what to do."""
 
@@ -151,7 +143,7 @@ class DVCLiveTracker(_NotBuiltIn):
 
 # The stand-in classes, by tracker name (the names of NOT_BUILT_IN).
 _NOT_BUILT_IN_CLASSES: dict[str, type[GeneralTracker]] = {
-    cls.name: cls for cls in (AimTracker, ClearMLTracker, DVCLiveTracker)
+    cls.name: cls for cls in (AimTracker, DVCLiveTracker)
 }
 
 
@@ -172,6 +164,7 @@ _BUILTINS: dict[str, _Builtin] = {
     "jsonl": _Builtin("accelkit.trackers.backends.jsonl", "JSONLTracker", ()),
     "trackio": _Builtin("accelkit.trackers.backends.trackio", "TrackioTracker", ("trackio",)),
     "swanlab": _Builtin("accelkit.trackers.backends.swanlab", "SwanLabTracker", ("swanlab",)),
+    "clearml": _Builtin("accelkit.trackers.backends.clearml", "ClearMLTracker", ("clearml",)),
 }
 
 _registered: dict[str, type[GeneralTracker]] = {}

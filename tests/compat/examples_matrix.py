@@ -139,8 +139,9 @@ _COMMON_MASKS = (
     r"/tmp/[^\s'\"]+",  # temporary folders
     r"\d+(?:\.\d+)?\s*(?:s|sec|seconds|ms|it/s|s/it)\b",  # timings
 )
-# Lines that are noise (progress bars, loader chatter) and not compared at all.
-_NOISE = re.compile(r"Loading weights|Writing model shards|it/s\]|s/it\]|^\s*$")
+# Lines that are noise (progress bars, loader chatter, ClearML's banners with their task ids)
+# and not compared at all.
+_NOISE = re.compile(r"Loading weights|Writing model shards|it/s\]|s/it\]|^\s*$|ClearML|clearml\.")
 
 
 def extract(repo: Path, ref: str, target: Path) -> None:
@@ -196,6 +197,9 @@ def _env(hub: Path, home: Path, framework: str, vision: bool, examples: Path) ->
         COMET_START_ONLINE="false",  # no API key: the scripts' log_with="all" starts Comet
         COMET_OFFLINE_DIRECTORY=str(home / "comet"),
         MLFLOW_DISABLE_TELEMETRY="true",
+        # clearml installed: log_with="all" starts it (Accelerate's and ours), offline here
+        CLEARML_OFFLINE_MODE="1",
+        CLEARML_CACHE_DIR=str(home / "clearml"),
         PYTHONHASHSEED="0",
         ACCELKIT_EXAMPLES_TAG_RANKS=str(examples.parent),
         OMP_NUM_THREADS="1",

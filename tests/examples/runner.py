@@ -26,6 +26,7 @@ OFFLINE_ENV = {
     "AWS_EC2_METADATA_DISABLED": "true",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",
+    "CLEARML_OFFLINE_MODE": "1",
     "PYTHONUNBUFFERED": "1",
 }
 

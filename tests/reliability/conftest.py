@@ -31,6 +31,7 @@ OFFLINE_ENV = {
     "MLFLOW_DISABLE_TELEMETRY": "true",
     "DO_NOT_TRACK": "1",
     "AWS_EC2_METADATA_DISABLED": "true",
+    "CLEARML_OFFLINE_MODE": "1",
 }
 os.environ.update(OFFLINE_ENV)
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # No test may send a packet off this machine: wandb offline, Comet offline without its
 # error-reporting host and cloud metadata probes, MLflow without telemetry, trackio local,
-# SwanLab offline (no API key).
+# SwanLab offline (no API key), ClearML offline (no server, its config file ignored).
 OFFLINE_ENV = {
     "WANDB_MODE": "offline",
     "WANDB_SILENT": "true",
@@ -33,6 +33,8 @@ OFFLINE_ENV = {
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "DO_NOT_TRACK": "1",
     "GIT_PYTHON_REFRESH": "quiet",
+    "CLEARML_OFFLINE_MODE": "1",
+    "CLEARML_CONFIG_FILE": os.devnull,
 }
 _CLOUD_ENV = (
     "WANDB_API_KEY",
@@ -46,6 +48,13 @@ _CLOUD_ENV = (
     "SWANLAB_MODE",
     "SWANLAB_LOG_DIR",
     "SWANLAB_LOGDIR",
+    "CLEARML_API_HOST",
+    "CLEARML_API_ACCESS_KEY",
+    "CLEARML_API_SECRET_KEY",
+    "CLEARML_AUTH_TOKEN",
+    "CLEARML_CACHE_DIR",
+    "CLEARML_PROJECT",
+    "CLEARML_TASK",
 )
 
 # The variables are set for the whole session too (session fixtures and the SDKs' own

@@ -216,6 +216,60 @@ def read_swanlab(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
     return found["scalars"], _flat(found["config"])
 
 
+def clearml_sessions(logging_dir: str) -> list[dict[str, Any]]:
+    """Every ClearML offline session under ``<logging_dir>/clearml/offline``, as ClearML keeps
+    it for ``Task.import_offline_session``: ``{"id", "project", "name", "parent", "scalars": {key:
+    [(iteration, value)]}, "single": {name: value}, "images": {(title, series):
+    [iteration]}, "tables": {key: [iteration]}, "config": {...}, "zipped": <the session's
+    .zip is there>}``. A key is the title in series ``train`` and ``<series>_<title>`` in any
+    other (Accelerate's keys back); the configuration is read with ClearML's own
+    ``text_to_config_dict``."""
+    from clearml.utilities.config import text_to_config_dict
+
+    sessions = []
+    pattern = os.path.join(logging_dir, "clearml", "offline", "*", "task.json")
+    for task_file in sorted(glob.glob(pattern)):
+        folder = os.path.dirname(task_file)
+        with open(task_file, encoding="utf-8") as file:
+            task = json.load(file)
+        session: dict[str, Any] = {
+            "id": task["id"], "project": task["project_name"], "name": task["name"],
+            "parent": task.get("parent"),
+            "scalars": {}, "single": {}, "images": {}, "tables": {},
+            "zipped": os.path.isfile(folder + ".zip"),
+        }  # fmt: skip
+        metrics = os.path.join(folder, "metrics.jsonl")
+        lines = []
+        if os.path.exists(metrics):
+            with open(metrics, encoding="utf-8") as file:
+                lines = file.read().splitlines()
+        for line in lines:
+            for event in json.loads(line):
+                title, series = event.get("metric"), event.get("variant")
+                key = title if series == "train" else f"{series}_{title}"
+                if str(title).startswith(":monitor:"):
+                    continue  # ClearML's resource monitor (machine stats, after 30 s)
+                if event["type"] == "training_stats_scalar" and title == "Summary":
+                    session["single"][series] = event["value"]
+                elif event["type"] == "training_stats_scalar":
+                    session["scalars"].setdefault(key, []).append((event["iter"], event["value"]))
+                elif event["type"] == "training_debug_image":
+                    session["images"].setdefault((title, series), []).append(event["iter"])
+                elif event["type"] == "plot":
+                    session["tables"].setdefault(key, []).append(event["iter"])
+        stored = task.get("configuration", {}).get("General", {}).get("value", "")
+        session["config"] = dict(text_to_config_dict(stored)) if stored else {}
+        sessions.append(session)
+    return sessions
+
+
+def read_clearml(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    """The single ClearML offline session under ``<logging_dir>/clearml`` (of project ``run``)."""
+    (found,) = clearml_sessions(logging_dir)
+    assert found["project"] == run and found["zipped"], found
+    return found["scalars"], _flat(found["config"])
+
+
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in config.items():

@@ -70,6 +70,8 @@ def _flush_to_disk(accelerator: Accelerator) -> None:
             backend.flush()  # a SummaryWriter, an open file
         elif tracker.name == "trackio" and backend is not None:
             backend._flush_queues_inline()  # its sender thread writes the database in batches
+        elif tracker.name == "clearml" and backend is not None:
+            backend.flush(wait_for_uploads=True)  # its reporter thread writes metrics.jsonl
 
 
 def main() -> None:

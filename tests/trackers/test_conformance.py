@@ -3,8 +3,8 @@ in ``examples/custom_tracker.py``) pass the shipped contract
 (:class:`accelkit.testing.TrackerContract`).
 
 Each backend writes for real (TensorBoard event files, a sqlite MLflow store, an offline wandb
-run, an offline Comet archive, a trackio database, an offline SwanLab run, JSON lines, custom
-CSVs) and is read back with its own reader.
+run, an offline Comet archive, a trackio database, an offline SwanLab run, an offline ClearML
+session, JSON lines, custom CSVs) and is read back with its own reader.
 """
 
 from __future__ import annotations
@@ -85,6 +85,13 @@ class TestSwanLabOffline(TrackerContract):
 
     def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
         return readers.read_swanlab(logging_dir, run)
+
+
+class TestClearMLOffline(TrackerContract):
+    log_with, files, unwrapped = "clearml", "clearml/offline/offline-*/metrics.jsonl", "Task"
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_clearml(logging_dir, run)
 
 
 class TestCustomTracker(TrackerContract):
