@@ -70,6 +70,11 @@ def main(argv: Sequence[str]) -> int:
             # Not a failure: the workers committed a preemption checkpoint and chose this
             # code; the launcher says so in one line.
             return failure.exitcode
+        hang = _hang_exit(exc.failures)
+        if hang is not None:
+            # The watchdog stopped the job: a rank that then failed in a collective because a
+            # hung peer exited first (its error file is the earliest) is not the cause.
+            return hang
         # torchrun's report of every failed rank, without the twenty lines of torchrun's own
         # stack above it; the launcher ends with one line from the failure written here.
         print(_root_cause_first(exc).format_msg(), file=sys.stderr, flush=True)
@@ -206,6 +211,22 @@ def _group_preempted(failures: Any) -> bool:
 def _hang_recorded() -> bool:
     """Whether the job's exit record says the hang watchdog stopped it (see
     ``docs/guides/watchdog.md``)."""
+    record = _exit_record()
+    return record is not None and record.get("reason") == "hang"
+
+
+def _hang_exit(failures: dict[int, Any]) -> int | None:
+    """The watchdog's exit code when the job's exit record says it stopped the job and some
+    rank exited with that code; None otherwise."""
+    record = _exit_record()
+    if record is None or record.get("reason") != "hang":
+        return None
+    code = int(record["exit_code"])
+    return code if any(int(f.exitcode) == code for f in dict(failures).values()) else None
+
+
+def _exit_record() -> dict[str, Any] | None:
+    """The job's exit record (:func:`accelkit.runtime.preemption.read_exit_record`), if any."""
     from accelkit.runtime.preemption import (
         ENV_PREEMPTION_FILE,
         ENV_PREEMPTION_JOB,
@@ -213,20 +234,12 @@ def _hang_recorded() -> bool:
     )
 
     path = os.environ.get(ENV_PREEMPTION_FILE)
-    record = read_exit_record(path, os.environ.get(ENV_PREEMPTION_JOB)) if path else None
-    return record is not None and record.get("reason") == "hang"
+    return read_exit_record(path, os.environ.get(ENV_PREEMPTION_JOB)) if path else None
 
 
 def _preempted(exitcode: int) -> bool:
     """Whether the job's main process recorded a preemption exit with ``exitcode``."""
-    from accelkit.runtime.preemption import (
-        ENV_PREEMPTION_FILE,
-        ENV_PREEMPTION_JOB,
-        read_exit_record,
-    )
-
-    path = os.environ.get(ENV_PREEMPTION_FILE)
-    record = read_exit_record(path, os.environ.get(ENV_PREEMPTION_JOB)) if path else None
+    record = _exit_record()
     return record is not None and record["exit_code"] == exitcode
 
 

@@ -7,6 +7,9 @@ unrestarted with ``--max_restarts 2``, is ``test_launch_preemption.py``'s.)"""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -52,3 +55,34 @@ def test_another_torch_keeps_torchruns_rule_and_says_so(
     # Without restarts to use there is nothing to say.
     assert _torchrun._no_restart_after_preemption(["train.py"]) is False
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("record", "codes", "expected"),
+    [
+        # The watchdog stopped the job; rank 0 then failed in its all-reduce (error file first).
+        ({"exit_code": 75, "reason": "hang"}, {0: 1, 1: 75}, 75),
+        ({"exit_code": 75, "reason": "hang"}, {0: -6, 1: 75}, 75),
+        # No rank exited with the watchdog's code: a real failure.
+        ({"exit_code": 75, "reason": "hang"}, {0: 1, 1: -15}, None),
+        # A preemption record is not a hang.
+        ({"exit_code": 75, "reason": "signal"}, {0: 1, 1: 75}, None),
+        (None, {0: 1, 1: 75}, None),
+    ],
+)
+def test_a_hang_stop_is_not_reported_as_the_failure_of_a_rank_it_took_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, record: Any, codes: dict, expected: Any
+) -> None:
+    from accelkit.runtime.preemption import (
+        ENV_PREEMPTION_FILE,
+        ENV_PREEMPTION_JOB,
+        write_exit_record,
+    )
+
+    path = tmp_path / "exit.json"
+    monkeypatch.setenv(ENV_PREEMPTION_FILE, str(path))
+    monkeypatch.delenv(ENV_PREEMPTION_JOB, raising=False)
+    if record is not None:
+        write_exit_record(str(path), record)
+    failures = {rank: SimpleNamespace(exitcode=code) for rank, code in codes.items()}
+    assert _torchrun._hang_exit(failures) == expected
