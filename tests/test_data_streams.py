@@ -11,8 +11,10 @@ generators at the end.
 
 from __future__ import annotations
 
+import copy
 import json
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,11 @@ import torch
 from xxhash import xxh3_128_hexdigest
 
 from accelkit import Accelerator, set_seed
-from accelkit.checkpointing.errors import CheckpointMismatchError
+from accelkit.checkpointing.errors import (
+    CorruptCheckpointError,
+    ResumeMismatchError,
+    ResumeMismatchWarning,
+)
 from accelkit.data.readahead import PROBE_EVERY, ReadAheadRandomness, read_under
 from accelkit.runtime.random import global_generator_states
 
@@ -57,9 +63,9 @@ class _AugmentedStream(torch.utils.data.IterableDataset[torch.Tensor]):
             yield torch.tensor([i / N, float(torch.rand(()))])
 
 
-def _setup(dataset: Any, **loader_kwargs: Any) -> tuple[Any, ...]:
+def _setup(dataset: Any, strict: bool = False, **loader_kwargs: Any) -> tuple[Any, ...]:
     set_seed(0)
-    acc = Accelerator(cpu=True)
+    acc = Accelerator(cpu=True, strict_resume=strict)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     shuffle = not isinstance(dataset, torch.utils.data.IterableDataset)
@@ -128,6 +134,21 @@ def _resumed(
     first = acc.skip_first_batches(loader, stop) if idiom == "skip" else loader
     seen = _train(acc, model, optimizer, first) + _train(acc, model, optimizer, loader)
     return seen, _end(model)
+
+
+def _refused_before_anything_changes(
+    folder: Path, key: str, named: str, dataset: Any, **kw: Any
+) -> None:
+    """Loading ``folder`` is refused as a damaged file, naming ``key`` and ``named``, and leaves
+    the weights and the loader's position as they were."""
+    acc, model, _, loader = _setup(dataset, **kw)
+    position, weights = loader.state_dict(), copy.deepcopy(model.state_dict())
+    with pytest.raises(CorruptCheckpointError, match=r"dataloader_0\.json") as caught:
+        acc.load_state(str(folder))
+    message = str(caught.value)
+    assert key in message and named in message and "load another checkpoint" in message
+    assert loader.state_dict() == position
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
 
 
 def _edit_loader_state(folder: Path, key: str, value: Any) -> None:
@@ -239,12 +260,7 @@ def test_a_malformed_read_ahead_state_is_refused_naming_it(
     folder = tmp_path / "ckpt"
     _interrupted(dataset, folder)
     _edit_loader_state(folder, "read_ahead_rng", entry)
-    acc, _, _, loader = _setup(dataset)
-    position = loader.state_dict()
-    with pytest.raises(CheckpointMismatchError, match="dataloader_0") as caught:
-        acc.load_state(str(folder))
-    assert "read_ahead_rng" in str(caught.value) and named in str(caught.value)
-    assert loader.state_dict() == position  # the loader's position did not move
+    _refused_before_anything_changes(folder, "read_ahead_rng", named, dataset)
 
 
 # ------------------------------------------------------------------ loader workers
@@ -317,9 +333,67 @@ def test_a_malformed_worker_state_is_refused_naming_it(
     folder = tmp_path / "ckpt"
     _interrupted(dataset, folder, num_workers=2)
     _edit_loader_state(folder, "worker_rng", entry)
-    acc, _, _, loader = _setup(dataset, num_workers=2)
-    position = loader.state_dict()
-    with pytest.raises(CheckpointMismatchError, match="dataloader_0") as caught:
+    _refused_before_anything_changes(folder, "worker_rng", named, dataset, num_workers=2)
+
+
+# ------------------------------------------------------------------ another worker count
+
+
+def _resume_warnings(dataset: Any, folder: Path, **kw: Any) -> list[str]:
+    acc, model, optimizer, loader = _setup(dataset, **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         acc.load_state(str(folder))
-    assert "worker_rng" in str(caught.value) and named in str(caught.value)
-    assert loader.state_dict() == position
+        _train(acc, model, optimizer, loader, stop=1)
+    return [str(w.message) for w in caught if issubclass(w.category, ResumeMismatchWarning)]
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 3), (0, 2), (2, 0)])
+def test_another_worker_count_is_named_when_the_reads_draw(
+    tmp_path: Path, saved: int, resumed: int
+) -> None:
+    # Which process reads a batch decides its augmentations: the saved streams cannot be
+    # played by another number of workers (or by the training process instead of workers).
+    dataset = _Augmented(("torch",))
+    _interrupted(dataset, tmp_path / "ckpt", num_workers=saved)
+    texts = _resume_warnings(dataset, tmp_path / "ckpt", num_workers=resumed)
+    assert len(texts) == 1, texts
+    assert f"dataloader 0 workers {saved} -> {resumed}" in texts[0]
+    assert f"num_workers it was saved with ({saved})" in texts[0]
+    acc, _, _, loader = _setup(dataset, strict=True, num_workers=resumed)
+    acc.load_state(str(tmp_path / "ckpt"))
+    with pytest.raises(ResumeMismatchError, match=f"workers {saved} -> {resumed}"):
+        next(iter(loader))
+
+
+def test_another_worker_count_is_silent_when_the_reads_draw_nothing(tmp_path: Path) -> None:
+    dataset = _Augmented(())
+    full, _ = _uninterrupted(dataset, num_workers=2)
+    before = _interrupted(dataset, tmp_path / "ckpt", num_workers=2)
+    assert _resume_warnings(dataset, tmp_path / "ckpt", num_workers=3) == []
+    after, _ = _resumed(dataset, tmp_path / "ckpt", num_workers=3)
+    assert _equal_runs(full, before + after)
+
+
+def test_augmentations_in_spawned_workers_resume_bit_for_bit(tmp_path: Path) -> None:
+    # The worker hooks travel to workers started by "spawn" (pickled, not inherited).
+    kw = {"num_workers": 2, "multiprocessing_context": "spawn"}
+    dataset = _Augmented(("python", "torch"))
+    full, full_end = _uninterrupted(dataset, **kw)
+    before = _interrupted(dataset, tmp_path / "ckpt", **kw)
+    after, end = _resumed(dataset, tmp_path / "ckpt", **kw)
+    assert _equal_runs(full, before + after)
+    assert _same(end, full_end)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs CUDA")
+def test_augmentations_in_workers_resume_bit_for_bit_with_pinned_memory(tmp_path: Path) -> None:
+    # The pinning thread rebuilds each tagged batch (a NamedTuple) and keeps its tags.
+    kw = {"num_workers": 2, "pin_memory": True}
+    dataset = _Augmented(("torch",))
+    full, full_end = _uninterrupted(dataset, **kw)
+    before = _interrupted(dataset, tmp_path / "ckpt", **kw)
+    after, end = _resumed(dataset, tmp_path / "ckpt", **kw)
+    assert _equal_runs(full, before + after)
+    assert _same(end, full_end)

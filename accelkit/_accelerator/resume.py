@@ -18,6 +18,10 @@ component                          holds
 ``gradient accumulation steps``    micro-steps per optimizer step
 ``dataloader <i> batch size``      samples per batch on this process
 ``dataloader <i> sampler``         the sampler's class, sample count and seed
+``dataloader <i> workers``         its ``num_workers``, when its reads draw random
+                                   numbers (mid-epoch: the state holds
+                                   ``read_ahead_rng`` or ``worker_rng``); a resume
+                                   with another count draws other augmentations
 ``dataloader <i> data order``      a digest of the sample indices of the next
                                    :data:`LOOKAHEAD` batches
                                    (:func:`accelkit.data.lookahead.upcoming_batches`;
@@ -53,6 +57,7 @@ from accelkit.checkpointing.objects.fingerprint import (
 )
 from accelkit.data.lookahead import per_process_batch_size, sampler_summary, upcoming_batches
 from accelkit.data.prepared import is_prepared
+from accelkit.data.random_streams import READ_AHEAD_KEY, WORKERS_KEY
 from accelkit.errors import WrongTypeError, warn_at_user_line
 from accelkit.runtime import ops
 
@@ -80,6 +85,11 @@ _FIXES = (
     (" batch size", "prepare each dataloader with the batch size it was saved with"),
     (" sampler", "prepare the same dataset with the same sampler, shuffle and seed settings"),
     (" data order", "prepare the same dataset with the same sampler, shuffle and seed settings"),
+    (
+        " workers",
+        "prepare each dataloader with the num_workers it was saved with ({saved}): which "
+        "process reads a batch decides the random numbers its augmentations draw",
+    ),
     (
         "RNG stream ",
         "keep every random_states_<rank> file and draw no random numbers between load_state() "
@@ -136,9 +146,11 @@ class ResumeCheck:
             size = per_process_batch_size(loader, world)
             record[f"dataloader {i} batch size"] = "unknown" if size is None else str(size)
             record[f"dataloader {i} sampler"] = sampler_summary(loader)
+            state = loader.state_dict()
+            if READ_AHEAD_KEY in state or WORKERS_KEY in state:  # its reads draw random numbers
+                record[f"dataloader {i} workers"] = str(getattr(loader, "num_workers", 0))
             batches = upcoming_batches(loader, LOOKAHEAD)
             if batches is None:  # the position, and the randomness its pass draws from
-                state = loader.state_dict()
                 keys = ("epoch", "batches_yielded", "seed", "randomness")
                 batches = [["position", *(state.get(key) for key in keys)]]
             record[f"dataloader {i} data order"] = digest(batches)

@@ -31,10 +31,14 @@ _Saved = tuple[dict[str, Any] | None, dict[str, Any] | None]  # read-ahead state
 
 def tags_workers(loader: Any) -> bool:
     """Whether ``loader``'s workers can send their generator states with its batches: it has
-    workers, and they are started afresh for every pass (not ``persistent_workers``). (The
-    loader also needs a map-style dataset whose batches it does not dispatch.)"""
-    return getattr(loader, "num_workers", 0) > 0 and not getattr(
-        loader, "persistent_workers", False
+    workers, they are started afresh for every pass (not ``persistent_workers``), and it hands
+    their batches out in turn (not ``in_order=False``, which yields whichever is ready, so that
+    no resume can replay its order). (The loader also needs a map-style dataset whose batches
+    it does not dispatch.)"""
+    return (
+        getattr(loader, "num_workers", 0) > 0
+        and not getattr(loader, "persistent_workers", False)
+        and getattr(loader, "in_order", True)
     )
 
 

@@ -20,8 +20,9 @@ yet, from the seeds PyTorch gave it), after the user's ``worker_init_fn``. The r
 draws what the uninterrupted one drew.
 
 Not covered (a resume is then as PyTorch makes it): ``persistent_workers=True`` (the workers
-outlive the pass), iterable datasets (the workers shard the stream themselves) and batches the
-main process dispatches. ``torch.utils.data.get_worker_info().seed`` in a resumed worker is the
+outlive the pass), ``in_order=False`` (batches come out as they are ready: no resume replays
+that order), iterable datasets (the workers shard the stream themselves) and batches the main
+process dispatches. ``torch.utils.data.get_worker_info().seed`` in a resumed worker is the
 resumed pass's seed.
 
 Public API: :class:`TaggedBatch`, :class:`TaggingCollate`, :class:`WorkerStart`,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 
+from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.formats.manifest import Manifest
 from accelkit.checkpointing.objects.contents import (
     LoadedContents,
@@ -40,6 +41,8 @@ from accelkit.checkpointing.sharded import (
     sharded_targets,
 )
 from accelkit.data.position import GLOBAL_POSITION
+from accelkit.data.random_streams import RandomStreams
+from accelkit.errors import ConfigurationError
 
 __all__ = ["NativeReader"]
 
@@ -89,8 +92,23 @@ class NativeReader:
         self._loaded = read_contents(
             source.storage, source.path, self.manifest, self._plain, source.rank, source.verify
         )
+        self._check_loader_streams()
         if self.manifest.world_size != source.world_size and source.is_main:
             self._report_process_count()
+
+    def _check_loader_streams(self) -> None:
+        """Refuse, before anything is restored, a dataloader position whose saved generator
+        states (``read_ahead_rng``, ``worker_rng``) cannot be put back: the file is damaged."""
+        loaders = self._plain.dataloaders
+        for obj, state, file in self._loaded.states:
+            if isinstance(state, dict) and any(obj is loader for loader in loaders):
+                try:
+                    RandomStreams.checked(state)
+                except ConfigurationError as exc:
+                    raise CorruptCheckpointError(
+                        f"{file}: {exc}; the file is damaged or was not written by accelkit. "
+                        "Restore it from a copy, or load another checkpoint."
+                    ) from None
 
     def _report_process_count(self) -> None:
         """Warn about a load on another number of processes: what it carries over, and, for an
