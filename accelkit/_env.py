@@ -118,6 +118,12 @@ VARIABLES: dict[str, Variable] = {
             "launch",
         ),
         Variable(
+            "ACCELKIT_MEMORY_DIR",
+            "",
+            "the job's folder in shared memory, kept across restarts (the memory tier)",
+            "launch",
+        ),
+        Variable(
             "ACCELKIT_PREEMPTION_JOB",
             "",
             "this launch's id, which a preemption record must carry",

@@ -30,6 +30,7 @@ import accelkit.training.profiling as _profiling
 from accelkit._accelerator.checkpointing import Checkpointing
 from accelkit._accelerator.delegation import documented_by, forward
 from accelkit._accelerator.experiment import ExperimentLink
+from accelkit._accelerator.memory import MemorySnapshots
 from accelkit._accelerator.preemption import Preemption
 from accelkit._accelerator.prepared_objects import PreparedObjects
 from accelkit._accelerator.processes import Processes
@@ -283,6 +284,15 @@ class Accelerator:
             self.end_training,
             save_policy,
             self._stragglers.rider,
+        )
+        # The memory tier's snapshots (ProjectConfiguration.memory): after the preemption
+        # part, whose save at the same boundary comes first.
+        self._memory = MemorySnapshots(
+            self.project_configuration,
+            self.state,
+            self.gradient_state,
+            self._checkpointing,
+            self._checkpoints.memory,
         )
         # The hang watchdog (hang_timeout_seconds): a thread counting step boundaries.
         self._watchdog = HangWatch(

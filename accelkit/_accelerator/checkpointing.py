@@ -20,8 +20,10 @@ import accelkit.checkpointing.manager as _ckpt_manager
 import accelkit.checkpointing.tiered as _ckpt_tiered
 import accelkit.fsdp.runtime as _fsdp
 from accelkit.checkpointing.catalog.listing import loadable_automatic
+from accelkit.checkpointing.commit.async_save import AsyncCheckpoint
 from accelkit.checkpointing.errors import UnresumedProjectWarning
 from accelkit.checkpointing.formats.layout import checkpoint_name
+from accelkit.checkpointing.formats.manifest import MEMORY_SNAPSHOT
 from accelkit.errors import AccelkitError, WrongTypeError, warn_at_user_line
 
 if TYPE_CHECKING:
@@ -272,6 +274,30 @@ class Checkpointing:
         for observer in self._observers:
             observer.saved(reason, path, step)
         return result
+
+    def save_snapshot(self, output_dir: str) -> AsyncCheckpoint:
+        """Start a memory snapshot into ``output_dir`` (this process's own folder): what
+        :meth:`save_state` saves, through the asynchronous save, with the resume fingerprint;
+        no checkpoint of the project (no observer, no tracker report, no retention). Its
+        failure is the caller's (the handle is claimed: see
+        :meth:`~accelkit.checkpointing.commit.async_save.AsyncCheckpoint.claim`). Call it on
+        every process at the same step boundary.
+
+        Raises:
+            CheckpointError: the save in flight failed, or this one was refused before
+                anything was written (on every process alike).
+        """
+        step = self.gradient_state.optimizer_steps
+        objects = self.training_objects()
+        if self.resume is not None:
+            objects.fingerprint = self.resume.record()
+        with self._blocking():
+            handle = self.manager.save(
+                output_dir, objects, step, async_save=True, reason=MEMORY_SNAPSHOT, project=False
+            )
+        assert isinstance(handle, AsyncCheckpoint)
+        handle.claim()
+        return handle
 
     def register_drain_deadline(self, deadline: Callable[[], float | None]) -> None:
         """How long the end of the run drains the replication queue (see

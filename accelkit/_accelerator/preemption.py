@@ -49,6 +49,7 @@ from accelkit.runtime.saving import (
     check_policy,
     policy_from_settings,
 )
+from accelkit.training.boundary import SavePoints
 
 if TYPE_CHECKING:
     from accelkit._accelerator.checkpointing import Checkpointing
@@ -114,8 +115,7 @@ class Preemption:
         self.automatic = self.watching and config.automatic_checkpoint_naming
         self.exiting = False
         self.closed = False  # end_training() ran: no more rounds
-        self.steps_at_point: int | None = None  # optimizer steps at the last save point
-        self.training_loader: object | None = None  # the loader iterated at the last step
+        self.points = SavePoints(gradient_state)
         # Registered with the parts that offer hooks, in this order: the decider hears of a
         # save before this part reports it.
         checkpointing.add_observer(self.decider)
@@ -177,23 +177,16 @@ class Preemption:
 
     def boundary(self, where: str, source: object) -> None:
         """The hook on the step boundaries (``GradientState.on_boundary``): agree; at a save
-        point, save and exit if a preemption was agreed and the script does not save by itself.
-
-        A save point is a prepared dataloader asked for its next batch (or to start a pass)
-        where the state is the state after a whole loop body: the loader whose batches the
-        optimizer steps on (the one iterated at the last optimizer step; any loader before the
-        first step), after an optimizer step since its previous save point, with no
-        accumulated gradients. So never between ``optimizer.step()`` and ``scheduler.step()``,
-        never inside an evaluation pass, and never right after a pass's last batch, where the
-        script's epoch-end code (evaluation, logging) still has to run: the next pass's start
-        is the save point then. A script resumed from there replays exactly what follows.
+        point (:class:`~accelkit.training.boundary.SavePoints`), save and exit if a preemption
+        was agreed and the script does not save by itself. A script resumed from there replays
+        exactly what follows.
         """
         if self.exiting or self.closed:
             return
         steps = self.gradient_state.optimizer_steps
         decider = self.decider
+        point = self.points.reached(where, source)
         if where == "step":
-            self.training_loader = self.gradient_state.active_dataloader
             # On several processes the round of this step starts at the next boundary (the
             # next batch, or should_save()), to be read a whole step later.
             if self.state.num_processes == 1:
@@ -202,19 +195,8 @@ class Preemption:
         # Another loader's batches (an evaluation pass) do not start the step's round: the
         # training loader's next batch does, so a signal during evaluation is agreed a step
         # after it, not two.
-        training = self.training_loader is None or source is self.training_loader
-        decider.advance(steps, training=training)
-        if where != "batch" or not training:
-            return
-        stepped = steps != self.steps_at_point
-        self.steps_at_point = steps
-        if (
-            stepped
-            and decider.preempted
-            and self.automatic
-            and not decider.self_managed
-            and self.gradient_state.sync_gradients
-        ):
+        decider.advance(steps, training=self.points.is_training(source))
+        if point and decider.preempted and self.automatic and not decider.self_managed:
             self.save_and_exit()
 
     def save_and_exit(self) -> None:

@@ -107,6 +107,15 @@ Layers, bottom up; each imports only from the layers below it (and from
   (``RemoteTier``): the replicator, the remote resolve of ``load_state()``, the local budget,
   the drain at the end of the run.
 
+**Memory** -- the memory tier of ``memory_snapshot_every_steps``:
+
+- :mod:`~accelkit.checkpointing.memory` -- the tier's map (no names of its own).
+- :mod:`~accelkit.checkpointing.memory.options` -- ``MemoryOptions``, the memory tier's
+  settings (``ProjectConfiguration.memory``).
+- :mod:`~accelkit.checkpointing.memory.tier` -- the memory tier the manager composes
+  (``MemoryTier``): each process's snapshots in the job's shared memory, their rotation, the
+  agreed resolve of ``load_state()``.
+
 **Interop** -- Hugging Face accelerate's checkpoint folders, and Hugging Face's model files:
 
 - :mod:`~accelkit.checkpointing.interop` -- the layer's face (no names of its own).
@@ -124,13 +133,13 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.errors` -- the errors raised on bad checkpoints.
 - :mod:`~accelkit.checkpointing.config` -- ``ProjectConfiguration`` and its options objects
   (``RetentionOptions``, ``SaveOptions``, ``AsyncOptions``, ``ReplicationOptions``,
-  ``PreemptionOptions``).
+  ``PreemptionOptions``, ``MemoryOptions``).
 - :mod:`~accelkit.checkpointing.listener` -- what the manager tells the rest of the run
   (``CheckpointListener``: the manifest's ``experiment`` record, commits, loads).
 - :mod:`~accelkit.checkpointing.manager` -- save / load / list / latest; the run's counter;
   the hooks further tiers compose through (``Tier``).
-- :mod:`~accelkit.checkpointing.tiered` -- the manager with the remote tier composed
-  (``TieredCheckpointManager``), what the ``Accelerator`` uses.
+- :mod:`~accelkit.checkpointing.tiered` -- the manager with the remote and memory tiers
+  composed (``TieredCheckpointManager``), what the ``Accelerator`` uses.
 """
 
 from __future__ import annotations
@@ -140,6 +149,7 @@ from typing import TYPE_CHECKING
 from accelkit._lazy import lazy_getattr
 from accelkit.checkpointing.config import (
     AsyncOptions,
+    MemoryOptions,
     PreemptionOptions,
     ProjectConfiguration,
     ReplicationOptions,
@@ -152,6 +162,7 @@ __all__ = [
     "AsyncOptions",
     "CheckpointError",
     "CheckpointManager",
+    "MemoryOptions",
     "PreemptionOptions",
     "ProjectConfiguration",
     "ReplicationOptions",

@@ -2,10 +2,11 @@
 
 Accelerate's six fields, then one options object per concern: :class:`RetentionOptions`,
 :class:`SaveOptions`, :class:`AsyncOptions`,
-:class:`~accelkit.checkpointing.replication.options.ReplicationOptions` and
-:class:`PreemptionOptions`. The flat keywords of the 0.x releases (``keep_best=``,
-``async_save=``, ``replicate_to=``...) remain as aliases, both as keyword arguments and as
-attributes (:data:`FLAT_ALIASES` lists them): they read and write the options' fields.
+:class:`~accelkit.checkpointing.replication.options.ReplicationOptions`,
+:class:`PreemptionOptions` and :class:`~accelkit.checkpointing.memory.options.MemoryOptions`.
+The flat keywords of the 0.x releases (``keep_best=``, ``async_save=``, ``replicate_to=``...)
+remain as aliases, both as keyword arguments and as attributes (:data:`FLAT_ALIASES` lists
+them): they read and write the options' fields.
 
 Public API: :class:`ProjectConfiguration`, the options classes, :data:`FLAT_ALIASES`,
 :func:`resolve_project_configuration`.
@@ -22,6 +23,7 @@ from typing import Any, Generic, TypeVar, overload
 from accelkit._text import short
 from accelkit._units import parse_bytes
 from accelkit.checkpointing.catalog.retention import RetentionPolicy, build_policy
+from accelkit.checkpointing.memory.options import MemoryOptions
 from accelkit.checkpointing.replication.options import (
     RETENTION_SETTING_NAMES,
     ReplicationOptions,
@@ -33,6 +35,7 @@ from accelkit.runtime import saving as _saving
 __all__ = [
     "FLAT_ALIASES",
     "AsyncOptions",
+    "MemoryOptions",
     "PreemptionOptions",
     "ProjectConfiguration",
     "ReplicationOptions",
@@ -207,6 +210,7 @@ FLAT_ALIASES: dict[str, tuple[str, str]] = {
     "replicate_preemption_seconds": ("replication", "preemption_seconds"),
     "preemption_signals": ("preemption", "signals"),
     "preemption_exit_code": ("preemption", "exit_code"),
+    "memory_snapshot_every_steps": ("memory", "every_steps"),
 }
 
 # The options class of each options field.
@@ -216,6 +220,7 @@ _OPTIONS: dict[str, type[Any]] = {
     "asynchronous": AsyncOptions,
     "replication": ReplicationOptions,
     "preemption": PreemptionOptions,
+    "memory": MemoryOptions,
 }
 
 _T = TypeVar("_T")
@@ -289,6 +294,8 @@ class ProjectConfiguration:
             ``preemption_seconds``).
         preemption: save and stop on a signal (:class:`PreemptionOptions`: ``signals``,
             ``exit_code``).
+        memory: the memory tier, snapshots in host memory for restarts in seconds
+            (:class:`~accelkit.checkpointing.memory.options.MemoryOptions`: ``every_steps``).
         **flat: the flat names of the 0.x releases, aliases of the options' fields
             (:data:`FLAT_ALIASES`): ``keep_every``, ``keep_best``, ``best_metric``,
             ``best_mode``, ``keep_every_seconds``, ``keep_recent_seconds``,
@@ -297,7 +304,8 @@ class ProjectConfiguration:
             ``async_writer``, ``async_snapshot``; ``replicate_to``, ``replicate_keep``,
             ``replicate_deadline_seconds``, ``replicate_queue_size``,
             ``replicate_local_budget_bytes``, ``replicate_preemption_seconds``;
-            ``preemption_signals``, ``preemption_exit_code``. Each is also an attribute that
+            ``preemption_signals``, ``preemption_exit_code``;
+            ``memory_snapshot_every_steps``. Each is also an attribute that
             reads and writes its option (``config.replicate_to is config.replication.to``).
             A flat name given with its options object overrides that one option (the object
             passed is copied, never changed).
@@ -333,6 +341,7 @@ class ProjectConfiguration:
     asynchronous: AsyncOptions = field(default_factory=AsyncOptions)
     replication: ReplicationOptions = field(default_factory=ReplicationOptions)
     preemption: PreemptionOptions = field(default_factory=PreemptionOptions)
+    memory: MemoryOptions = field(default_factory=MemoryOptions)
 
     # The flat names of the 0.x releases (FLAT_ALIASES): attributes, never dataclass fields.
     keep_every = _Alias[int | None]("retention", "keep_every")
@@ -357,6 +366,7 @@ class ProjectConfiguration:
     replicate_preemption_seconds = _Alias[float]("replication", "preemption_seconds")
     preemption_signals = _Alias[tuple[str | int, ...]]("preemption", "signals")
     preemption_exit_code = _Alias[int]("preemption", "exit_code")
+    memory_snapshot_every_steps = _Alias[int | None]("memory", "every_steps")
 
     def __init__(
         self,
@@ -374,6 +384,7 @@ class ProjectConfiguration:
         asynchronous: AsyncOptions | Mapping[str, Any] | None = None,
         replication: ReplicationOptions | Mapping[str, Any] | None = None,
         preemption: PreemptionOptions | Mapping[str, Any] | None = None,
+        memory: MemoryOptions | Mapping[str, Any] | None = None,
         **flat: Any,
     ) -> None:
         self.project_dir = _as_location(project_dir)
@@ -391,6 +402,7 @@ class ProjectConfiguration:
             "asynchronous": asynchronous,
             "replication": replication,
             "preemption": preemption,
+            "memory": memory,
         }
         for name, value in given.items():
             setattr(self, name, _options(name, value))
@@ -441,6 +453,12 @@ class ProjectConfiguration:
         self.preemption_signal_numbers()  # the preemption settings too (#25)
         _saving.check_interval("save_every_steps", self.save_every_steps, integer=True)
         _saving.check_interval("save_every_seconds", self.save_every_seconds, integer=False)
+        _saving.check_interval(
+            "memory_snapshot_every_steps",
+            self.memory_snapshot_every_steps,
+            integer=True,
+            off="for no memory snapshots",
+        )
         _preemption.check_exit_code(self.preemption_exit_code)
         self.set_directories(self.project_dir)
 

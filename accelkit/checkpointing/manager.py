@@ -301,6 +301,7 @@ class CheckpointManager:
         max_shard_size: int | str = "10GB",
         async_save: bool | None = None,
         reason: str = "user",
+        project: bool = True,
     ) -> str | AsyncCheckpoint:
         """Write a checkpoint of ``objects`` and commit it (see
         :mod:`~accelkit.checkpointing.commit.protocol`); must be called on every process.
@@ -312,7 +313,10 @@ class CheckpointManager:
                 returning an :class:`~accelkit.checkpointing.commit.async_save.AsyncCheckpoint`;
                 ``None`` uses ``ProjectConfiguration.async_save``.
             reason: why it is made, recorded in the manifest (``"user"``, ``"interval"``,
-                ``"preemption"``).
+                ``"preemption"``, ``"memory"``).
+            project: a checkpoint of the project: the listener is told of its commit and the
+                run's counter moves past it. ``False``: a memory snapshot (neither; its
+                manifest still names the run's trackers).
 
         Returns:
             The checkpoint's path or URL; with ``async_save``, the handle of the save.
@@ -353,7 +357,9 @@ class CheckpointManager:
             lock=self._run_lock() if automatic else None,
             retention=self._retain,
             label="Asynchronous save of" if async_save else "Saving",
-            on_commit=self._on_commit(listener, started, bool(async_save), automatic),
+            on_commit=self._on_commit(
+                listener if project else None, started, bool(async_save), automatic
+            ),
         )
         try:
             sequence.prepare()
@@ -361,7 +367,8 @@ class CheckpointManager:
             # Past the number used (spent whatever happens next: a failed automatic folder is
             # removed), or past a folder that took it (see protocol); unchanged if refused
             # otherwise (the lock of another run).
-            self.counter.set(sequence.next_iteration)
+            if project:
+                self.counter.set(sequence.next_iteration)
         target = sequence.target  # the main process may have moved past an imported folder
         rank, main = self.state.process_index, self.state.is_main_process
         main = main or sequence.per_process  # a folder of its own: it writes everything

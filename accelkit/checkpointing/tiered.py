@@ -7,7 +7,9 @@
 (:class:`~accelkit.checkpointing.replication.tier.RemoteTier`: the replicator and its tier
 record, the remote resolve of ``load_state()``, the local budget, the drain at the end of the
 run), connects that tier to the run's listener (replication and budget-drop reports) and
-offers its waits and its drain. Without a remote tier, it is the manager alone.
+offers its waits and its drain; and the memory tier of ``ProjectConfiguration.memory``
+(:class:`~accelkit.checkpointing.memory.tier.MemoryTier`: snapshots in the job's shared memory,
+resolved first). Without them, it is the manager alone.
 
 Public API: :class:`TieredCheckpointManager`.
 """
@@ -20,6 +22,7 @@ from accelkit.checkpointing.catalog.listing import CheckpointInfo
 from accelkit.checkpointing.config import ProjectConfiguration
 from accelkit.checkpointing.listener import DropReport
 from accelkit.checkpointing.manager import CheckpointManager, ProcessInfo
+from accelkit.checkpointing.memory.tier import MemoryTier
 from accelkit.checkpointing.replication.replicator import ReplicationReport, Replicator
 from accelkit.checkpointing.replication.tier import RemoteTier
 
@@ -36,6 +39,7 @@ class TieredCheckpointManager(CheckpointManager):
 
     Attributes:
         remote: the remote tier.
+        memory: the memory tier.
     """
 
     def __init__(self, config: ProjectConfiguration, state: ProcessInfo) -> None:
@@ -44,6 +48,9 @@ class TieredCheckpointManager(CheckpointManager):
             config, state.is_main_process, self.storage, self._on_replicated, self._dropped
         )
         self.add_tier(self.remote)
+        # Added last: resolved first (a snapshot newer than every checkpoint on disk).
+        self.memory = MemoryTier(config.memory, state.process_index, self.storage)
+        self.add_tier(self.memory)
 
     @property
     def replicator(self) -> Replicator | None:

@@ -47,9 +47,11 @@ from accelkit.launch.flags import (
     refusal_for,
     settings_from_args,
 )
+from accelkit.launch.job_memory import JobMemory
 from accelkit.launch.notebook import notebook_launcher
 from accelkit.launch.signals import guarded_command, run_child
 from accelkit.runtime.environment import ENV_MIXED_PRECISION, ENV_USE_CPU, parse_mixed_precision
+from accelkit.runtime.job_memory import ENV_MEMORY_DIR
 from accelkit.runtime.preemption import (
     ENV_PREEMPTION_FILE,
     ENV_PREEMPTION_JOB,
@@ -413,11 +415,16 @@ def launch_command(config: LaunchConfig) -> int:
     If the launcher itself dies without forwarding anything (SIGKILL, the OOM killer), torchrun
     and every worker are SIGKILLed by Linux at once (``PR_SET_PDEATHSIG``, armed by each process
     before the script runs): no process of the job outlives it.
+
+    The job's shared memory (:class:`~accelkit.launch.job_memory.JobMemory`, named to the
+    workers in ``ACCELKIT_MEMORY_DIR``: the memory tier's snapshots) lives from here to the
+    job's end, across the restarts of ``--max_restarts``, and is removed however the job ends.
     """
     env = launch_env(config)
     # Where the failing worker's error is recorded, for one last line that names it (see
     # accelkit.launch._failure): the temporary folder outlives the job, and only it.
-    with tempfile.TemporaryDirectory(prefix="accelkit-launch-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="accelkit-launch-") as tmp, JobMemory() as memory:
+        env[ENV_MEMORY_DIR] = memory  # the memory tier's folder, kept across restarts
         path = os.path.join(tmp, "failure.json")
         # Where a job that stopped for a preemption records its exit code (main process).
         env[ENV_PREEMPTION_FILE] = os.path.join(tmp, "preempted.json")

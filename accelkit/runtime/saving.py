@@ -123,8 +123,11 @@ class SavePolicy(Protocol):
         ...
 
 
-def check_interval(name: str, value: object, *, integer: bool) -> None:
-    """Refuse a ``save_every_steps``/``save_every_seconds`` that is not a positive number.
+def check_interval(
+    name: str, value: object, *, integer: bool, off: str = "to save only when asked"
+) -> None:
+    """Refuse a ``save_every_steps``/``save_every_seconds`` (or another interval: ``off``
+    says what its ``None`` means) that is not a positive number.
 
     Raises:
         ConfigurationError: naming the setting, the value and the fix.
@@ -136,7 +139,7 @@ def check_interval(name: str, value: object, *, integer: bool) -> None:
     number = value if isinstance(value, kinds) and not isinstance(value, bool) else None
     if not isinstance(number, (int, float)) or not number > 0:
         raise ConfigurationError(
-            f"{name}={short(value)}: expected {what} > 0, or None to save only when asked "
+            f"{name}={short(value)}: expected {what} > 0, or None {off} "
             f"(e.g. {name}={1000 if integer else 1800})."
         )
     if not integer and value == float("inf"):

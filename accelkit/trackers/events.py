@@ -89,7 +89,8 @@ class CheckpointEvent:
         iteration: the checkpoint's number, ``None`` for a folder named by the caller.
         values: the numbers of the event, by the names in this module's table.
         reason: why the checkpoint was made (its manifest's ``reason``: ``"user"``,
-            ``"interval"`` or ``"preemption"``).
+            ``"interval"``, ``"preemption"``, or ``"memory"`` for a memory snapshot a run
+            resumed from).
     """
 
     kind: Literal["save", "load", "replicate"]

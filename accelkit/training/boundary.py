@@ -11,8 +11,9 @@ runs (and no part assigns attributes on them).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
-__all__ = ["BoundaryHook", "StepBoundary"]
+__all__ = ["BoundaryHook", "SavePoints", "StepBoundary"]
 
 #: A hook: ``hook(where, source)`` (see :class:`StepBoundary`).
 BoundaryHook = Callable[[str, object], None]
@@ -58,3 +59,59 @@ class StepBoundary:
         """Report a boundary to every hook."""
         for hook in self.hooks:
             hook(where, source)
+
+
+class _StepState(Protocol):
+    """What :class:`SavePoints` reads of the run's ``GradientState``."""
+
+    @property
+    def optimizer_steps(self) -> int: ...
+
+    @property
+    def active_dataloader(self) -> object | None: ...
+
+    @property
+    def sync_gradients(self) -> bool: ...
+
+
+class SavePoints:
+    """Which step boundaries are *save points*: where the state is the state after a whole
+    loop body, so that a run resumed from a save made there replays exactly what follows.
+
+    A save point is a prepared dataloader asked for its next batch (or to start a pass): the
+    loader whose batches the optimizer steps on (the one iterated at the last optimizer step;
+    any loader before the first step), after an optimizer step since the previous save point,
+    with no accumulated gradients. So never between ``optimizer.step()`` and
+    ``scheduler.step()``, never inside an evaluation pass, and never right after a pass's last
+    batch, where the script's epoch-end code (evaluation, logging) still has to run: the next
+    pass's start is the save point then.
+
+    Feed it every boundary (:meth:`reached`); each user (the preemption save, the memory tier's
+    snapshots) keeps its own instance.
+
+    Args:
+        gradient_state: the run's ``GradientState``.
+    """
+
+    def __init__(self, gradient_state: _StepState) -> None:
+        self.gradient_state = gradient_state
+        self.steps_at_point: int | None = None  # optimizer steps at the last save point
+        self.training_loader: object | None = None  # the loader iterated at the last step
+
+    def is_training(self, source: object) -> bool:
+        """Whether a boundary of ``source`` is one of the training loader's (any loader's,
+        before the first optimizer step)."""
+        return self.training_loader is None or source is self.training_loader
+
+    def reached(self, where: str, source: object) -> bool:
+        """Report the boundary ``where``, ``source`` (see :class:`StepBoundary`); whether it
+        is a save point."""
+        if where == "step":
+            self.training_loader = self.gradient_state.active_dataloader
+            return False
+        if where != "batch" or not self.is_training(source):
+            return False
+        steps = self.gradient_state.optimizer_steps
+        stepped = steps != self.steps_at_point
+        self.steps_at_point = steps
+        return stepped and self.gradient_state.sync_gradients

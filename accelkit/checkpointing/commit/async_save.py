@@ -161,6 +161,12 @@ class AsyncCheckpoint:
             raise error
         return self.path
 
+    def claim(self) -> None:
+        """Take this save's failure: the next save, load or wait does not raise it (read it
+        with :meth:`exception`). The memory tier's snapshots are claimed: a failed snapshot
+        must not fail the script's next ``save_state``."""
+        self._seen = True
+
     def _finish(self, error: BaseException | None) -> None:
         self._error = error
         self._finished.set()

@@ -43,6 +43,7 @@ from accelkit.runtime.saving import REASONS
 
 __all__ = [
     "FORMAT_VERSION",
+    "MEMORY_SNAPSHOT",
     "FileEntry",
     "FileProblem",
     "Manifest",
@@ -54,6 +55,13 @@ __all__ = [
     "verify_files",
     "write_manifest",
 ]
+
+#: The ``reason`` of a memory snapshot (the memory tier of
+#: :mod:`~accelkit.checkpointing.memory`): a per-process checkpoint in the job's shared memory,
+#: never a checkpoint of the project.
+MEMORY_SNAPSHOT = "memory"
+# Every reason a manifest may record: the save policies' and the memory tier's.
+_REASONS = (*REASONS, MEMORY_SNAPSHOT)
 
 FORMAT_VERSION = 1
 
@@ -116,9 +124,9 @@ class Manifest:
         process_index: the process that wrote this folder alone, for a per-process checkpoint
             (see :mod:`~accelkit.checkpointing.commit.per_process`); ``None`` for one shared by all.
         reason: why it was made: ``"user"`` (``save_state()`` called by the script),
-            ``"interval"`` (``save_every_steps``/``save_every_seconds`` was due) or
-            ``"preemption"`` (a preemption signal); a manifest without the field reads as
-            ``"user"``.
+            ``"interval"`` (``save_every_steps``/``save_every_seconds`` was due),
+            ``"preemption"`` (a preemption signal) or ``"memory"`` (:data:`MEMORY_SNAPSHOT`);
+            a manifest without the field reads as ``"user"``.
     """
 
     iteration: int | None
@@ -274,9 +282,9 @@ class Manifest:
         experiment = _experiment(get("experiment", dict, optional=True) or {}, source)
         accelkit_version = get("accelkit_version", str, optional=True) or ""
         reason = get("reason", str, optional=True) or "user"
-        if reason not in REASONS:
+        if reason not in _REASONS:
             raise ManifestError(
-                f"{source}: field 'reason' must be one of {', '.join(REASONS)}, got "
+                f"{source}: field 'reason' must be one of {', '.join(_REASONS)}, got "
                 f"{short(reason)}."
             )
         torch_version = get("torch_version", str, optional=True) or ""

@@ -1,0 +1,175 @@
+"""The memory tier (:class:`MemoryTier`): where each process keeps its snapshots, their
+rotation, and the resolve of ``load_state()`` without a folder.
+
+Layout, in the job's shared-memory folder (:func:`accelkit.runtime.job_memory.job_memory_dir`,
+which ``accelkit launch`` keeps across restarts and removes at the job's end)::
+
+    <job memory>/rank_<r>/snapshot_<step>/    a complete checkpoint of process r's state
+
+Each snapshot is a per-process checkpoint (:mod:`~accelkit.checkpointing.commit.per_process`):
+written and committed by the asynchronous save with its own manifest and checksums, loadable
+by the process that wrote it only. On several machines each machine's shared memory holds the
+snapshots of its own processes. A process keeps its newest committed snapshot and the one being
+written; older ones are removed as a new one starts.
+
+The resolve (:meth:`MemoryTier.resolve`): every process lists its committed snapshots, they
+agree on the newest step all of them have, and that snapshot is restored if it is newer (more
+optimizer steps) than the newest committed checkpoint under ``project_dir`` (as any process
+sees it); else, or if it is
+damaged (agreed: every process falls back together), the tiers below resolve as before.
+Restoring a snapshot leaves the run's counter where an uninterrupted run's is: past every
+``checkpoint_<n>`` folder.
+
+Public API: :class:`MemoryTier`, :data:`SNAPSHOT_PREFIX`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable, Collection
+
+from accelkit._text import clip
+from accelkit.checkpointing.catalog.listing import (
+    COMMITTED,
+    CheckpointInfo,
+    list_checkpoints,
+    loadable_automatic,
+    next_iteration,
+)
+from accelkit.checkpointing.commit.deletion import HoldBudget
+from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.memory.options import MemoryOptions
+from accelkit.checkpointing.objects.contents import TrainingObjects
+from accelkit.checkpointing.restore.sequence import LoadResult, LoadSequence
+from accelkit.checkpointing.storage import Storage
+from accelkit.runtime import ops
+from accelkit.runtime.job_memory import job_memory_dir
+
+__all__ = ["SNAPSHOT_PREFIX", "MemoryTier"]
+
+logger = logging.getLogger("accelkit.checkpointing.memory")
+
+#: A snapshot's folder: ``snapshot_<optimizer steps>``.
+SNAPSHOT_PREFIX = "snapshot_"
+
+
+class MemoryTier:
+    """The memory tier of one process (see the module docstring); inert without
+    ``MemoryOptions.every_steps`` or outside a job with shared memory.
+
+    Args:
+        options: the run's :class:`~accelkit.checkpointing.memory.options.MemoryOptions`.
+        rank: this process's index.
+        storage_for: the storage of a path (the manager's).
+    """
+
+    def __init__(
+        self, options: MemoryOptions, rank: int, storage_for: Callable[[str], Storage]
+    ) -> None:
+        self.options = options
+        self.rank = rank
+        self.storage_for = storage_for
+
+    @property
+    def folder(self) -> str | None:
+        """This process's snapshot folder, or ``None`` when the tier is off (no
+        ``every_steps``, or no job memory: not under ``accelkit launch``)."""
+        root = job_memory_dir() if self.options.every_steps else None
+        return None if root is None else os.path.join(root, f"rank_{self.rank}")
+
+    def snapshot_path(self, steps: int) -> str:
+        """Where the snapshot taken after ``steps`` optimizer steps goes."""
+        folder = self.folder
+        assert folder is not None, "the memory tier is off"
+        return os.path.join(folder, f"{SNAPSHOT_PREFIX}{steps}")
+
+    def committed(self) -> list[CheckpointInfo]:
+        """This process's committed snapshots, oldest first (none when the tier is off)."""
+        folder = self.folder
+        if folder is None:
+            return []
+        infos = list_checkpoints(self.storage_for(folder), folder)
+        mine = [
+            i
+            for i in infos
+            if i.state == COMMITTED and i.name.startswith(SNAPSHOT_PREFIX) and i.step is not None
+        ]
+        return sorted(mine, key=lambda i: i.step or 0)
+
+    def prune(self, keep: str) -> None:
+        """Remove this process's snapshots but ``keep`` (the one being written) and the newest
+        committed one."""
+        folder = self.folder
+        if folder is None or not os.path.isdir(folder):
+            return
+        committed = self.committed()
+        kept = {os.path.basename(keep)} | ({committed[-1].name} if committed else set())
+        for name in os.listdir(folder):
+            if name not in kept:
+                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+
+    # ------------------------------------------------------------------ the Tier hooks
+
+    def observer(self, automatic: bool) -> None:
+        """A save of the project is nothing to this tier."""
+        return None
+
+    def hold(self) -> tuple[Collection[str], HoldBudget | None]:
+        """Local retention keeps nothing back for this tier."""
+        return (), None
+
+    def resolve(
+        self, sequence: LoadSequence, objects: TrainingObjects, local: Callable[[], LoadResult]
+    ) -> LoadResult:
+        """``load_state()`` without a folder, on every process: the newest snapshot every
+        process has, if it is newer than the newest committed checkpoint on disk; else
+        ``local()``."""
+        if not self.options.every_steps:
+            return local()  # the same on every process: no exchange
+        mine = {info.step: info.path for info in self.committed() if info.step is not None}
+        # One exchange, and every process decides from the same lists.
+        everyone = ops.gather_object([(sorted(mine), _newest_disk_step(sequence))])
+        common = set(everyone[0][0]).intersection(*(steps for steps, _ in everyone[1:]))
+        on_disk = [step for _, step in everyone if step is not None]
+        disk = max(on_disk) if on_disk else None
+        newer = sorted((step for step in common if disk is None or step > disk), reverse=True)
+        for step in newer:
+            try:
+                result = sequence.run(mine[step], objects)
+            except CorruptCheckpointError as exc:  # agreed: every process falls back with us
+                logger.warning(
+                    "Not resuming from the memory snapshot of step %d: it is damaged (%s). "
+                    "Trying the next older one, then the checkpoints on disk.",
+                    step,
+                    clip(str(exc), 2000),
+                )
+                continue
+            if sequence.root is not None:  # where an uninterrupted run's counter is
+                infos = list_checkpoints(self.storage_for(sequence.root), sequence.root)
+                sequence.counter.set(next_iteration(infos))
+            if self.rank == 0:
+                logger.warning(
+                    "load_state(): restored the memory snapshot of step %d (newer than %s on "
+                    "disk).",
+                    step,
+                    "anything" if disk is None else f"step {disk}",
+                )
+            return result
+        return local()
+
+
+def _newest_disk_step(sequence: LoadSequence) -> int | None:
+    """The step of the newest committed checkpoint under ``project_dir`` (``None``: none, or
+    the folder cannot be listed, which the load below reports)."""
+    if sequence.root is None:
+        return None
+    try:
+        infos = loadable_automatic(
+            list_checkpoints(sequence.storage_for(sequence.root), sequence.root)
+        )
+    except Exception:  # the tiers below list it again and say what failed
+        return None
+    steps = [i.step for i in infos if i.step is not None]
+    return max(steps) if steps else None

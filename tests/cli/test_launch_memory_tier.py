@@ -1,0 +1,212 @@
+"""The memory tier under `accelkit launch` (#39): a worker SIGKILLed mid-run, the group restarted
+by ``--max_restarts``, and the restart resuming from the snapshots in the job's shared memory,
+bit for bit; and the job's shared memory gone when the job ends, however it ends (success, a
+failure, the launcher SIGKILLed). Real launches of gloo processes on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Trains 20 optimizer steps with a snapshot every 4. In "kill" mode rank 1 of the first attempt
+# SIGKILLs itself after step 11 (once the snapshot of step 8 is committed on both ranks); every
+# attempt starts with load_state() when there is anything to resume from. Rank 0 records what it
+# loaded, a digest of the final weights and optimizer state, and the job's memory folder.
+JOB = textwrap.dedent(
+    """
+    import hashlib, json, os, signal, sys
+    import torch
+    from accelkit import Accelerator
+    from accelkit.checkpointing.errors import CheckpointPathError
+    from accelkit.utils import ProjectConfiguration, set_seed
+
+    out, mode, project = sys.argv[1], sys.argv[2], sys.argv[3]
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    memory = os.environ.get("ACCELKIT_MEMORY_DIR", "")
+    if mode == "sleep":  # the launcher is SIGKILLed meanwhile
+        with open(out, "w") as f:
+            json.dump({"memory": memory}, f)
+        open(os.path.join(memory, "something"), "w").write("x")
+        signal.pause()
+    if mode == "fail":
+        with open(out, "w") as f:
+            json.dump({"memory": memory}, f)
+        sys.exit(3)
+    set_seed(0)
+    accelerator = Accelerator(
+        project_config=ProjectConfiguration(
+            project_dir=project, automatic_checkpoint_naming=True, memory_snapshot_every_steps=4
+        )
+    )
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 2)
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    data = torch.utils.data.TensorDataset(torch.randn(512, 6), torch.randn(512, 2))
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    loaded = None
+    try:
+        loaded = accelerator.load_state()
+    except CheckpointPathError:  # nothing to resume from: a fresh start
+        pass
+    gs = accelerator.gradient_state
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        if gs.optimizer_steps == 5:
+            accelerator.save_state()
+        if mode == "kill" and attempt == 0 and gs.optimizer_steps == 11:
+            accelerator.wait_for_checkpoints()  # the snapshot of step 8, committed
+            accelerator.wait_for_everyone()
+            if accelerator.process_index == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+        if gs.optimizer_steps == 20:
+            break
+    accelerator.wait_for_checkpoints()
+    digest = hashlib.sha256()
+    for tensor in [*model.state_dict().values(), torch.get_rng_state()]:
+        digest.update(tensor.detach().numpy().tobytes())
+    for state in optimizer.state_dict()["state"].values():
+        for value in state.values():
+            digest.update(torch.as_tensor(value).numpy().tobytes())
+    if accelerator.is_main_process:
+        with open(out, "w") as f:
+            json.dump({"attempt": attempt, "loaded": loaded, "digest": digest.hexdigest(),
+                       "memory": memory}, f)
+    accelerator.end_training()
+    """
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_user_config(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A config file in the developer's own ~/.cache/huggingface must not change these launches.
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+
+
+def _launch(script: Path, *args: str, processes: int = 2, restarts: int = 0) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "accelkit.cli.main",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        str(processes),
+        "--max_restarts",
+        str(restarts),
+        str(script),
+        *args,
+    ]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_restarts_from_memory_bit_for_bit(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    killed, plain = tmp_path / "killed.json", tmp_path / "plain.json"
+    proc = subprocess.run(
+        _launch(script, str(killed), "kill", str(tmp_path / "p"), restarts=1),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = json.loads(killed.read_text())
+    # The second attempt finished, from rank 0's snapshot of step 8 (newer than checkpoint_0
+    # of step 5), in the job's shared memory, which is gone now.
+    assert got["attempt"] == 1
+    assert got["loaded"] == os.path.join(got["memory"], "rank_0", "snapshot_8")
+    assert "restored the memory snapshot of step 8 (newer than step 5 on disk)" in proc.stderr
+    assert not os.path.exists(got["memory"])
+    proc = subprocess.run(
+        _launch(script, str(plain), "plain", str(tmp_path / "q")),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    reference = json.loads(plain.read_text())
+    assert reference["loaded"] is None
+    # Weights, optimizer state and the torch generator: as if nothing had happened.
+    assert got["digest"] == reference["digest"]
+    assert got["memory"] != reference["memory"]  # each job its own
+    assert not os.path.exists(reference["memory"])
+
+
+def _wait_gone(path: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_failed_job_leaves_no_shared_memory(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    out = tmp_path / "out.json"
+    proc = subprocess.run(
+        _launch(script, str(out), "fail", str(tmp_path / "p"), processes=1),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3, proc.stderr[-4000:]
+    memory = json.loads(out.read_text())["memory"]
+    assert os.path.basename(memory).startswith("accelkit-job-")
+    assert not os.path.exists(memory)
+
+
+def test_the_shared_memory_goes_when_the_launcher_is_sigkilled(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    out = tmp_path / "out.json"
+    launcher = subprocess.Popen(
+        _launch(script, str(out), "sleep", str(tmp_path / "p"), processes=1),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists() or not out.read_text():
+            assert time.monotonic() < deadline, "the job never started"
+            assert launcher.poll() is None, "the launcher ended early"
+            time.sleep(0.1)
+        memory = json.loads(out.read_text())["memory"]
+        while not (Path(memory) / "something").exists():  # the worker wrote there
+            assert time.monotonic() < deadline, "the job never wrote to its memory"
+            time.sleep(0.1)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        # The reaper saw the launcher's pipe close; the worker died with the launcher.
+        assert _wait_gone(memory, 10), f"{memory} outlived the job"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_the_job_memory_folder_is_private(tmp_path: Path) -> None:
+    from accelkit.launch.job_memory import JobMemory
+
+    with JobMemory(root=str(tmp_path)) as path:
+        assert os.stat(path).st_mode & 0o777 == 0o700
+        (Path(path) / "x").write_text("y")
+    assert not os.path.exists(path)
