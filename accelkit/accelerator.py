@@ -604,6 +604,7 @@ class Accelerator:
         ``ProjectConfiguration.replicate_deadline_seconds``, naming what is left behind), then
         finish every tracker and the preemption handling; call once at the end of the script."""
         self._watchdog.close()  # waiting for saves and trackers makes no step progress
+        self._memory.close()
         try:
             self._checkpointing.wait_for_checkpoints()
         finally:

@@ -9,7 +9,9 @@ save points of :class:`~accelkit.training.boundary.SavePoints` (where a preempti
 be made: the state after a whole loop body, so a restart replays exactly what follows), the
 checkpointing part's :meth:`~accelkit._accelerator.checkpointing.Checkpointing.save_snapshot`
 (the asynchronous save into this process's folder) and its save observers (a load restarts the
-count). A snapshot that fails is logged and the run goes on; one refused before anything was
+count). On several processes each committed snapshot is also sent to a peer
+(:class:`~accelkit.checkpointing.memory.peer.PeerCopies`, a thread on a gloo group of its
+own). A snapshot that fails is logged and the run goes on; one refused before anything was
 written (a sharded FSDP model, which per-process folders cannot hold) turns the tier off for the
 run, on every process alike. See ``docs/guides/memory-tier.md``.
 """
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from accelkit._text import clip
+from accelkit.checkpointing.memory.peer import PeerCopies
 from accelkit.errors import AccelkitError
 from accelkit.runtime.job_memory import ENV_MEMORY_DIR
 from accelkit.training.boundary import SavePoints
@@ -68,6 +71,7 @@ class MemorySnapshots:
         self.taken = 0
         self.last_step = gradient_state.optimizer_steps
         self.pending: AsyncCheckpoint | None = None
+        self.peers: PeerCopies | None = None
         self._unhook: Callable[[], None] | None = None
         if not self.every:
             return
@@ -85,6 +89,7 @@ class MemorySnapshots:
         self.points = SavePoints(gradient_state)
         self._unhook = gradient_state.on_boundary.register(self.boundary)
         checkpointing.add_observer(self)
+        self.peers = _peer_copies(tier, state)
 
     @property
     def active(self) -> bool:
@@ -119,12 +124,17 @@ class MemorySnapshots:
             return
         self.taken += 1
         self.tier.prune(keep=path)
+        if self.peers is not None:
+            self.peers.submit(_committed(self.pending), steps)
 
     def close(self) -> None:
-        """Take no more snapshots."""
+        """Take no more snapshots; finish the peer copies queued (``end_training()``)."""
         if self._unhook is not None:
             self._unhook()
             self._unhook = None
+        peers, self.peers = self.peers, None
+        if peers is not None:
+            peers.close()
 
     @staticmethod
     def _report(handle: AsyncCheckpoint | None) -> None:
@@ -152,3 +162,28 @@ class MemorySnapshots:
     def loaded(self, path: str, steps: int) -> None:
         """A load restarts the count from the loaded step."""
         self.last_step = steps
+
+
+def _committed(handle: AsyncCheckpoint) -> Callable[[], str | None]:
+    """What the peer-copy thread asks: the snapshot's folder once committed, ``None`` if it
+    failed."""
+
+    def committed() -> str | None:
+        return handle.path if handle.exception() is None else None
+
+    return committed
+
+
+def _peer_copies(tier: MemoryTier, state: AcceleratorState) -> PeerCopies | None:
+    """The peer copies of a run on several processes, on a gloo group of their own (created on
+    every process alike: the tier is on everywhere or nowhere)."""
+    root = tier.root
+    if root is None or state.num_processes == 1:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    group = dist.new_group(backend="gloo")
+    local = getattr(state, "local_num_processes", state.num_processes)
+    return PeerCopies(root, state.process_index, state.num_processes, local, group)

@@ -112,6 +112,8 @@ Layers, bottom up; each imports only from the layers below it (and from
 - :mod:`~accelkit.checkpointing.memory` -- the tier's map (no names of its own).
 - :mod:`~accelkit.checkpointing.memory.options` -- ``MemoryOptions``, the memory tier's
   settings (``ProjectConfiguration.memory``).
+- :mod:`~accelkit.checkpointing.memory.peer` -- each snapshot copied to a peer one machine
+  along a ring (``PeerCopies``), and brought back at a restore.
 - :mod:`~accelkit.checkpointing.memory.tier` -- the memory tier the manager composes
   (``MemoryTier``): each process's snapshots in the job's shared memory, their rotation, the
   agreed resolve of ``load_state()``.

@@ -49,7 +49,13 @@ class TieredCheckpointManager(CheckpointManager):
         )
         self.add_tier(self.remote)
         # Added last: resolved first (a snapshot newer than every checkpoint on disk).
-        self.memory = MemoryTier(config.memory, state.process_index, self.storage)
+        self.memory = MemoryTier(
+            config.memory,
+            state.process_index,
+            self.storage,
+            world=state.num_processes,
+            local=getattr(state, "local_num_processes", state.num_processes),
+        )
         self.add_tier(self.memory)
 
     @property

@@ -19,6 +19,8 @@ import torch
 
 from accelkit import Accelerator
 from accelkit.checkpointing.catalog.listing import COMMITTED, list_checkpoints
+from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.memory.peer import held_source, holder, pack, unpack
 from accelkit.checkpointing.storage import get_storage
 from accelkit.errors import ConfigurationError
 from accelkit.runtime.job_memory import ENV_MEMORY_DIR
@@ -211,50 +213,105 @@ def test_a_failed_snapshot_never_stops_training_nor_fails_the_next_save(
 # ---------------------------------------------------------------------- two processes
 
 
-def _lose_rank_1(shm: str) -> Any:
+def _lose(shm: str, folders: tuple[str, ...]) -> Any:
     def before_load(rank: int) -> None:
-        if rank == 1:
+        if rank == 1:  # rank 1 is restarted on a machine that lost ``folders``
             import shutil
 
-            shutil.rmtree(os.path.join(shm, "rank_1"))
+            for folder in folders:
+                shutil.rmtree(os.path.join(shm, folder))
 
     return before_load
 
 
-def _two(project: str, steps: int, load: bool, lose: str | None) -> dict[str, Any]:
+def _two(
+    project: str, steps: int, load: bool, shm: str | None = None, lose: tuple[str, ...] = ()
+) -> dict[str, Any]:
     out = _job(
         project,
         steps,
         load=load,
         save_at=(5,),
-        before_load=None if lose is None else _lose_rank_1(lose),
+        before_load=None if shm is None else _lose(shm, lose),
     )
     return {k: out[k] for k in ("loaded", "snapshots")} | {"w": out["weights"], "rng": out["rng"]}
 
 
+def _equal(got: list[dict[str, Any]], reference: list[dict[str, Any]]) -> bool:
+    return all(
+        all(torch.equal(got[r]["w"][k], reference[r]["w"][k]) for k in got[r]["w"])
+        and torch.equal(got[r]["rng"], reference[r]["rng"])
+        for r in (0, 1)
+    )
+
+
 @pytest.mark.slow
-def test_two_processes_agree_on_the_snapshot_every_one_of_them_has(tmp_path: Path) -> None:
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    env = {ENV_MEMORY_DIR: str(shm)}
-    project = str(tmp_path / "p")
-    first = run_distributed(_two, project, 11, False, None, env=env)
+def test_two_processes_agree_on_a_snapshot_and_bring_lost_ones_back_from_peers(
+    tmp_path: Path,
+) -> None:
+    def job(name: str, steps: int, load: bool, lose: tuple[str, ...] = ()) -> list[Any]:
+        shm = tmp_path / f"shm-{name}"
+        shm.mkdir(exist_ok=True)
+        return run_distributed(
+            _two, str(tmp_path / name), steps, load, str(shm), lose, env={ENV_MEMORY_DIR: str(shm)}
+        )
+
+    reference = run_distributed(_two, str(tmp_path / "ref"), 14, False, env={})
+    first = job("a", 11, False)
     assert [r["snapshots"] for r in first] == [["snapshot_6", "snapshot_9"]] * 2
+    shm = tmp_path / "shm-a"
+    # Each process keeps its peer's newest snapshot (a ring of 2: each other's).
+    assert sorted(os.listdir(shm / "copies")) == ["rank_0", "rank_1"]
+    assert os.listdir(shm / "copies" / "rank_1") == ["snapshot_9"]
     # Each process restores its own snapshot of the same step.
-    resumed = run_distributed(_two, project, 14, True, None, env=env)
+    resumed = job("a", 14, True)
     assert [r["loaded"] for r in resumed] == [str(shm / f"rank_{r}" / "snapshot_9") for r in (0, 1)]
-    # Rank 1's snapshots are gone: no step every process has, so both take the disk.
-    shm2 = tmp_path / "shm2"
-    shm2.mkdir()
-    env = {ENV_MEMORY_DIR: str(shm2)}
-    run_distributed(_two, str(tmp_path / "q"), 11, False, None, env=env)
-    lost = run_distributed(_two, str(tmp_path / "q"), 14, True, str(shm2), env=env)
-    disk = str(tmp_path / "q" / "checkpoints" / "checkpoint_0")
+    assert _equal(resumed, reference)
+    # Rank 1's own snapshots are gone (a machine lost): rank 0's copy brings step 9 back.
+    job("b", 11, False)
+    shm = tmp_path / "shm-b"
+    back = job("b", 14, True, ("rank_1",))
+    assert [r["loaded"] for r in back] == [str(shm / f"rank_{r}" / "snapshot_9") for r in (0, 1)]
+    assert _equal(back, reference)
+    # Its copies too: no step every process can have, so both take the disk.
+    job("c", 11, False)
+    lost = job("c", 14, True, ("rank_1", "copies/rank_1"))
+    disk = str(tmp_path / "c" / "checkpoints" / "checkpoint_0")
     assert [r["loaded"] for r in lost] == [disk, disk]
-    reference = run_distributed(_two, str(tmp_path / "ref"), 14, False, None, env={})
-    for got in (resumed, lost):
-        for rank in (0, 1):
-            assert all(
-                torch.equal(got[rank]["w"][k], reference[rank]["w"][k]) for k in got[rank]["w"]
-            )
-            assert torch.equal(got[rank]["rng"], reference[rank]["rng"])
+    assert _equal(lost, reference)
+
+
+# ---------------------------------------------------------------------- peer copies
+
+
+def test_the_ring_keeps_each_copy_one_machine_away() -> None:
+    # 2 machines of 4 processes: rank 1's copy is kept by rank 5, on the other machine.
+    assert [holder(r, 8, 4) for r in range(8)] == [4, 5, 6, 7, 0, 1, 2, 3]
+    assert [held_source(r, 8, 4) for r in range(8)] == [4, 5, 6, 7, 0, 1, 2, 3]
+    # One machine: the next process.
+    assert [holder(r, 3, 3) for r in range(3)] == [1, 2, 0]
+    assert [held_source(r, 3, 3) for r in range(3)] == [2, 0, 1]
+
+
+def test_a_copy_round_trips_and_a_crafted_one_writes_nothing(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "accelkit.json").write_text("{}")
+    (src / "sub" / "model.safetensors").write_bytes(b"\x01" * 100)
+    header_len, payload = pack(str(src))
+    unpack(header_len, memoryview(payload), str(tmp_path / "dst"))
+    assert (tmp_path / "dst" / "sub" / "model.safetensors").read_bytes() == b"\x01" * 100
+    body = bytes(payload[header_len:])
+    for entries, match in [
+        ([["../escaped", len(body)]], "leaves the folder"),
+        ([["/etc/escaped", len(body)]], "leaves the folder"),
+        ([["a", len(body) + 1]], "add up"),
+        ([["a", -1], ["b", len(body) + 1]], "add up"),
+        ({"a": 1}, "malformed"),
+    ]:
+        header = json.dumps(entries).encode()
+        crafted = memoryview(bytearray(header + body))
+        with pytest.raises(CorruptCheckpointError, match=match):
+            unpack(len(header), crafted, str(tmp_path / "crafted"))
+        assert not any(p.name.startswith("crafted") for p in tmp_path.iterdir())
+    assert not (tmp_path.parent / "escaped").exists()

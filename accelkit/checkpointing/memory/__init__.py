@@ -4,7 +4,8 @@ by a restarted group in seconds (``ProjectConfiguration.memory``; see
 
 :mod:`.options` holds the settings (:class:`~.options.MemoryOptions`), :mod:`.tier` the tier
 composed with the checkpoint manager (:class:`~.tier.MemoryTier`: where the snapshots live,
-their rotation, and the resolve of ``load_state()`` without a folder). The snapshots
+their rotation, and the resolve of ``load_state()`` without a folder), :mod:`.peer` the copies
+each process keeps of a peer's snapshots (:class:`~.peer.PeerCopies`). The snapshots
 themselves are taken by the ``Accelerator``'s memory part
 (:mod:`accelkit._accelerator.memory`) at the step boundaries.
 """

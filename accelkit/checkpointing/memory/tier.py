@@ -41,6 +41,7 @@ from accelkit.checkpointing.catalog.listing import (
 from accelkit.checkpointing.commit.deletion import HoldBudget
 from accelkit.checkpointing.errors import CorruptCheckpointError
 from accelkit.checkpointing.memory.options import MemoryOptions
+from accelkit.checkpointing.memory.peer import COPIES, fetch_missing, held_source
 from accelkit.checkpointing.objects.contents import TrainingObjects
 from accelkit.checkpointing.restore.sequence import LoadResult, LoadSequence
 from accelkit.checkpointing.storage import Storage
@@ -66,17 +67,29 @@ class MemoryTier:
     """
 
     def __init__(
-        self, options: MemoryOptions, rank: int, storage_for: Callable[[str], Storage]
+        self,
+        options: MemoryOptions,
+        rank: int,
+        storage_for: Callable[[str], Storage],
+        world: int = 1,
+        local: int = 1,
     ) -> None:
         self.options = options
         self.rank = rank
+        self.world = world
+        self.local = local
         self.storage_for = storage_for
+
+    @property
+    def root(self) -> str | None:
+        """The job's shared-memory folder, or ``None`` when the tier is off."""
+        return job_memory_dir() if self.options.every_steps else None
 
     @property
     def folder(self) -> str | None:
         """This process's snapshot folder, or ``None`` when the tier is off (no
         ``every_steps``, or no job memory: not under ``accelkit launch``)."""
-        root = job_memory_dir() if self.options.every_steps else None
+        root = self.root
         return None if root is None else os.path.join(root, f"rank_{self.rank}")
 
     def snapshot_path(self, steps: int) -> str:
@@ -85,9 +98,18 @@ class MemoryTier:
         assert folder is not None, "the memory tier is off"
         return os.path.join(folder, f"{SNAPSHOT_PREFIX}{steps}")
 
-    def committed(self) -> list[CheckpointInfo]:
-        """This process's committed snapshots, oldest first (none when the tier is off)."""
-        folder = self.folder
+    def held_folder(self) -> str | None:
+        """Where this process keeps its peer's copies (``None`` when the tier is off)."""
+        root = self.root
+        if root is None or self.world == 1:
+            return None
+        src = held_source(self.rank, self.world, self.local)
+        return os.path.join(root, COPIES, f"rank_{src}")
+
+    def committed(self, folder: str | None = None) -> list[CheckpointInfo]:
+        """This process's committed snapshots (or those in ``folder``: the peer's copies),
+        oldest first; none when the tier is off."""
+        folder = self.folder if folder is None else folder
         if folder is None:
             return []
         infos = list_checkpoints(self.storage_for(folder), folder)
@@ -129,15 +151,27 @@ class MemoryTier:
         if not self.options.every_steps:
             return local()  # the same on every process: no exchange
         mine = {info.step: info.path for info in self.committed() if info.step is not None}
+        held_folder = self.held_folder()
+        held = [i.step for i in self.committed(held_folder)] if held_folder else []
         # One exchange, and every process decides from the same lists.
-        everyone = ops.gather_object([(sorted(mine), _newest_disk_step(sequence))])
-        common = set(everyone[0][0]).intersection(*(steps for steps, _ in everyone[1:]))
-        on_disk = [step for _, step in everyone if step is not None]
+        everyone = ops.gather_object([(sorted(mine), held, _newest_disk_step(sequence))])
+        own = [set(entry[0]) for entry in everyone]
+        kept_for = {
+            held_source(r, self.world, self.local): set(entry[1])
+            for r, entry in enumerate(everyone)
+        }
+        available = [own[q] | kept_for.get(q, set()) for q in range(len(everyone))]
+        common = set.intersection(*available)
+        on_disk = [entry[2] for entry in everyone if entry[2] is not None]
         disk = max(on_disk) if on_disk else None
         newer = sorted((step for step in common if disk is None or step > disk), reverse=True)
         for step in newer:
+            path = self.snapshot_path(step)
+            have = [step in steps for steps in own]
+            if not all(have) and not self._fetched(step, have, path):
+                continue
             try:
-                result = sequence.run(mine[step], objects)
+                result = sequence.run(path, objects)
             except CorruptCheckpointError as exc:  # agreed: every process falls back with us
                 logger.warning(
                     "Not resuming from the memory snapshot of step %d: it is damaged (%s). "
@@ -158,6 +192,34 @@ class MemoryTier:
                 )
             return result
         return local()
+
+    def _fetched(self, step: int, have: list[bool], path: str) -> bool:
+        """Bring back, from their holders, the snapshots of ``step`` some processes lost;
+        whether every process has its own now (agreed)."""
+        root = self.root
+        assert root is not None
+        error: str | None = None
+        try:
+            fetch_missing(root, self.rank, self.world, self.local, step, have, path)
+        except (CorruptCheckpointError, OSError) as exc:
+            error = f"process {self.rank}: {exc}"
+        errors = [e for e in ops.gather_object([error]) if e is not None]
+        if errors and self.rank == 0:
+            logger.warning(
+                "Not resuming from the memory snapshot of step %d: a peer's copy could not be "
+                "brought back (%s). Trying the next older one, then the checkpoints on disk.",
+                step,
+                clip("; ".join(errors), 2000),
+            )
+        elif not errors and self.rank == 0:
+            lost = [q for q, ok in enumerate(have) if not ok]
+            logger.warning(
+                "The memory snapshots of step %d of process(es) %s were gone: brought back "
+                "from their peers' copies.",
+                step,
+                lost,
+            )
+        return not errors
 
 
 def _newest_disk_step(sequence: LoadSequence) -> int | None:
