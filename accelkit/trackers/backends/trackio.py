@@ -57,7 +57,10 @@ def use_trackio_folder(folder: str | os.PathLike[str]) -> Any:
 
     root = Path(folder)
     with _FOLDER_LOCK:
-        for name, module in list(sys.modules.items()):
+        # A copy in one C call: list(sys.modules.items()) iterates, and a garbage collection
+        # during it can run another thread, whose import (another tracker starting) changes
+        # sys.modules ("dictionary changed size during iteration", seen once under load).
+        for name, module in sys.modules.copy().items():
             if module is None or not (name == "trackio" or name.startswith("trackio.")):
                 continue
             for attr, sub in _FOLDER_NAMES.items():
