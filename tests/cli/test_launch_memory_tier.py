@@ -10,17 +10,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.examples.runner import accelkit_command
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Trains 20 optimizer steps with a snapshot every 4. In "kill" mode rank 1 of the first attempt
-# SIGKILLs itself after step 11 (once the snapshot of step 8 is committed on both ranks); every
+# SIGKILLs itself after step 11 (once the snapshot of step 8 is committed on both ranks; the
+# soak, tests/reliability/soak_memory.py, picks the step and rank, and kills without waiting); every
 # attempt starts with load_state() when there is anything to resume from. Rank 0 records what it
 # loaded, a digest of the final weights and optimizer state, and the job's memory folder.
 JOB = textwrap.dedent(
@@ -32,6 +34,8 @@ JOB = textwrap.dedent(
     from accelkit.utils import ProjectConfiguration, set_seed
 
     out, mode, project = sys.argv[1], sys.argv[2], sys.argv[3]
+    kill_at, kill_rank = (int(a) for a in (sys.argv[4:6] or (11, 1)))
+    settle = sys.argv[6:7] != ["nowait"]  # let the newest snapshot commit before the kill
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     memory = os.environ.get("ACCELKIT_MEMORY_DIR", "")
     if mode == "sleep":  # the launcher is SIGKILLed meanwhile
@@ -49,8 +53,9 @@ JOB = textwrap.dedent(
             project_dir=project, automatic_checkpoint_naming=True, memory_snapshot_every_steps=4
         )
     )
+    width = int(os.environ.get("MEMORY_JOB_WIDTH", "16"))  # the soak's state: 12 * 8 * width bytes
     model = torch.nn.Sequential(
-        torch.nn.Linear(6, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 2)
+        torch.nn.Linear(6, width), torch.nn.Dropout(0.2), torch.nn.Linear(width, 2)
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
     data = torch.utils.data.TensorDataset(torch.randn(512, 6), torch.randn(512, 2))
@@ -69,10 +74,11 @@ JOB = textwrap.dedent(
         optimizer.zero_grad()
         if gs.optimizer_steps == 5:
             accelerator.save_state()
-        if mode == "kill" and attempt == 0 and gs.optimizer_steps == 11:
-            accelerator.wait_for_checkpoints()  # the snapshot of step 8, committed
-            accelerator.wait_for_everyone()
-            if accelerator.process_index == 1:
+        if mode == "kill" and attempt == 0 and gs.optimizer_steps == kill_at:
+            if settle:
+                accelerator.wait_for_checkpoints()  # the snapshot of step 8, committed
+                accelerator.wait_for_everyone()
+            if accelerator.process_index == kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
         if gs.optimizer_steps == 20:
             break
@@ -100,17 +106,15 @@ def _no_user_config(
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
 
 
-def _launch(script: Path, *args: str, processes: int = 2, restarts: int = 0) -> list[str]:
+def launch_args(script: Path, *args: str, processes: int = 2, restarts: int = 0) -> list[str]:
+    """``accelkit launch --cpu`` of ``script`` (the soak, tests/reliability/soak_memory.py,
+    uses it too)."""
     return [
-        sys.executable,
-        "-m",
-        "accelkit.cli.main",
+        *accelkit_command(),
         "launch",
         "--cpu",
-        "--num_processes",
-        str(processes),
-        "--max_restarts",
-        str(restarts),
+        f"--num_processes={processes}",
+        f"--max_restarts={restarts}",
         str(script),
         *args,
     ]
@@ -122,7 +126,7 @@ def test_a_killed_worker_restarts_from_memory_bit_for_bit(tmp_path: Path) -> Non
     script.write_text(JOB)
     killed, plain = tmp_path / "killed.json", tmp_path / "plain.json"
     proc = subprocess.run(
-        _launch(script, str(killed), "kill", str(tmp_path / "p"), restarts=1),
+        launch_args(script, str(killed), "kill", str(tmp_path / "p"), restarts=1),
         capture_output=True,
         text=True,
         timeout=240,
@@ -136,7 +140,7 @@ def test_a_killed_worker_restarts_from_memory_bit_for_bit(tmp_path: Path) -> Non
     assert "restored the memory snapshot of step 8 (newer than step 5 on disk)" in proc.stderr
     assert not os.path.exists(got["memory"])
     proc = subprocess.run(
-        _launch(script, str(plain), "plain", str(tmp_path / "q")),
+        launch_args(script, str(plain), "plain", str(tmp_path / "q")),
         capture_output=True,
         text=True,
         timeout=240,
@@ -164,7 +168,7 @@ def test_a_failed_job_leaves_no_shared_memory(tmp_path: Path) -> None:
     script.write_text(JOB)
     out = tmp_path / "out.json"
     proc = subprocess.run(
-        _launch(script, str(out), "fail", str(tmp_path / "p"), processes=1),
+        launch_args(script, str(out), "fail", str(tmp_path / "p"), processes=1),
         capture_output=True,
         text=True,
         timeout=120,
@@ -180,7 +184,7 @@ def test_the_shared_memory_goes_when_the_launcher_is_sigkilled(tmp_path: Path) -
     script.write_text(JOB)
     out = tmp_path / "out.json"
     launcher = subprocess.Popen(
-        _launch(script, str(out), "sleep", str(tmp_path / "p"), processes=1),
+        launch_args(script, str(out), "sleep", str(tmp_path / "p"), processes=1),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
