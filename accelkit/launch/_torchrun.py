@@ -28,6 +28,11 @@ Two more differences, for preemption (``docs/guides/preemption.md``):
   (:data:`RESTART_RULE_TORCH`, kept true by ``tests/cli/test_torchrun_patch.py``) and only where
   that method has the expected signature. On any other torch, torchrun keeps its own rule (a
   preempted group is restarted while restarts are left), and one line says so.
+* A worker group the hang watchdog stopped (the record says ``"reason": "hang"``) *is*
+  restarted while restarts are left, in place (one line says so; the record is removed, so
+  that the restarted group's own end is reported): its ``load_state()`` resumes from the
+  newest memory snapshot (``memory_snapshot_every_steps``) or checkpoint. With no restart
+  left it ends the job with the watchdog's code, as before.
 """
 
 from __future__ import annotations
@@ -161,16 +166,20 @@ def _no_restart_after_preemption(argv: Sequence[str]) -> bool:
         result = monitor(self, worker_group)
         if result.state == WorkerState.FAILED and _group_preempted(result.failures):
             remaining = getattr(self, "_remaining_restarts", 0)
-            if remaining:
-                why = (
-                    "the workers stopped for a hang (hang_timeout_seconds) after writing "
-                    "their stacks"
-                    if _hang_recorded()
-                    else "the workers stopped for a preemption after saving their checkpoint"
-                )
+            if remaining and _hang_recorded():
+                # Restarted in place: the record would name this hang after a later end.
+                _clear_exit_record()
                 print(
-                    f"accelkit launch: {why}; not restarting them ({remaining} restart(s) "
-                    "left unused)",
+                    "accelkit launch: the workers stopped for a hang (hang_timeout_seconds) "
+                    f"after writing their stacks; restarting them ({remaining} restart(s) "
+                    "left): load_state() resumes from the newest memory snapshot or checkpoint",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            elif remaining:
+                print(
+                    "accelkit launch: the workers stopped for a preemption after saving their "
+                    f"checkpoint; not restarting them ({remaining} restart(s) left unused)",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -223,6 +232,19 @@ def _hang_exit(failures: dict[int, Any]) -> int | None:
         return None
     code = int(record["exit_code"])
     return code if any(int(f.exitcode) == code for f in dict(failures).values()) else None
+
+
+def _clear_exit_record() -> None:
+    """Remove the job's exit record (a hung group restarted in place: its next end writes its
+    own)."""
+    from accelkit.runtime.preemption import ENV_PREEMPTION_FILE
+
+    path = os.environ.get(ENV_PREEMPTION_FILE)
+    if path:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
 
 
 def _exit_record() -> dict[str, Any] | None:

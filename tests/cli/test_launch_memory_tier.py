@@ -24,10 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 # SIGKILLs itself after step 11 (once the snapshot of step 8 is committed on both ranks; the
 # soak, tests/reliability/soak_memory.py, picks the step and rank, and kills without waiting); every
 # attempt starts with load_state() when there is anything to resume from. Rank 0 records what it
-# loaded, a digest of the final weights and optimizer state, and the job's memory folder.
+# loaded, a digest of the final weights and optimizer state, and the job's memory folder. In
+# "hang" mode rank 1 of the first attempt stops after step 11 (hang_timeout_seconds=3).
 JOB = textwrap.dedent(
     """
-    import hashlib, json, os, signal, sys
+    import hashlib, json, os, signal, sys, time
     import torch
     from accelkit import Accelerator
     from accelkit.checkpointing.errors import CheckpointPathError
@@ -51,7 +52,8 @@ JOB = textwrap.dedent(
     accelerator = Accelerator(
         project_config=ProjectConfiguration(
             project_dir=project, automatic_checkpoint_naming=True, memory_snapshot_every_steps=4
-        )
+        ),
+        hang_timeout_seconds=3 if mode == "hang" else None,
     )
     width = int(os.environ.get("MEMORY_JOB_WIDTH", "16"))  # the soak's state: 12 * 8 * width bytes
     model = torch.nn.Sequential(
@@ -80,6 +82,10 @@ JOB = textwrap.dedent(
                 accelerator.wait_for_everyone()
             if accelerator.process_index == kill_rank:
                 os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "hang" and attempt == 0 and gs.optimizer_steps == 11:
+            accelerator.wait_for_checkpoints()  # the snapshot of step 8, committed
+            if accelerator.process_index == 1:
+                time.sleep(600)  # rank 0 waits in the next gradient all-reduce
         if gs.optimizer_steps == 20:
             break
     accelerator.wait_for_checkpoints()
@@ -120,38 +126,50 @@ def launch_args(script: Path, *args: str, processes: int = 2, restarts: int = 0)
     ]
 
 
-@pytest.mark.slow
-def test_a_killed_worker_restarts_from_memory_bit_for_bit(tmp_path: Path) -> None:
+def _run(tmp_path: Path, name: str, mode: str, restarts: int) -> tuple[dict[str, str], str]:
     script = tmp_path / "job.py"
     script.write_text(JOB)
-    killed, plain = tmp_path / "killed.json", tmp_path / "plain.json"
+    out = tmp_path / f"{name}.json"
     proc = subprocess.run(
-        launch_args(script, str(killed), "kill", str(tmp_path / "p"), restarts=1),
+        launch_args(script, str(out), mode, str(tmp_path / name), restarts=restarts),
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    got = json.loads(killed.read_text())
+    return json.loads(out.read_text()), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """What the job ends with when nothing happens to it."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+        got, _ = _run(tmp_path_factory.mktemp("reference"), "plain", "plain", restarts=0)
+    assert got["loaded"] is None
+    assert not os.path.exists(got["memory"])
+    return got
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["kill", "hang"])
+def test_a_restarted_group_resumes_from_memory_bit_for_bit(
+    tmp_path: Path, reference: dict[str, str], mode: str
+) -> None:
+    # kill: rank 1 SIGKILLed after step 11. hang: rank 1 stops after step 11, the watchdog
+    # stops the job (exit 75 on both ranks) and the launcher restarts the group in place.
+    got, stderr = _run(tmp_path, mode, mode, restarts=1)
     # The second attempt finished, from rank 0's snapshot of step 8 (newer than checkpoint_0
     # of step 5), in the job's shared memory, which is gone now.
     assert got["attempt"] == 1
     assert got["loaded"] == os.path.join(got["memory"], "rank_0", "snapshot_8")
-    assert "restored the memory snapshot of step 8 (newer than step 5 on disk)" in proc.stderr
+    assert "restored the memory snapshot of step 8 (newer than step 5 on disk)" in stderr
     assert not os.path.exists(got["memory"])
-    proc = subprocess.run(
-        launch_args(script, str(plain), "plain", str(tmp_path / "q")),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    reference = json.loads(plain.read_text())
-    assert reference["loaded"] is None
+    if mode == "hang":
+        assert "restarting them (1 restart(s) left)" in stderr
     # Weights, optimizer state and the torch generator: as if nothing had happened.
     assert got["digest"] == reference["digest"]
     assert got["memory"] != reference["memory"]  # each job its own
-    assert not os.path.exists(reference["memory"])
 
 
 def _wait_gone(path: str, seconds: float) -> bool:
