@@ -12,11 +12,12 @@ by the process that wrote it only. On several machines each machine's shared mem
 snapshots of its own processes. A process keeps its newest committed snapshot and the one being
 written; older ones are removed as a new one starts.
 
-The resolve (:meth:`MemoryTier.resolve`): every process lists its committed snapshots, they
-agree on the newest step all of them have, and that snapshot is restored if it is newer (more
-optimizer steps) than the newest committed checkpoint under ``project_dir`` (as any process
-sees it); else, or if it is
-damaged (agreed: every process falls back together), the tiers below resolve as before.
+The resolve (:meth:`MemoryTier.resolve`): every process lists its committed snapshots and the
+peer copies it keeps (:mod:`~accelkit.checkpointing.memory.peer`); they agree on the newest step
+every process can have (its own snapshot, or its holder's copy, brought back first), and that
+snapshot is restored if it is newer (more optimizer steps) than the newest committed checkpoint
+under ``project_dir`` as any process sees it. Else, or if it is damaged or cannot be brought
+back (agreed: every process falls back together), the next older one, then the tiers below.
 Restoring a snapshot leaves the run's counter where an uninterrupted run's is: past every
 ``checkpoint_<n>`` folder.
 
@@ -64,6 +65,8 @@ class MemoryTier:
         options: the run's :class:`~accelkit.checkpointing.memory.options.MemoryOptions`.
         rank: this process's index.
         storage_for: the storage of a path (the manager's).
+        world: the number of processes.
+        local: processes per machine (the peer-copy ring's stride).
     """
 
     def __init__(
