@@ -23,7 +23,7 @@ from accelkit.checkpointing.catalog.listing import loadable_automatic
 from accelkit.checkpointing.commit.async_save import AsyncCheckpoint
 from accelkit.checkpointing.errors import UnresumedProjectWarning
 from accelkit.checkpointing.formats.layout import checkpoint_name
-from accelkit.checkpointing.formats.manifest import MEMORY_SNAPSHOT
+from accelkit.checkpointing.formats.manifest import MEMORY_LAST_SAVE, MEMORY_SNAPSHOT, Manifest
 from accelkit.errors import AccelkitError, WrongTypeError, warn_at_user_line
 
 if TYPE_CHECKING:
@@ -59,8 +59,10 @@ class SaveObserver(Protocol):
         """``save_state`` committed (or, in the background, started) ``path``."""
         ...
 
-    def loaded(self, path: str, steps: int) -> None:
-        """``load_state`` restored ``path``, a checkpoint of ``steps`` optimizer steps."""
+    def loaded(self, path: str, steps: int, saved: int | None) -> None:
+        """``load_state`` restored ``path``, a state of ``steps`` optimizer steps; ``saved``:
+        the step of the newest checkpoint of the project that state comes after (``steps`` for
+        a checkpoint; for a memory snapshot, the last save before it, ``None`` for none)."""
         ...
 
 
@@ -275,13 +277,19 @@ class Checkpointing:
             observer.saved(reason, path, step)
         return result
 
-    def save_snapshot(self, output_dir: str) -> AsyncCheckpoint:
+    def save_in_flight(self) -> bool:
+        """Whether a save is still being written, or failed without its caller being told yet
+        (a snapshot started now would wait for it, or raise its failure)."""
+        return not self.manager.background.idle()
+
+    def save_snapshot(self, output_dir: str, last_save: int | None) -> AsyncCheckpoint:
         """Start a memory snapshot into ``output_dir`` (this process's own folder): what
         :meth:`save_state` saves, through the asynchronous save, with the resume fingerprint;
         no checkpoint of the project (no observer, no tracker report, no retention). Its
         failure is the caller's (the handle is claimed: see
         :meth:`~accelkit.checkpointing.commit.async_save.AsyncCheckpoint.claim`). Call it on
-        every process at the same step boundary.
+        every process at the same step boundary. ``last_save``: the step of the run's newest
+        checkpoint of the project, recorded for the save decisions of a run restored from it.
 
         Raises:
             CheckpointError: the save in flight failed, or this one was refused before
@@ -293,7 +301,13 @@ class Checkpointing:
             objects.fingerprint = self.resume.record()
         with self._blocking():
             handle = self.manager.save(
-                output_dir, objects, step, async_save=True, reason=MEMORY_SNAPSHOT, project=False
+                output_dir,
+                objects,
+                step,
+                async_save=True,
+                reason=MEMORY_SNAPSHOT,
+                project=False,
+                metadata={MEMORY_LAST_SAVE: last_save},
             )
         assert isinstance(handle, AsyncCheckpoint)
         handle.claim()
@@ -399,8 +413,9 @@ class Checkpointing:
         self.last_path = result.path
         if self.resume is not None:
             self.resume.expect(result.path, result.fingerprint)
+        saved = _last_save(result.manifest)
         for observer in self._observers:
-            observer.loaded(result.path, result.manifest.step)
+            observer.loaded(result.path, result.manifest.step, saved)
         return result.path
 
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -451,3 +466,15 @@ class Checkpointing:
             )
         if sharded:
             self.manager.state.wait_for_everyone()
+
+
+def _last_save(manifest: Manifest) -> int | None:
+    """The step of the newest checkpoint of the project the loaded state comes after: its own
+    step, or, for a memory snapshot, what it recorded (untrusted: a number from 0 to its step,
+    else none)."""
+    if manifest.reason != MEMORY_SNAPSHOT:
+        return manifest.step
+    value = manifest.metadata.get(MEMORY_LAST_SAVE)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= manifest.step:
+        return value
+    return None

@@ -266,7 +266,7 @@ class Preemption:
         if reason == "preemption":
             self.report(steps, path, saved=True)
 
-    def loaded(self, path: str, steps: int) -> None:
+    def loaded(self, path: str, steps: int, saved: int | None) -> None:
         """Told of each ``load_state``: nothing to do."""
 
     def report(self, steps: int, path: str | None, *, saved: bool) -> None:

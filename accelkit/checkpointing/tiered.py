@@ -55,6 +55,7 @@ class TieredCheckpointManager(CheckpointManager):
             self.storage,
             world=state.num_processes,
             local=getattr(state, "local_num_processes", state.num_processes),
+            project_dir=config.project_dir,
         )
         self.add_tier(self.memory)
 

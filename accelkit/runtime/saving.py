@@ -619,9 +619,10 @@ class SaveDecider:
         if self._preempted:
             self._saved_since_preemption = True
 
-    def loaded(self, path: str, steps: int) -> None:
-        """A checkpoint of ``steps`` optimizer steps was loaded from ``path``: it is the newest
-        state."""
-        self.last_save_step = steps
+    def loaded(self, path: str, steps: int, saved: int | None) -> None:
+        """A state of ``steps`` optimizer steps was loaded from ``path``; ``saved``: the step
+        of the newest checkpoint it comes after (``steps`` for a checkpoint; for a memory
+        snapshot, the save before it): the intervals go on from there."""
+        self.last_save_step = saved
         self._last_save_time = self.clock()
         self._shared_due = 0

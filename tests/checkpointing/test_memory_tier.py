@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,18 @@ import torch
 
 from accelkit import Accelerator
 from accelkit.checkpointing.catalog.listing import COMMITTED, list_checkpoints
-from accelkit.checkpointing.errors import CorruptCheckpointError
+from accelkit.checkpointing.errors import (
+    CheckpointError,
+    CheckpointPathError,
+    CorruptCheckpointError,
+)
 from accelkit.checkpointing.memory.peer import held_source, holder, pack, unpack
+from accelkit.checkpointing.memory.tier import project_key
 from accelkit.checkpointing.storage import get_storage
 from accelkit.errors import ConfigurationError
 from accelkit.runtime.job_memory import ENV_MEMORY_DIR
 from accelkit.utils import ProjectConfiguration, set_seed
+from tests.checkpointing.writer_gate import WriterGate
 from tests.helpers.distributed import run_distributed
 
 
@@ -36,6 +43,8 @@ def _job(
     save_at: tuple[int, ...] = (),
     before_load: Any = None,
     log_with: str | None = None,
+    save_every: int | None = None,
+    load_from: str | None = None,
 ) -> dict[str, Any]:
     """Train a small model for ``steps`` optimizer steps (resuming with ``load_state()`` first
     when ``load``); what it ended with."""
@@ -45,6 +54,7 @@ def _job(
             project_dir=project,
             automatic_checkpoint_naming=True,
             memory_snapshot_every_steps=every,
+            save_every_steps=save_every,
         ),
         log_with=log_with,
     )
@@ -59,7 +69,8 @@ def _job(
     if load:
         if before_load is not None:
             before_load(accelerator.process_index)
-        loaded = accelerator.load_state()
+        folder = None if load_from is None else os.path.join(project, "checkpoints", load_from)
+        loaded = accelerator.load_state(folder)
     gs = accelerator.gradient_state
     while gs.optimizer_steps < steps:
         for x, y in loader:
@@ -67,13 +78,16 @@ def _job(
             accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-            if gs.optimizer_steps in save_at:
+            # Each snapshot written before the next save point (a save in flight there would
+            # put the snapshot off: test_a_save_in_flight_puts_the_snapshot_off).
+            accelerator.wait_for_checkpoints()
+            if gs.optimizer_steps in save_at or accelerator.should_save():
                 accelerator.save_state()
             if gs.optimizer_steps >= steps:
                 break
     accelerator.wait_for_checkpoints()
     folder = os.environ.get(ENV_MEMORY_DIR, "")
-    mine = Path(folder) / f"rank_{accelerator.process_index}"
+    mine = Path(folder) / project_key(project) / f"rank_{accelerator.process_index}"
     snapshots = sorted(p.name for p in mine.iterdir()) if folder and mine.is_dir() else []
     result = {
         "loaded": loaded,
@@ -94,10 +108,12 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 @pytest.fixture
 def memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The job's shared memory stood in by a folder; returned: the folder of project ``p``'s
+    snapshots in it (each project has its own)."""
     folder = tmp_path / "shm"
     folder.mkdir()
     monkeypatch.setenv(ENV_MEMORY_DIR, str(folder))
-    return folder
+    return folder / project_key(str(tmp_path / "p"))
 
 
 def test_snapshots_every_n_steps_keep_the_newest_and_never_move_the_counter(
@@ -202,12 +218,146 @@ def test_a_failed_snapshot_never_stops_training_nor_fails_the_next_save(
     tmp_path: Path, memory: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The process's snapshot folder is a file: every snapshot fails in the writer.
-    (memory / "rank_0").write_text("in the way")
+    # A file where the first snapshot's folder goes: that snapshot fails in its writer.
+    (memory / "rank_0").mkdir(parents=True)
+    (memory / "rank_0" / "snapshot_3").write_text("in the way")
     with caplog.at_level(logging.WARNING):
         out = _job(str(tmp_path / "p"), steps=11, save_at=(10,))
     assert "The memory snapshot" in caplog.text and "failed" in caplog.text
     assert sorted(os.listdir(tmp_path / "p" / "checkpoints")) == ["checkpoint_0"]
     assert out["iteration"] == 1
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_a_save_in_flight_puts_the_snapshot_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: bool
+) -> None:
+    # The script's asynchronous save is held in its writer (or fails there): the snapshot
+    # points meanwhile take no snapshot, the steps do not wait for the write, and the save's
+    # failure reaches the script where it would without the tier (its own wait), not its loop.
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setenv(ENV_MEMORY_DIR, str(shm))
+    gate = WriterGate("thread")
+    project = gate.url(tmp_path / "p")
+    accelerator = Accelerator(
+        project_config=ProjectConfiguration(
+            project_dir=project,
+            automatic_checkpoint_naming=True,
+            memory_snapshot_every_steps=2,
+            async_writer="thread",
+        )
+    )
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 2))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    mine = shm / project_key(project) / "rank_0"
+    steps = accelerator.gradient_state
+    try:
+        if failing:
+            gate.fail(accelerator, "model")
+        else:
+            gate.hold(accelerator)
+        handle = None
+        for x, y in loader:
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+            if steps.optimizer_steps == 1:
+                handle = accelerator.save_state(async_save=True)
+                assert failing or gate.waiting()
+            if steps.optimizer_steps == 8:
+                break
+        # Steps 2 to 8 ran with the save held (or failed and not yet told): no snapshot.
+        assert not mine.exists() or not os.listdir(mine)
+        if failing:
+            with pytest.raises(CheckpointError, match=gate.failure_text):
+                accelerator.wait_for_checkpoints()
+        else:
+            gate.release()
+            assert handle is not None and handle.result()
+        for x, y in loader:  # the next save point (this pass's start) takes the snapshot
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+            break
+        accelerator.wait_for_checkpoints()
+        assert os.listdir(mine) == ["snapshot_8"]
+    finally:
+        gate.reset()
+        accelerator.end_training()
+
+
+def test_a_rollback_removes_the_snapshots_of_the_trajectory_it_left(
+    tmp_path: Path, memory: Path
+) -> None:
+    project = str(tmp_path / "p")
+    _job(project, steps=11, save_at=(4,))  # snapshots 6 and 9, checkpoint_0 of step 4
+
+    # A new job goes back to step 4 on purpose, then "crashes" at step 8 (snapshot 7 only).
+    out = _job(project, steps=8, load=True, load_from="checkpoint_0")
+    assert out["snapshots"] == ["snapshot_7"]
+    # Its restart resumes the new trajectory (step 7), not the abandoned one (step 9).
+    resumed = _job(project, steps=9, load=True)
+    assert resumed["loaded"] == str(memory / "rank_0" / "snapshot_7")
+
+
+def test_a_run_restored_from_memory_saves_on_the_uninterrupted_runs_steps(
+    tmp_path: Path, memory: Path
+) -> None:
+    # save_every_steps=5: the uninterrupted run saves at 5, 10, 15. A run restored from the
+    # snapshot of step 12 (last save: 10) saves at 15 too, not at 17.
+    project = tmp_path / "p"
+    _job(str(project), steps=13, every=3, save_every=5)
+    _job(str(project), steps=16, load=True, every=3, save_every=5)
+    steps = sorted(
+        json.loads((folder / "accelkit.json").read_text())["step"]
+        for folder in (project / "checkpoints").iterdir()
+    )
+    assert steps == [5, 10, 15]
+
+
+def test_another_projects_snapshots_are_never_restored(tmp_path: Path, memory: Path) -> None:
+    # Two runs one after the other in one job (a sweep): the second, in its own project_dir,
+    # starts fresh instead of restoring the first one's snapshot.
+    _job(str(tmp_path / "p"), steps=11)
+    with pytest.raises(CheckpointPathError):
+        _job(str(tmp_path / "q"), steps=4, load=True)
+
+
+def test_a_memory_folder_in_the_way_falls_back_to_the_disk(tmp_path: Path, memory: Path) -> None:
+    project = str(tmp_path / "p")
+    memory.mkdir()
+    (memory / "rank_0").write_text("not a folder")
+    _job(project, steps=6, save_at=(5,))
+    resumed = _job(project, steps=8, load=True)
+    assert resumed["loaded"] == str(Path(project) / "checkpoints" / "checkpoint_0")
+
+
+def test_a_crafted_snapshot_is_not_restored_and_a_link_is_not_followed(
+    tmp_path: Path, memory: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    project = str(tmp_path / "p")
+    _job(project, steps=11, save_at=(5,))
+    # A copy of snapshot_9 named for a later step: its name and manifest disagree.
+    shutil.copytree(memory / "rank_0" / "snapshot_9", memory / "rank_0" / "snapshot_999")
+    resumed = _job(project, steps=12, load=True)
+    assert resumed["loaded"] == str(memory / "rank_0" / "snapshot_9")
+    # The process's folder replaced by a link to a folder with someone's files: the tier
+    # neither reads nor deletes through it; training goes on from the disk.
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "snapshot_1").mkdir(parents=True)
+    (elsewhere / "snapshot_1" / "precious").write_text("keep")
+    shutil.rmtree(memory / "rank_0")
+    (memory / "rank_0").symlink_to(elsewhere)
+    with caplog.at_level(logging.WARNING):
+        out = _job(project, steps=16, load=True)
+    assert out["loaded"] == str(Path(project) / "checkpoints" / "checkpoint_0")
+    assert (elsewhere / "snapshot_1" / "precious").read_text() == "keep"
+    assert sorted(os.listdir(elsewhere)) == ["snapshot_1"]  # nothing written through it
+    assert "Memory snapshots are off for this run" in caplog.text
 
 
 # ---------------------------------------------------------------------- two processes
@@ -232,7 +382,7 @@ def _two(
         steps,
         load=load,
         save_at=(5,),
-        before_load=None if shm is None else _lose(shm, lose),
+        before_load=None if shm is None else _lose(os.path.join(shm, project_key(project)), lose),
     )
     return {k: out[k] for k in ("loaded", "snapshots")} | {"w": out["weights"], "rng": out["rng"]}
 
@@ -259,7 +409,7 @@ def test_two_processes_agree_on_a_snapshot_and_bring_lost_ones_back_from_peers(
     reference = run_distributed(_two, str(tmp_path / "ref"), 14, False, env={})
     first = job("a", 11, False)
     assert [r["snapshots"] for r in first] == [["snapshot_6", "snapshot_9"]] * 2
-    shm = tmp_path / "shm-a"
+    shm = tmp_path / "shm-a" / project_key(str(tmp_path / "a"))
     # Each process keeps its peer's newest snapshot (a ring of 2: each other's).
     assert sorted(os.listdir(shm / "copies")) == ["rank_0", "rank_1"]
     assert os.listdir(shm / "copies" / "rank_1") == ["snapshot_9"]
@@ -269,7 +419,7 @@ def test_two_processes_agree_on_a_snapshot_and_bring_lost_ones_back_from_peers(
     assert _equal(resumed, reference)
     # Rank 1's own snapshots are gone (a machine lost): rank 0's copy brings step 9 back.
     job("b", 11, False)
-    shm = tmp_path / "shm-b"
+    shm = tmp_path / "shm-b" / project_key(str(tmp_path / "b"))
     back = job("b", 14, True, ("rank_1",))
     assert [r["loaded"] for r in back] == [str(shm / f"rank_{r}" / "snapshot_9") for r in (0, 1)]
     assert _equal(back, reference)

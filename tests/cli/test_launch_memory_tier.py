@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from accelkit.checkpointing.memory.tier import project_key
 from tests.examples.runner import accelkit_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +163,8 @@ def test_a_restarted_group_resumes_from_memory_bit_for_bit(
     # The second attempt finished, from rank 0's snapshot of step 8 (newer than checkpoint_0
     # of step 5), in the job's shared memory, which is gone now.
     assert got["attempt"] == 1
-    assert got["loaded"] == os.path.join(got["memory"], "rank_0", "snapshot_8")
+    project = project_key(str(tmp_path / mode))
+    assert got["loaded"] == os.path.join(got["memory"], project, "rank_0", "snapshot_8")
     assert "restored the memory snapshot of step 8 (newer than step 5 on disk)" in stderr
     assert not os.path.exists(got["memory"])
     if mode == "hang":

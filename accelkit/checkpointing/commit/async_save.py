@@ -217,6 +217,14 @@ class AsyncSaver:
         """The handle of the save not yet waited for by :meth:`wait`, if any."""
         return self._pending
 
+    def idle(self) -> bool:
+        """No save in flight, and no failure its caller has not been told of: a save started
+        now neither waits nor raises an earlier save's failure."""
+        handle = self._pending
+        if handle is None:
+            return True
+        return handle.done() and (handle._error is None or handle._seen)
+
     def wait(self) -> None:
         """Block until the save in flight has finished; raise its failure unless the caller
         already got it from the handle.

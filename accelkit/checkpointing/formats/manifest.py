@@ -43,6 +43,7 @@ from accelkit.runtime.saving import REASONS
 
 __all__ = [
     "FORMAT_VERSION",
+    "MEMORY_LAST_SAVE",
     "MEMORY_SNAPSHOT",
     "FileEntry",
     "FileProblem",
@@ -60,6 +61,10 @@ __all__ = [
 #: :mod:`~accelkit.checkpointing.memory`): a per-process checkpoint in the job's shared memory,
 #: never a checkpoint of the project.
 MEMORY_SNAPSHOT = "memory"
+#: The ``metadata`` entry of a memory snapshot: the step of the run's newest checkpoint of the
+#: project when it was taken (``None``: none yet), so that a run restored from it makes its
+#: next interval save where the uninterrupted run does.
+MEMORY_LAST_SAVE = "accelkit.last_save_step"
 # Every reason a manifest may record: the save policies' and the memory tier's.
 _REASONS = (*REASONS, MEMORY_SNAPSHOT)
 

@@ -29,8 +29,10 @@ class MemoryOptions:
             launch`` keeps across the restarts of ``--max_restarts`` and removes when the job
             ends; the copy to host memory is the asynchronous save's, and the writing happens
             in the background. ``load_state()`` without a folder restores the newest snapshot
-            every process has when it is newer than the newest checkpoint on disk. ``None``
-            (the default): no snapshots. Flat alias: ``memory_snapshot_every_steps``.
+            every process has when it is newer than the newest checkpoint on disk. Needs a
+            ``project_dir`` (the snapshots are the project's, as its checkpoints are). A
+            snapshot is put off to the next save point while a save is still being written.
+            ``None`` (the default): no snapshots. Flat alias: ``memory_snapshot_every_steps``.
     """
 
     every_steps: int | None = None

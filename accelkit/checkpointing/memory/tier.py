@@ -2,15 +2,21 @@
 rotation, and the resolve of ``load_state()`` without a folder.
 
 Layout, in the job's shared-memory folder (:func:`accelkit.runtime.job_memory.job_memory_dir`,
-which ``accelkit launch`` keeps across restarts and removes at the job's end)::
+which ``accelkit launch`` keeps across restarts and removes at the job's end), one folder per
+project (a run that starts after another in the same job, with its own ``project_dir``, never
+sees the other's snapshots, as ``load_state()`` never sees another project's checkpoints)::
 
-    <job memory>/rank_<r>/snapshot_<step>/    a complete checkpoint of process r's state
+    <job memory>/<project key>/rank_<r>/snapshot_<step>/    process r's state, complete
+    <job memory>/<project key>/copies/rank_<src>/...        the copy this process keeps of src's
 
 Each snapshot is a per-process checkpoint (:mod:`~accelkit.checkpointing.commit.per_process`):
 written and committed by the asynchronous save with its own manifest and checksums, loadable
 by the process that wrote it only. On several machines each machine's shared memory holds the
 snapshots of its own processes. A process keeps its newest committed snapshot and the one being
-written; older ones are removed as a new one starts.
+written; older ones are removed as a new one starts, and a load of an older state (a
+rollback to a checkpoint) removes every snapshot of a step after it: they belong to the
+abandoned trajectory. A folder that is not what the tier wrote (a file, a link, a snapshot
+whose name and manifest disagree) is not used.
 
 The resolve (:meth:`MemoryTier.resolve`): every process lists its committed snapshots and the
 peer copies it keeps (:mod:`~accelkit.checkpointing.memory.peer`); they agree on the newest step
@@ -21,11 +27,13 @@ back (agreed: every process falls back together), the next older one, then the t
 Restoring a snapshot leaves the run's counter where an uninterrupted run's is: past every
 ``checkpoint_<n>`` folder.
 
-Public API: :class:`MemoryTier`, :data:`SNAPSHOT_PREFIX`.
+Public API: :class:`MemoryTier`, :func:`project_key`, :data:`SNAPSHOT_PREFIX`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -49,7 +57,7 @@ from accelkit.checkpointing.storage import Storage
 from accelkit.runtime import ops
 from accelkit.runtime.job_memory import job_memory_dir
 
-__all__ = ["SNAPSHOT_PREFIX", "MemoryTier"]
+__all__ = ["SNAPSHOT_PREFIX", "MemoryTier", "project_key"]
 
 logger = logging.getLogger("accelkit.checkpointing.memory")
 
@@ -76,17 +84,24 @@ class MemoryTier:
         storage_for: Callable[[str], Storage],
         world: int = 1,
         local: int = 1,
+        project_dir: str | None = None,
     ) -> None:
         self.options = options
         self.rank = rank
         self.world = world
         self.local = local
         self.storage_for = storage_for
+        self.project_dir = project_dir
+        self._warned = False
 
     @property
     def root(self) -> str | None:
-        """The job's shared-memory folder, or ``None`` when the tier is off."""
-        return job_memory_dir() if self.options.every_steps else None
+        """This project's folder in the job's shared memory, or ``None`` when the tier is off
+        (no ``every_steps``, no ``project_dir``, or not under ``accelkit launch``)."""
+        memory = job_memory_dir() if self.options.every_steps and self.project_dir else None
+        if memory is None or self.project_dir is None:
+            return None
+        return os.path.join(memory, project_key(self.project_dir))
 
     @property
     def folder(self) -> str | None:
@@ -94,6 +109,14 @@ class MemoryTier:
         ``every_steps``, or no job memory: not under ``accelkit launch``)."""
         root = self.root
         return None if root is None else os.path.join(root, f"rank_{self.rank}")
+
+    def usable(self) -> bool:
+        """Whether this process's folder can take a snapshot: absent (made by the save), or a
+        real folder (not a link, not a file)."""
+        folder = self.folder
+        if folder is None:
+            return False
+        return not os.path.lexists(folder) or (os.path.isdir(folder) and not os.path.islink(folder))
 
     def snapshot_path(self, steps: int) -> str:
         """Where the snapshot taken after ``steps`` optimizer steps goes."""
@@ -111,29 +134,63 @@ class MemoryTier:
 
     def committed(self, folder: str | None = None) -> list[CheckpointInfo]:
         """This process's committed snapshots (or those in ``folder``: the peer's copies),
-        oldest first; none when the tier is off."""
+        oldest first; none when the tier is off or the folder cannot be read (said once)."""
         folder = self.folder if folder is None else folder
-        if folder is None:
+        if folder is None or not os.path.lexists(folder):
             return []
-        infos = list_checkpoints(self.storage_for(folder), folder)
+        problem = None
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            problem = "a link or a file, not a folder the tier made"
+        else:
+            try:
+                infos = list_checkpoints(self.storage_for(folder), folder)
+            except OSError as exc:
+                problem = str(exc)
+        if problem is not None:
+            if not self._warned:
+                self._warned = True
+                logger.warning("The memory tier passes over %s: %s.", folder, problem)
+            return []
         mine = [
             i
             for i in infos
-            if i.state == COMMITTED and i.name.startswith(SNAPSHOT_PREFIX) and i.step is not None
+            if i.state == COMMITTED
+            and i.step is not None
+            and i.name == f"{SNAPSHOT_PREFIX}{i.step}"
         ]
         return sorted(mine, key=lambda i: i.step or 0)
 
     def prune(self, keep: str) -> None:
         """Remove this process's snapshots but ``keep`` (the one being written) and the newest
         committed one."""
-        folder = self.folder
-        if folder is None or not os.path.isdir(folder):
-            return
         committed = self.committed()
         kept = {os.path.basename(keep)} | ({committed[-1].name} if committed else set())
+        self._remove(self.folder, lambda name: name not in kept)
+
+    def discard_after(self, steps: int) -> None:
+        """Remove this process's snapshots, and the copies it keeps, of a step after ``steps``:
+        a load went back to ``steps`` (a rollback), and they belong to the trajectory it left."""
+
+        def newer(name: str) -> bool:
+            number = name[len(SNAPSHOT_PREFIX) :].split(".")[0]
+            return name.startswith(SNAPSHOT_PREFIX) and number.isdigit() and int(number) > steps
+
+        self._remove(self.folder, newer)
+        self._remove(self.held_folder(), newer)
+
+    @staticmethod
+    def _remove(folder: str | None, which: Callable[[str], bool]) -> None:
+        """Remove the entries of ``folder`` that ``which`` names (never through a link)."""
+        if folder is None or os.path.islink(folder) or not os.path.isdir(folder):
+            return
         for name in os.listdir(folder):
-            if name not in kept:
-                shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+            if which(name):
+                path = os.path.join(folder, name)
+                if os.path.islink(path) or not os.path.isdir(path):
+                    with contextlib.suppress(OSError):
+                        os.remove(path)
+                else:
+                    shutil.rmtree(path, ignore_errors=True)
 
     # ------------------------------------------------------------------ the Tier hooks
 
@@ -169,7 +226,7 @@ class MemoryTier:
         disk = max(on_disk) if on_disk else None
         newer = sorted((step for step in common if disk is None or step > disk), reverse=True)
         for step in newer:
-            path = self.snapshot_path(step)
+            path = mine.get(step) or self.snapshot_path(step)
             have = [step in steps for steps in own]
             if not all(have) and not self._fetched(step, have, path):
                 continue
@@ -223,6 +280,12 @@ class MemoryTier:
                 lost,
             )
         return not errors
+
+
+def project_key(project_dir: str) -> str:
+    """The folder name of ``project_dir``'s snapshots: a digest of its absolute path or URL."""
+    location = project_dir if "://" in project_dir else os.path.abspath(project_dir)
+    return "project-" + hashlib.sha256(location.encode()).hexdigest()[:16]
 
 
 def _newest_disk_step(sequence: LoadSequence) -> int | None:
