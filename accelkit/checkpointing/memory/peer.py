@@ -211,13 +211,9 @@ class PeerCopies:
             if item is None:
                 return
             committed, step = item
+            out = self._packed(committed(), step)
             try:
-                out = self._packed(committed(), step)
                 got = _exchange(out, self.to, self.frm, self.group)
-                if got is not None and got[0]:  # not "nothing": the peer's snapshot committed
-                    unpack(*got, os.path.join(self.copies, f"snapshot_{step}"))
-                    self._prune(keep=f"snapshot_{step}")
-                self.sent += 1
             except Exception as exc:  # the ring is broken: no more copies this run
                 logger.warning(
                     "Peer copies of memory snapshots stopped at step %d (%s: %s); a lost "
@@ -227,6 +223,16 @@ class PeerCopies:
                     clip(str(exc), 1000),
                 )
                 return
+            self.sent += 1
+            if got is None or not got[0]:  # "nothing": the peer's snapshot failed
+                continue
+            try:  # a copy that cannot be kept is this process's loss; the ring goes on
+                unpack(*got, os.path.join(self.copies, f"snapshot_{step}"))
+                self._prune(keep=f"snapshot_{step}")
+            except (OSError, CorruptCheckpointError) as exc:
+                logger.warning(
+                    "Cannot keep process %d's snapshot of step %d: %s", self.frm, step, exc
+                )
 
     @staticmethod
     def _packed(folder: str | None, step: int) -> tuple[int, bytearray]:
