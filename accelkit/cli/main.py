@@ -72,8 +72,29 @@ def _own_parser_default(parser: argparse.ArgumentParser) -> None:
                 _own_parser_default(sub)
 
 
+class _CtrlC:
+    """Python's own SIGINT handler (raise ``KeyboardInterrupt``) that also remembers the
+    signal came: an import it interrupts can fail later with another error (numpy's
+    "cannot load module more than once per process" when torch imports it again), which is
+    the Ctrl-C all the same."""
+
+    seen = False
+
+    @classmethod
+    def handler(cls, signum: int, frame: object) -> None:
+        cls.seen = True
+        raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``accelkit`` command; returns the process exit code (130 after Ctrl-C)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    if (
+        argv is None
+        and main_thread
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, _CtrlC.handler)
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -101,7 +122,10 @@ def _stopped() -> int:
 def _interrupted(error: BaseException) -> bool:
     """Whether ``error`` is a Ctrl-C in disguise: Python wraps a KeyboardInterrupt that lands
     in some places (a class body's ``__set_name__`` while a module is imported) in a
-    RuntimeError whose cause is the interrupt."""
+    RuntimeError whose cause is the interrupt, and an interrupted import may fail again
+    later with an error of its own (:class:`_CtrlC`)."""
+    if _CtrlC.seen:
+        return True
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:

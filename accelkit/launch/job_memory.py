@@ -6,8 +6,9 @@ cleanup (SIGKILL, the OOM killer), so a small *reaper* process holds the other e
 the launcher: when the pipe closes, however the launcher ended, the reaper removes the folder.
 Linux kills every worker of a job when its launcher dies (``PR_SET_PDEATHSIG``, see
 :mod:`accelkit.launch.signals`), so the reaper removes it once more a moment later, after a
-file a dying worker was still writing. The reaper runs in its own session: a Ctrl-C meant for
-the job does not stop it before it has cleaned up.
+file a dying worker was still writing. The reaper runs in its own session and ignores the
+signals meant for the job (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2: a Ctrl-C to the group,
+SLURM's signal to every process of the step): it ends when the pipe closes, after cleaning up.
 
 Public API: :class:`JobMemory`, :data:`SHM_ROOT`.
 """
@@ -31,7 +32,11 @@ SHM_ROOT = "/dev/shm"
 # launcher did not say goodbye first (it died), again after the workers Linux kills with it are
 # surely gone.
 _REAPER = (
-    "import shutil, sys, time\n"
+    "import shutil, signal, sys, time\n"
+    # Signals meant for the job (a Ctrl-C to the group, SLURM's to every process of the
+    # step) must not end it before it cleaned up: it ends when the launcher's pipe closes.
+    "for name in ('SIGINT', 'SIGTERM', 'SIGHUP', 'SIGUSR1', 'SIGUSR2'):\n"
+    "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
     "pauses = (0.0,) if sys.stdin.buffer.read() else (0.0, 0.5, 2.0)\n"
     "for pause in pauses:\n"
     "    time.sleep(pause)\n"

@@ -123,7 +123,9 @@ class Job:
         (child,) = [
             p
             for p in self.watch()
-            if Path(f"/proc/{p}/stat").exists() and _ppid(p) == self.launcher.pid
+            if Path(f"/proc/{p}/stat").exists()
+            and _ppid(p) == self.launcher.pid
+            and not _is_reaper(p)
         ]
         return child
 
@@ -135,7 +137,10 @@ class Job:
         return sorted(p.parent.name for p in folder.glob("checkpoint_*/accelkit.json"))
 
     def kill_all(self) -> None:
-        for pid in {self.launcher.pid, *self.seen, *self.workers()}:
+        # Not the job memory's reaper: it removes /dev/shm's folder once the launcher is gone.
+        for pid in {self.launcher.pid, *self.seen, *self.workers()} - set(
+            filter(_is_reaper, self.seen)
+        ):
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -144,6 +149,15 @@ class Job:
             self.launcher.wait(timeout=10)
         if self.launcher.stdout is not None:
             self.launcher.stdout.close()
+
+
+def _is_reaper(pid: int) -> bool:
+    """Whether ``pid`` is the reaper of a job's shared memory (``accelkit.launch.job_memory``):
+    the launcher's other child."""
+    try:
+        return b"accelkit-job-" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _ppid(pid: int) -> int:
