@@ -14,6 +14,7 @@ import torch
 from accelkit import Accelerator
 from accelkit.errors import ConfigurationError
 from accelkit.runtime.watchdog import HangReport, Watchdog, check_hang_timeout, stack_file
+from tests.helpers.distributed import run_distributed
 
 
 @pytest.mark.parametrize("value", [0, -1, "10", True, float("nan")])
@@ -186,3 +187,40 @@ def test_the_same_wait_outside_a_save_is_a_hang(tmp_path: Path) -> None:
         accelerator.end_training()
     assert exit.code == 75
     assert (tmp_path / "hangs" / "hang-stacks-rank0.txt").exists()
+
+
+def _stall_in_a_reduce(folder: str) -> str:
+    """Rank 0 enters accelkit's all-reduce and stalls there (rank 1 joins only once rank 0's
+    watchdog has written its stacks); rank 0 returns its stack file."""
+    import torch
+
+    from accelkit.runtime import ops
+    from accelkit.runtime.state import PartialState
+
+    state = PartialState(cpu=True)
+    path = Path(stack_file(folder, 0))
+    if state.process_index == 0:
+        exit = _Exit()
+        watchdog = Watchdog(0.5, rank=0, world_size=1, stack_folder=folder, exit=exit)
+        watchdog.start()
+        watchdog.beat()
+        ops.reduce(torch.ones(1), "sum")
+        assert exit.done.wait(30)
+        watchdog.close()
+        return path.read_text()
+    deadline = time.monotonic() + 60
+    while "Python stack" not in (path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, "rank 0's watchdog wrote no stacks"
+        time.sleep(0.05)
+    ops.reduce(torch.ones(1), "sum")
+    return ""
+
+
+@pytest.mark.slow
+def test_the_stack_file_names_the_collective_each_thread_entered_last(tmp_path: Path) -> None:
+    text, _ = run_distributed(_stall_in_a_reduce, str(tmp_path / "hangs"))
+    # The header, then the collective the hung thread entered and never left.
+    trail = text.split("Every thread's Python stack")[0]
+    assert "The collective each thread entered last through accelkit" in trail
+    assert "MainThread: all_reduce (accelkit reduce), entered" in trail
+    assert "not returned" in trail

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from accelkit.errors import AccelkitError, ConfigurationError, WrongTypeError
+from accelkit.runtime.trail import entering
 
 __all__ = [
     "CannotPadNestedTensorWarning",
@@ -184,7 +185,8 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     # gloo has no all_gather for bool; round-trip through uint8.
     send = tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor
     parts = [torch.empty_like(send) for _ in range(world)]
-    dist.all_gather(parts, send)
+    with entering("all_gather (accelkit gather)"):
+        dist.all_gather(parts, send)
     out = torch.cat(parts, dim=0)
     return out.to(torch.bool) if tensor.dtype == torch.bool else out
 
@@ -214,7 +216,8 @@ def gather_object(object: Any) -> list[Any]:
     if world == 1:
         return list(items)
     out: list[Any] = [None] * world
-    dist.all_gather_object(out, items)
+    with entering("all_gather_object (accelkit gather_object)"):
+        dist.all_gather_object(out, items)
     return [item for part in out for item in part]
 
 
@@ -222,7 +225,8 @@ def _reduce_one(tensor: torch.Tensor, reduction: str, scale: float) -> torch.Ten
     out = tensor.clone()
     if _world_size() > 1 and reduction != "none":
         op = dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM
-        dist.all_reduce(out, op=op)
+        with entering("all_reduce (accelkit reduce)"):
+            dist.all_reduce(out, op=op)
         if reduction == "mean":
             out = out / _world_size()
     if scale != 1.0:
@@ -266,7 +270,8 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
     """
 
     def _one(t: torch.Tensor) -> torch.Tensor:
-        dist.broadcast(t, src=from_process)
+        with entering("broadcast (accelkit broadcast)"):
+            dist.broadcast(t, src=from_process)
         return t
 
     if _world_size() <= 1:
@@ -278,7 +283,8 @@ def broadcast(tensor: Any, from_process: int = 0) -> Any:
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Replace ``object_list``'s items in place with those of ``from_process`` (pickles)."""
     if _world_size() > 1:
-        dist.broadcast_object_list(object_list, src=from_process)
+        with entering("broadcast_object_list (accelkit broadcast_object_list)"):
+            dist.broadcast_object_list(object_list, src=from_process)
     return object_list
 
 

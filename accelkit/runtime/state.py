@@ -39,6 +39,7 @@ from accelkit.runtime.environment import (
 )
 from accelkit.runtime.splitting import split_for_process
 from accelkit.runtime.teardown import settle_collective_threads
+from accelkit.runtime.trail import entering
 
 __all__ = [
     "ENV_MIXED_PRECISION",
@@ -386,7 +387,8 @@ class PartialState:
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (a no-op on one process)."""
         if self.use_distributed:
-            dist.barrier()
+            with entering("barrier (accelkit wait_for_everyone)"):
+                dist.barrier()
 
     @contextlib.contextmanager
     def _goes_first(self, is_first: bool) -> Iterator[None]:

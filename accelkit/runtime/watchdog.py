@@ -44,6 +44,7 @@ from typing import Any
 
 from accelkit._text import short
 from accelkit.errors import ConfigurationError
+from accelkit.runtime.trail import describe
 
 __all__ = ["HANG_KEY", "HangReport", "Watchdog", "check_hang_timeout", "stack_file"]
 
@@ -251,7 +252,13 @@ class Watchdog:
                     f"accelkit watchdog: rank {self.rank} on {report.host} (pid {os.getpid()}): "
                     f"{cause} (hang_timeout_seconds={self.timeout_seconds:g}); "
                     f"{report.steps} step boundaries passed.\n"
-                    "Every thread's Python stack, most recent call first:\n\n"
+                )
+                trail = describe()
+                f.write(
+                    "The collective each thread entered last through accelkit "
+                    "(torch's own, like DDP's all-reduce in backward, show in the stacks):\n"
+                    + "".join(f"  {line}\n" for line in trail or ["none"])
+                    + "\nEvery thread's Python stack, most recent call first:\n\n"
                 )
                 f.flush()
                 faulthandler.dump_traceback(file=f, all_threads=True)

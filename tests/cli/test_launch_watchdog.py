@@ -100,6 +100,7 @@ def test_a_planted_hang_is_detected(
     assert "no step progress" in hung.splitlines()[0] or "saw no step progress" in hung
     assert where in hung
     assert "watchdog_job.py" in hung  # the script's own frame is there too
+    assert "The collective each thread entered last through accelkit" in hung
     # One tracker event per attempt, from the main process (the collective hang is launched
     # with a restart, which hangs again).
     hangs = [values for values in _events(project) if "watchdog/hang" in values]
