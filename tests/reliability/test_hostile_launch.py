@@ -106,8 +106,8 @@ class Job:
     def _met(self, condition: str) -> bool:
         if condition == "workers":
             return all(self._pid_file(rank) for rank in range(self.processes))
-        if condition == "child":
-            return bool(descendants(self.launcher.pid))
+        if condition == "child":  # torchrun started (not the reaper, nor a passing helper)
+            return any(_is_torchrun(pid) for pid in descendants(self.launcher.pid))
         return bool(self.checkpoints())  # "checkpoint"
 
     def _pid_file(self, rank: int) -> int | None:
@@ -149,6 +149,14 @@ class Job:
             self.launcher.wait(timeout=10)
         if self.launcher.stdout is not None:
             self.launcher.stdout.close()
+
+
+def _is_torchrun(pid: int) -> bool:
+    """Whether ``pid`` is the launcher's torchrun (``python -m accelkit.launch._torchrun``)."""
+    try:
+        return b"accelkit.launch._torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _is_reaper(pid: int) -> bool:
