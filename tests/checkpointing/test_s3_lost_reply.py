@@ -105,7 +105,10 @@ def test_no_such_upload_without_our_object_fails_the_file(
     (an older object of another content sits at the key): the older object is not taken for
     ours, the file fails."""
     with FaultProxy(("127.0.0.1", s3_server.port)) as proxy:
-        storage = _retrying(_proxied(s3_server, proxy), s3_server.url(), deadline=5.0)
+        # The default deadline (30 s): on a loaded machine one attempt can take seconds (in a CI
+        # run the first completion took 5.8 s and ended in a closed connection), and a 5 s
+        # deadline gave up before the retry that meets NoSuchUpload.
+        storage = _retrying(_proxied(s3_server, proxy), s3_server.url())
         url = join(s3_server.new_prefix(), "model.safetensors")
         old = os.urandom(2 * part_size + 5)
         with storage.open_write(url) as writer:
