@@ -157,7 +157,8 @@ def _assert_same_run(run: Run, shown_lines: list[str]) -> None:
 
 _LS_ROW = re.compile(
     r"(?P<NAME>\S+)\s+(?P<STATE>\S+)\s+(?P<ITER>\S+)\s+(?P<STEP>\S+)\s+(?P<SIZE>\S+ \S+)"
-    r"\s+(?P<FILES>\S+)\s+(?P<AGE>\S+)\s+(?P<REASON>\S+)\s+(?P<RUNS>\S+)\s+(?P<METRICS>.+)"
+    r"\s+(?P<FILES>\S+)\s+(?P<AGE>\S+)\s+(?P<REASON>\S+)\s+(?P<RUNS>\S+)\s+(?P<METRICS>\S+)"
+    r"\s+(?P<RESUMED>\S+)"
 )
 
 
@@ -283,7 +284,7 @@ def _assert_ls_matches(listing: str, shown: list[str], project: Path) -> None:
     header, rows = _ls_rows(listing)
     shown_header, shown_rows = _ls_rows("\n".join(shown))
     assert header.split() == shown_header.split()
-    same = ("NAME", "STATE", "ITER", "STEP")  # FILES and SIZE differ with one process
+    same = ("NAME", "STATE", "ITER", "STEP", "RESUMED")  # FILES, SIZE differ with one process
     assert [{k: r[k] for k in same} for r in rows] == [{k: r[k] for k in same} for r in shown_rows]
     for row in rows:
         folder = project / "checkpoints" / row["NAME"]
@@ -297,6 +298,8 @@ def _assert_ls_matches(listing: str, shown: list[str], project: Path) -> None:
         assert row["RUNS"] == format_runs(manifest.get("experiment"))
         name, value = row["METRICS"].split("=")
         assert float(value) == pytest.approx(manifest["metrics"][name], rel=1e-5)
+        resumed = manifest["experiment"]["resumed"]  # each shown run resumed from the second
+        assert row["RESUMED"] == f"{resumed['tier']}:{resumed['checkpoint']}"
         # seconds, or minutes on a loaded machine (the module's fixture ran the job earlier)
         assert re.fullmatch(r"\d+[sm]", row["AGE"])
         assert re.fullmatch(r"[\d.]+ [KMG]?i?B", row["SIZE"])

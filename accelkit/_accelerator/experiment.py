@@ -40,6 +40,7 @@ from accelkit.checkpointing.catalog.lineage import parent_record
 from accelkit.checkpointing.formats.manifest import Manifest, lineage_of
 from accelkit.checkpointing.listener import CommitReport, DropReport, LoadReport
 from accelkit.checkpointing.replication import ReplicationReport
+from accelkit.checkpointing.storage import basename
 from accelkit.errors import UsageError
 from accelkit.trackers import events
 from accelkit.trackers.delivery.hub import TrackerHub
@@ -77,6 +78,8 @@ class ExperimentLink:
         self._last_log: tuple[int, int] | None = None
         # The manifest's experiment.lineage: where this run's state came from by a fork.
         self.lineage: dict[str, Any] = {}
+        # The manifest's experiment.resumed: the tier and checkpoint this job last loaded.
+        self.resumed: dict[str, Any] = {}
 
     def check_fork(self) -> None:
         """Before ``load_state(..., fork=True)``: refuse it once this run logged.
@@ -94,8 +97,10 @@ class ExperimentLink:
 
     def checkpoint_record(self) -> Mapping[str, Any]:
         """The manifest's ``experiment``: the last logging step, the run key and the
-        trackers' runs (named without waiting for any backend), and the lineage."""
+        trackers' runs (named without waiting for any backend), the lineage, and what this
+        job last loaded."""
         lineage = {"lineage": self.lineage} if self.lineage else {}
+        lineage |= {"resumed": self.resumed} if self.resumed else {}
         if not self.hub.requested_names:
             return lineage
         record: dict[str, Any] = {
@@ -216,6 +221,8 @@ class ExperimentLink:
     def checkpoint_loaded(self, report: LoadReport) -> None:
         """Continue (or fork) the checkpoint's runs, then queue a ``load`` event."""
         manifest = report.manifest
+        name = basename(report.path)
+        self.resumed = {"tier": report.tier, "checkpoint": name, "step": max(0, manifest.step)}
         record = manifest.experiment
         step = int(record.get("step", -1))
         resumed = False
@@ -261,6 +268,12 @@ class ExperimentLink:
             )
         self.hub.event(
             events.CheckpointEvent(
-                "load", max(0, saved_at), report.path, manifest.iteration, values, manifest.reason
+                "load",
+                max(0, saved_at),
+                report.path,
+                manifest.iteration,
+                values,
+                manifest.reason,
+                report.tier,
             )
         )

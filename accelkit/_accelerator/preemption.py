@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from accelkit.checkpointing.errors import CheckpointError
+from accelkit.checkpointing.storage import basename
 from accelkit.errors import ConfigurationError
 from accelkit.runtime.preemption import (
     ENV_PREEMPTION_FILE,
@@ -240,7 +241,7 @@ class Preemption:
         (the main process replicates; the others return at once)."""
         deadline = self.config.replicate_preemption_seconds
         left = self.checkpointing.close_replication(deadline)  # logs what is left
-        if self.state.is_main_process and path is not None and _name(path) not in left:
+        if self.state.is_main_process and path is not None and basename(path) not in left:
             logger.warning(
                 "accelkit: preemption: %s is on the remote tier %s", path, self.config.replicate_to
             )
@@ -352,8 +353,3 @@ def _agreement_group(world_size: int, rounds: bool) -> object:
     if not dist.is_initialized():
         return None
     return dist.new_group(backend="gloo")
-
-
-def _name(path: str) -> str:
-    """The folder name of a checkpoint's path or URL."""
-    return path.rstrip("/").rsplit("/", 1)[-1]

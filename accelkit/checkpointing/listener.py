@@ -63,12 +63,15 @@ class LoadReport:
         seconds: from the ``load`` call to the restored state.
         fork: the caller asked to fork the checkpoint's runs (new runs that descend from it)
             instead of continuing them.
+        tier: where it came from (:attr:`LoadResult.tier
+            <accelkit.checkpointing.restore.sequence.LoadResult.tier>`).
     """
 
     path: str
     manifest: Manifest
     seconds: float
     fork: bool = False
+    tier: str = "path"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ Public API: :class:`CheckpointManager` (``register``, ``register_save_pre_hook``
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
@@ -500,7 +501,8 @@ class CheckpointManager:
         listener = self._listener()
         if listener is not None:
             seconds = time.perf_counter() - started
-            listener.checkpoint_loaded(LoadReport(result.path, result.manifest, seconds, fork))
+            report = LoadReport(result.path, result.manifest, seconds, fork, result.tier)
+            listener.checkpoint_loaded(report)
         return result
 
     def _resolve(self, sequence: LoadSequence, objects: TrainingObjects) -> LoadResult:
@@ -508,7 +510,7 @@ class CheckpointManager:
         this one (the newest committed checkpoint under ``project_dir`` that loads)."""
 
         def local() -> LoadResult:
-            return sequence.run(None, objects)
+            return dataclasses.replace(sequence.run(None, objects), tier="local")
 
         load = local
         for tier in self.tiers:

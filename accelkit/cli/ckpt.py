@@ -54,7 +54,7 @@ from accelkit.checkpointing.formats.layout import (
     checkpoints_dir,
     parse_checkpoint_name,
 )
-from accelkit.checkpointing.formats.manifest import malformed, verify_files
+from accelkit.checkpointing.formats.manifest import malformed, resumed_of, verify_files
 from accelkit.checkpointing.storage import Storage, get_storage, join
 from accelkit.checkpointing.storage.confined import confine
 from accelkit.cli import ckpt_diff, ckpt_export, ckpt_import, ckpt_lineage, ckpt_sync
@@ -123,7 +123,11 @@ def register(subparsers: Any) -> None:
             "names the tracker runs the checkpoint belongs to (tracker:run id; --json gives "
             "each tracker's full reference under 'experiment'). REASON says why it was made: "
             "'user' (save_state), 'interval' (save_every_steps/seconds) or 'preemption' (a "
-            "preemption signal). A project saved with replicate_to also shows TIER (local, "
+            "preemption signal). RESUMED says what the job that saved it had resumed from, as "
+            "tier:folder: 'memory' (a memory snapshot of the job, memory_snapshot_every_steps), "
+            "'local' (a checkpoint of the project), 'remote' (the remote tier of replicate_to) "
+            "or 'path' (a folder the script named); shown when some job resumed. "
+            "A project saved with replicate_to also shows TIER (local, "
             "remote or both) and LAG (from the local to the remote commit; 'waiting 5m' for a "
             "committed checkpoint not replicated yet), as its replicator recorded them in "
             ".accelkit-replication.json; --remote URL lists the remote tier itself. Exits 1 if "
@@ -301,6 +305,14 @@ def _as_json(info: CheckpointInfo) -> dict[str, Any]:
     }
 
 
+def _resumed_cell(info: CheckpointInfo) -> str:
+    """``tier:folder`` of the checkpoint the saving job resumed from (``-``: none)."""
+    resumed = {} if info.manifest is None else resumed_of(info.manifest)
+    if not resumed:
+        return "-"
+    return f"{resumed['tier']}:{one_entry(resumed['checkpoint'][:60], ' ')}"
+
+
 def _format_metrics(metrics: dict[str, float]) -> str:
     # One cell of a table: a crafted manifest's names may be megabytes long, number in the
     # hundreds of thousands, or hold " " and "=" to fake another metric's value ("acc=0.99 x").
@@ -337,6 +349,7 @@ def _run_ls(args: argparse.Namespace) -> int:
             say(line, err=True)
         return 0
     now = time.time()
+    resumes = any(i.manifest is not None and resumed_of(i.manifest) for i in infos)
     rows = [
         [
             i.name,
@@ -350,12 +363,14 @@ def _run_ls(args: argparse.Namespace) -> int:
             format_runs(None if i.manifest is None else i.manifest.experiment),
             _format_metrics(i.metrics),
         ]
+        + ([_resumed_cell(i)] if resumes else [])
         + ([tiers[i.name].tier, _lag_cell(tiers[i.name])] if tiers else [])
         for i in infos
     ]
     headers = [
         *("NAME", "STATE", "ITER", "STEP", "SIZE", "FILES", "AGE", "REASON", "RUNS", "METRICS")
     ]
+    headers += ["RESUMED"] if resumes else []
     headers += ["TIER", "LAG"] if tiers else []
     print(render_table(headers, rows, right=("ITER", "STEP", "SIZE", "FILES", "AGE")))
     for info in infos:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "BLOCKING_SECONDS",
@@ -91,6 +91,9 @@ class CheckpointEvent:
         reason: why the checkpoint was made (its manifest's ``reason``: ``"user"``,
             ``"interval"``, ``"preemption"``, or ``"memory"`` for a memory snapshot a run
             resumed from).
+        tier: for a load, where the checkpoint came from: ``"memory"`` (the job's memory
+            snapshots), ``"local"`` (the project's checkpoints), ``"remote"`` (the remote tier
+            of ``replicate_to``) or ``"path"`` (a folder the script named); ``None`` otherwise.
     """
 
     kind: Literal["save", "load", "replicate"]
@@ -99,8 +102,41 @@ class CheckpointEvent:
     iteration: int | None = None
     values: Mapping[str, float] = field(default_factory=dict)
     reason: str = "user"
+    tier: str | None = None
 
     @property
     def name(self) -> str:
         """The checkpoint's folder name (the last component of :attr:`path`)."""
         return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    def journal_fields(self) -> dict[str, Any]:
+        """What the tracker journal keeps of the event besides its step and values (read
+        back by :meth:`from_journal`)."""
+        fields = {"kind": self.kind, "path": self.path, "iteration": self.iteration}
+        fields["reason"] = self.reason
+        if self.tier is not None:
+            fields["tier"] = self.tier
+        return fields
+
+    @classmethod
+    def from_journal(
+        cls, step: int, values: Mapping[str, Any], fields: Mapping[str, Any]
+    ) -> CheckpointEvent:
+        """The event a journal entry holds (its step, values and :meth:`journal_fields`), as
+        sent after a restart. A field of another type (a damaged or older journal) reads as
+        its default: the event is still delivered."""
+        kind = fields.get("kind")
+        iteration, reason, tier = fields.get("iteration"), fields.get("reason"), fields.get("tier")
+        return cls(
+            kind if kind in ("save", "load", "replicate") else "save",
+            step,
+            str(fields.get("path", "")),
+            iteration if type(iteration) is int else None,
+            {
+                str(k): float(v)
+                for k, v in values.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+            },
+            reason if isinstance(reason, str) else "user",
+            tier if isinstance(tier, str) else None,
+        )

@@ -25,9 +25,11 @@ from accelkit.checkpointing.errors import (
     CheckpointPathError,
     CorruptCheckpointError,
 )
+from accelkit.checkpointing.formats.manifest import read_manifest, resumed_of
 from accelkit.checkpointing.memory.peer import held_source, holder, pack, unpack
 from accelkit.checkpointing.memory.tier import project_key
 from accelkit.checkpointing.storage import get_storage
+from accelkit.cli.main import main
 from accelkit.errors import ConfigurationError
 from accelkit.runtime.job_memory import ENV_MEMORY_DIR
 from accelkit.utils import ProjectConfiguration, set_seed
@@ -180,15 +182,33 @@ def test_a_script_that_never_saved_resumes_from_memory_alone(tmp_path: Path, mem
     assert _same(resumed, _job(str(tmp_path / "ref"), steps=12, every=None))
 
 
-def test_the_trackers_load_event_names_the_memory_tier(tmp_path: Path, memory: Path) -> None:
+def test_the_trackers_load_event_and_ckpt_ls_name_the_memory_tier(
+    tmp_path: Path, memory: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     project = tmp_path / "p"
-    _job(str(project), steps=7, log_with="jsonl")
-    _job(str(project), steps=9, load=True, log_with="jsonl")
+    _job(str(project), steps=7, log_with="jsonl", save_at=(2,))
+    _job(str(project), steps=9, load=True, log_with="jsonl", save_at=(8,))
     lines = (project / "run" / "metrics.jsonl").read_text().splitlines()
     loads = [json.loads(line) for line in lines if '"checkpoint_load"' in line]
-    assert [(e["path"], e["reason"]) for e in loads] == [
-        (str(memory / "rank_0" / "snapshot_6"), "memory")
+    assert [(e["path"], e["reason"], e["tier"]) for e in loads] == [
+        (str(memory / "rank_0" / "snapshot_6"), "memory", "memory")
     ]
+    # The checkpoint the restored job saved says where its state came from; the one saved
+    # before the crash says nothing (that job started fresh).
+    local = get_storage(str(project))
+    first, second = (
+        read_manifest(local, str(project / "checkpoints" / f"checkpoint_{i}")) for i in (0, 1)
+    )
+    assert first is not None and resumed_of(first) == {}
+    assert second is not None
+    assert resumed_of(second) == {"tier": "memory", "checkpoint": "snapshot_6", "step": 6}
+    capsys.readouterr()
+    assert main(["ckpt", "ls", str(project)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "RESUMED" in table[0].split()
+    rows = {line.split()[0]: line.split() for line in table[1:]}
+    assert "memory:snapshot_6" in rows["checkpoint_1"]
+    assert not any(cell.startswith("memory:") for cell in rows["checkpoint_0"])
 
 
 def test_outside_accelkit_launch_the_setting_says_why_nothing_is_kept(

@@ -26,7 +26,7 @@ from torch import nn
 from accelkit import Accelerator, ProjectConfiguration
 from accelkit.checkpointing.catalog.listing import list_checkpoints
 from accelkit.checkpointing.catalog.retention import AnyOf, KeepAll, KeepEvery, KeepLast
-from accelkit.checkpointing.formats.manifest import Manifest
+from accelkit.checkpointing.formats.manifest import Manifest, read_manifest, resumed_of
 from accelkit.checkpointing.replication import Replicator
 from accelkit.checkpointing.storage import get_storage, join
 from accelkit.cli.main import main as cli
@@ -175,6 +175,10 @@ def test_lost_local_tier_resumes_from_remote_bitwise(s3_server: S3Server, tmp_pa
     assert path == join(local, "checkpoints", "checkpoint_2")
     fresh.end_training()
     assert _committed(remote, options)[-1] == "checkpoint_2"
+    # The new checkpoint says the job resumed from the remote tier (`ckpt ls`: RESUMED).
+    manifest = read_manifest(get_storage(local), path)
+    assert manifest is not None
+    assert resumed_of(manifest) == {"tier": "remote", "checkpoint": "checkpoint_1", "step": 0}
 
 
 def test_newest_on_either_tier_intact_local_preferred(s3_server: S3Server, tmp_path: Path) -> None:
@@ -186,6 +190,10 @@ def test_newest_on_either_tier_intact_local_preferred(s3_server: S3Server, tmp_p
     accelerator.end_training()
     fresh, _, _ = _run(local, remote, options, seed=3)
     assert fresh.load_state() == join(local, "checkpoints", "checkpoint_0")  # local preferred
+    manifest = read_manifest(get_storage(local), fresh.save_state())
+    fresh.end_training()
+    assert manifest is not None
+    assert resumed_of(manifest) == {"tier": "local", "checkpoint": "checkpoint_0", "step": 0}
 
 
 @pytest.mark.slow

@@ -178,7 +178,8 @@ def test_a_fork_without_trackers_still_records_its_lineage(tmp_path: Path) -> No
     source = str(tmp_path / "a/checkpoints/checkpoint_0")
     _job(tmp_path / "b", None, load=source, fork=True)
     record = _manifest(tmp_path / "b", 1)["experiment"]
-    assert set(record) == {"lineage"}
+    assert set(record) == {"lineage", "resumed"}
+    assert record["resumed"] == {"tier": "path", "checkpoint": "checkpoint_0", "step": 0}
     assert record["lineage"]["parent"]["checkpoint"] == os.path.abspath(source)
     assert record["lineage"]["parent"]["runs"] == {}
     # A job with a tracker resuming from it opens a new run, and keeps the lineage: a record

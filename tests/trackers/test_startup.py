@@ -110,8 +110,9 @@ def test_save_state_does_not_wait_for_a_slow_start_and_names_the_run(
     assert again.continued == {"run_id": key} and again.run_id == key
     assert _points(runs, key) == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 99.0), (3, 3.0), (4, 4.0)]
     # The resumed job keeps the run key: its checkpoints name the same run.
+    loaded = {"tier": "local", "checkpoint": "checkpoint_0", "step": 0}
     assert _manifest(project, 1) == {"step": 4, "key": key, "runs": {"slow_start": {
-        "run_id": key}}}  # fmt: skip
+        "run_id": key}}, "resumed": loaded}  # fmt: skip
 
 
 def test_a_tracker_that_cannot_name_its_run_is_recorded_once_open(tmp_path: Path) -> None:
@@ -292,8 +293,9 @@ def test_a_checkpoint_from_before_run_keys_with_pending_runs_still_loads(tmp_pat
     assert again.continued is None and again.run_id is not None  # a new run
     assert _points(runs, again.run_id) == [(1, 1.0)]
     record = _manifest(project, 1)
+    loaded = {"tier": "local", "checkpoint": "checkpoint_0", "step": 0}
     assert record == {"step": 1, "key": again.run_id, "runs": {"slow_start": {
-        "run_id": again.run_id}}}  # fmt: skip
+        "run_id": again.run_id}}, "resumed": loaded}  # fmt: skip
 
 
 @pytest.mark.slow

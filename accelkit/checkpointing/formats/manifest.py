@@ -45,6 +45,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MEMORY_LAST_SAVE",
     "MEMORY_SNAPSHOT",
+    "RESUME_TIERS",
     "FileEntry",
     "FileProblem",
     "Manifest",
@@ -53,6 +54,7 @@ __all__ = [
     "lineage_of",
     "malformed",
     "read_manifest",
+    "resumed_of",
     "verify_files",
     "write_manifest",
 ]
@@ -67,6 +69,11 @@ MEMORY_SNAPSHOT = "memory"
 MEMORY_LAST_SAVE = "accelkit.last_save_step"
 # Every reason a manifest may record: the save policies' and the memory tier's.
 _REASONS = (*REASONS, MEMORY_SNAPSHOT)
+#: Where the state of a job came from, as ``experiment.resumed.tier`` records it: the job's
+#: shared memory (``"memory"``, :mod:`~accelkit.checkpointing.memory`), the project's own
+#: checkpoints (``"local"``), the remote tier of ``replicate_to`` (``"remote"``), or a folder the
+#: script named in ``load_state(path)`` (``"path"``).
+RESUME_TIERS = ("memory", "local", "remote", "path")
 
 FORMAT_VERSION = 1
 
@@ -123,7 +130,10 @@ class Manifest:
             (its own line's key), "runs"}}`` (see :func:`lineage_of`); a job resumed from a
             checkpoint carries its lineage on. ``"start": true`` marks a copy made by
             ``accelkit ckpt fork``, which belongs to no run yet: loading it forks the
-            parent's runs.
+            parent's runs. ``"resumed"`` (also without trackers) says what the job that saved
+            it last loaded: ``{"tier": <one of RESUME_TIERS>, "checkpoint": <the loaded
+            folder's name>, "step": <its step>}`` (see :func:`resumed_of`); absent when the
+            job started fresh.
         accelkit_version / torch_version: versions that wrote it.
         format_version: the manifest format (:data:`FORMAT_VERSION`).
         process_index: the process that wrote this folder alone, for a per-process checkpoint
@@ -327,8 +337,10 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
     if not data:
         return {}
     lineage = _lineage(data.get("lineage"), source)
-    if not set(data) - {"lineage"}:  # a run without trackers, forked
-        return {"lineage": lineage} if lineage else {}
+    resumed = _resumed(data.get("resumed"), source)
+    plain = {"lineage": lineage, "resumed": resumed}
+    if not set(data) - set(plain):  # a run without trackers, forked or resumed
+        return {name: value for name, value in plain.items() if value}
     step, runs = data.get("step", -1), data.get("runs", {})
     saved_at = data.get("saved_at_step", step)
     # A logging step every backend can store (TensorBoard and MLflow: int64).
@@ -366,7 +378,36 @@ def _experiment(data: dict[str, Any], source: str) -> dict[str, Any]:
         record["pending"] = pending
     if lineage:
         record["lineage"] = lineage
+    if resumed:
+        record["resumed"] = resumed
     return record
+
+
+def _resumed(data: Any, source: str) -> dict[str, Any]:
+    """Check the shape of ``experiment.resumed`` (shown by ``accelkit ckpt ls``, never
+    loaded from): ``{}`` when absent."""
+    if data is None:
+        return {}
+
+    def bad(what: str, value: Any) -> ManifestError:
+        return ManifestError(
+            f"{source}: experiment.resumed{what}, got {str(value)[:200]!r}. The manifest was "
+            "damaged or edited: load another checkpoint."
+        )
+
+    if not isinstance(data, dict):
+        raise bad(" must be an object", data)
+    tier, name, step = data.get("tier"), data.get("checkpoint"), data.get("step")
+    if tier not in RESUME_TIERS:
+        raise bad(f".tier must be one of {', '.join(RESUME_TIERS)}", tier)
+    # A folder's name, shown in a table cell: no separator, no control character.
+    if not isinstance(name, str) or not 0 < len(name) <= 255 or not name.isprintable():
+        raise bad(".checkpoint must be a folder name of 1 to 255 printable characters", name)
+    if "/" in name or name in (".", ".."):
+        raise bad(".checkpoint must be a folder name, not a path", name)
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < _MAX_STEP:
+        raise bad(f".step must be an integer from 0 to {_MAX_STEP - 1}", step)
+    return {"tier": tier, "checkpoint": name, "step": step}
 
 
 _MAX_PATH = 4096
@@ -431,6 +472,12 @@ def lineage_of(manifest: Manifest) -> dict[str, Any]:
     """The manifest's ``experiment.lineage`` (checked when read): ``{}`` for a checkpoint
     whose run descends from no fork."""
     return dict(manifest.experiment.get("lineage") or {})
+
+
+def resumed_of(manifest: Manifest) -> dict[str, Any]:
+    """The manifest's ``experiment.resumed`` (checked when read): what the job that saved it
+    last loaded (``tier``, ``checkpoint``, ``step``), ``{}`` for a job that started fresh."""
+    return dict(manifest.experiment.get("resumed") or {})
 
 
 def read_manifest(storage: Storage, folder: str) -> Manifest | None:

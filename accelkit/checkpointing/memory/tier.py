@@ -33,6 +33,7 @@ Public API: :class:`MemoryTier`, :func:`project_key`, :data:`SNAPSHOT_PREFIX`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
@@ -250,7 +251,7 @@ class MemoryTier:
                     step,
                     "anything" if disk is None else f"step {disk}",
                 )
-            return result
+            return dataclasses.replace(result, tier="memory")
         return local()
 
     def _fetched(self, step: int, have: list[bool], path: str) -> bool:

@@ -17,6 +17,7 @@ Public API: :class:`RemoteTier`, :class:`TierSettings`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable, Collection, Mapping
@@ -231,7 +232,7 @@ class RemoteTier:
                 info.path,
             )
             try:
-                return sequence.run(info.path, objects)
+                return dataclasses.replace(sequence.run(info.path, objects), tier="remote")
             except CorruptCheckpointError as exc:  # refused before anything was restored
                 logger.warning(
                     "Skipping the remote checkpoint %s: %s. Trying the next newest checkpoint "

@@ -157,11 +157,15 @@ class LoadResult:
         manifest: its manifest (an Accelerate folder gets one made up by its reader).
         fingerprint: this process's resume fingerprint as the checkpoint recorded it (see
             :mod:`accelkit.checkpointing.objects.fingerprint`); ``None`` when it has none.
+        tier: where it came from (:data:`~accelkit.checkpointing.formats.manifest.RESUME_TIERS`):
+            ``"path"`` for a folder the caller named; a ``load_state()`` without one says
+            which tier resolved it (``"memory"``, ``"local"`` or ``"remote"``).
     """
 
     path: str
     manifest: Manifest
     fingerprint: Fingerprint | None = None
+    tier: str = "path"
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ Public API:
   friends) and the backend's environment variables work too.
 - :func:`register_storage(protocol, factory) <register_storage>` -- serve a protocol with
   another class (a subclass of :class:`FsspecStorage` with a backend's quirks, say).
-- :func:`join(base, *names) <join>` and :func:`protocol_of`.
+- :func:`join(base, *names) <join>`, :func:`basename` and :func:`protocol_of`.
 - :class:`Storage` (the contract: the base class every storage subclasses, and the type the
   checkpoint code is annotated with), :class:`WrappedStorage`, :class:`HashingWriter`,
   :class:`Entry`, :class:`WrittenFile`, :class:`StorageError` and its children of each
@@ -54,6 +54,7 @@ from accelkit.checkpointing.storage.base import (
     StorageTimeoutError,
     WrappedStorage,
     WrittenFile,
+    basename,
     join,
     protocol_of,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "StorageTimeoutError",
     "WrappedStorage",
     "WrittenFile",
+    "basename",
     "get_storage",
     "join",
     "parts_in_flight",

@@ -75,6 +75,7 @@ __all__ = [
     "WrappedStorage",
     "WrittenFile",
     "as_storage_error",
+    "basename",
     "join",
     "protocol_of",
 ]
@@ -85,6 +86,16 @@ def protocol_of(url: str) -> str:
     if "://" in url:
         return url.split("://", 1)[0] or "file"
     return "file"
+
+
+def basename(url: str) -> str:
+    """The last name of a path or URL, a trailing ``/`` ignored.
+
+    Example:
+        >>> basename("s3://bucket/run/checkpoints/checkpoint_3/")
+        'checkpoint_3'
+    """
+    return url.rstrip("/").rsplit("/", 1)[-1]
 
 
 def join(base: str, *names: str) -> str:

@@ -213,6 +213,7 @@ class JSONLTracker(GeneralTracker):
                 "event": f"checkpoint_{event.kind}",
                 "path": event.path,
                 "reason": event.reason,
+                **({} if event.tier is None else {"tier": event.tier}),
                 "values": {key: _strict(float(value)) for key, value in event.values.items()},
             }
         )

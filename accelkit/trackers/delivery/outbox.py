@@ -164,11 +164,11 @@ class Outbox:
 
     def journal_event(self, event: CheckpointEvent) -> None:
         """Journal a checkpoint event, then send."""
-        extra = {"kind": event.kind, "path": event.path, "iteration": event.iteration}
         with self.lock:
             journal = self.journal
             if journal is not None:
-                entry = journal.entry("event", event.step, dict(event.values), extra)
+                fields = event.journal_fields()
+                entry = journal.entry("event", event.step, dict(event.values), fields)
                 self._record([(entry, event)])
         self.deliver()
 
@@ -497,8 +497,8 @@ def _take_entries(
             batch.append((journal.entry("log", step, values, options), values))
         elif isinstance(item, Checkpoint) and events:
             event = item.event
-            where = {"kind": event.kind, "path": event.path, "iteration": event.iteration}
-            entry = journal.entry("event", event.step, dict(event.values), where)
+            fields = event.journal_fields()
+            entry = journal.entry("event", event.step, dict(event.values), fields)
             batch.append((entry, event))
         else:
             kept.append(item)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from accelkit.trackers.base import GeneralTracker
 from accelkit.trackers.delivery.journal import Entry, Journal, JournalWarning
@@ -35,20 +35,7 @@ def call(tracker: GeneralTracker, entry: Entry, live: Any = None) -> None:
     else:
         event = live
         if not isinstance(event, CheckpointEvent):
-            extra = entry.extra
-            kind: Literal["save", "load"] = "load" if extra.get("kind") == "load" else "save"
-            iteration = extra.get("iteration")
-            event = CheckpointEvent(
-                kind,
-                entry.step,
-                str(extra.get("path", "")),
-                iteration if type(iteration) is int else None,
-                {
-                    str(k): float(v)
-                    for k, v in entry.values.items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)
-                },
-            )
+            event = CheckpointEvent.from_journal(entry.step, entry.values, entry.extra)
         tracker.on_checkpoint(event)
 
 
