@@ -2,10 +2,10 @@
 
 The tracker classes (``TensorBoardTracker``, ``WandBTracker``, ``CometMLTracker``,
 ``MLflowTracker``, ``TrackioTracker``, ``SwanLabTracker``, ``ClearMLTracker``,
-``GeneralTracker``), ``on_main_process``, ``register_tracker_class``, ``filter_trackers`` and
-``get_available_trackers`` keep Accelerate's signatures. Accelerate's trackers that accelkit
-does not build in (``AimTracker``, ``DVCLiveTracker``) import, and fail when created with a
-message saying how to add them as a `GeneralTracker`.
+``DVCLiveTracker``, ``GeneralTracker``), ``on_main_process``, ``register_tracker_class``,
+``filter_trackers`` and ``get_available_trackers`` keep Accelerate's signatures. The tracker
+Accelerate has that accelkit does not build in (``AimTracker``) imports, and fails when created
+with a message saying how to add it as a `GeneralTracker`.
 
 accelkit's own API for the same things is :mod:`accelkit.trackers` (``register_tracker``,
 ``installed_trackers``, ``TrackerHub``).
@@ -20,6 +20,7 @@ from typing import Any
 from accelkit.errors import ConfigurationError
 from accelkit.trackers.backends.clearml import ClearMLTracker
 from accelkit.trackers.backends.comet_ml import CometMLTracker
+from accelkit.trackers.backends.dvclive import DVCLiveTracker
 from accelkit.trackers.backends.jsonl import JSONLTracker
 from accelkit.trackers.backends.mlflow import MLflowTracker
 from accelkit.trackers.backends.swanlab import SwanLabTracker
@@ -30,7 +31,6 @@ from accelkit.trackers.base import GeneralTracker, on_main_process
 from accelkit.trackers.registry import (
     TRACKER_CLASSES,
     AimTracker,
-    DVCLiveTracker,
     LoggerType,
     TrackerNotBuiltInError,
     installed_trackers,

@@ -26,6 +26,8 @@ for _key, _value in {
     "WANDB_MODE": "offline",
     "WANDB_SILENT": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "DVC_STUDIO_OFFLINE": "true",
     "COMET_ERROR_TRACKING_ENABLE": "false",
     "COMET_AUTO_LOG_ENV_DETAILS": "false",
     "AWS_EC2_METADATA_DISABLED": "true",

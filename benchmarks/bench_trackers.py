@@ -50,6 +50,8 @@ OFFLINE_ENV = {
     "COMET_ERROR_TRACKING_ENABLE": "false",
     "COMET_AUTO_LOG_ENV_DETAILS": "false",
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "DVC_STUDIO_OFFLINE": "true",
     "DO_NOT_TRACK": "1",
     "GIT_PYTHON_REFRESH": "quiet",
 }

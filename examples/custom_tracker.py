@@ -31,6 +31,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("COMET_ERROR_TRACKING_ENABLE", "false")
 os.environ.setdefault("COMET_AUTO_LOG_ENV_DETAILS", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DVC_STUDIO_OFFLINE", "true")
 
 
 @register_tracker

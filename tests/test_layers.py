@@ -88,7 +88,10 @@ ROOT_MODULES = {
     "_env",
     "errors",
 }
-BACKENDS = ("tensorboard", "wandb", "comet_ml", "mlflow", "jsonl", "trackio", "swanlab", "clearml")
+BACKENDS = (
+    *("tensorboard", "wandb", "comet_ml", "mlflow", "jsonl"),
+    *("trackio", "swanlab", "clearml", "dvclive"),
+)
 CHECKPOINTING_TOP = {"__init__", "manager", "config", "errors", "listener", "tiered"}
 # trackers/'s top: the interface, its event, values, the registry; then its two rooms
 TRACKERS_TOP = {"__init__", "base", "events", "values", "registry"}

@@ -28,7 +28,6 @@ from accelkit.trackers.base import GeneralTracker
 
 __all__ = [
     "AimTracker",
-    "DVCLiveTracker",
     "NOT_BUILT_IN",
     "TRACKER_CLASSES",
     "TrackerClassTable",
@@ -64,8 +63,8 @@ class _LoggerTypeMeta(enum.EnumMeta):
 class LoggerType(str, enum.Enum, metaclass=_LoggerTypeMeta):
     """Tracker names, those of Accelerate's ``LoggerType`` (and accelkit's ``JSONL``).
 
-    ``AIM`` and ``DVCLIVE`` are not built into accelkit:
-    selecting one fails with a message saying how to add it as a `GeneralTracker` (a tracker
+    ``AIM`` is not built into accelkit:
+    selecting it fails with a message saying how to add it as a `GeneralTracker` (a tracker
     registered under that name, or provided by an entry point, is used instead).
     """
 
@@ -97,7 +96,6 @@ class TrackerNotBuiltInError(ConfigurationError, NotImplementedError):
 # name -> the package a GeneralTracker for it would call.
 NOT_BUILT_IN: dict[str, str] = {
     "aim": "aim",
-    "dvclive": "dvclive",
 }
 
 
@@ -135,16 +133,8 @@ class AimTracker(_NotBuiltIn):
     requires_logging_directory = True
 
 
-class DVCLiveTracker(_NotBuiltIn):
-    """Not built in (Accelerate's ``DVCLiveTracker``); creating one raises and says what to do."""
-
-    name = "dvclive"
-
-
 # The stand-in classes, by tracker name (the names of NOT_BUILT_IN).
-_NOT_BUILT_IN_CLASSES: dict[str, type[GeneralTracker]] = {
-    cls.name: cls for cls in (AimTracker, DVCLiveTracker)
-}
+_NOT_BUILT_IN_CLASSES: dict[str, type[GeneralTracker]] = {cls.name: cls for cls in (AimTracker,)}
 
 
 @dataclass(frozen=True)
@@ -165,6 +155,7 @@ _BUILTINS: dict[str, _Builtin] = {
     "trackio": _Builtin("accelkit.trackers.backends.trackio", "TrackioTracker", ("trackio",)),
     "swanlab": _Builtin("accelkit.trackers.backends.swanlab", "SwanLabTracker", ("swanlab",)),
     "clearml": _Builtin("accelkit.trackers.backends.clearml", "ClearMLTracker", ("clearml",)),
+    "dvclive": _Builtin("accelkit.trackers.backends.dvclive", "DVCLiveTracker", ("dvclive",)),
 }
 
 _registered: dict[str, type[GeneralTracker]] = {}

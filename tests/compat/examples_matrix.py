@@ -197,6 +197,8 @@ def _env(hub: Path, home: Path, framework: str, vision: bool, examples: Path) ->
         COMET_START_ONLINE="false",  # no API key: the scripts' log_with="all" starts Comet
         COMET_OFFLINE_DIRECTORY=str(home / "comet"),
         MLFLOW_DISABLE_TELEMETRY="true",
+        DVC_NO_ANALYTICS="1",  # dvclive installed: "all" starts it; no DVC Studio either
+        DVC_STUDIO_OFFLINE="true",
         # clearml installed: log_with="all" starts it (Accelerate's and ours), offline here
         CLEARML_OFFLINE_MODE="1",
         CLEARML_CACHE_DIR=str(home / "clearml"),

@@ -25,6 +25,8 @@ OFFLINE_ENV = {
     "COMET_ERROR_TRACKING_ENABLE": "false",
     "COMET_AUTO_LOG_ENV_DETAILS": "false",
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "DVC_STUDIO_OFFLINE": "true",
     "AWS_EC2_METADATA_DISABLED": "true",
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",

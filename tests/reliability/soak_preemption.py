@@ -56,6 +56,8 @@ ENV = {
     "COMET_ERROR_TRACKING_ENABLE": "false",
     "COMET_AUTO_LOG_ENV_DETAILS": "false",
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "DVC_STUDIO_OFFLINE": "true",
     "PYTHONUNBUFFERED": "1",
 }
 

@@ -28,6 +28,8 @@ OFFLINE_ENV = {
     "COMET_AUTO_LOG_ENV_DETAILS": "false",
     "COMET_DISABLE_AUTO_LOGGING": "1",
     "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "DVC_STUDIO_OFFLINE": "true",
     # trackio imports huggingface_hub: no Hub request, no telemetry
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",

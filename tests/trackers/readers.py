@@ -6,6 +6,7 @@ Every reader returns ``(scalars, config)``: ``scalars`` maps a metric name to it
 
 from __future__ import annotations
 
+import csv
 import glob
 import json
 import os
@@ -268,6 +269,28 @@ def read_clearml(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
     (found,) = clearml_sessions(logging_dir)
     assert found["project"] == run and found["zipped"], found
     return found["scalars"], _flat(found["config"])
+
+
+def dvclive_metrics(folder: str) -> Scalars:
+    """Every metric of a DVCLive folder, from its ``plots/metrics/<name>.tsv`` files (a header
+    ``step<TAB><name>``, then one row per point), by the name it was logged under."""
+    scalars: Scalars = {}
+    root = os.path.join(folder, "plots", "metrics")
+    for path in sorted(glob.glob(os.path.join(root, "**", "*.tsv"), recursive=True)):
+        name = os.path.relpath(path, root)[: -len(".tsv")]
+        with open(path, encoding="utf-8", newline="") as file:
+            rows = list(csv.DictReader(file, delimiter="\t"))
+        scalars[name] = [(int(row["step"]), float(row[os.path.basename(name)])) for row in rows]
+    return scalars
+
+
+def read_dvclive(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    """The DVCLive folder ``<logging_dir>/<run>/dvclive``: its metrics, and its ``params.yaml``
+    read with DVCLive's own YAML loader."""
+    from dvclive.serialize import load_yaml
+
+    folder = os.path.join(logging_dir, run, "dvclive")
+    return dvclive_metrics(folder), _flat(load_yaml(os.path.join(folder, "params.yaml")))
 
 
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -4,7 +4,7 @@ in ``examples/custom_tracker.py``) pass the shipped contract
 
 Each backend writes for real (TensorBoard event files, a sqlite MLflow store, an offline wandb
 run, an offline Comet archive, a trackio database, an offline SwanLab run, an offline ClearML
-session, JSON lines, custom CSVs) and is read back with its own reader.
+session, a DVCLive folder, JSON lines, custom CSVs) and is read back with its own reader.
 """
 
 from __future__ import annotations
@@ -92,6 +92,13 @@ class TestClearMLOffline(TrackerContract):
 
     def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
         return readers.read_clearml(logging_dir, run)
+
+
+class TestDVCLive(TrackerContract):
+    log_with, files, unwrapped = "dvclive", "conformance/dvclive/plots/metrics/loss.tsv", "Live"
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_dvclive(logging_dir, run)
 
 
 class TestCustomTracker(TrackerContract):

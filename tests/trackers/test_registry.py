@@ -24,7 +24,10 @@ from accelkit.trackers import (
 from accelkit.trackers.backends.jsonl import JSONLTracker, read_jsonl
 from tests.trackers.custom import CSVTracker, RecordingTracker
 
-BUILTINS = {"tensorboard", "wandb", "comet_ml", "mlflow", "jsonl", "trackio", "swanlab", "clearml"}
+BUILTINS = {
+    *("tensorboard", "wandb", "comet_ml", "mlflow", "jsonl"),
+    *("trackio", "swanlab", "clearml", "dvclive"),
+}
 
 
 def test_public_names() -> None:
