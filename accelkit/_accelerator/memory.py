@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from accelkit._text import clip
 from accelkit.checkpointing.memory.peer import PeerCopies
+from accelkit.checkpointing.memory.promote import record_project
 from accelkit.errors import AccelkitError
 from accelkit.runtime.job_memory import ENV_MEMORY_DIR
 from accelkit.training.boundary import SavePoints
@@ -98,6 +99,16 @@ class MemorySnapshots:
                     ENV_MEMORY_DIR,
                 )
             return
+        if state.is_main_process and tier.root is not None and config.project_dir:
+            try:  # what names the project to the launcher's promotion at a failed job's end
+                record_project(tier.root, config.project_dir, state.num_processes)
+            except OSError as exc:
+                logger.warning(
+                    "The memory tier could not record its project in %s (%s): a failed job's "
+                    "newest snapshot will not be committed to disk at its end.",
+                    tier.root,
+                    exc,
+                )
         self.points = SavePoints(gradient_state)
         self._unhook = gradient_state.on_boundary.register(self.boundary)
         checkpointing.add_observer(self)

@@ -114,6 +114,8 @@ Layers, bottom up; each imports only from the layers below it (and from
   settings (``ProjectConfiguration.memory``).
 - :mod:`~accelkit.checkpointing.memory.peer` -- each snapshot copied to a peer one machine
   along a ring (``PeerCopies``), and brought back at a restore.
+- :mod:`~accelkit.checkpointing.memory.promote` -- a failed job's newest snapshots committed
+  to disk before its memory goes (``promote_snapshots``; ``accelkit launch`` runs it).
 - :mod:`~accelkit.checkpointing.memory.tier` -- the memory tier the manager composes
   (``MemoryTier``): each process's snapshots in the job's shared memory, their rotation, the
   agreed resolve of ``load_state()``.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any
 
 from accelkit.launch.launcher import add_launch_arguments, config_from_args, launch_command
@@ -39,6 +41,19 @@ def _run(args: argparse.Namespace) -> int:
             config = config_from_args(args)
         except ValueError as exc:
             args._parser.error(str(exc))  # the launch usage and the message; exits with 2
-        return launch_command(config)
+        return launch_command(config, at_failure=_commit_snapshots)
     finally:
         ignore_stop_signals()
+
+
+def _commit_snapshots(memory: str) -> None:
+    """After a failed job: commit the memory tier's newest snapshots the disk lacks (see
+    :mod:`accelkit.checkpointing.memory.promote`), saying what it did."""
+    if not any(os.scandir(memory)):  # no memory tier in this job: nothing to import or say
+        return
+    from accelkit.checkpointing.memory.promote import promote_snapshots
+
+    def say(line: str) -> None:
+        print(f"accelkit launch: {line}", file=sys.stderr, flush=True)
+
+    promote_snapshots(memory, say)

@@ -18,6 +18,7 @@ import secrets
 import socket
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -399,8 +400,13 @@ def launch_env(config: LaunchConfig) -> dict[str, str]:
     return env
 
 
-def launch_command(config: LaunchConfig) -> int:
+def launch_command(config: LaunchConfig, at_failure: Callable[[str], None] | None = None) -> int:
     """Run the script as ``config`` says; return the exit code (non-zero if any worker failed).
+
+    ``at_failure(memory)``, when given, is called with the job's shared-memory folder after a
+    job that failed (non-zero exit) on the first machine, when its workers are gone and
+    before the folder is removed: what the command line plugs in to commit the memory tier's
+    newest snapshot (:func:`accelkit.checkpointing.memory.promote.promote_snapshots`).
 
     One process on one machine runs the script directly; anything else goes through
     ``torch.distributed.run``, which shows the failing worker's error and exits non-zero.
@@ -446,7 +452,7 @@ def launch_command(config: LaunchConfig) -> int:
                 _say_failure(Failure(0, code, read_error_file(path) or ""))
 
             cmd = guarded_command(sys.executable, config.script, config.script_args, _mode(config))
-            return run_child(
+            code = run_child(
                 cmd,
                 env,
                 "the script",
@@ -455,6 +461,7 @@ def launch_command(config: LaunchConfig) -> int:
                 preempted=preempted,
                 stopped_because=stopped_because,
             )
+            return _ended(code, config, memory, at_failure)
         env[ENV_FAILURE_FILE] = path
         # torchrun's @record copies the root cause's error file to its own error file, and
         # logs an error line where it has none.
@@ -469,7 +476,7 @@ def launch_command(config: LaunchConfig) -> int:
 
         cmd = [sys.executable, "-m", "accelkit.launch._torchrun", *torchrun_args(config)]
         what = f"{config.nproc_per_node} worker(s) (through torchrun)"
-        return run_child(
+        code = run_child(
             cmd,
             env,
             what,
@@ -478,6 +485,17 @@ def launch_command(config: LaunchConfig) -> int:
             preempted=preempted,
             stopped_because=stopped_because,
         )
+        return _ended(code, config, memory, at_failure)
+
+
+def _ended(
+    code: int, config: LaunchConfig, memory: str, at_failure: Callable[[str], None] | None
+) -> int:
+    """The job's exit code, after ``at_failure(memory)`` for a failed job on the first machine
+    (its failure never changes the code: it says what went wrong itself)."""
+    if code != 0 and at_failure is not None and config.machine_rank == 0:
+        at_failure(memory)
+    return code
 
 
 def hang_line(record: dict[str, Any]) -> str | None:

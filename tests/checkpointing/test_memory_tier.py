@@ -27,6 +27,7 @@ from accelkit.checkpointing.errors import (
 )
 from accelkit.checkpointing.formats.manifest import read_manifest, resumed_of
 from accelkit.checkpointing.memory.peer import held_source, holder, pack, unpack
+from accelkit.checkpointing.memory.promote import PROJECT_RECORD, promote_snapshots
 from accelkit.checkpointing.memory.tier import project_key
 from accelkit.checkpointing.storage import get_storage
 from accelkit.cli.main import main
@@ -485,3 +486,68 @@ def test_a_copy_round_trips_and_a_crafted_one_writes_nothing(tmp_path: Path) -> 
             unpack(len(header), crafted, str(tmp_path / "crafted"))
         assert not any(p.name.startswith("crafted") for p in tmp_path.iterdir())
     assert not (tmp_path.parent / "escaped").exists()
+
+
+def _promote(shm: Path) -> tuple[list[str], list[str]]:
+    said: list[str] = []
+    return promote_snapshots(str(shm), said.append), said
+
+
+def test_a_failed_jobs_newest_snapshot_is_committed_and_resumed_bit_for_bit(
+    tmp_path: Path, memory: Path
+) -> None:
+    project = tmp_path / "p"
+    _job(str(project), steps=11, save_at=(5,))  # "fails" after step 11: snapshot 9 is newest
+    committed, said = _promote(memory.parent)
+    target = project / "checkpoints" / "checkpoint_1"
+    assert committed == [str(target)]
+    assert said == [
+        f"committed the memory snapshot of step 9 as {target} (newer than step 5 on disk): "
+        "the next load_state() resumes from it"
+    ]
+    manifest = read_manifest(get_storage(str(target)), str(target))
+    assert manifest is not None and manifest.process_index is None
+    assert (manifest.step, manifest.iteration, manifest.reason) == (9, 1, "memory")
+    shutil.rmtree(memory.parent)  # the job's memory goes with the job
+    resumed = _job(str(project), steps=20, load=True, every=None)
+    assert resumed["loaded"] == str(target)
+    assert _same(resumed, _job(str(tmp_path / "ref"), steps=20, every=None, save_at=(5,)))
+    assert _promote(memory.parent) == ([], [])  # the job's memory is gone: nothing to say
+
+
+def test_a_damaged_snapshot_is_not_committed_and_the_next_older_one_is(
+    tmp_path: Path, memory: Path
+) -> None:
+    project = tmp_path / "p"
+    _job(str(project), steps=11, save_at=(5,))
+    model = memory / "rank_0" / "snapshot_9" / "model.safetensors"
+    data = bytearray(model.read_bytes())
+    data[-3] ^= 0x10
+    model.write_bytes(bytes(data))
+    committed, said = _promote(memory.parent)
+    assert committed == [str(project / "checkpoints" / "checkpoint_1")]
+    assert said[0].startswith("the memory snapshot of step 9 was not committed to disk (")
+    assert "checksum" in said[0]
+    assert "committed the memory snapshot of step 6" in said[1]
+    # The attempt at step 9 left nothing behind: checkpoint_1 is the one of step 6.
+    infos = list_checkpoints(get_storage(str(project)), str(project / "checkpoints"))
+    assert [(i.name, i.step, i.state) for i in infos] == [
+        ("checkpoint_0", 5, COMMITTED),
+        ("checkpoint_1", 6, COMMITTED),
+    ]
+
+
+def test_nothing_is_committed_when_the_disk_is_as_new_or_the_record_is_not_ours(
+    tmp_path: Path, memory: Path
+) -> None:
+    project = tmp_path / "p"
+    _job(str(project), steps=9, save_at=(9,))  # checkpoint_0 of step 9, as new as the snapshot
+    assert _promote(memory.parent) == ([], [])
+    shutil.rmtree(project / "checkpoints")  # now the snapshot would be committed, but:
+    record = memory / PROJECT_RECORD
+    for crafted in ('{"project_dir": 5, "world_size": 1}', "[]", "not json", '{"world_size": 1}'):
+        record.write_text(crafted)
+        assert _promote(memory.parent) == ([], [])
+        assert not (project / "checkpoints").exists()
+    record.write_text(json.dumps({"project_dir": str(project), "world_size": 2}))
+    assert _promote(memory.parent) == ([], [])  # rank 1 has no snapshot: no complete set

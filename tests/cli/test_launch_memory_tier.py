@@ -127,12 +127,15 @@ def launch_args(script: Path, *args: str, processes: int = 2, restarts: int = 0)
     ]
 
 
-def _run(tmp_path: Path, name: str, mode: str, restarts: int) -> tuple[dict[str, str], str]:
+def _run(
+    tmp_path: Path, name: str, mode: str, restarts: int, project: Path | None = None
+) -> tuple[dict[str, str], str]:
     script = tmp_path / "job.py"
     script.write_text(JOB)
     out = tmp_path / f"{name}.json"
+    project = project if project is not None else tmp_path / name
     proc = subprocess.run(
-        launch_args(script, str(out), mode, str(tmp_path / name), restarts=restarts),
+        launch_args(script, str(out), mode, str(project), restarts=restarts),
         capture_output=True,
         text=True,
         timeout=240,
@@ -172,6 +175,53 @@ def test_a_restarted_group_resumes_from_memory_bit_for_bit(
     # Weights, optimizer state and the torch generator: as if nothing had happened.
     assert got["digest"] == reference["digest"]
     assert got["memory"] != reference["memory"]  # each job its own
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["kill", "hang"])
+def test_a_failed_job_commits_its_newest_snapshot_and_the_next_job_resumes_bit_for_bit(
+    tmp_path: Path, reference: dict[str, str], mode: str
+) -> None:
+    # No restart left: the job fails (rank 1 SIGKILLed, or stopped by the watchdog: exit 75)
+    # and its shared memory goes with it. The launcher first commits the snapshot of step 8,
+    # newer than checkpoint_0 of step 5, as checkpoint_1; the requeued job resumes from it.
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    project = tmp_path / "p"
+    failed = subprocess.run(
+        launch_args(script, str(tmp_path / "failed.json"), mode, str(project)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert failed.returncode == (75 if mode == "hang" else 1), failed.stderr[-4000:]
+    promoted = project / "checkpoints" / "checkpoint_1"
+    assert (
+        f"accelkit launch: committed the memory snapshot of step 8 as {promoted} (newer than "
+        "step 5 on disk)" in failed.stderr
+    ), failed.stderr[-4000:]
+    manifest = json.loads((promoted / "accelkit.json").read_text())
+    assert (manifest["step"], manifest["world_size"], manifest["reason"]) == (8, 2, "memory")
+    assert "process_index" not in manifest
+    names = {entry["path"] for entry in manifest["files"]}
+    assert {"random_states_0.json", "random_states_1.json", "model.safetensors"} <= names
+    got, _ = _run(tmp_path, "requeued", "plain", restarts=0, project=project)
+    assert got["loaded"] == str(promoted)
+    assert got["digest"] == reference["digest"]
+
+
+def test_a_failed_job_without_the_memory_tier_commits_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    proc = subprocess.run(
+        launch_args(script, str(tmp_path / "out.json"), "fail", str(tmp_path / "p"), processes=1),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 3
+    assert "memory snapshot" not in proc.stderr
+    assert not (tmp_path / "p" / "checkpoints").exists()
 
 
 def _wait_gone(path: str, seconds: float) -> bool:

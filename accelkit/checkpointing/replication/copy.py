@@ -25,7 +25,8 @@ the process's resident set for a 252 MB checkpoint, within the budget of 64 MB p
 buffer (``benchmarks/bench_replication.py``, which also compares its upload with s3fs
 ``put_file`` of the same files).
 
-Public API: :func:`replicate_checkpoint`, :func:`same_checkpoint`, :class:`Replicated`,
+Public API: :func:`replicate_checkpoint`, :func:`same_checkpoint`, :func:`copy_file` (one
+file, verified: also what the memory tier's promotion copies with), :class:`Replicated`,
 :data:`READ_CHUNK`.
 """
 
@@ -62,6 +63,7 @@ __all__ = [
     "UPLOAD_PARTS_IN_FLIGHT",
     "UPLOAD_WORKERS",
     "Replicated",
+    "copy_file",
     "replicate_checkpoint",
     "same_checkpoint",
 ]
@@ -126,8 +128,10 @@ def same_checkpoint(a: Manifest, b: Manifest) -> bool:
     }
 
 
-def _copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, target: str) -> int:
-    """Stream one file, verified against ``entry``; the upload commits only if it verifies."""
+def copy_file(local: Storage, source: str, entry: FileEntry, remote: Storage, target: str) -> int:
+    """Stream the file ``source`` to ``target``, verified against ``entry`` (its size and
+    checksum in the manifest it comes from); the write commits only if it verifies. Returns the
+    bytes copied."""
     reader = open_verified(local, source, entry)
     try:
         with parts_in_flight(UPLOAD_PARTS_IN_FLIGHT):  # the replicator's memory budget
@@ -235,7 +239,7 @@ def replicate_checkpoint(
     def upload(entry: FileEntry) -> int:
         src, dst = join(source, entry.path), join(target, entry.path)
         return step(
-            f"upload of {dst}", functools.partial(_copy_file, local, src, entry, remote, dst)
+            f"upload of {dst}", functools.partial(copy_file, local, src, entry, remote, dst)
         )
 
     # Biggest first, `workers` at a time: an object store takes parallel uploads faster than one
