@@ -551,3 +551,21 @@ def test_nothing_is_committed_when_the_disk_is_as_new_or_the_record_is_not_ours(
         assert not (project / "checkpoints").exists()
     record.write_text(json.dumps({"project_dir": str(project), "world_size": 2}))
     assert _promote(memory.parent) == ([], [])  # rank 1 has no snapshot: no complete set
+
+
+def test_a_folder_that_takes_the_number_meanwhile_is_left_alone(
+    tmp_path: Path, memory: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another writer creates checkpoint_1 between the listing and the claim: the promotion
+    # neither writes into it nor removes it.
+    from accelkit.checkpointing.memory import promote
+
+    project = tmp_path / "p"
+    _job(str(project), steps=11, save_at=(5,))
+    theirs = project / "checkpoints" / "checkpoint_1"
+    theirs.mkdir()
+    (theirs / "theirs.txt").write_text("not yours")
+    monkeypatch.setattr(promote, "next_iteration", lambda infos: 1)
+    committed, said = _promote(memory.parent)
+    assert committed == [] and len(said) == 1 and "were not committed to disk" in said[0]
+    assert sorted(p.name for p in theirs.iterdir()) == ["theirs.txt"]

@@ -132,6 +132,9 @@ def _promote_project(folder: str, tell: Callable[[str], None]) -> str | None:
             snapshots = [steps[step] for steps in by_rank]
             iteration = next_iteration(list_checkpoints(storage, root))
             target = join(root, checkpoint_name(iteration))
+            # Ours only once claimed: a folder that appeared meanwhile is never written into,
+            # nor removed (the error goes up: nothing is committed).
+            claim_folder(storage, target, SAVE_MARKER_NAME, save_marker(promoted_from="memory"))
             try:
                 _commit(storage, target, iteration, snapshots)
             except Exception as exc:
@@ -198,14 +201,13 @@ def _snapshots(folder: str, rank: int, world: int) -> dict[int, _Snapshot]:
 
 
 def _commit(storage: Storage, target: str, iteration: int, snapshots: list[_Snapshot]) -> None:
-    """Write ``target`` (checkpoint ``iteration``) from ``snapshots`` (one per process, process
-    0 first), each file verified as it is copied, and commit it."""
+    """Fill the claimed folder ``target`` (checkpoint ``iteration``) from ``snapshots`` (one per
+    process, process 0 first), each file verified as it is copied, and commit it."""
     first = snapshots[0].manifest
     sources = {entry.path: (snapshots[0], entry) for entry in first.files}
     for snapshot in snapshots[1:]:
         for entry in snapshot.manifest.files:
             sources.setdefault(entry.path, (snapshot, entry))  # what is its own
-    claim_folder(storage, target, SAVE_MARKER_NAME, save_marker(promoted_from="memory"))
     for path, (snapshot, entry) in sorted(sources.items(), key=lambda item: -item[1][1].size):
         source = confine(get_storage(snapshot.path), snapshot.path)  # no link followed out
         copy_file(source, join(snapshot.path, path), entry, storage, join(target, path))
