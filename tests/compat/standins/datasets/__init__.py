@@ -1,8 +1,10 @@
 """Offline stand-in for the parts of Hugging Face ``datasets`` that Accelerate's examples call.
 
 Not the real package: a column store with ``map``/``rename_column``/``set_format``/``select``
-and a synthetic, deterministic GLUE MRPC (sentence pairs, a 0/1 label, an ``idx``) and
-wikitext. Sizes come from ``ACCELKIT_STANDIN_ROWS`` (train rows; default 64).
+and a synthetic, deterministic GLUE MRPC (sentence pairs, a 0/1 label with its class names in
+``features``, an ``idx``) and wikitext. Sizes come from ``ACCELKIT_STANDIN_ROWS`` (train rows;
+default 64). Also what transformers' ``no_trainer`` example scripts call beside it:
+``datasets.utils.logging.set_verbosity_*``.
 """
 
 from __future__ import annotations
@@ -10,9 +12,34 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
-__all__ = ["Dataset", "DatasetDict", "load_dataset"]
+__all__ = ["ClassLabel", "Dataset", "DatasetDict", "load_dataset", "utils"]
+
+
+def _quiet(*_: Any) -> None:
+    return None
+
+
+# The logging switches transformers' example scripts set (there is no logging to switch here).
+utils = SimpleNamespace(
+    logging=SimpleNamespace(
+        set_verbosity_warning=_quiet,
+        set_verbosity_error=_quiet,
+        set_verbosity_info=_quiet,
+        set_verbosity=_quiet,
+    )
+)
+
+
+class ClassLabel:
+    """A label column's class names (``features["label"].names``)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = list(names)
+        self.num_classes = len(names)
+        self.dtype = "int64"
 
 _WORDS = [
     "the",
@@ -71,6 +98,7 @@ class Dataset:
         self._columns = {k: list(v) for k, v in columns.items()}
         self._format: str | None = None
         self._format_columns: list[str] | None = None
+        self.features: dict[str, Any] = {}
 
     @property
     def num_rows(self) -> int:
@@ -208,7 +236,9 @@ def _mrpc_split(rows: int, seed: int) -> Dataset:
         s1.append(a)
         s2.append(b)
         label.append(int(paraphrase))
-    return Dataset({"sentence1": s1, "sentence2": s2, "label": label, "idx": list(range(rows))})
+    split = Dataset({"sentence1": s1, "sentence2": s2, "label": label, "idx": list(range(rows))})
+    split.features = {"label": ClassLabel(["not_equivalent", "equivalent"])}
+    return split
 
 
 def _rows() -> int:
