@@ -41,6 +41,7 @@ class ClassLabel:
         self.num_classes = len(names)
         self.dtype = "int64"
 
+
 _WORDS = [
     "the",
     "a",
