@@ -49,7 +49,10 @@ def _run(args: argparse.Namespace) -> int:
 def _commit_snapshots(memory: str) -> None:
     """After a failed job: commit the memory tier's newest snapshots the disk lacks (see
     :mod:`accelkit.checkpointing.memory.promote`), saying what it did."""
-    if not any(os.scandir(memory)):  # no memory tier in this job: nothing to import or say
+    try:
+        if not any(os.scandir(memory)):  # no memory tier in this job: nothing to import or say
+            return
+    except OSError:  # the folder is gone (removed by hand): nothing to commit from
         return
     from accelkit.checkpointing.memory.promote import promote_snapshots
 
