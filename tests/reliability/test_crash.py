@@ -106,8 +106,11 @@ def test_sigkill_at_random_moments(
         committed = result["committed"]
         assert result["corrupt"] == {}, where
         if not logged and not committed:
-            # Killed inside the very first save: nothing to load, nothing lost.
-            assert result["incomplete"] in ([], [0]), (where, result)
+            # Killed inside the very first save, in this trial and maybe in each one before it
+            # (a kill 4 ms after the first save began, twice: seen once): nothing to load,
+            # nothing lost, at most one incomplete folder per trial so far.
+            assert result["incomplete"] == list(range(len(result["incomplete"]))), (where, result)
+            assert len(result["incomplete"]) <= trial + 1, (where, result)
             held += 1
             continue
         assert committed, f"{where}: no committed checkpoint left"
