@@ -23,6 +23,7 @@ from accelkit.cli.main import main
 from accelkit.trackers import register_tracker
 from accelkit.trackers.delivery.journal import Journal
 from accelkit.trackers.events import CheckpointEvent
+from accelkit.trackers.registry import unregister_tracker
 from tests.trackers.custom import CSVTracker
 
 
@@ -156,9 +157,10 @@ class EventsCSV(CSVTracker):
 
 
 def test_a_journaled_event_is_delivered_later_with_its_kind_reason_and_tier(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     register_tracker(EventsCSV)
+    request.addfinalizer(lambda: unregister_tracker(EventsCSV.name))  # "all" must not see it
     events = [
         CheckpointEvent("replicate", 10, "s3://b/p/checkpoints/checkpoint_1", 1, {"x": 2.0}),
         CheckpointEvent("load", 12, "/shm/rank_0/snapshot_12", None, {}, "memory", "memory"),
