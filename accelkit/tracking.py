@@ -1,11 +1,10 @@
 """``accelerate.tracking``'s public names, for scripts ported by changing their imports.
 
 The tracker classes (``TensorBoardTracker``, ``WandBTracker``, ``CometMLTracker``,
-``MLflowTracker``, ``TrackioTracker``, ``SwanLabTracker``, ``ClearMLTracker``,
+``MLflowTracker``, ``AimTracker``, ``TrackioTracker``, ``SwanLabTracker``, ``ClearMLTracker``,
 ``DVCLiveTracker``, ``GeneralTracker``), ``on_main_process``, ``register_tracker_class``,
-``filter_trackers`` and ``get_available_trackers`` keep Accelerate's signatures. The tracker
-Accelerate has that accelkit does not build in (``AimTracker``) imports, and fails when created
-with a message saying how to add it as a `GeneralTracker`.
+``filter_trackers`` and ``get_available_trackers`` keep Accelerate's signatures: every tracker
+Accelerate ships is built in.
 
 accelkit's own API for the same things is :mod:`accelkit.trackers` (``register_tracker``,
 ``installed_trackers``, ``TrackerHub``).
@@ -18,6 +17,7 @@ import warnings
 from typing import Any
 
 from accelkit.errors import ConfigurationError
+from accelkit.trackers.backends.aim import AimTracker
 from accelkit.trackers.backends.clearml import ClearMLTracker
 from accelkit.trackers.backends.comet_ml import CometMLTracker
 from accelkit.trackers.backends.dvclive import DVCLiveTracker
@@ -30,9 +30,7 @@ from accelkit.trackers.backends.wandb import WandBTracker
 from accelkit.trackers.base import GeneralTracker, on_main_process
 from accelkit.trackers.registry import (
     TRACKER_CLASSES,
-    AimTracker,
     LoggerType,
-    TrackerNotBuiltInError,
     installed_trackers,
     register_tracker,
     resolve_log_with,
@@ -50,7 +48,6 @@ __all__ = [
     "MLflowTracker",
     "SwanLabTracker",
     "TensorBoardTracker",
-    "TrackerNotBuiltInError",
     "TrackioTracker",
     "WandBTracker",
     "filter_trackers",
@@ -62,11 +59,10 @@ __all__ = [
 
 
 LOGGER_TYPE_TO_CLASS = TRACKER_CLASSES
-"""Tracker name -> class, as Accelerate's table of the same name: built-ins, the stand-ins for
-Accelerate's trackers accelkit does not build in, and registered classes (a live view of the
-registry that :func:`register_tracker_class` fills). It behaves as Accelerate's dict:
-``copy()`` gives a plain dict, and ``clear()``, ``update()``, item assignment and ``del`` change
-what ``log_with=<name>`` and ``"all"`` find (see
+"""Tracker name -> class, as Accelerate's table of the same name: built-ins and registered
+classes (a live view of the registry that :func:`register_tracker_class` fills). It behaves as
+Accelerate's dict: ``copy()`` gives a plain dict, and ``clear()``, ``update()``, item assignment
+and ``del`` change what ``log_with=<name>`` and ``"all"`` find (see
 :class:`~accelkit.trackers.registry.TrackerClassTable`)."""
 
 
@@ -139,8 +135,7 @@ def filter_trackers(
         instances, without repeats.
 
     Raises:
-        ValueError: an unknown name, a tracker Accelerate has but accelkit does not build in
-            (:class:`TrackerNotBuiltInError`), or one that needs a logging directory without one.
+        ValueError: an unknown name, or a tracker that needs a logging directory without one.
         ImportError: a tracker whose package is not installed (with the pip command).
     """
     directory = None if logging_dir is None else os.fspath(logging_dir)

@@ -90,7 +90,7 @@ ROOT_MODULES = {
 }
 BACKENDS = (
     *("tensorboard", "wandb", "comet_ml", "mlflow", "jsonl"),
-    *("trackio", "swanlab", "clearml", "dvclive"),
+    *("trackio", "swanlab", "clearml", "dvclive", "aim"),
 )
 CHECKPOINTING_TOP = {"__init__", "manager", "config", "errors", "listener", "tiered"}
 # trackers/'s top: the interface, its event, values, the registry; then its two rooms

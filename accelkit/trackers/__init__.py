@@ -9,7 +9,6 @@ from accelkit.trackers.delivery.options import TrackerOptions
 from accelkit.trackers.events import CheckpointEvent
 from accelkit.trackers.registry import (
     LoggerType,
-    TrackerNotBuiltInError,
     available_trackers,
     get_tracker_class,
     installed_trackers,
@@ -26,7 +25,6 @@ __all__ = [
     "TrackerFailure",
     "TrackerHub",
     "TrackerOptions",
-    "TrackerNotBuiltInError",
     "TrackerWarning",
     "available_trackers",
     "get_tracker_class",

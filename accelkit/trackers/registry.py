@@ -3,9 +3,8 @@
 Built-in trackers are looked up lazily: their module (and with it the backend's SDK) is imported
 only when a run asks for them. Third-party trackers join through :func:`register_tracker` or the
 entry-point group ``accelkit.trackers`` (``name = "package.module:TrackerClass"``); registered
-names work in ``log_with`` lists and in ``"all"``. Accelerate's trackers that accelkit does not
-build in (``AimTracker``, ...) are stand-in classes here, whose construction says how to add
-them.
+names work in ``log_with`` lists and in ``"all"``. Every tracker Accelerate ships is built in,
+under Accelerate's name.
 """
 
 from __future__ import annotations
@@ -27,16 +26,12 @@ from accelkit.errors import ConfigurationError, DependencyError, WrongTypeError
 from accelkit.trackers.base import GeneralTracker
 
 __all__ = [
-    "AimTracker",
-    "NOT_BUILT_IN",
     "TRACKER_CLASSES",
     "TrackerClassTable",
     "LoggerType",
-    "TrackerNotBuiltInError",
     "available_trackers",
     "get_tracker_class",
     "installed_trackers",
-    "not_built_in_message",
     "register_tracker",
     "registered_trackers",
     "constructor_arguments",
@@ -61,12 +56,7 @@ class _LoggerTypeMeta(enum.EnumMeta):
 
 
 class LoggerType(str, enum.Enum, metaclass=_LoggerTypeMeta):
-    """Tracker names, those of Accelerate's ``LoggerType`` (and accelkit's ``JSONL``).
-
-    ``AIM`` is not built into accelkit:
-    selecting it fails with a message saying how to add it as a `GeneralTracker` (a tracker
-    registered under that name, or provided by an entry point, is used instead).
-    """
+    """Tracker names, those of Accelerate's ``LoggerType`` (and accelkit's ``JSONL``)."""
 
     ALL = "all"
     AIM = "aim"
@@ -89,54 +79,6 @@ class LoggerType(str, enum.Enum, metaclass=_LoggerTypeMeta):
         return [member.value for member in cls]
 
 
-class TrackerNotBuiltInError(ConfigurationError, NotImplementedError):
-    """A tracker Accelerate knows (``LoggerType.AIM``, ...) that accelkit does not build in."""
-
-
-# name -> the package a GeneralTracker for it would call.
-NOT_BUILT_IN: dict[str, str] = {
-    "aim": "aim",
-}
-
-
-def not_built_in_message(name: str) -> str:
-    """Why ``name`` (one of :data:`NOT_BUILT_IN`) cannot be used, and how to add it."""
-    package = NOT_BUILT_IN[name]
-    return (
-        f"Tracker {name!r} (LoggerType.{LoggerType(name).name}) is an Accelerate tracker that "
-        "is not built into accelkit. To use it, write a GeneralTracker subclass with "
-        f"name = {name!r} whose start(), store_init_configuration(), log() and finish() call "
-        f"the {package!r} package (pip install {package}), then register it with "
-        "accelkit.register_tracker(MyTracker) (or pass an instance in log_with=[...]). "
-        f"Accelerate's own tracking.py shows which {package} calls each method needs."
-    )
-
-
-class _NotBuiltIn(GeneralTracker):
-    """A stand-in class whose construction explains what to do instead.
-
-    Accelerate's trackers that accelkit does not build in keep their Accelerate names (``from
-    accelkit.tracking import AimTracker`` works, so a script written for Accelerate imports
-    without change); creating one (or selecting ``LoggerType.AIM`` in ``log_with``) fails with
-    a :class:`TrackerNotBuiltInError` that says how to add the backend as a `GeneralTracker`. A
-    tracker registered under the same name is used instead.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise TrackerNotBuiltInError(not_built_in_message(self.name))
-
-
-class AimTracker(_NotBuiltIn):
-    """Not built in (Accelerate's ``AimTracker``); creating one raises and says what to do."""
-
-    name = "aim"
-    requires_logging_directory = True
-
-
-# The stand-in classes, by tracker name (the names of NOT_BUILT_IN).
-_NOT_BUILT_IN_CLASSES: dict[str, type[GeneralTracker]] = {cls.name: cls for cls in (AimTracker,)}
-
-
 @dataclass(frozen=True)
 class _Builtin:
     module: str
@@ -156,12 +98,13 @@ _BUILTINS: dict[str, _Builtin] = {
     "swanlab": _Builtin("accelkit.trackers.backends.swanlab", "SwanLabTracker", ("swanlab",)),
     "clearml": _Builtin("accelkit.trackers.backends.clearml", "ClearMLTracker", ("clearml",)),
     "dvclive": _Builtin("accelkit.trackers.backends.dvclive", "DVCLiveTracker", ("dvclive",)),
+    "aim": _Builtin("accelkit.trackers.backends.aim", "AimTracker", ("aim",)),
 }
 
 _registered: dict[str, type[GeneralTracker]] = {}
-# Shipped names (built-ins and the stand-ins of _NOT_BUILT_IN_CLASSES) deleted from
-# TRACKER_CLASSES: gone from the table, from log_with and from "all" until assigned again. Not a
-# second table: TRACKER_CLASSES is _BUILTINS and the stand-ins, less these, plus _registered.
+# Built-in names deleted from TRACKER_CLASSES: gone from the table, from log_with and from "all"
+# until assigned again. Not a second table: TRACKER_CLASSES is _BUILTINS, less these, plus
+# _registered.
 _removed: set[str] = set()
 
 
@@ -317,8 +260,6 @@ def get_tracker_class(name: str | LoggerType) -> type[GeneralTracker]:
 
     Raises:
         ValueError: no tracker has this name.
-        TrackerNotBuiltInError: an Accelerate tracker accelkit does not build in (a
-            ``ValueError``; the message says how to add it as a `GeneralTracker`).
         ImportError: the tracker's package is not installed (the message has the pip command).
     """
     key = str(name)
@@ -348,8 +289,6 @@ def get_tracker_class(name: str | LoggerType) -> type[GeneralTracker]:
     entry_points = _entry_points()
     if key in entry_points:
         return _load_entry_point(entry_points[key])
-    if key in NOT_BUILT_IN:
-        raise TrackerNotBuiltInError(not_built_in_message(key))
     raise ConfigurationError(
         f"Unknown tracker {key!r}. Available: {', '.join(available_trackers())}. Register a "
         "custom tracker with accelkit.register_tracker(MyTracker) or pass an instance of it."
@@ -432,9 +371,8 @@ def resolve_log_with(
 class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
     """Tracker name -> class, the table Accelerate calls ``tracking.LOGGER_TYPE_TO_CLASS``.
 
-    A live view of this registry, not a copy: the built-in trackers, Accelerate's trackers that
-    accelkit does not build in (their stand-in classes, which explain how to add them), and the
-    classes registered with :func:`register_tracker` (which shadow a built-in of the same name).
+    A live view of this registry, not a copy: the built-in trackers and the classes registered
+    with :func:`register_tracker` (which shadow a built-in of the same name).
     Entry-point trackers are not listed: loading them runs third-party code, which a membership
     test should not do. Reading a built-in's class imports its accelkit module, never the
     backend's SDK.
@@ -457,7 +395,7 @@ class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
     """
 
     def _names(self) -> list[str]:
-        shipped = [n for n in [*_BUILTINS, *_NOT_BUILT_IN_CLASSES] if n not in _removed]
+        shipped = [n for n in _BUILTINS if n not in _removed]
         return list(dict.fromkeys([*shipped, *_registered]))
 
     def __getitem__(self, name: str) -> type[GeneralTracker]:
@@ -492,7 +430,7 @@ class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
         except KeyError:
             shipped = None
         if cls is shipped:
-            _registered.pop(name, None)  # the built-in (or stand-in) itself, as shipped
+            _registered.pop(name, None)  # the built-in itself, as shipped
         else:
             register_tracker(cls, overwrite=True)
         _removed.discard(name)
@@ -501,7 +439,7 @@ class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
         if name not in self:
             raise KeyError(name)
         _registered.pop(name, None)
-        if name in _BUILTINS or name in _NOT_BUILT_IN_CLASSES:
+        if name in _BUILTINS:
             _removed.add(name)
 
     def copy(self) -> dict[str, type[GeneralTracker]]:
@@ -513,7 +451,7 @@ class TrackerClassTable(MutableMapping[str, type[GeneralTracker]]):
 
 
 def _shipped_class(key: str) -> type[GeneralTracker]:
-    """The class accelkit ships under ``key`` (a built-in, or a stand-in); KeyError if none.
+    """The class accelkit ships under ``key`` (a built-in); KeyError if none.
 
     Imports a built-in's accelkit module (in ``backends/``), never the backend's SDK.
     """
@@ -521,8 +459,6 @@ def _shipped_class(key: str) -> type[GeneralTracker]:
         spec = _BUILTINS[key]
         cls: type[GeneralTracker] = getattr(importlib.import_module(spec.module), spec.attr)
         return cls
-    if key in _NOT_BUILT_IN_CLASSES:
-        return _NOT_BUILT_IN_CLASSES[key]
     raise KeyError(key)
 
 

@@ -293,6 +293,36 @@ def read_dvclive(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
     return dvclive_metrics(folder), _flat(load_yaml(os.path.join(folder, "params.yaml")))
 
 
+def aim_runs(logging_dir: str) -> dict[str, Any]:
+    """Every run of the Aim repository in ``logging_dir``, by hash, read-only with Aim's
+    ``Repo`` after indexing each run (a job's runs are indexed by ``aim up`` otherwise)."""
+    from aim import Repo
+    from aim.sdk.index_manager import RepoIndexManager
+
+    repo = Repo.from_path(logging_dir)
+    for run_hash in repo.list_all_runs():
+        RepoIndexManager.get_index_manager(repo).index(run_hash)
+    repo = Repo(logging_dir)  # a fresh view of the index
+    return {run.hash: run for run in repo.iter_runs()}
+
+
+def aim_metrics(run: Any) -> Scalars:
+    """A run's metrics with the empty context, by name: ``[(step, value), ...]``."""
+    scalars: Scalars = {}
+    for metric in run.metrics():
+        if metric.context.to_dict() or metric.name.startswith("__system__"):
+            continue
+        steps, (values,) = metric.data.view("val").items_list()
+        scalars[metric.name] = sorted(zip(steps, map(float, values)))
+    return scalars
+
+
+def read_aim(logging_dir: str, run: str) -> tuple[Scalars, dict[str, Any]]:
+    """The one Aim run named ``run`` in ``<logging_dir>/.aim``: metrics and ``hparams``."""
+    (found,) = [r for r in aim_runs(logging_dir).values() if r.name == run]
+    return aim_metrics(found), _flat(found["hparams"])
+
+
 def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in config.items():

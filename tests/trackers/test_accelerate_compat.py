@@ -18,8 +18,6 @@ import pytest
 import accelkit.tracking
 from accelkit import Accelerator
 from accelkit.trackers import TrackerHub, register_tracker, registered_trackers
-from accelkit.trackers.backends.jsonl import read_jsonl
-from accelkit.trackers.registry import NOT_BUILT_IN, TrackerNotBuiltInError
 
 accelerate_tracking = pytest.importorskip("accelerate.tracking")
 accelerate_utils = pytest.importorskip("accelerate.utils")
@@ -81,11 +79,6 @@ def test_accelerate_tracking_name_exists_with_a_compatible_signature(name: str) 
         return
     assert inspect.isclass(ours) and issubclass(ours, accelkit.tracking.GeneralTracker)
     _assert_bindable(ours, theirs, f"{name}()")
-    if getattr(theirs, "name", None) in NOT_BUILT_IN:
-        with pytest.raises(TrackerNotBuiltInError, match=r"not built into accelkit") as info:
-            ours("project")
-        assert repr(theirs.name) in str(info.value) and "GeneralTracker" in str(info.value)
-        return
     assert ours.name == getattr(theirs, "name", ours.name)
     assert ours.requires_logging_directory == getattr(
         theirs, "requires_logging_directory", ours.requires_logging_directory
@@ -107,32 +100,13 @@ def test_logger_type_behaves_like_accelerates() -> None:
     assert str(LoggerType.MLFLOW) == "mlflow"
 
 
-@pytest.mark.parametrize("name", sorted(NOT_BUILT_IN))
-def test_trackers_not_built_in_fail_clearly_only_when_selected(name: str, tmp_path: Path) -> None:
-    member = accelkit.tracking.LoggerType(name)
-    for selection in (member, name, [name, "jsonl"]):
-        with pytest.raises(TrackerNotBuiltInError) as info:
-            Accelerator(log_with=selection, project_dir=str(tmp_path))
-        message = str(info.value)
-        assert f"'{name}'" in message and f"LoggerType.{member.name}" in message
-        assert "not built into accelkit" in message and "register_tracker" in message
-        assert isinstance(info.value, ValueError)
-    # Not selected, they cost nothing: "all" leaves them out without a word.
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert name not in TrackerHub.create("all", logging_dir=str(tmp_path)).requested_names
+def test_every_tracker_accelerate_ships_is_built_in() -> None:
+    from accelkit.trackers.registry import get_tracker_class
 
-
-def test_a_registered_tracker_takes_a_not_built_in_name(tmp_path: Path) -> None:
-    @register_tracker
-    class MyAim(accelkit.tracking.JSONLTracker):
-        name = "aim"
-
-    accelerator = Accelerator(log_with=accelkit.tracking.LoggerType.AIM, project_dir=str(tmp_path))
-    accelerator.init_trackers("run")
-    accelerator.log({"x": 1}, step=0)
-    accelerator.end_training()
-    assert read_jsonl(str(tmp_path / "run"))[0]["values"] == {"x": 1}
+    shipped = [m.value for m in accelerate_utils.LoggerType if m.value != "all"]
+    for name in shipped:
+        cls = get_tracker_class(name)
+        assert cls.name == name and cls.__module__.startswith("accelkit.trackers.backends."), cls
 
 
 class AccelerateStyleTracker(accelkit.tracking.GeneralTracker):

@@ -4,7 +4,8 @@ in ``examples/custom_tracker.py``) pass the shipped contract
 
 Each backend writes for real (TensorBoard event files, a sqlite MLflow store, an offline wandb
 run, an offline Comet archive, a trackio database, an offline SwanLab run, an offline ClearML
-session, a DVCLive folder, JSON lines, custom CSVs) and is read back with its own reader.
+session, a DVCLive folder, an Aim repository, JSON lines, custom CSVs) and is read back with its
+own reader.
 """
 
 from __future__ import annotations
@@ -99,6 +100,13 @@ class TestDVCLive(TrackerContract):
 
     def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
         return readers.read_dvclive(logging_dir, run)
+
+
+class TestAim(TrackerContract):
+    log_with, files, unwrapped = "aim", ".aim/meta/chunks/*", "Run"
+
+    def read_back(self, logging_dir: str, run: str) -> tuple[readers.Scalars, dict[str, Any]]:
+        return readers.read_aim(logging_dir, run)
 
 
 class TestCustomTracker(TrackerContract):

@@ -26,7 +26,7 @@ from tests.trackers.custom import CSVTracker, RecordingTracker
 
 BUILTINS = {
     *("tensorboard", "wandb", "comet_ml", "mlflow", "jsonl"),
-    *("trackio", "swanlab", "clearml", "dvclive"),
+    *("trackio", "swanlab", "clearml", "dvclive", "aim"),
 }
 
 
